@@ -1,0 +1,799 @@
+//! Bounds-checked decoding of untrusted FUSE messages. Nothing here panics on
+//! any input: every read goes through [`Cursor`], which returns
+//! [`DecodeError`] instead of indexing out of range.
+
+use super::consts::{init, Opcode, COMPAT_SETXATTR_IN_SIZE, COMPAT_WRITE_IN_SIZE};
+use super::structs::*;
+use zerocopy::FromBytes;
+
+/// Why a message could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The buffer ended before a field did.
+    #[error("message truncated: needed {needed} bytes for {what}, {left} left")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes that were left.
+        left: usize,
+    },
+    /// `len` in the header disagrees with the buffer.
+    #[error("header length {header} disagrees with message length {actual}")]
+    BadLength {
+        /// Length claimed by the header.
+        header: usize,
+        /// Length of the buffer.
+        actual: usize,
+    },
+    /// A name was not NUL-terminated or contained a '/'.
+    #[error("malformed name in {0}")]
+    BadName(&'static str),
+    /// The opcode is not part of the protocol.
+    #[error("unknown opcode {0}")]
+    UnknownOpcode(u32),
+    /// An extension header is inconsistent.
+    #[error("malformed request extension")]
+    BadExtension,
+    /// A count field asks for more elements than the message holds.
+    #[error("count {count} of {what} exceeds the message")]
+    BadCount {
+        /// What was counted.
+        what: &'static str,
+        /// The count in the message.
+        count: u32,
+    },
+}
+
+/// A forward-only reader over untrusted bytes.
+#[derive(Debug, Clone)]
+pub struct Cursor<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    /// Starts reading `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Cursor { buf }
+    }
+
+    /// Bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        self.buf
+    }
+
+    /// Number of bytes not read yet.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether everything was read.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Reads a struct (copying, so the buffer needs no alignment).
+    pub fn read<T: FromBytes>(&mut self, what: &'static str) -> Result<T, DecodeError> {
+        match T::read_from_prefix(self.buf) {
+            Ok((v, rest)) => {
+                self.buf = rest;
+                Ok(v)
+            }
+            Err(_) => Err(DecodeError::Truncated {
+                what,
+                needed: core::mem::size_of::<T>(),
+                left: self.buf.len(),
+            }),
+        }
+    }
+
+    /// Reads a struct that older protocol versions sent shorter: missing
+    /// trailing bytes read as zero, but at least `min` bytes must be there.
+    pub fn read_compat<T: FromBytes + zerocopy::IntoBytes + Default>(
+        &mut self,
+        what: &'static str,
+        min: usize,
+    ) -> Result<T, DecodeError> {
+        let full = core::mem::size_of::<T>();
+        if self.buf.len() >= full {
+            return self.read(what);
+        }
+        if self.buf.len() < min {
+            return Err(DecodeError::Truncated {
+                what,
+                needed: min,
+                left: self.buf.len(),
+            });
+        }
+        let mut v = T::default();
+        let n = self.buf.len();
+        v.as_mut_bytes()[..n].copy_from_slice(self.buf);
+        self.buf = &[];
+        Ok(v)
+    }
+
+    /// Takes `n` raw bytes.
+    pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        if n > self.buf.len() {
+            return Err(DecodeError::Truncated {
+                what,
+                needed: n,
+                left: self.buf.len(),
+            });
+        }
+        let (a, b) = self.buf.split_at(n);
+        self.buf = b;
+        Ok(a)
+    }
+
+    /// Takes a NUL-terminated string (without the NUL). No interior NUL can
+    /// occur by construction.
+    pub fn cstr(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let pos = self
+            .buf
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(DecodeError::BadName(what))?;
+        let (s, rest) = self.buf.split_at(pos);
+        self.buf = rest.get(1..).unwrap_or(&[]);
+        Ok(s)
+    }
+
+    /// Takes a NUL-terminated path component: non-empty and without '/'.
+    pub fn name(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let s = self.cstr(what)?;
+        if s.is_empty() || s.contains(&b'/') {
+            return Err(DecodeError::BadName(what));
+        }
+        Ok(s)
+    }
+
+    /// Reads `count` structs of type T as a vector.
+    pub fn array<T: FromBytes>(
+        &mut self,
+        count: u32,
+        what: &'static str,
+    ) -> Result<Vec<T>, DecodeError> {
+        let size = core::mem::size_of::<T>();
+        let total = (count as usize).checked_mul(size);
+        match total {
+            Some(t) if t <= self.buf.len() => {}
+            _ => return Err(DecodeError::BadCount { what, count }),
+        }
+        (0..count).map(|_| self.read::<T>(what)).collect()
+    }
+}
+
+/// One decoded request: its header and typed arguments, borrowing the buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request<'a> {
+    /// The header as sent.
+    pub header: InHeader,
+    /// The decoded opcode-specific arguments.
+    pub op: Operation<'a>,
+    /// Raw request extensions (security contexts, supplementary groups).
+    pub ext: &'a [u8],
+}
+
+/// Typed arguments of every request opcode.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Operation<'a> {
+    Lookup {
+        name: &'a [u8],
+    },
+    Forget {
+        arg: ForgetIn,
+    },
+    Getattr {
+        arg: GetattrIn,
+    },
+    Setattr {
+        arg: SetattrIn,
+    },
+    Readlink,
+    Symlink {
+        name: &'a [u8],
+        target: &'a [u8],
+    },
+    Mknod {
+        arg: MknodIn,
+        name: &'a [u8],
+    },
+    Mkdir {
+        arg: MkdirIn,
+        name: &'a [u8],
+    },
+    Unlink {
+        name: &'a [u8],
+    },
+    Rmdir {
+        name: &'a [u8],
+    },
+    Rename {
+        arg: RenameIn,
+        old: &'a [u8],
+        new: &'a [u8],
+    },
+    Link {
+        arg: LinkIn,
+        name: &'a [u8],
+    },
+    Open {
+        arg: OpenIn,
+    },
+    Read {
+        arg: ReadIn,
+    },
+    Write {
+        arg: WriteIn,
+        data: &'a [u8],
+    },
+    Statfs,
+    Release {
+        arg: ReleaseIn,
+    },
+    Fsync {
+        arg: FsyncIn,
+    },
+    Setxattr {
+        arg: SetxattrIn,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    Getxattr {
+        arg: GetxattrIn,
+        name: &'a [u8],
+    },
+    Listxattr {
+        arg: GetxattrIn,
+    },
+    Removexattr {
+        name: &'a [u8],
+    },
+    Flush {
+        arg: FlushIn,
+    },
+    Init {
+        arg: InitIn,
+    },
+    Opendir {
+        arg: OpenIn,
+    },
+    Readdir {
+        arg: ReadIn,
+    },
+    Releasedir {
+        arg: ReleaseIn,
+    },
+    Fsyncdir {
+        arg: FsyncIn,
+    },
+    Getlk {
+        arg: LkIn,
+    },
+    Setlk {
+        arg: LkIn,
+    },
+    Setlkw {
+        arg: LkIn,
+    },
+    Access {
+        arg: AccessIn,
+    },
+    Create {
+        arg: CreateIn,
+        name: &'a [u8],
+    },
+    Interrupt {
+        arg: InterruptIn,
+    },
+    Bmap {
+        arg: BmapIn,
+    },
+    Destroy,
+    Ioctl {
+        arg: IoctlIn,
+        data: &'a [u8],
+    },
+    Poll {
+        arg: PollIn,
+    },
+    NotifyReply {
+        arg: NotifyRetrieveIn,
+        data: &'a [u8],
+    },
+    BatchForget {
+        arg: BatchForgetIn,
+        nodes: Vec<ForgetOne>,
+    },
+    Fallocate {
+        arg: FallocateIn,
+    },
+    Readdirplus {
+        arg: ReadIn,
+    },
+    Rename2 {
+        arg: Rename2In,
+        old: &'a [u8],
+        new: &'a [u8],
+    },
+    Lseek {
+        arg: LseekIn,
+    },
+    CopyFileRange {
+        arg: CopyFileRangeIn,
+    },
+    Setupmapping {
+        arg: SetupmappingIn,
+    },
+    Removemapping {
+        arg: RemovemappingIn,
+        ranges: Vec<RemovemappingOne>,
+    },
+    Syncfs {
+        arg: SyncfsIn,
+    },
+    Tmpfile {
+        arg: CreateIn,
+        name: &'a [u8],
+    },
+    Statx {
+        arg: StatxIn,
+    },
+    CopyFileRange64 {
+        arg: CopyFileRangeIn,
+    },
+    CuseInit {
+        arg: CuseInitIn,
+    },
+}
+
+/// What the decoder needs to know about the negotiated connection.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeOptions {
+    /// Negotiated minor version.
+    pub minor: u32,
+    /// Negotiated INIT flags (for SETXATTR_EXT).
+    pub flags: u64,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions {
+            minor: super::consts::KERNEL_MINOR_VERSION,
+            flags: init::SETXATTR_EXT,
+        }
+    }
+}
+
+/// Decodes one complete request message (header included).
+pub fn decode_request<'a>(buf: &'a [u8], opts: DecodeOptions) -> Result<Request<'a>, DecodeError> {
+    let mut c = Cursor::new(buf);
+    let header: InHeader = c.read("fuse_in_header")?;
+    if header.len as usize != buf.len() {
+        return Err(DecodeError::BadLength {
+            header: header.len as usize,
+            actual: buf.len(),
+        });
+    }
+    let opcode =
+        Opcode::from_u32(header.opcode).ok_or(DecodeError::UnknownOpcode(header.opcode))?;
+    let ext_len = usize::from(header.total_extlen) * 8;
+    if ext_len > c.len() {
+        return Err(DecodeError::BadExtension);
+    }
+    let (body, ext) = c.rest().split_at(c.len() - ext_len);
+    validate_extensions(ext)?;
+    let op = decode_op(opcode, &mut Cursor::new(body), opts)?;
+    Ok(Request { header, op, ext })
+}
+
+/// Checks that the extension area is a well-formed chain of `fuse_ext_header`s.
+pub fn validate_extensions(ext: &[u8]) -> Result<(), DecodeError> {
+    let mut c = Cursor::new(ext);
+    while !c.is_empty() {
+        let h: ExtHeader = c
+            .read("fuse_ext_header")
+            .map_err(|_| DecodeError::BadExtension)?;
+        let size = h.size as usize;
+        if size < core::mem::size_of::<ExtHeader>() || size % 8 != 0 {
+            return Err(DecodeError::BadExtension);
+        }
+        c.bytes(size - core::mem::size_of::<ExtHeader>(), "extension")
+            .map_err(|_| DecodeError::BadExtension)?;
+    }
+    Ok(())
+}
+
+fn decode_op<'a>(
+    opcode: Opcode,
+    c: &mut Cursor<'a>,
+    opts: DecodeOptions,
+) -> Result<Operation<'a>, DecodeError> {
+    use Operation as O;
+    Ok(match opcode {
+        Opcode::Lookup => O::Lookup {
+            name: c.name("LOOKUP name")?,
+        },
+        Opcode::Forget => O::Forget {
+            arg: c.read("fuse_forget_in")?,
+        },
+        Opcode::Getattr => O::Getattr {
+            arg: c.read("fuse_getattr_in")?,
+        },
+        Opcode::Setattr => O::Setattr {
+            arg: c.read("fuse_setattr_in")?,
+        },
+        Opcode::Readlink => O::Readlink,
+        Opcode::Symlink => O::Symlink {
+            name: c.name("SYMLINK name")?,
+            target: c.cstr("SYMLINK target")?,
+        },
+        Opcode::Mknod => {
+            let arg = if opts.minor < 12 {
+                c.read_compat("fuse_mknod_in", super::consts::COMPAT_MKNOD_IN_SIZE)?
+            } else {
+                c.read("fuse_mknod_in")?
+            };
+            O::Mknod {
+                arg,
+                name: c.name("MKNOD name")?,
+            }
+        }
+        Opcode::Mkdir => O::Mkdir {
+            arg: c.read("fuse_mkdir_in")?,
+            name: c.name("MKDIR name")?,
+        },
+        Opcode::Unlink => O::Unlink {
+            name: c.name("UNLINK name")?,
+        },
+        Opcode::Rmdir => O::Rmdir {
+            name: c.name("RMDIR name")?,
+        },
+        Opcode::Rename => O::Rename {
+            arg: c.read("fuse_rename_in")?,
+            old: c.name("RENAME old")?,
+            new: c.name("RENAME new")?,
+        },
+        Opcode::Link => O::Link {
+            arg: c.read("fuse_link_in")?,
+            name: c.name("LINK name")?,
+        },
+        Opcode::Open => O::Open {
+            arg: c.read("fuse_open_in")?,
+        },
+        Opcode::Read => O::Read {
+            arg: c.read("fuse_read_in")?,
+        },
+        Opcode::Write => {
+            let arg: WriteIn = if opts.minor < 9 {
+                c.read_compat("fuse_write_in", COMPAT_WRITE_IN_SIZE)?
+            } else {
+                c.read("fuse_write_in")?
+            };
+            let data = c.bytes(arg.size as usize, "WRITE data")?;
+            O::Write { arg, data }
+        }
+        Opcode::Statfs => O::Statfs,
+        Opcode::Release => O::Release {
+            arg: c.read("fuse_release_in")?,
+        },
+        Opcode::Fsync => O::Fsync {
+            arg: c.read("fuse_fsync_in")?,
+        },
+        Opcode::Setxattr => {
+            let arg: SetxattrIn = if opts.flags & init::SETXATTR_EXT != 0 {
+                c.read("fuse_setxattr_in")?
+            } else {
+                c.read_compat("fuse_setxattr_in", COMPAT_SETXATTR_IN_SIZE)
+                    .map(|mut a: SetxattrIn| {
+                        // The compat form is exactly 8 bytes; anything after is the name.
+                        a.setxattr_flags = 0;
+                        a.padding = 0;
+                        a
+                    })?
+            };
+            let name = c.cstr("SETXATTR name")?;
+            if name.is_empty() {
+                return Err(DecodeError::BadName("SETXATTR name"));
+            }
+            let value = c.bytes(arg.size as usize, "SETXATTR value")?;
+            O::Setxattr { arg, name, value }
+        }
+        Opcode::Getxattr => O::Getxattr {
+            arg: c.read("fuse_getxattr_in")?,
+            name: c.cstr("GETXATTR name")?,
+        },
+        Opcode::Listxattr => O::Listxattr {
+            arg: c.read("fuse_getxattr_in")?,
+        },
+        Opcode::Removexattr => O::Removexattr {
+            name: c.cstr("REMOVEXATTR name")?,
+        },
+        Opcode::Flush => O::Flush {
+            arg: c.read("fuse_flush_in")?,
+        },
+        Opcode::Init => O::Init {
+            arg: c.read_compat("fuse_init_in", 8)?,
+        },
+        Opcode::Opendir => O::Opendir {
+            arg: c.read("fuse_open_in")?,
+        },
+        Opcode::Readdir => O::Readdir {
+            arg: c.read("fuse_read_in")?,
+        },
+        Opcode::Releasedir => O::Releasedir {
+            arg: c.read("fuse_release_in")?,
+        },
+        Opcode::Fsyncdir => O::Fsyncdir {
+            arg: c.read("fuse_fsync_in")?,
+        },
+        Opcode::Getlk => O::Getlk {
+            arg: c.read("fuse_lk_in")?,
+        },
+        Opcode::Setlk => O::Setlk {
+            arg: c.read("fuse_lk_in")?,
+        },
+        Opcode::Setlkw => O::Setlkw {
+            arg: c.read("fuse_lk_in")?,
+        },
+        Opcode::Access => O::Access {
+            arg: c.read("fuse_access_in")?,
+        },
+        Opcode::Create => O::Create {
+            arg: c.read("fuse_create_in")?,
+            name: c.name("CREATE name")?,
+        },
+        Opcode::Interrupt => O::Interrupt {
+            arg: c.read("fuse_interrupt_in")?,
+        },
+        Opcode::Bmap => O::Bmap {
+            arg: c.read("fuse_bmap_in")?,
+        },
+        Opcode::Destroy => O::Destroy,
+        Opcode::Ioctl => {
+            let arg: IoctlIn = c.read("fuse_ioctl_in")?;
+            let data = c.bytes(arg.in_size as usize, "IOCTL data")?;
+            O::Ioctl { arg, data }
+        }
+        Opcode::Poll => O::Poll {
+            arg: c.read("fuse_poll_in")?,
+        },
+        Opcode::NotifyReply => {
+            let arg: NotifyRetrieveIn = c.read("fuse_notify_retrieve_in")?;
+            let data = c.bytes(arg.size as usize, "NOTIFY_REPLY data")?;
+            O::NotifyReply { arg, data }
+        }
+        Opcode::BatchForget => {
+            let arg: BatchForgetIn = c.read("fuse_batch_forget_in")?;
+            let nodes = c.array(arg.count, "fuse_forget_one")?;
+            O::BatchForget { arg, nodes }
+        }
+        Opcode::Fallocate => O::Fallocate {
+            arg: c.read("fuse_fallocate_in")?,
+        },
+        Opcode::Readdirplus => O::Readdirplus {
+            arg: c.read("fuse_read_in")?,
+        },
+        Opcode::Rename2 => O::Rename2 {
+            arg: c.read("fuse_rename2_in")?,
+            old: c.name("RENAME2 old")?,
+            new: c.name("RENAME2 new")?,
+        },
+        Opcode::Lseek => O::Lseek {
+            arg: c.read("fuse_lseek_in")?,
+        },
+        Opcode::CopyFileRange => O::CopyFileRange {
+            arg: c.read("fuse_copy_file_range_in")?,
+        },
+        Opcode::Setupmapping => O::Setupmapping {
+            arg: c.read("fuse_setupmapping_in")?,
+        },
+        Opcode::Removemapping => {
+            let arg: RemovemappingIn = c.read("fuse_removemapping_in")?;
+            let ranges = c.array(arg.count, "fuse_removemapping_one")?;
+            O::Removemapping { arg, ranges }
+        }
+        Opcode::Syncfs => O::Syncfs {
+            arg: c.read("fuse_syncfs_in")?,
+        },
+        Opcode::Tmpfile => O::Tmpfile {
+            arg: c.read("fuse_create_in")?,
+            name: c.name("TMPFILE name")?,
+        },
+        Opcode::Statx => O::Statx {
+            arg: c.read("fuse_statx_in")?,
+        },
+        Opcode::CopyFileRange64 => O::CopyFileRange64 {
+            arg: c.read("fuse_copy_file_range_in")?,
+        },
+        Opcode::CuseInit => O::CuseInit {
+            arg: c.read("cuse_init_in")?,
+        },
+        Opcode::CuseInitBswapReserved | Opcode::FuseInitBswapReserved => {
+            return Err(DecodeError::UnknownOpcode(opcode as u32))
+        }
+    })
+}
+
+/// A decoded reply (or notification) from a server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply<'a> {
+    /// The reply header.
+    pub header: OutHeader,
+    /// The typed body (empty for error replies).
+    pub body: ReplyBody<'a>,
+}
+
+/// One directory entry of a READDIR reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirEntry<'a> {
+    /// The entry's fixed fields.
+    pub dirent: Dirent,
+    /// The entry's name.
+    pub name: &'a [u8],
+}
+
+/// Typed reply bodies.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplyBody<'a> {
+    /// An error reply, or a success with no body.
+    Empty,
+    Entry(EntryOut),
+    Attr(AttrOut),
+    Open(OpenOut),
+    Create {
+        entry: EntryOut,
+        open: OpenOut,
+    },
+    Write(WriteOut),
+    Statfs(StatfsOut),
+    Xattr(GetxattrOut),
+    Lock(LkOut),
+    Init(InitOut),
+    CuseInit(CuseInitOut),
+    Bmap(BmapOut),
+    Ioctl {
+        arg: IoctlOut,
+        data: &'a [u8],
+    },
+    Poll(PollOut),
+    Lseek(LseekOut),
+    Statx(StatxOut),
+    CopyFileRange64(CopyFileRangeOut),
+    Dir(Vec<DirEntry<'a>>),
+    DirPlus(Vec<(EntryOut, DirEntry<'a>)>),
+    /// READ, READLINK, GETXATTR/LISTXATTR with a size: raw data.
+    Data(&'a [u8]),
+    /// A notification (unique 0): code and raw body.
+    Notify {
+        code: i32,
+        body: &'a [u8],
+    },
+}
+
+/// Checks a reply header the way the kernel's device write does.
+pub fn decode_out_header(buf: &[u8]) -> Result<OutHeader, DecodeError> {
+    let h: OutHeader = Cursor::new(buf).read("fuse_out_header")?;
+    if h.len as usize != buf.len() {
+        return Err(DecodeError::BadLength {
+            header: h.len as usize,
+            actual: buf.len(),
+        });
+    }
+    Ok(h)
+}
+
+/// Decodes a reply to a request of `opcode`. `getxattr_size` is the `size`
+/// the GETXATTR/LISTXATTR request asked for (0 selects `fuse_getxattr_out`).
+pub fn decode_reply<'a>(
+    opcode: Opcode,
+    buf: &'a [u8],
+    getxattr_size: u32,
+) -> Result<Reply<'a>, DecodeError> {
+    let header = decode_out_header(buf)?;
+    let mut c = Cursor::new(buf.get(core::mem::size_of::<OutHeader>()..).unwrap_or(&[]));
+    if header.unique == 0 {
+        return Ok(Reply {
+            header,
+            body: ReplyBody::Notify {
+                code: header.error,
+                body: c.rest(),
+            },
+        });
+    }
+    if header.error != 0 {
+        return Ok(Reply {
+            header,
+            body: ReplyBody::Empty,
+        });
+    }
+    use ReplyBody as B;
+    let body = match opcode {
+        Opcode::Lookup | Opcode::Mknod | Opcode::Mkdir | Opcode::Symlink | Opcode::Link => {
+            B::Entry(c.read("fuse_entry_out")?)
+        }
+        Opcode::Getattr | Opcode::Setattr => B::Attr(c.read("fuse_attr_out")?),
+        Opcode::Open | Opcode::Opendir => B::Open(c.read("fuse_open_out")?),
+        Opcode::Create | Opcode::Tmpfile => B::Create {
+            entry: c.read("fuse_entry_out")?,
+            open: c.read("fuse_open_out")?,
+        },
+        Opcode::Write | Opcode::CopyFileRange => B::Write(c.read("fuse_write_out")?),
+        Opcode::Statfs => B::Statfs(c.read_compat("fuse_statfs_out", 48)?),
+        Opcode::Getxattr | Opcode::Listxattr if getxattr_size == 0 => {
+            B::Xattr(c.read("fuse_getxattr_out")?)
+        }
+        Opcode::Getlk => B::Lock(c.read("fuse_lk_out")?),
+        Opcode::Init => B::Init(c.read_compat("fuse_init_out", 8)?),
+        Opcode::CuseInit => B::CuseInit(c.read("cuse_init_out")?),
+        Opcode::Bmap => B::Bmap(c.read("fuse_bmap_out")?),
+        Opcode::Ioctl => B::Ioctl {
+            arg: c.read("fuse_ioctl_out")?,
+            data: c.rest(),
+        },
+        Opcode::Poll => B::Poll(c.read("fuse_poll_out")?),
+        Opcode::Lseek => B::Lseek(c.read("fuse_lseek_out")?),
+        Opcode::Statx => B::Statx(c.read("fuse_statx_out")?),
+        Opcode::CopyFileRange64 => B::CopyFileRange64(c.read("fuse_copy_file_range_out")?),
+        Opcode::Readdir => B::Dir(decode_dirents(c.rest())?),
+        Opcode::Readdirplus => B::DirPlus(decode_direntplus(c.rest())?),
+        Opcode::Read | Opcode::Readlink | Opcode::Getxattr | Opcode::Listxattr => B::Data(c.rest()),
+        _ => B::Empty,
+    };
+    Ok(Reply { header, body })
+}
+
+fn dirent_name<'a>(c: &mut Cursor<'a>, d: &Dirent) -> Result<&'a [u8], DecodeError> {
+    let name = c.bytes(d.namelen as usize, "dirent name")?;
+    if name.is_empty() || name.contains(&0) || name.contains(&b'/') {
+        return Err(DecodeError::BadName("dirent name"));
+    }
+    let pad = dirent_size(d.namelen as usize) - core::mem::size_of::<Dirent>() - name.len();
+    // The last record may omit its padding.
+    let pad = pad.min(c.len());
+    c.bytes(pad, "dirent padding")?;
+    Ok(name)
+}
+
+/// Decodes a READDIR reply body.
+pub fn decode_dirents(buf: &[u8]) -> Result<Vec<DirEntry<'_>>, DecodeError> {
+    let mut c = Cursor::new(buf);
+    let mut out = Vec::new();
+    while !c.is_empty() {
+        let dirent: Dirent = c.read("fuse_dirent")?;
+        let name = dirent_name(&mut c, &dirent)?;
+        out.push(DirEntry { dirent, name });
+    }
+    Ok(out)
+}
+
+/// Decodes a READDIRPLUS reply body.
+pub fn decode_direntplus(buf: &[u8]) -> Result<Vec<(EntryOut, DirEntry<'_>)>, DecodeError> {
+    let mut c = Cursor::new(buf);
+    let mut out = Vec::new();
+    while !c.is_empty() {
+        let plus: DirentPlus = c.read("fuse_direntplus")?;
+        let name = {
+            // direntplus padding is computed over the whole record.
+            let n = c.bytes(plus.dirent.namelen as usize, "direntplus name")?;
+            if n.is_empty() || n.contains(&0) || n.contains(&b'/') {
+                return Err(DecodeError::BadName("direntplus name"));
+            }
+            let pad = direntplus_size(n.len()) - core::mem::size_of::<DirentPlus>() - n.len();
+            c.bytes(pad.min(c.len()), "direntplus padding")?;
+            n
+        };
+        out.push((
+            plus.entry_out,
+            DirEntry {
+                dirent: plus.dirent,
+                name,
+            },
+        ));
+    }
+    Ok(out)
+}

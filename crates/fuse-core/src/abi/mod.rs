@@ -1,0 +1,13 @@
+//! The FUSE wire ABI: constants, `repr(C)` structs, ring structs and
+//! bounds-checked decoders for requests and replies.
+
+pub mod consts;
+pub mod decode;
+pub mod encode;
+pub mod ring;
+pub mod structs;
+
+pub use consts::*;
+pub use decode::{decode_reply, decode_request, DecodeError, DecodeOptions, Operation, Reply};
+pub use ring::*;
+pub use structs::*;

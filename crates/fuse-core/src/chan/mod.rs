@@ -1,0 +1,872 @@
+//! The connection engine: a userspace model of the kernel's `fuse_conn`
+//! ("fuse_chan") with admission, background queueing, interrupts, abort,
+//! INIT gating and request timeouts.
+//!
+//! Lock order (outer to inner): `bg` (`bg_lock`) → transport locks (`iq`,
+//! `pq`) → a request's `data`. The connection lock `conn` and the
+//! `waiting` lock are leaves: nothing is taken while holding them.
+
+pub mod bg;
+mod call;
+mod dev;
+pub mod errno;
+pub mod req;
+mod timeout;
+pub mod transport;
+
+pub use call::{Call, Signal};
+pub use dev::Device;
+pub use errno::Errno;
+pub use req::{flag, Args, EndFn, Location, Reply, ReqResult};
+pub use timeout::{Clock, ManualClock, MonotonicClock};
+pub use transport::{InFlight, Transport};
+
+use crate::abi::{self, init, ForgetOne, InitIn, InitOut, Opcode};
+use crate::sync::{lock, wait, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+use bg::{BgState, WaitSlot, WakeBudget};
+use call::SigState;
+use dev::DevQueue;
+use req::Request;
+use std::time::Duration;
+
+/// Engine configuration (the mount options and module parameters of a
+/// kernel connection).
+#[derive(Debug, Clone)]
+pub struct ChanConfig {
+    /// Initial `max_background` (the server's INIT reply may change it).
+    pub max_background: u32,
+    /// Initial `congestion_threshold`.
+    pub congestion_threshold: u32,
+    /// Timeout used when the server does not ask for one (0 = off).
+    pub default_request_timeout: Duration,
+    /// Upper bound on any timeout (0 = no bound).
+    pub max_request_timeout: Duration,
+    /// Period of the timeout scan (the kernel uses 15 s).
+    pub scan_period: Duration,
+    /// Run the scan on a background thread (tests may drive it by hand).
+    pub spawn_scanner: bool,
+    /// Number of ring queues offered with FUSE_OVER_IO_URING (0 = none).
+    pub ring_queues: u16,
+    /// INIT flags offered to the server.
+    pub init_flags: u64,
+    /// max_readahead offered in INIT.
+    pub max_readahead: u32,
+}
+
+impl Default for ChanConfig {
+    fn default() -> Self {
+        ChanConfig {
+            max_background: bg::DEFAULT_MAX_BACKGROUND,
+            congestion_threshold: bg::DEFAULT_CONGESTION_THRESHOLD,
+            default_request_timeout: Duration::ZERO,
+            max_request_timeout: Duration::ZERO,
+            scan_period: Duration::from_secs(15),
+            spawn_scanner: true,
+            ring_queues: 0,
+            init_flags: init::ASYNC_READ
+                | init::POSIX_LOCKS
+                | init::ATOMIC_O_TRUNC
+                | init::EXPORT_SUPPORT
+                | init::BIG_WRITES
+                | init::DONT_MASK
+                | init::FLOCK_LOCKS
+                | init::DO_READDIRPLUS
+                | init::READDIRPLUS_AUTO
+                | init::ASYNC_DIO
+                | init::PARALLEL_DIROPS
+                | init::HANDLE_KILLPRIV_V2
+                | init::ABORT_ERROR
+                | init::MAX_PAGES
+                | init::SETXATTR_EXT
+                | init::INIT_EXT
+                | init::HAS_RESEND
+                | init::REQUEST_TIMEOUT,
+            max_readahead: 128 * 1024,
+        }
+    }
+}
+
+/// What INIT negotiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// Minor protocol version in use.
+    pub minor: u32,
+    /// INIT flags both sides agreed on.
+    pub flags: u64,
+    /// Largest WRITE payload.
+    pub max_write: u32,
+    /// max_background in force.
+    pub max_background: u32,
+    /// congestion_threshold in force.
+    pub congestion_threshold: u32,
+    /// Effective request timeout (zero = off).
+    pub request_timeout: Duration,
+    /// Ring queues to wait for (0 = no ring).
+    pub ring_queues: u16,
+}
+
+/// A snapshot of the connection's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Requesters waiting for admission plus requests in flight.
+    pub waiting: usize,
+    /// Admitted background requests (num_background).
+    pub background: u32,
+    /// Background requests handed to the transport (active_background).
+    pub active: u32,
+    /// Background requests queued behind max_background.
+    pub bg_queued: usize,
+    /// Requests not yet read by the server.
+    pub pending: usize,
+    /// Requests read by the server and not yet answered.
+    pub processing: usize,
+    /// Requesters parked in admission.
+    pub parked: usize,
+    /// Timeout scans that found an expired request.
+    pub timeouts_fired: u64,
+    /// Aborts performed.
+    pub aborts: u64,
+    /// Limit in force.
+    pub max_background: u32,
+    /// Threshold in force.
+    pub congestion_threshold: u32,
+    /// Background admission is closed.
+    pub blocked: bool,
+    /// num_background is at or above the congestion threshold.
+    pub congested: bool,
+    /// The server answered an interrupt with ENOSYS.
+    pub no_interrupt: bool,
+    /// The connection is up.
+    pub connected: bool,
+    /// INIT has been processed.
+    pub initialized: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Connected,
+    Aborting,
+    Aborted,
+}
+
+/// Guarded by `Core::conn` (the kernel's `fc->lock`).
+#[derive(Debug)]
+struct ConnState {
+    phase: Phase,
+    negotiated: Option<Negotiated>,
+    /// Ring queues that have an entry (created while processing INIT).
+    ring_registered: Vec<bool>,
+}
+
+/// The shared connection state.
+pub(crate) struct Core {
+    cfg: ChanConfig,
+    clock: Arc<dyn Clock>,
+    conn: Mutex<ConnState>,
+    conn_cv: Condvar,
+    /// Published with Release after everything INIT set; read with Acquire.
+    initialized: AtomicBool,
+    /// Admission gate (initialized and ring ready), same publication rules.
+    gate_open: AtomicBool,
+    connected: AtomicBool,
+    /// `bg_lock`.
+    bg: Mutex<BgState>,
+    num_waiting: AtomicUsize,
+    waiting_mx: Mutex<()>,
+    waiting_cv: Condvar,
+    reqctr: AtomicU64,
+    no_interrupt: AtomicBool,
+    abort_error: AtomicBool,
+    /// Effective request timeout in nanoseconds (0 = off).
+    timeout_ns: AtomicU64,
+    timeouts_fired: AtomicU64,
+    aborts: AtomicU64,
+    notifications: AtomicU64,
+    legacy_single_wake: AtomicBool,
+    transport: Arc<dyn Transport>,
+    dev: Option<Arc<DevQueue>>,
+    scan: Arc<timeout::ScanCtl>,
+}
+
+impl Core {
+    fn budget(&self) -> WakeBudget {
+        if self.legacy_single_wake.load(Ordering::Relaxed) {
+            WakeBudget::One
+        } else {
+            WakeBudget::PerFreeSlot
+        }
+    }
+
+    pub(crate) fn next_unique(&self) -> u64 {
+        // Even ids; `unique | 1` names an interrupt.
+        self.reqctr.fetch_add(2, Ordering::Relaxed) + 2
+    }
+
+    pub(crate) fn abort_errno(&self) -> Errno {
+        Errno::ENOTCONN
+    }
+
+    pub(crate) fn dev_abort_errno(&self) -> Errno {
+        if self.abort_error.load(Ordering::Relaxed) {
+            Errno::ECONNABORTED
+        } else {
+            Errno::ENODEV
+        }
+    }
+
+    pub(crate) fn set_no_interrupt(&self) {
+        self.no_interrupt.store(true, Ordering::SeqCst);
+    }
+
+    fn add_waiting(&self) {
+        self.num_waiting.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn drop_waiting(&self) {
+        if self.num_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _g = lock(&self.waiting_mx);
+            self.waiting_cv.notify_all();
+        }
+    }
+
+    /// Admission (kernel `fuse_get_req`): waits exclusively, in FIFO order,
+    /// while not initialized, while the ring is not ready, or (background)
+    /// while blocked. Only a kill ends the wait early (EINTR).
+    fn get_req(&self, for_background: bool, sig: &Arc<SigState>) -> Result<(), Errno> {
+        if !for_background && self.gate_open.load(Ordering::Acquire) {
+            return if self.connected.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err(Errno::ENOTCONN)
+            };
+        }
+        let slot = WaitSlot::new(for_background);
+        sig.park_on_slot(slot.clone());
+        let mut bg = lock(&self.bg);
+        if !bg.connected {
+            return Err(Errno::ENOTCONN);
+        }
+        if bg.try_admit(for_background) {
+            return Ok(());
+        }
+        bg.waiters.push_back(slot.clone());
+        loop {
+            match slot.state() {
+                bg::SlotState::Granted => return Ok(()),
+                bg::SlotState::Released => return Err(Errno::ENOTCONN),
+                bg::SlotState::Waiting => {}
+            }
+            if sig.killed() {
+                bg.remove_waiter(&slot);
+                return Err(Errno::EINTR);
+            }
+            bg = wait(&slot.cv, bg);
+        }
+    }
+
+    fn send_to_transport(&self, reqs: Vec<Arc<Request>>) -> Vec<Arc<Request>> {
+        let mut refused = Vec::new();
+        for r in reqs {
+            if let Err(InFlight(r)) = self.transport.send_req(InFlight(r)) {
+                refused.push(r);
+            }
+        }
+        refused
+    }
+
+    fn end_refused(&self, refused: Vec<Arc<Request>>) {
+        for r in refused {
+            r.set_error(self.abort_errno().0);
+            self.request_end(&r);
+        }
+    }
+
+    /// Ends a request exactly once (kernel `fuse_request_end`).
+    pub(crate) fn request_end(&self, req: &Arc<Request>) {
+        if req.flags.test_and_set(flag::FINISHED) {
+            return;
+        }
+        let was_queued = req.location() == Location::BgQueue;
+        let _ = req.move_to(Location::Ended);
+        if req.flags.test(flag::INTERRUPTED) {
+            // No stale interrupt may outlive its request.
+            self.transport.drop_interrupt(&InFlight(req.clone()));
+        }
+        if req.flags.test(flag::BACKGROUND) {
+            let refused = {
+                let mut bg = lock(&self.bg);
+                if was_queued {
+                    bg.unreserve(self.budget());
+                } else {
+                    bg.end_one(self.budget());
+                }
+                let next = bg.flush();
+                self.send_to_transport(next)
+            };
+            self.end_refused(refused);
+        }
+        if req.flags.test(flag::ASYNC) {
+            let (end, result) = {
+                let mut d = lock(&req.data);
+                let result = if d.error != 0 {
+                    Err(Errno(d.error))
+                } else {
+                    Ok(Reply {
+                        data: std::mem::take(&mut d.out),
+                    })
+                };
+                (d.end.take(), result)
+            };
+            if let Some(end) = end {
+                end(result);
+            }
+        } else {
+            let _d = lock(&req.data);
+            req.waitq.notify_all();
+        }
+    }
+
+    /// Handles a notification written to the device (unique 0).
+    pub(crate) fn notify(&self, code: i32, body: &[u8]) -> Result<(), Errno> {
+        use abi::consts::notify as n;
+        use std::mem::size_of;
+        let need = match code {
+            n::POLL => size_of::<abi::NotifyPollWakeupOut>(),
+            n::INVAL_INODE => size_of::<abi::NotifyInvalInodeOut>(),
+            n::INVAL_ENTRY => size_of::<abi::NotifyInvalEntryOut>(),
+            n::STORE => size_of::<abi::NotifyStoreOut>(),
+            n::RETRIEVE => size_of::<abi::NotifyRetrieveOut>(),
+            n::DELETE => size_of::<abi::NotifyDeleteOut>(),
+            n::PRUNE => size_of::<abi::NotifyPruneOut>(),
+            n::RESEND | n::INC_EPOCH => 0,
+            _ => return Err(Errno::EINVAL),
+        };
+        if body.len() < need {
+            return Err(Errno::EINVAL);
+        }
+        self.notifications.fetch_add(1, Ordering::Relaxed);
+        match code {
+            n::RESEND => {
+                self.transport.resend();
+                Ok(())
+            }
+            // There is no page cache in the box: nothing to retrieve.
+            n::RETRIEVE => Err(Errno::ENOENT),
+            _ => Ok(()),
+        }
+    }
+
+    fn abort(&self) {
+        {
+            let mut c = lock(&self.conn);
+            match c.phase {
+                Phase::Aborted => return,
+                Phase::Aborting => {
+                    while c.phase != Phase::Aborted {
+                        c = wait(&self.conn_cv, c);
+                    }
+                    return;
+                }
+                Phase::Connected => c.phase = Phase::Aborting,
+            }
+        }
+        self.aborts.fetch_add(1, Ordering::Relaxed);
+        self.connected.store(false, Ordering::SeqCst);
+        // Background first, as the kernel does: stop admission under
+        // bg_lock, release parked requesters and flush the queue to the
+        // transport, so nothing can be left on the background queue.
+        let refused = {
+            let mut bg = lock(&self.bg);
+            bg.connected = false;
+            bg.max_background = u32::MAX;
+            bg.initialized = true;
+            bg.ring_ready = true;
+            bg.release_all();
+            let all = bg.flush();
+            self.send_to_transport(all)
+        };
+        self.initialized.store(true, Ordering::Release);
+        let mut to_end: Vec<Arc<Request>> = self
+            .transport
+            .abort(self.abort_errno())
+            .into_iter()
+            .map(|f| f.0)
+            .collect();
+        to_end.extend(refused);
+        for r in &to_end {
+            r.set_error(self.abort_errno().0);
+        }
+        for r in to_end {
+            self.request_end(&r);
+        }
+        self.scan.stop();
+        let mut c = lock(&self.conn);
+        c.phase = Phase::Aborted;
+        self.conn_cv.notify_all();
+    }
+
+    fn effective_timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    fn scan_timeouts(&self) -> bool {
+        let t = self.effective_timeout();
+        if t.is_zero() || self.num_waiting.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        if !self.connected.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = self.clock.now();
+        let bg_expired = lock(&self.bg)
+            .queue
+            .front()
+            .is_some_and(|r| now.saturating_sub(r.create_time) > t);
+        if bg_expired || self.transport.head_expired(now, t) {
+            self.timeouts_fired.fetch_add(1, Ordering::Relaxed);
+            self.abort();
+            return true;
+        }
+        false
+    }
+}
+
+/// Aborts the connection when the last [`Chan`] handle goes away, as
+/// unmounting does.
+struct Owner(Arc<Core>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A FUSE connection: the client side of the engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Chan {
+    owner: Arc<Owner>,
+}
+
+impl std::fmt::Debug for Chan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chan")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Chan {
+    /// A connection served through the in-process [`Device`].
+    pub fn new(cfg: ChanConfig) -> Chan {
+        Chan::with_clock(cfg, Arc::new(MonotonicClock::new()))
+    }
+
+    /// Like [`Chan::new`] with a chosen clock (tests use [`ManualClock`]).
+    pub fn with_clock(cfg: ChanConfig, clock: Arc<dyn Clock>) -> Chan {
+        let dev = Arc::new(DevQueue::new());
+        Chan::build(cfg, clock, dev.clone(), Some(dev))
+    }
+
+    /// A connection over another transport.
+    pub fn with_transport(
+        cfg: ChanConfig,
+        clock: Arc<dyn Clock>,
+        transport: Arc<dyn Transport>,
+    ) -> Chan {
+        Chan::build(cfg, clock, transport, None)
+    }
+
+    fn build(
+        cfg: ChanConfig,
+        clock: Arc<dyn Clock>,
+        transport: Arc<dyn Transport>,
+        dev: Option<Arc<DevQueue>>,
+    ) -> Chan {
+        let bg = BgState::new(cfg.max_background, cfg.congestion_threshold);
+        let core = Arc::new(Core {
+            cfg,
+            clock,
+            conn: Mutex::new(ConnState {
+                phase: Phase::Connected,
+                negotiated: None,
+                ring_registered: Vec::new(),
+            }),
+            conn_cv: Condvar::new(),
+            initialized: AtomicBool::new(false),
+            gate_open: AtomicBool::new(false),
+            connected: AtomicBool::new(true),
+            bg: Mutex::new(bg),
+            num_waiting: AtomicUsize::new(0),
+            waiting_mx: Mutex::new(()),
+            waiting_cv: Condvar::new(),
+            reqctr: AtomicU64::new(0),
+            no_interrupt: AtomicBool::new(false),
+            abort_error: AtomicBool::new(false),
+            timeout_ns: AtomicU64::new(0),
+            timeouts_fired: AtomicU64::new(0),
+            aborts: AtomicU64::new(0),
+            notifications: AtomicU64::new(0),
+            legacy_single_wake: AtomicBool::new(false),
+            transport,
+            dev,
+            scan: Arc::new(timeout::ScanCtl::default()),
+        });
+        Chan {
+            owner: Arc::new(Owner(core)),
+        }
+    }
+
+    fn core(&self) -> &Arc<Core> {
+        &self.owner.0
+    }
+
+    /// The server's end, when the connection uses the in-process device.
+    pub fn device(&self) -> Option<Device> {
+        let core = self.core();
+        core.dev.as_ref().map(|dev| Device {
+            core: core.clone(),
+            dev: dev.clone(),
+        })
+    }
+
+    /// Prepares a synchronous request; [`Call::signal`] gives a handle to
+    /// interrupt or kill it, [`Call::wait`] sends it and waits.
+    pub fn call(&self, args: Args) -> Call {
+        Call::new(self.core().clone(), args)
+    }
+
+    /// Sends a synchronous request and waits for its reply.
+    pub fn send(&self, args: Args) -> ReqResult {
+        self.call(args).wait()
+    }
+
+    /// Sends a background request; `end` runs once with its result (on the
+    /// thread that ends it). Blocks while background admission is closed.
+    /// An error here means the request was not sent and `end` will not run.
+    pub fn send_background(&self, args: Args, end: EndFn) -> Result<(), Errno> {
+        let core = self.core();
+        let force = args.force;
+        core.add_waiting();
+        if !force {
+            if let Err(e) = core.get_req(true, &SigState::new(core.clone())) {
+                core.drop_waiting();
+                return Err(e);
+            }
+        }
+        let mut flags = flag::ISREPLY | flag::WAITING | flag::BACKGROUND | flag::ASYNC;
+        if force {
+            flags |= flag::FORCE;
+        }
+        let req = Request::new(
+            core,
+            core.next_unique(),
+            args,
+            flags,
+            core.clock.now(),
+            Some(end),
+        );
+        let refused = {
+            let mut bg = lock(&core.bg);
+            if !bg.connected {
+                if !force {
+                    bg.unreserve(core.budget());
+                }
+                drop(bg);
+                // Not sent: the caller keeps responsibility, `end` is dropped.
+                lock(&req.data).end = None;
+                return Err(Errno::ENOTCONN);
+            }
+            if force {
+                bg.num_background += 1;
+            }
+            bg.enqueue(req);
+            let next = bg.flush();
+            core.send_to_transport(next)
+        };
+        core.end_refused(refused);
+        Ok(())
+    }
+
+    /// Queues a FORGET for `nodeid` (no reply; dropped if disconnected).
+    pub fn send_forget(&self, nodeid: u64, nlookup: u64) {
+        if self.core().connected.load(Ordering::SeqCst) {
+            self.core()
+                .transport
+                .send_forget(ForgetOne { nodeid, nlookup });
+        }
+    }
+
+    /// Sends INIT (FORCE: it bypasses the gate it opens) and processes the
+    /// reply. A failed or malformed INIT aborts the connection.
+    pub fn init(&self) -> Result<Negotiated, Errno> {
+        let cfg = &self.core().cfg;
+        let mut flags = cfg.init_flags;
+        if cfg.ring_queues > 0 {
+            flags |= init::OVER_IO_URING;
+        }
+        let (f1, f2) = init::split(flags);
+        let arg = InitIn {
+            major: abi::KERNEL_VERSION,
+            minor: abi::KERNEL_MINOR_VERSION,
+            max_readahead: cfg.max_readahead,
+            flags: f1,
+            flags2: f2,
+            unused: [0; 11],
+        };
+        let args = Args::new(Opcode::Init, 0)
+            .body(zerocopy::IntoBytes::as_bytes(&arg).to_vec())
+            .out(std::mem::size_of::<InitOut>(), true)
+            .force();
+        let reply = match self.send(args) {
+            Ok(r) => r,
+            Err(e) => {
+                self.abort();
+                return Err(e);
+            }
+        };
+        let out = abi::decode::Cursor::new(&reply.data)
+            .read_compat::<InitOut>("fuse_init_out", abi::COMPAT_INIT_OUT_SIZE);
+        match out {
+            Ok(out) => self.process_init_reply(&out),
+            Err(_) => {
+                self.abort();
+                Err(Errno::EPROTO)
+            }
+        }
+    }
+
+    /// Applies a server's INIT reply: negotiates version, flags, limits and
+    /// the request timeout, creates the ring gate, then publishes
+    /// `initialized`.
+    pub fn process_init_reply(&self, out: &InitOut) -> Result<Negotiated, Errno> {
+        let cfg = &self.core().cfg;
+        if out.major != abi::KERNEL_VERSION {
+            self.abort();
+            return Err(Errno::EPROTO);
+        }
+        let mut offered = cfg.init_flags;
+        if cfg.ring_queues > 0 {
+            offered |= init::OVER_IO_URING;
+        }
+        let mut flags = u64::from(out.flags);
+        if flags & init::INIT_EXT != 0 {
+            flags |= u64::from(out.flags2) << 32;
+        }
+        flags &= offered;
+        let server_timeout = if flags & init::REQUEST_TIMEOUT != 0 {
+            Duration::from_secs(u64::from(out.request_timeout))
+        } else {
+            Duration::ZERO
+        };
+        let mut timeout = if server_timeout.is_zero() {
+            cfg.default_request_timeout
+        } else {
+            server_timeout
+        };
+        if !cfg.max_request_timeout.is_zero() {
+            timeout = if timeout.is_zero() {
+                cfg.max_request_timeout
+            } else {
+                timeout.min(cfg.max_request_timeout)
+            };
+        }
+        let neg = Negotiated {
+            minor: out.minor.min(abi::KERNEL_MINOR_VERSION),
+            flags,
+            max_write: out.max_write.max(4096),
+            max_background: if out.max_background != 0 {
+                u32::from(out.max_background)
+            } else {
+                cfg.max_background
+            },
+            congestion_threshold: if out.congestion_threshold != 0 {
+                u32::from(out.congestion_threshold)
+            } else {
+                cfg.congestion_threshold
+            },
+            request_timeout: timeout,
+            ring_queues: if flags & init::OVER_IO_URING != 0 {
+                cfg.ring_queues
+            } else {
+                0
+            },
+        };
+        self.set_initialized(neg);
+        Ok(neg)
+    }
+
+    /// Marks the connection initialized with `neg` (what processing an INIT
+    /// reply does). Everything is set before `initialized` is published.
+    pub fn set_initialized(&self, neg: Negotiated) {
+        let core = self.core();
+        if let Some(dev) = &core.dev {
+            dev.minor.store(neg.minor, Ordering::Relaxed);
+            dev.max_write.store(neg.max_write, Ordering::Relaxed);
+        }
+        core.abort_error
+            .store(neg.flags & init::ABORT_ERROR != 0, Ordering::Relaxed);
+        core.timeout_ns.store(
+            u64::try_from(neg.request_timeout.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        {
+            let mut c = lock(&core.conn);
+            c.negotiated = Some(neg);
+            // The ring is created here, before `initialized`.
+            c.ring_registered = vec![false; usize::from(neg.ring_queues)];
+        }
+        {
+            let mut bg = lock(&core.bg);
+            bg.max_background = neg.max_background;
+            bg.congestion_threshold = neg.congestion_threshold;
+            bg.ring_ready = neg.ring_queues == 0;
+            bg.initialized = true;
+            core.initialized.store(true, Ordering::Release);
+            if bg.ring_ready {
+                core.gate_open.store(true, Ordering::Release);
+            }
+            bg.grant(WakeBudget::PerFreeSlot);
+        }
+        #[cfg(not(loom))]
+        if !neg.request_timeout.is_zero() && core.cfg.spawn_scanner {
+            timeout::spawn_scanner(core, core.cfg.scan_period);
+        }
+    }
+
+    /// Records that ring queue `qid` has an entry. When every queue has one
+    /// the ring is ready and admission opens. Returns whether it is ready.
+    pub fn ring_queue_ready(&self, qid: u16) -> bool {
+        let core = self.core();
+        let all = {
+            let mut c = lock(&core.conn);
+            if let Some(slot) = c.ring_registered.get_mut(usize::from(qid)) {
+                *slot = true;
+            }
+            !c.ring_registered.is_empty() && c.ring_registered.iter().all(|r| *r)
+        };
+        if all {
+            let mut bg = lock(&core.bg);
+            if !bg.ring_ready {
+                bg.ring_ready = true;
+                if bg.initialized {
+                    core.gate_open.store(true, Ordering::Release);
+                }
+                bg.grant(WakeBudget::PerFreeSlot);
+            }
+        }
+        all
+    }
+
+    /// Whether INIT has been processed (Acquire: what INIT set is visible).
+    pub fn is_initialized(&self) -> bool {
+        self.core().initialized.load(Ordering::Acquire)
+    }
+
+    /// Whether the connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.core().connected.load(Ordering::SeqCst)
+    }
+
+    /// What INIT negotiated, once it has.
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        lock(&self.core().conn).negotiated
+    }
+
+    /// Changes max_background at run time. Raising it admits one parked
+    /// waiter per newly free slot, oldest first.
+    pub fn set_max_background(&self, max: u32) {
+        let core = self.core();
+        let refused = {
+            let mut bg = lock(&core.bg);
+            if !bg.connected {
+                return;
+            }
+            bg.max_background = max.max(1);
+            bg.grant(core.budget());
+            let next = bg.flush();
+            core.send_to_transport(next)
+        };
+        core.end_refused(refused);
+    }
+
+    /// Changes congestion_threshold at run time.
+    pub fn set_congestion_threshold(&self, threshold: u32) {
+        let mut bg = lock(&self.core().bg);
+        if bg.connected {
+            bg.congestion_threshold = threshold;
+        }
+    }
+
+    /// Aborts the connection: every queued and in-flight request ends with
+    /// ENOTCONN (requests whose data is being copied end when the copy
+    /// does), parked requesters are released, later sends fail at once. A
+    /// concurrent second abort returns only after the first finished.
+    pub fn abort(&self) {
+        self.core().abort();
+    }
+
+    /// Waits until the connection is aborted and no request is in flight
+    /// (kernel `fuse_wait_aborted`).
+    pub fn wait_aborted(&self) {
+        let core = self.core();
+        {
+            let mut c = lock(&core.conn);
+            while c.phase != Phase::Aborted {
+                c = wait(&core.conn_cv, c);
+            }
+        }
+        let mut g = lock(&core.waiting_mx);
+        while core.num_waiting.load(Ordering::SeqCst) != 0 {
+            g = wait(&core.waiting_cv, g);
+        }
+    }
+
+    /// Runs one timeout scan now (what the periodic scanner does); returns
+    /// whether it aborted the connection.
+    pub fn scan_timeouts(&self) -> bool {
+        self.core().scan_timeouts()
+    }
+
+    /// The connection's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.core().clock
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let core = self.core();
+        let (pending, processing) = core.transport.counts();
+        let bg = lock(&core.bg);
+        Stats {
+            waiting: core.num_waiting.load(Ordering::SeqCst),
+            background: bg.num_background,
+            active: bg.active_background,
+            bg_queued: bg.queue.len(),
+            pending,
+            processing,
+            parked: bg.waiters.len(),
+            timeouts_fired: core.timeouts_fired.load(Ordering::Relaxed),
+            aborts: core.aborts.load(Ordering::Relaxed),
+            max_background: bg.max_background,
+            congestion_threshold: bg.congestion_threshold,
+            blocked: bg.blocked(),
+            congested: bg.num_background >= bg.congestion_threshold,
+            no_interrupt: core.no_interrupt.load(Ordering::SeqCst),
+            connected: core.connected.load(Ordering::SeqCst),
+            initialized: core.initialized.load(Ordering::Acquire),
+        }
+    }
+
+    /// Notifications the server has written.
+    pub fn notifications(&self) -> u64 {
+        self.core().notifications.load(Ordering::Relaxed)
+    }
+
+    /// Test-only switch restoring the pre-fix kernel behaviour in which
+    /// raising max_background (and each completion) wakes a single waiter.
+    /// It exists so the tests and loom models can show they catch that bug.
+    #[cfg(any(test, loom, feature = "test-utils"))]
+    pub fn set_legacy_single_wake(&self, on: bool) {
+        self.core().legacy_single_wake.store(on, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,354 @@
+//! Requests: the kernel's flag set, the list a request sits on (an explicit
+//! state machine), its arguments and its reply.
+
+use super::{errno::Errno, Core};
+use crate::abi::{InHeader, Opcode};
+use crate::sync::{
+    lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Condvar, Mutex, Ordering, Weak,
+};
+use std::time::Duration;
+
+/// One bit per kernel request flag (`enum fuse_req_flag`).
+pub mod flag {
+    /// The request expects a reply.
+    pub const ISREPLY: u32 = 1 << 0;
+    /// Sent regardless of admission and signals (e.g. INIT, RELEASE).
+    pub const FORCE: u32 = 1 << 1;
+    /// A background request: counted in num_background.
+    pub const BACKGROUND: u32 = 1 << 2;
+    /// Counted in num_waiting.
+    pub const WAITING: u32 = 1 << 3;
+    /// The connection was aborted while the request was being copied.
+    pub const ABORTED: u32 = 1 << 4;
+    /// The requester was signalled.
+    pub const INTERRUPTED: u32 = 1 << 5;
+    /// Data is being copied to or from the request: the aborter must not end it.
+    pub const LOCKED: u32 = 1 << 6;
+    /// On the input queue, not yet read by the server.
+    pub const PENDING: u32 = 1 << 7;
+    /// Read by the server, awaiting its reply.
+    pub const SENT: u32 = 1 << 8;
+    /// Ended; set exactly once (test-and-set guards a double end).
+    pub const FINISHED: u32 = 1 << 9;
+    /// Taken private by the aborter.
+    pub const PRIVATE: u32 = 1 << 10;
+    /// Has an end callback instead of a waiting requester.
+    pub const ASYNC: u32 = 1 << 11;
+    /// Travels over a ring queue.
+    pub const URING: u32 = 1 << 12;
+}
+
+/// Atomic request flags (the kernel's `req->flags` bit operations).
+#[derive(Debug, Default)]
+pub(crate) struct Flags(AtomicU32);
+
+impl Flags {
+    pub(crate) fn new(bits: u32) -> Self {
+        Flags(AtomicU32::new(bits))
+    }
+    pub(crate) fn test(&self, f: u32) -> bool {
+        self.0.load(Ordering::SeqCst) & f != 0
+    }
+    pub(crate) fn set(&self, f: u32) {
+        self.0.fetch_or(f, Ordering::SeqCst);
+    }
+    pub(crate) fn clear(&self, f: u32) {
+        self.0.fetch_and(!f, Ordering::SeqCst);
+    }
+    /// Sets `f`; returns whether it was already set.
+    pub(crate) fn test_and_set(&self, f: u32) -> bool {
+        self.0.fetch_or(f, Ordering::SeqCst) & f != 0
+    }
+    pub(crate) fn bits(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Where a request is: the request lifecycle as an explicit state machine.
+/// Each state names the lock that guards the list the request is on, and a
+/// transition is made only while holding that lock.
+///
+/// ```text
+/// New ──admit──> BgQueue (bg_lock) ──flush──> Pending (iq lock)
+/// New ──────────────────────────────────────> Pending (iq lock)
+/// Pending ──read──> Io (pq lock, LOCKED while copying) ──> Processing (pq lock, SENT)
+/// Processing ──reply──> Io (pq lock, LOCKED while copying) ──> Ended
+/// Processing ──resend──> Pending (iq lock)
+/// any ──abort──> Ended (unless LOCKED: the copier ends it)
+/// Pending ──kill──> Ended (never reached the server)
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Location {
+    /// Built, not yet on any list.
+    New = 0,
+    /// On the background queue (guarded by `bg_lock`).
+    BgQueue = 1,
+    /// On the input queue's pending list (guarded by the iq lock).
+    Pending = 2,
+    /// On the io list while being copied (guarded by the pq lock).
+    Io = 3,
+    /// On the processing list, awaiting a reply (guarded by the pq lock).
+    Processing = 4,
+    /// Owned by a transport other than the in-process device.
+    Transport = 5,
+    /// Ended.
+    Ended = 6,
+}
+
+impl Location {
+    fn from_u8(v: u8) -> Location {
+        match v {
+            0 => Location::New,
+            1 => Location::BgQueue,
+            2 => Location::Pending,
+            3 => Location::Io,
+            4 => Location::Processing,
+            5 => Location::Transport,
+            _ => Location::Ended,
+        }
+    }
+
+    /// Whether `self -> to` is a transition of the lifecycle above.
+    pub fn can_move_to(self, to: Location) -> bool {
+        use Location::*;
+        matches!(
+            (self, to),
+            (New, BgQueue)
+                | (New, Pending)
+                | (New, Transport)
+                | (BgQueue, Pending)
+                | (BgQueue, Transport)
+                | (Pending, Io)
+                | (Io, Processing)
+                | (Processing, Io)
+                | (Processing, Pending)
+                | (Transport, Pending)
+                | (_, Ended)
+        )
+    }
+}
+
+/// Arguments of a request, as a client builds them.
+#[derive(Debug, Clone)]
+pub struct Args {
+    /// Opcode.
+    pub opcode: Opcode,
+    /// Target node id.
+    pub nodeid: u64,
+    /// Caller credentials.
+    pub uid: u32,
+    /// Caller credentials.
+    pub gid: u32,
+    /// Caller pid.
+    pub pid: u32,
+    /// Everything after `fuse_in_header` (arguments and extensions).
+    pub body: Vec<u8>,
+    /// Length of the extensions at the end of `body`, in 8-byte units.
+    pub total_extlen: u16,
+    /// Maximum size of the reply payload.
+    pub out_size: usize,
+    /// Whether a shorter reply payload is allowed (`out_argvar`).
+    pub out_var: bool,
+    /// Bypass admission and ignore signals (INIT, RELEASE, FORGET-like).
+    pub force: bool,
+    /// A fatal signal to the requester aborts the whole connection.
+    pub abort_on_kill: bool,
+    /// Transport queue hint (ring queue, virtqueue index).
+    pub qid: u16,
+}
+
+impl Args {
+    /// A request with no body and no reply payload.
+    pub fn new(opcode: Opcode, nodeid: u64) -> Self {
+        Args {
+            opcode,
+            nodeid,
+            uid: 0,
+            gid: 0,
+            pid: 0,
+            body: Vec::new(),
+            total_extlen: 0,
+            out_size: 0,
+            out_var: false,
+            force: false,
+            abort_on_kill: false,
+            qid: 0,
+        }
+    }
+    /// Sets the body.
+    pub fn body(mut self, body: Vec<u8>) -> Self {
+        self.body = body;
+        self
+    }
+    /// Sets the expected reply payload: exactly `size` bytes, or at most
+    /// `size` when `var`.
+    pub fn out(mut self, size: usize, var: bool) -> Self {
+        self.out_size = size;
+        self.out_var = var;
+        self
+    }
+    /// Marks the request FORCE.
+    pub fn force(mut self) -> Self {
+        self.force = true;
+        self
+    }
+    /// Marks the request abort-on-kill.
+    pub fn abort_on_kill(mut self) -> Self {
+        self.abort_on_kill = true;
+        self
+    }
+    /// Sets the caller's credentials.
+    pub fn creds(mut self, uid: u32, gid: u32, pid: u32) -> Self {
+        self.uid = uid;
+        self.gid = gid;
+        self.pid = pid;
+        self
+    }
+    /// Sets the transport queue hint.
+    pub fn qid(mut self, qid: u16) -> Self {
+        self.qid = qid;
+        self
+    }
+}
+
+/// A successful reply: the payload after `fuse_out_header`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reply {
+    /// Reply payload.
+    pub data: Vec<u8>,
+}
+
+impl Reply {
+    /// Reads a struct from the start of the payload.
+    pub fn read<T: zerocopy::FromBytes>(&self) -> Option<T> {
+        T::read_from_prefix(&self.data).ok().map(|(v, _)| v)
+    }
+}
+
+/// Outcome of a request.
+pub type ReqResult = Result<Reply, Errno>;
+
+/// End callback of a background request.
+pub type EndFn = Box<dyn FnOnce(ReqResult) + Send>;
+
+/// Mutable per-request data, guarded by `Request::data` (the kernel's
+/// `req->waitq.lock`).
+pub(crate) struct ReqData {
+    /// Error to report (positive errno), 0 for success.
+    pub error: i32,
+    /// Reply payload buffer. Moved out to the writer while LOCKED, so nobody
+    /// else can touch or free it during the copy.
+    pub out: Vec<u8>,
+    /// End callback (ASYNC requests).
+    pub end: Option<EndFn>,
+}
+
+/// One request. Shared (`Arc`) between the requester and whichever list it
+/// is on; `flags` are atomic, everything else is immutable or under `data`.
+pub(crate) struct Request {
+    /// Unique id (even); the RESEND bit may be set by a resend.
+    pub unique: AtomicU64,
+    pub flags: Flags,
+    loc: AtomicU8,
+    pub args: Args,
+    /// When it was allocated, on the connection's clock.
+    pub create_time: Duration,
+    pub data: Mutex<ReqData>,
+    /// Signalled when FINISHED is set (the requester's wait queue).
+    pub waitq: Condvar,
+    /// Whether the request is on the iq's interrupt list (guarded by iq lock;
+    /// the kernel's `!list_empty(&req->intr_entry)`).
+    pub intr_queued: AtomicBool,
+    /// Back-reference for ending the request and for num_waiting.
+    pub core: Weak<Core>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("unique", &self.unique())
+            .field("opcode", &self.args.opcode)
+            .field("flags", &format_args!("{:#x}", self.flags.bits()))
+            .field("loc", &self.location())
+            .finish()
+    }
+}
+
+impl Request {
+    pub(crate) fn new(
+        core: &Arc<Core>,
+        unique: u64,
+        args: Args,
+        flags: u32,
+        create_time: Duration,
+        end: Option<EndFn>,
+    ) -> Arc<Request> {
+        let out = Vec::with_capacity(args.out_size.min(1 << 20));
+        Arc::new(Request {
+            unique: AtomicU64::new(unique),
+            flags: Flags::new(flags),
+            loc: AtomicU8::new(Location::New as u8),
+            args,
+            create_time,
+            data: Mutex::new(ReqData { error: 0, out, end }),
+            waitq: Condvar::new(),
+            intr_queued: AtomicBool::new(false),
+            core: Arc::downgrade(core),
+        })
+    }
+
+    pub(crate) fn unique(&self) -> u64 {
+        self.unique.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn location(&self) -> Location {
+        Location::from_u8(self.loc.load(Ordering::SeqCst))
+    }
+
+    /// Moves the request to `to`. The caller holds the lock guarding the
+    /// destination list. An invalid transition is reported, never a panic.
+    pub(crate) fn move_to(&self, to: Location) -> Result<(), (Location, Location)> {
+        let from = self.location();
+        if !from.can_move_to(to) {
+            return Err((from, to));
+        }
+        self.loc.store(to as u8, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The `fuse_in_header` for this request.
+    pub(crate) fn in_header(&self) -> InHeader {
+        InHeader {
+            len: (std::mem::size_of::<InHeader>() + self.args.body.len()) as u32,
+            opcode: self.args.opcode as u32,
+            unique: self.unique(),
+            nodeid: self.args.nodeid,
+            uid: self.args.uid,
+            gid: self.args.gid,
+            pid: self.args.pid,
+            total_extlen: self.args.total_extlen,
+            padding: 0,
+        }
+    }
+
+    /// Total request size as the server sees it.
+    pub(crate) fn wire_len(&self) -> usize {
+        std::mem::size_of::<InHeader>() + self.args.body.len()
+    }
+
+    /// Records the result to report (positive errno or 0).
+    pub(crate) fn set_error(&self, e: i32) {
+        lock(&self.data).error = e;
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if self.flags.test(flag::WAITING) {
+            if let Some(core) = self.core.upgrade() {
+                core.drop_waiting();
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! fuse-core: the FUSE ABI and a userspace model of the Linux kernel's FUSE
+//! connection ("fuse_chan"), so that FUSE servers can be driven, tested and
+//! benchmarked with the kernel's admission, interrupt, abort and timeout
+//! semantics — without a kernel, a mount or root.
+//!
+//! - [`abi`]: protocol 7.45 constants and structs, bounds-checked decoders.
+//! - [`chan`]: the engine ([`Chan`]) and its in-process device ([`Device`]).
+//!
+//! This crate performs no host I/O, so it runs under Miri and loom.
+
+pub mod abi;
+pub mod chan;
+mod sync;
+
+pub use chan::{
+    Args, Call, Chan, ChanConfig, Clock, Device, Errno, InFlight, ManualClock, MonotonicClock,
+    Negotiated, Reply, ReqResult, Signal, Stats, Transport,
+};

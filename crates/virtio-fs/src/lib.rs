@@ -1,0 +1,1 @@
+//! The vhost-user-fs device (work in progress: see issue 5).
