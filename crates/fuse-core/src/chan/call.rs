@@ -159,7 +159,11 @@ impl Call {
             r.set_error(core.abort_errno().0);
             core.request_end(&r);
         }
-        wait_answer(&core, &req, &sig)
+        let r = wait_answer(&core, &req, &sig);
+        // Signals sent after the call returned find nothing to wake, and
+        // hold no reference that would keep the request counted as waiting.
+        *lock(&sig.park) = Park::None;
+        r
     }
 }
 

@@ -272,13 +272,14 @@ impl DevQueue {
         if oh.len as usize != total {
             return Err(Errno::EINVAL);
         }
-        if oh.error <= -512 || oh.error > 0 {
-            return Err(Errno::EINVAL);
-        }
         if oh.unique == 0 {
+            // A notification: `error` carries the notification code.
             let mut body = vec![0u8; payload_len];
             fill(&mut body);
             return core.notify(oh.error, &body).map(|()| total);
+        }
+        if oh.error <= -512 || oh.error > 0 {
+            return Err(Errno::EINVAL);
         }
         let mut pq = lock(&self.pq);
         let found = if pq.connected {
