@@ -10,6 +10,7 @@ pub mod bg;
 mod call;
 mod dev;
 pub mod errno;
+mod negotiate;
 pub mod req;
 mod timeout;
 pub mod transport;
@@ -21,7 +22,7 @@ pub use req::{flag, Args, EndFn, Location, Reply, ReqResult};
 pub use timeout::{Clock, ManualClock, MonotonicClock};
 pub use transport::{InFlight, Transport};
 
-use crate::abi::{self, init, ForgetOne, InitIn, InitOut, Opcode};
+use crate::abi::{self, init, ForgetOne};
 use crate::sync::{lock, wait, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 use bg::{BgState, WaitSlot, WakeBudget};
 use call::SigState;
@@ -594,167 +595,6 @@ impl Chan {
                 .transport
                 .send_forget(ForgetOne { nodeid, nlookup });
         }
-    }
-
-    /// Sends INIT (FORCE: it bypasses the gate it opens) and processes the
-    /// reply. A failed or malformed INIT aborts the connection.
-    pub fn init(&self) -> Result<Negotiated, Errno> {
-        let cfg = &self.core().cfg;
-        let mut flags = cfg.init_flags;
-        if cfg.ring_queues > 0 {
-            flags |= init::OVER_IO_URING;
-        }
-        let (f1, f2) = init::split(flags);
-        let arg = InitIn {
-            major: abi::KERNEL_VERSION,
-            minor: abi::KERNEL_MINOR_VERSION,
-            max_readahead: cfg.max_readahead,
-            flags: f1,
-            flags2: f2,
-            unused: [0; 11],
-        };
-        let args = Args::new(Opcode::Init, 0)
-            .body(zerocopy::IntoBytes::as_bytes(&arg).to_vec())
-            .out(std::mem::size_of::<InitOut>(), true)
-            .force();
-        let reply = match self.send(args) {
-            Ok(r) => r,
-            Err(e) => {
-                self.abort();
-                return Err(e);
-            }
-        };
-        let out = abi::decode::Cursor::new(&reply.data)
-            .read_compat::<InitOut>("fuse_init_out", abi::COMPAT_INIT_OUT_SIZE);
-        match out {
-            Ok(out) => self.process_init_reply(&out),
-            Err(_) => {
-                self.abort();
-                Err(Errno::EPROTO)
-            }
-        }
-    }
-
-    /// Applies a server's INIT reply: negotiates version, flags, limits and
-    /// the request timeout, creates the ring gate, then publishes
-    /// `initialized`.
-    pub fn process_init_reply(&self, out: &InitOut) -> Result<Negotiated, Errno> {
-        let cfg = &self.core().cfg;
-        if out.major != abi::KERNEL_VERSION {
-            self.abort();
-            return Err(Errno::EPROTO);
-        }
-        let mut offered = cfg.init_flags;
-        if cfg.ring_queues > 0 {
-            offered |= init::OVER_IO_URING;
-        }
-        let mut flags = u64::from(out.flags);
-        if flags & init::INIT_EXT != 0 {
-            flags |= u64::from(out.flags2) << 32;
-        }
-        flags &= offered;
-        let server_timeout = if flags & init::REQUEST_TIMEOUT != 0 {
-            Duration::from_secs(u64::from(out.request_timeout))
-        } else {
-            Duration::ZERO
-        };
-        let mut timeout = if server_timeout.is_zero() {
-            cfg.default_request_timeout
-        } else {
-            server_timeout
-        };
-        if !cfg.max_request_timeout.is_zero() {
-            timeout = if timeout.is_zero() {
-                cfg.max_request_timeout
-            } else {
-                timeout.min(cfg.max_request_timeout)
-            };
-        }
-        let neg = Negotiated {
-            minor: out.minor.min(abi::KERNEL_MINOR_VERSION),
-            flags,
-            max_write: out.max_write.max(4096),
-            max_background: if out.max_background != 0 {
-                u32::from(out.max_background)
-            } else {
-                cfg.max_background
-            },
-            congestion_threshold: if out.congestion_threshold != 0 {
-                u32::from(out.congestion_threshold)
-            } else {
-                cfg.congestion_threshold
-            },
-            request_timeout: timeout,
-            ring_queues: if flags & init::OVER_IO_URING != 0 {
-                cfg.ring_queues
-            } else {
-                0
-            },
-        };
-        self.set_initialized(neg);
-        Ok(neg)
-    }
-
-    /// Marks the connection initialized with `neg` (what processing an INIT
-    /// reply does). Everything is set before `initialized` is published.
-    pub fn set_initialized(&self, neg: Negotiated) {
-        let core = self.core();
-        if let Some(dev) = &core.dev {
-            dev.minor.store(neg.minor, Ordering::Relaxed);
-            dev.max_write.store(neg.max_write, Ordering::Relaxed);
-        }
-        core.abort_error
-            .store(neg.flags & init::ABORT_ERROR != 0, Ordering::Relaxed);
-        core.timeout_ns.store(
-            u64::try_from(neg.request_timeout.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        {
-            let mut c = lock(&core.conn);
-            c.negotiated = Some(neg);
-            // The ring is created here, before `initialized`.
-            c.ring_registered = vec![false; usize::from(neg.ring_queues)];
-        }
-        {
-            let mut bg = lock(&core.bg);
-            bg.max_background = neg.max_background;
-            bg.congestion_threshold = neg.congestion_threshold;
-            bg.ring_ready = neg.ring_queues == 0;
-            bg.initialized = true;
-            core.initialized.store(true, Ordering::Release);
-            if bg.ring_ready {
-                core.gate_open.store(true, Ordering::Release);
-            }
-            bg.grant(WakeBudget::PerFreeSlot);
-        }
-        #[cfg(not(loom))]
-        if !neg.request_timeout.is_zero() && core.cfg.spawn_scanner {
-            timeout::spawn_scanner(core, core.cfg.scan_period);
-        }
-    }
-
-    /// Records that ring queue `qid` has an entry. When every queue has one
-    /// the ring is ready and admission opens. Returns whether it is ready.
-    pub fn ring_queue_ready(&self, qid: u16) -> bool {
-        let core = self.core();
-        let all = {
-            let mut c = lock(&core.conn);
-            if let Some(slot) = c.ring_registered.get_mut(usize::from(qid)) {
-                *slot = true;
-            }
-            !c.ring_registered.is_empty() && c.ring_registered.iter().all(|r| *r)
-        };
-        if all {
-            let mut bg = lock(&core.bg);
-            if !bg.ring_ready {
-                bg.ring_ready = true;
-                if bg.initialized {
-                    core.gate_open.store(true, Ordering::Release);
-                }
-                bg.grant(WakeBudget::PerFreeSlot);
-            }
-        }
-        all
     }
 
     /// Whether INIT has been processed (Acquire: what INIT set is visible).
