@@ -6,7 +6,10 @@
 //! - [`abi`]: protocol 7.45 constants and structs, bounds-checked decoders.
 //! - [`chan`]: the engine ([`Chan`]) and its in-process device ([`Device`]).
 //!
-//! This crate performs no host I/O, so it runs under Miri and loom.
+//! This crate performs no host I/O and contains no `unsafe`; its real
+//! synchronisation code is model-checked with loom (`tests/loom.rs`).
+
+#![forbid(unsafe_code)]
 
 pub mod abi;
 pub mod chan;
