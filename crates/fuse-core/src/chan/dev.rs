@@ -327,12 +327,38 @@ impl DevQueue {
         } else {
             out.clear();
             out.resize(payload_len, 0);
-            fill(&mut out);
+            let filled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fill(&mut out)));
+            if let Err(payload) = filled {
+                // The server's copy panicked: end the request with EIO so
+                // its requester is not stranded, then let the panic go on.
+                self.finish_write(core, &req, out, Some(Errno::EIO), &oh);
+                std::panic::resume_unwind(payload);
+            }
         }
 
+        let connected = self.finish_write(core, &req, out, err, &oh);
+        if !connected {
+            return Err(Errno::ENOENT);
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    }
+
+    /// Ends a reply copy: puts the buffer back, records the result and
+    /// ends the request. Returns whether the connection was still up.
+    fn finish_write(
+        &self,
+        core: &Core,
+        req: &Arc<Request>,
+        out: Vec<u8>,
+        err: Option<Errno>,
+        oh: &OutHeader,
+    ) -> bool {
         let mut pq = lock(&self.pq);
         req.flags.clear(flag::LOCKED);
-        pq.take_io(&req);
+        pq.take_io(req);
         let connected = pq.connected;
         {
             let mut d = lock(&req.data);
@@ -346,14 +372,8 @@ impl DevQueue {
             }
         }
         drop(pq);
-        core.request_end(&req);
-        if !connected {
-            return Err(Errno::ENOENT);
-        }
-        match err {
-            Some(e) => Err(e),
-            None => Ok(total),
-        }
+        core.request_end(req);
+        connected
     }
 
     /// Queues an interrupt (kernel `queue_interrupt`, with the resend fix:

@@ -157,6 +157,8 @@ struct ConnState {
     negotiated: Option<Negotiated>,
     /// Ring queues that have an entry (created while processing INIT).
     ring_registered: Vec<bool>,
+    /// Ring queues that reported an entry before INIT was processed.
+    early_ring: Vec<u16>,
 }
 
 /// The shared connection state.
@@ -358,6 +360,11 @@ impl Core {
     }
 
     fn abort(&self) {
+        // An end callback run by this abort may abort again (or drop the
+        // last Chan): that must not wait for the abort it is part of.
+        if ABORTING.with(|a| a.get()) {
+            return;
+        }
         {
             let mut c = lock(&self.conn);
             match c.phase {
@@ -371,6 +378,7 @@ impl Core {
                 Phase::Connected => c.phase = Phase::Aborting,
             }
         }
+        ABORTING.with(|a| a.set(true));
         self.aborts.fetch_add(1, Ordering::Relaxed);
         self.connected.store(false, Ordering::SeqCst);
         // Background first, as the kernel does: stop admission under
@@ -401,6 +409,7 @@ impl Core {
             self.request_end(&r);
         }
         self.scan.stop();
+        ABORTING.with(|a| a.set(false));
         let mut c = lock(&self.conn);
         c.phase = Phase::Aborted;
         self.conn_cv.notify_all();
@@ -430,6 +439,11 @@ impl Core {
         }
         false
     }
+}
+
+thread_local! {
+    /// Set while this thread runs an abort (see `Core::abort`).
+    static ABORTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Aborts the connection when the last [`Chan`] handle goes away, as
@@ -491,6 +505,7 @@ impl Chan {
                 phase: Phase::Connected,
                 negotiated: None,
                 ring_registered: Vec::new(),
+                early_ring: Vec::new(),
             }),
             conn_cv: Condvar::new(),
             initialized: AtomicBool::new(false),

@@ -7,6 +7,9 @@ use crate::abi::{self, init, InitIn, InitOut, Opcode};
 use crate::sync::{lock, Ordering};
 use std::time::Duration;
 
+/// Largest max_write a server may negotiate (the kernel's 256 pages).
+pub const MAX_WRITE_LIMIT: u32 = 1 << 20;
+
 impl Chan {
     /// Sends INIT (FORCE: it bypasses the gate it opens) and processes the
     /// reply. A failed or malformed INIT aborts the connection.
@@ -85,7 +88,8 @@ impl Chan {
         let neg = Negotiated {
             minor: out.minor.min(abi::KERNEL_MINOR_VERSION),
             flags,
-            max_write: out.max_write.max(4096),
+            // Clamped: a server may not make the minimum read buffer absurd.
+            max_write: out.max_write.clamp(4096, MAX_WRITE_LIMIT),
             max_background: if out.max_background != 0 {
                 u32::from(out.max_background)
             } else {
@@ -122,19 +126,27 @@ impl Chan {
             Ordering::Relaxed,
         );
         {
+            // conn -> bg: ring registrations and the gate change together.
             let mut c = lock(&core.conn);
             c.negotiated = Some(neg);
-            // The ring is created here, before `initialized`.
-            c.ring_registered = vec![false; usize::from(neg.ring_queues)];
-        }
-        {
+            // The ring is created here, before `initialized`; queues that
+            // reported an entry early are counted.
+            let q = usize::from(neg.ring_queues);
+            let early = std::mem::take(&mut c.early_ring);
+            c.ring_registered = vec![false; q];
+            for qid in early {
+                if let Some(r) = c.ring_registered.get_mut(usize::from(qid)) {
+                    *r = true;
+                }
+            }
+            let ready = c.ring_registered.iter().all(|r| *r);
             let mut bg = lock(&core.bg);
             bg.max_background = neg.max_background;
             bg.congestion_threshold = neg.congestion_threshold;
-            bg.ring_ready = neg.ring_queues == 0;
+            bg.ring_ready = ready;
             bg.initialized = true;
             core.initialized.store(true, Ordering::Release);
-            if bg.ring_ready {
+            if ready {
                 core.gate_open.store(true, Ordering::Release);
             }
             bg.grant(WakeBudget::PerFreeSlot);
@@ -149,13 +161,16 @@ impl Chan {
     /// the ring is ready and admission opens. Returns whether it is ready.
     pub fn ring_queue_ready(&self, qid: u16) -> bool {
         let core = self.core();
-        let all = {
-            let mut c = lock(&core.conn);
-            if let Some(slot) = c.ring_registered.get_mut(usize::from(qid)) {
-                *slot = true;
-            }
-            !c.ring_registered.is_empty() && c.ring_registered.iter().all(|r| *r)
-        };
+        let mut c = lock(&core.conn);
+        if c.negotiated.is_none() {
+            // Before INIT was processed: remember it for when the ring exists.
+            c.early_ring.push(qid);
+            return false;
+        }
+        if let Some(slot) = c.ring_registered.get_mut(usize::from(qid)) {
+            *slot = true;
+        }
+        let all = !c.ring_registered.is_empty() && c.ring_registered.iter().all(|r| *r);
         if all {
             let mut bg = lock(&core.bg);
             if !bg.ring_ready {

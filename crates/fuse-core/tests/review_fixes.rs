@@ -1,0 +1,91 @@
+//! Regressions for findings of the adversarial review: the ring gate when
+//! queues register early, a panicking reply copy, an end callback that
+//! re-enters abort, a server asking for an absurd max_write.
+
+mod common;
+use common::*;
+use fuse_core::abi::{init, InitOut};
+use fuse_core::{Chan, ChanConfig, Errno};
+use std::sync::mpsc;
+
+fn ring_init() -> InitOut {
+    InitOut {
+        major: 7,
+        minor: 45,
+        flags: init::INIT_EXT as u32,
+        flags2: (init::OVER_IO_URING >> 32) as u32,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn ring_queues_registered_before_init_count() {
+    let chan = Chan::new(ChanConfig {
+        spawn_scanner: false,
+        ring_queues: 2,
+        ..Default::default()
+    });
+    assert!(!chan.ring_queue_ready(0));
+    assert!(!chan.ring_queue_ready(1));
+    chan.process_init_reply(&ring_init()).unwrap();
+    let dev = chan.device().unwrap();
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(noop(1)));
+    let (h, _) = read(&dev);
+    reply(&dev, h.unique, 0, &[]).unwrap();
+    assert!(t.join().unwrap().is_ok());
+    assert_eq!(chan.stats().parked, 0);
+}
+
+#[test]
+fn panicking_reply_copy_ends_the_request_with_eio() {
+    let (chan, dev) = chan(12);
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(noop(1).out(8, false)));
+    let (h, _) = read(&dev);
+    let d = dev.clone();
+    let r =
+        std::thread::spawn(move || d.write_with(h.unique, 0, 8, |_| panic!("server bug"))).join();
+    assert!(r.is_err(), "the server's panic propagates to the server");
+    assert_eq!(t.join().unwrap(), Err(Errno::EIO));
+    assert!(chan.is_connected());
+    chan.abort();
+    chan.wait_aborted();
+}
+
+#[test]
+fn end_callback_that_aborts_does_not_deadlock() {
+    let (chan, _dev) = chan(12);
+    let (tx, rx) = mpsc::channel();
+    let c = chan.clone();
+    chan.send_background(
+        noop(1),
+        Box::new(move |r| {
+            c.abort();
+            drop(c);
+            tx.send(r).unwrap();
+        }),
+    )
+    .unwrap();
+    chan.abort();
+    assert_eq!(rx.recv().unwrap(), Err(Errno::ENOTCONN));
+    chan.wait_aborted();
+}
+
+#[test]
+fn absurd_max_write_is_clamped() {
+    let chan = Chan::new(ChanConfig {
+        spawn_scanner: false,
+        ..Default::default()
+    });
+    let out = InitOut {
+        major: 7,
+        minor: 45,
+        max_write: u32::MAX,
+        ..Default::default()
+    };
+    let neg = chan.process_init_reply(&out).unwrap();
+    assert_eq!(neg.max_write, 1 << 20);
+    let dev = chan.device().unwrap();
+    assert!(dev.min_read_buffer() <= (1 << 20) + 80);
+}
