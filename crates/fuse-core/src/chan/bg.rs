@@ -192,6 +192,10 @@ impl BgState {
                 break;
             };
             self.active_background += 1;
+            // Counted active from here: if the transport refuses it, ending
+            // it must give the active slot back too (request_end decides by
+            // location).
+            let _ = req.move_to(Location::Transport);
             out.push(req);
         }
         out
