@@ -10,6 +10,19 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use zerocopy::FromBytes;
 
+/// Starts a synchronous call on its own thread; returns its signal handle.
+fn spawn_call(
+    chan: &fuse_core::Chan,
+    args: Args,
+) -> (
+    fuse_core::Signal,
+    std::thread::JoinHandle<fuse_core::ReqResult>,
+) {
+    let call = chan.call(args);
+    let sig = call.signal();
+    (sig, std::thread::spawn(move || call.wait()))
+}
+
 fn read_args() -> Args {
     Args::new(Opcode::Read, 2).out(4096, true)
 }
@@ -100,9 +113,7 @@ fn c_kill_without_abort_gets_the_reply_after_the_copy() {
 #[test]
 fn kill_before_the_server_reads_withdraws_the_request() {
     let (chan, dev) = chan(12);
-    let call = chan.call(noop(1));
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1));
     until("pending", || chan.stats().pending == 1);
     sig.kill();
     assert_eq!(t.join().unwrap(), Err(Errno::EINTR));
@@ -116,9 +127,7 @@ fn kill_before_the_server_reads_withdraws_the_request() {
 #[test]
 fn interrupt_of_a_sent_request_queues_fuse_interrupt_first() {
     let (chan, dev) = chan(12);
-    let call = chan.call(noop(1));
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1));
     let (h, _) = read(&dev);
     // Another request is pending; the interrupt must come before it.
     let c = chan.clone();
@@ -148,9 +157,7 @@ fn interrupt_of_a_sent_request_queues_fuse_interrupt_first() {
 #[test]
 fn enosys_interrupt_reply_sets_no_interrupt() {
     let (chan, dev) = chan(12);
-    let call = chan.call(noop(1));
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1));
     let (h, _) = read(&dev);
     sig.interrupt();
     let (ih, _) = read(&dev);
@@ -159,9 +166,7 @@ fn enosys_interrupt_reply_sets_no_interrupt() {
     reply(&dev, h.unique, 0, &[]).unwrap();
     assert!(t.join().unwrap().is_ok());
     // Later signals queue nothing.
-    let call = chan.call(noop(1));
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1));
     let (h, _) = read(&dev);
     sig.interrupt();
     std::thread::sleep(Duration::from_millis(20));
@@ -173,9 +178,7 @@ fn enosys_interrupt_reply_sets_no_interrupt() {
 #[test]
 fn force_requests_ignore_interruption() {
     let (chan, dev) = chan(12);
-    let call = chan.call(noop(1).force());
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1).force());
     let (h, _) = read(&dev);
     sig.interrupt();
     sig.kill();
@@ -195,9 +198,7 @@ fn resend(dev: &fuse_core::Device) {
 #[test]
 fn d_no_interrupt_for_a_resent_request() {
     let (chan, dev) = chan(12);
-    let call = chan.call(noop(1));
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1));
     let (h, _) = read(&dev);
     resend(&dev);
     sig.interrupt();
@@ -224,9 +225,7 @@ fn d_no_interrupt_for_a_resent_request() {
 #[test]
 fn d_resend_drops_queued_interrupts() {
     let (chan, dev) = chan(12);
-    let call = chan.call(noop(1));
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1));
     read(&dev);
     sig.interrupt();
     until("interrupt queued", || dev.queued_interrupts().len() == 1);
@@ -244,9 +243,7 @@ fn d_resend_drops_queued_interrupts() {
 #[test]
 fn d_ending_a_request_removes_its_interrupt() {
     let (chan, dev) = chan(12);
-    let call = chan.call(noop(1));
-    let sig = call.signal();
-    let t = std::thread::spawn(move || call.wait());
+    let (sig, t) = spawn_call(&chan, noop(1));
     let (h, _) = read(&dev);
     sig.interrupt();
     until("interrupt queued", || dev.queued_interrupts().len() == 1);
@@ -262,9 +259,7 @@ fn d_ending_a_request_removes_its_interrupt() {
 fn d_resend_vs_interrupt_race() {
     let (chan, dev) = chan(12);
     for _ in 0..300 {
-        let call = chan.call(noop(1));
-        let sig = call.signal();
-        let t = std::thread::spawn(move || call.wait());
+        let (sig, t) = spawn_call(&chan, noop(1));
         read(&dev);
         let d = dev.clone();
         let a = std::thread::spawn(move || resend(&d));
