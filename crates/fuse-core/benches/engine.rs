@@ -5,7 +5,7 @@
 #![allow(missing_docs)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use fuse_core::abi::{self, Opcode};
+use fuse_core::abi::Opcode;
 use fuse_core::{Args, Chan, ChanConfig, Device, Negotiated};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -14,13 +14,8 @@ use std::time::{Duration, Instant};
 
 fn neg(max_background: u32, timeout: Duration) -> Negotiated {
     Negotiated {
-        minor: abi::KERNEL_MINOR_VERSION,
-        flags: 0,
-        max_write: 128 * 1024,
-        max_background,
-        congestion_threshold: max_background * 3 / 4,
         request_timeout: timeout,
-        ring_queues: 0,
+        ..Negotiated::with_max_background(max_background)
     }
 }
 

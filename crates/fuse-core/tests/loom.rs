@@ -23,13 +23,9 @@ fn chan(max_background: u32) -> Chan {
         ..Default::default()
     });
     chan.set_initialized(Negotiated {
-        minor: abi::KERNEL_MINOR_VERSION,
-        flags: 0,
         max_write: 4096,
-        max_background,
         congestion_threshold: max_background,
-        request_timeout: Duration::ZERO,
-        ring_queues: 0,
+        ..Negotiated::with_max_background(max_background)
     });
     chan
 }

@@ -106,6 +106,23 @@ pub struct Negotiated {
     pub ring_queues: u16,
 }
 
+impl Negotiated {
+    /// What a current server with default options negotiates, with the
+    /// given max_background (congestion threshold at 3/4 of it, as the
+    /// kernel's defaults are).
+    pub fn with_max_background(max_background: u32) -> Self {
+        Negotiated {
+            minor: abi::KERNEL_MINOR_VERSION,
+            flags: 0,
+            max_write: 128 * 1024,
+            max_background,
+            congestion_threshold: max_background * 3 / 4,
+            request_timeout: Duration::ZERO,
+            ring_queues: 0,
+        }
+    }
+}
+
 /// A snapshot of the connection's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {

@@ -8,15 +8,7 @@ use std::time::{Duration, Instant};
 use zerocopy::FromBytes;
 
 pub fn negotiated(max_background: u32) -> Negotiated {
-    Negotiated {
-        minor: abi::KERNEL_MINOR_VERSION,
-        flags: 0,
-        max_write: 128 * 1024,
-        max_background,
-        congestion_threshold: max_background * 3 / 4,
-        request_timeout: Duration::ZERO,
-        ring_queues: 0,
-    }
+    Negotiated::with_max_background(max_background)
 }
 
 /// A connection already initialized with `max_background`.
