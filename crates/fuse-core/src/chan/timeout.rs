@@ -1,5 +1,6 @@
 //! Clocks and the per-connection timeout scanner.
 
+#[cfg(not(loom))]
 use crate::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +70,7 @@ impl ScanCtl {
     }
 
     /// Sleeps one period; returns false once stopped.
+    #[cfg_attr(loom, allow(dead_code))]
     fn sleep(&self, period: Duration) -> bool {
         let g = self.stop.lock().unwrap_or_else(|e| e.into_inner());
         if *g {
