@@ -18,6 +18,8 @@ cargo test --workspace
 
 step "loom models (fuse-core)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo clippy -p fuse-core --tests -- -D warnings
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p fuse-core --test loom --release
 
 step "decoder fuzz harness (${FUSEBOX_FUZZ_ITERS:=5000000} inputs)"

@@ -8,7 +8,6 @@ use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use std::time::Duration;
 use zerocopy::FromBytes;
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
