@@ -386,8 +386,81 @@ pub fn decode_request<'a>(buf: &'a [u8], opts: DecodeOptions) -> Result<Request<
     }
     let (body, ext) = c.rest().split_at(c.len() - ext_len);
     validate_extensions(ext)?;
-    let op = decode_op(opcode, &mut Cursor::new(body), opts)?;
+    let op = decode_op(
+        opcode,
+        &mut ArgBytes {
+            fixed: None,
+            rest: Cursor::new(body),
+        },
+        opts,
+    )?;
     Ok(Request { header, op, ext })
+}
+
+/// Decodes a request whose arguments arrive split, as over the ring: the
+/// per-opcode struct in `op_in` (the header's 128-byte area) and every other
+/// argument, then the extensions, in `payload`. `header.len` is not checked
+/// against the pieces (the ring carries the payload size separately).
+pub fn decode_split<'a>(
+    header: InHeader,
+    op_in: &'a [u8],
+    payload: &'a [u8],
+    opts: DecodeOptions,
+) -> Result<Request<'a>, DecodeError> {
+    let opcode =
+        Opcode::from_u32(header.opcode).ok_or(DecodeError::UnknownOpcode(header.opcode))?;
+    let ext_len = usize::from(header.total_extlen) * 8;
+    if ext_len > payload.len() {
+        return Err(DecodeError::BadExtension);
+    }
+    let (body, ext) = payload.split_at(payload.len() - ext_len);
+    validate_extensions(ext)?;
+    let mut args = ArgBytes {
+        fixed: Some(Cursor::new(op_in)),
+        rest: Cursor::new(body),
+    };
+    let op = decode_op(opcode, &mut args, opts)?;
+    Ok(Request { header, op, ext })
+}
+
+/// A request's argument bytes: contiguous (device), or split into the
+/// per-opcode struct and the rest (ring). Structs come from `fixed` when
+/// the arguments are split; names, data and arrays always from `rest`.
+struct ArgBytes<'a> {
+    fixed: Option<Cursor<'a>>,
+    rest: Cursor<'a>,
+}
+
+impl<'a> ArgBytes<'a> {
+    fn read<T: FromBytes>(&mut self, what: &'static str) -> Result<T, DecodeError> {
+        self.fixed.as_mut().unwrap_or(&mut self.rest).read(what)
+    }
+    fn read_compat<T: FromBytes + zerocopy::IntoBytes + Default>(
+        &mut self,
+        what: &'static str,
+        min: usize,
+    ) -> Result<T, DecodeError> {
+        self.fixed
+            .as_mut()
+            .unwrap_or(&mut self.rest)
+            .read_compat(what, min)
+    }
+    fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        self.rest.bytes(n, what)
+    }
+    fn cstr(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        self.rest.cstr(what)
+    }
+    fn name(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        self.rest.name(what)
+    }
+    fn array<T: FromBytes>(
+        &mut self,
+        count: u32,
+        what: &'static str,
+    ) -> Result<Vec<T>, DecodeError> {
+        self.rest.array(count, what)
+    }
 }
 
 /// Checks that the extension area is a well-formed chain of `fuse_ext_header`s.
@@ -409,7 +482,7 @@ pub fn validate_extensions(ext: &[u8]) -> Result<(), DecodeError> {
 
 fn decode_op<'a>(
     opcode: Opcode,
-    c: &mut Cursor<'a>,
+    c: &mut ArgBytes<'a>,
     opts: DecodeOptions,
 ) -> Result<Operation<'a>, DecodeError> {
     use Operation as O;

@@ -8,6 +8,8 @@ pub mod ring;
 pub mod structs;
 
 pub use consts::*;
-pub use decode::{decode_reply, decode_request, DecodeError, DecodeOptions, Operation, Reply};
+pub use decode::{
+    decode_reply, decode_request, decode_split, DecodeError, DecodeOptions, Operation, Reply,
+};
 pub use ring::*;
 pub use structs::*;

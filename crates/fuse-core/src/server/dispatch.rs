@@ -1,0 +1,411 @@
+//! Decodes one request, calls the [`Filesystem`], encodes the reply payload
+//! into a buffer the transport provides. No transport types appear here.
+
+use super::{Ctx, DirSink, Entry, Filesystem, Opened, Xattr};
+use crate::abi::{
+    self, decode::Request, init, AttrOut, DecodeOptions, EntryOut, GetxattrOut, InHeader, InitIn,
+    InitOut, LseekOut, OpenOut, Operation, StatfsOut, WriteOut,
+};
+use crate::chan::Errno;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+use zerocopy::{Immutable, IntoBytes};
+
+/// What the server offers in its INIT reply.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest WRITE the server accepts.
+    pub max_write: u32,
+    /// max_background to ask for (0 = kernel default).
+    pub max_background: u16,
+    /// congestion_threshold to ask for (0 = kernel default).
+    pub congestion_threshold: u16,
+    /// Request timeout to ask for, in seconds (0 = none).
+    pub request_timeout: u16,
+    /// Flags the dispatcher supports on top of what the filesystem wants.
+    pub flags: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_write: 1 << 20,
+            max_background: 0,
+            congestion_threshold: 0,
+            request_timeout: 0,
+            flags: init::ASYNC_READ
+                | init::BIG_WRITES
+                | init::MAX_PAGES
+                | init::INIT_EXT
+                | init::PARALLEL_DIROPS
+                | init::ABORT_ERROR,
+        }
+    }
+}
+
+/// How a request was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Unique of the request.
+    pub unique: u64,
+    /// 0 or a negative errno for `fuse_out_header.error`.
+    pub error: i32,
+    /// Bytes of reply payload written to the output buffer.
+    pub len: usize,
+}
+
+/// The FUSE dispatcher.
+pub struct Dispatcher<F: Filesystem> {
+    fs: F,
+    cfg: ServerConfig,
+    minor: AtomicU32,
+    flags: AtomicU64,
+}
+
+impl<F: Filesystem> std::fmt::Debug for Dispatcher<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn put<T: IntoBytes + Immutable>(out: &mut [u8], v: &T) -> Result<usize, Errno> {
+    let b = v.as_bytes();
+    out.get_mut(..b.len())
+        .ok_or(Errno::ERANGE)?
+        .copy_from_slice(b);
+    Ok(b.len())
+}
+
+fn entry_out<I: Into<u64>>(e: Entry<I>) -> EntryOut {
+    EntryOut {
+        nodeid: e.inode.into(),
+        generation: e.generation,
+        entry_valid: e.entry_valid.as_secs(),
+        attr_valid: e.attr_valid.as_secs(),
+        entry_valid_nsec: e.entry_valid.subsec_nanos(),
+        attr_valid_nsec: e.attr_valid.subsec_nanos(),
+        attr: e.attr,
+    }
+}
+
+fn attr_out(attr: abi::Attr, valid: Duration) -> AttrOut {
+    AttrOut {
+        attr_valid: valid.as_secs(),
+        attr_valid_nsec: valid.subsec_nanos(),
+        dummy: 0,
+        attr,
+    }
+}
+
+fn open_out<H: Into<u64>>(o: Opened<H>) -> OpenOut {
+    OpenOut {
+        fh: o.handle.into(),
+        open_flags: o.open_flags,
+        backing_id: 0,
+    }
+}
+
+struct DirBuf<'a> {
+    out: &'a mut [u8],
+    len: usize,
+}
+
+impl DirSink for DirBuf<'_> {
+    fn add(&mut self, ino: u64, offset: u64, typ: u32, name: &[u8]) -> bool {
+        let size = abi::structs::dirent_size(name.len());
+        let Some(dst) = self.out.get_mut(self.len..self.len + size) else {
+            return false;
+        };
+        let d = abi::Dirent {
+            ino,
+            off: offset,
+            namelen: name.len() as u32,
+            typ,
+        };
+        let h = std::mem::size_of::<abi::Dirent>();
+        dst[..h].copy_from_slice(d.as_bytes());
+        dst[h..h + name.len()].copy_from_slice(name);
+        dst[h + name.len()..].fill(0);
+        self.len += size;
+        true
+    }
+}
+
+impl<F: Filesystem> Dispatcher<F> {
+    /// A dispatcher for `fs`.
+    pub fn new(fs: F, cfg: ServerConfig) -> Self {
+        Dispatcher {
+            fs,
+            cfg,
+            minor: AtomicU32::new(abi::KERNEL_MINOR_VERSION),
+            flags: AtomicU64::new(init::SETXATTR_EXT),
+        }
+    }
+
+    /// The filesystem.
+    pub fn fs(&self) -> &F {
+        &self.fs
+    }
+
+    /// Decode options negotiated by INIT.
+    pub fn decode_options(&self) -> DecodeOptions {
+        DecodeOptions {
+            minor: self.minor.load(Ordering::Relaxed),
+            flags: self.flags.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Handles one contiguous request message (device style). `out` is the
+    /// reply payload buffer. Returns `None` for messages that get no reply.
+    /// A message that cannot be decoded gets EIO if its unique can be read.
+    pub fn handle_bytes(&self, msg: &[u8], out: &mut [u8]) -> Option<Outcome> {
+        match abi::decode_request(msg, self.decode_options()) {
+            Ok(req) => self.handle(&req, out),
+            Err(_) => {
+                let (h, _) = abi::decode::Cursor::new(msg)
+                    .read::<InHeader>("fuse_in_header")
+                    .ok()
+                    .map(|h| (h, ()))?;
+                if h.unique == 0 || h.opcode == abi::Opcode::Forget as u32 {
+                    return None;
+                }
+                Some(Outcome {
+                    unique: h.unique,
+                    error: Errno::EIO.to_wire(),
+                    len: 0,
+                })
+            }
+        }
+    }
+
+    /// Handles one decoded request.
+    pub fn handle(&self, req: &Request<'_>, out: &mut [u8]) -> Option<Outcome> {
+        let h = &req.header;
+        let ctx = Ctx {
+            unique: h.unique,
+            uid: h.uid,
+            gid: h.gid,
+            pid: h.pid,
+        };
+        let result = match &req.op {
+            Operation::Forget { arg } => {
+                self.fs.forget(h.nodeid.into(), arg.nlookup);
+                return None;
+            }
+            Operation::BatchForget { nodes, .. } => {
+                for n in nodes {
+                    self.fs.forget(n.nodeid.into(), n.nlookup);
+                }
+                return None;
+            }
+            // Interrupts are advisory: a filesystem that can cancel work
+            // gets them from its transport; the dispatcher answers none.
+            Operation::Interrupt { .. } => return None,
+            op => self.call(&ctx, h.nodeid, op, out),
+        };
+        Some(match result {
+            Ok(len) => Outcome {
+                unique: h.unique,
+                error: 0,
+                len,
+            },
+            Err(e) => Outcome {
+                unique: h.unique,
+                error: e.to_wire(),
+                len: 0,
+            },
+        })
+    }
+
+    fn init(&self, arg: &InitIn, out: &mut [u8]) -> Result<usize, Errno> {
+        let mut reply = InitOut {
+            major: abi::KERNEL_VERSION,
+            minor: abi::KERNEL_MINOR_VERSION,
+            ..Default::default()
+        };
+        if arg.major != abi::KERNEL_VERSION {
+            // Tell the kernel our major; it retries or gives up.
+            return put(out, &reply);
+        }
+        let mut offered = u64::from(arg.flags);
+        if offered & init::INIT_EXT != 0 {
+            offered |= u64::from(arg.flags2) << 32;
+        }
+        let wanted = self.fs.init(offered)? | self.cfg.flags;
+        let mut flags = wanted & offered;
+        if self.cfg.request_timeout != 0 {
+            flags |= init::REQUEST_TIMEOUT & offered;
+        }
+        let minor = arg.minor.min(abi::KERNEL_MINOR_VERSION);
+        self.minor.store(minor, Ordering::Relaxed);
+        self.flags.store(flags, Ordering::Relaxed);
+        let (f1, f2) = init::split(flags);
+        reply.minor = minor;
+        reply.flags = f1;
+        reply.flags2 = f2;
+        reply.max_readahead = arg.max_readahead;
+        reply.max_write = self.cfg.max_write;
+        reply.max_background = self.cfg.max_background;
+        reply.congestion_threshold = self.cfg.congestion_threshold;
+        reply.max_pages =
+            ((self.cfg.max_write as usize).div_ceil(4096)).min(u16::MAX as usize) as u16;
+        reply.time_gran = 1;
+        reply.request_timeout = self.cfg.request_timeout;
+        put(out, &reply)
+    }
+
+    fn xattr(x: Xattr, size: u32, out: &mut [u8]) -> Result<usize, Errno> {
+        match x {
+            Xattr::Size(n) => put(
+                out,
+                &GetxattrOut {
+                    size: n,
+                    padding: 0,
+                },
+            ),
+            Xattr::Data(d) if size == 0 => put(
+                out,
+                &GetxattrOut {
+                    size: d.len() as u32,
+                    padding: 0,
+                },
+            ),
+            Xattr::Data(d) if d.len() > size as usize => Err(Errno::ERANGE),
+            Xattr::Data(d) => {
+                out.get_mut(..d.len())
+                    .ok_or(Errno::ERANGE)?
+                    .copy_from_slice(&d);
+                Ok(d.len())
+            }
+        }
+    }
+
+    fn call(
+        &self,
+        ctx: &Ctx,
+        nodeid: u64,
+        op: &Operation<'_>,
+        out: &mut [u8],
+    ) -> Result<usize, Errno> {
+        use Operation as O;
+        let fs = &self.fs;
+        let ino = F::Inode::from(nodeid);
+        let fh = |fh: u64| F::Handle::from(fh);
+        match op {
+            O::Init { arg } => self.init(arg, out),
+            O::Destroy => {
+                fs.destroy();
+                Ok(0)
+            }
+            O::Lookup { name } => put(out, &entry_out(fs.lookup(ctx, ino, name)?)),
+            O::Getattr { arg } => {
+                let handle = (arg.getattr_flags & abi::flags::GETATTR_FH != 0).then(|| fh(arg.fh));
+                let (a, v) = fs.getattr(ctx, ino, handle)?;
+                put(out, &attr_out(a, v))
+            }
+            O::Setattr { arg } => {
+                let (a, v) = fs.setattr(ctx, ino, arg)?;
+                put(out, &attr_out(a, v))
+            }
+            O::Readlink => {
+                let t = fs.readlink(ctx, ino)?;
+                out.get_mut(..t.len())
+                    .ok_or(Errno::ENAMETOOLONG)?
+                    .copy_from_slice(&t);
+                Ok(t.len())
+            }
+            O::Symlink { name, target } => {
+                put(out, &entry_out(fs.symlink(ctx, ino, name, target)?))
+            }
+            O::Mknod { arg, name } => put(
+                out,
+                &entry_out(fs.mknod(ctx, ino, name, arg.mode, arg.rdev, arg.umask)?),
+            ),
+            O::Mkdir { arg, name } => put(
+                out,
+                &entry_out(fs.mkdir(ctx, ino, name, arg.mode, arg.umask)?),
+            ),
+            O::Unlink { name } => fs.unlink(ctx, ino, name).map(|()| 0),
+            O::Rmdir { name } => fs.rmdir(ctx, ino, name).map(|()| 0),
+            O::Rename { arg, old, new } => fs
+                .rename(ctx, ino, old, arg.newdir.into(), new, 0)
+                .map(|()| 0),
+            O::Rename2 { arg, old, new } => fs
+                .rename(ctx, ino, old, arg.newdir.into(), new, arg.flags)
+                .map(|()| 0),
+            O::Link { arg, name } => put(
+                out,
+                &entry_out(fs.link(ctx, arg.oldnodeid.into(), ino, name)?),
+            ),
+            O::Open { arg } => put(out, &open_out(fs.open(ctx, ino, arg.flags)?)),
+            O::Opendir { arg } => put(out, &open_out(fs.opendir(ctx, ino, arg.flags)?)),
+            O::Read { arg } => {
+                let n = (arg.size as usize).min(out.len());
+                let mut sink = &mut out[..n];
+                let got = fs.read(ctx, ino, fh(arg.fh), arg.offset, &mut sink)?;
+                Ok(got.min(n))
+            }
+            O::Write { arg, data } => {
+                let n = fs.write(ctx, ino, fh(arg.fh), arg.offset, data, arg.write_flags)?;
+                put(
+                    out,
+                    &WriteOut {
+                        size: n.min(data.len()) as u32,
+                        padding: 0,
+                    },
+                )
+            }
+            O::Flush { arg } => fs.flush(ctx, ino, fh(arg.fh), arg.lock_owner).map(|()| 0),
+            O::Release { arg } => fs.release(ctx, ino, fh(arg.fh), arg.flags).map(|()| 0),
+            O::Releasedir { arg } => fs.releasedir(ctx, ino, fh(arg.fh)).map(|()| 0),
+            O::Fsync { arg } => {
+                let data = arg.fsync_flags & abi::flags::FSYNC_FDATASYNC != 0;
+                fs.fsync(ctx, ino, fh(arg.fh), data).map(|()| 0)
+            }
+            O::Fsyncdir { arg } => {
+                let data = arg.fsync_flags & abi::flags::FSYNC_FDATASYNC != 0;
+                fs.fsyncdir(ctx, ino, fh(arg.fh), data).map(|()| 0)
+            }
+            O::Readdir { arg } => {
+                let n = (arg.size as usize).min(out.len());
+                let mut sink = DirBuf {
+                    out: &mut out[..n],
+                    len: 0,
+                };
+                fs.readdir(ctx, ino, fh(arg.fh), arg.offset, &mut sink)?;
+                Ok(sink.len)
+            }
+            O::Statfs => put(
+                out,
+                &StatfsOut {
+                    st: fs.statfs(ctx, ino)?,
+                },
+            ),
+            O::Setxattr { arg, name, value } => {
+                fs.setxattr(ctx, ino, name, value, arg.flags).map(|()| 0)
+            }
+            O::Getxattr { arg, name } => {
+                Self::xattr(fs.getxattr(ctx, ino, name, arg.size)?, arg.size, out)
+            }
+            O::Listxattr { arg } => Self::xattr(fs.listxattr(ctx, ino, arg.size)?, arg.size, out),
+            O::Removexattr { name } => fs.removexattr(ctx, ino, name).map(|()| 0),
+            O::Access { arg } => fs.access(ctx, ino, arg.mask).map(|()| 0),
+            O::Create { arg, name } => {
+                let (e, o) = fs.create(ctx, ino, name, arg.mode, arg.flags, arg.umask)?;
+                let n = put(out, &entry_out(e))?;
+                Ok(n + put(&mut out[n..], &open_out(o))?)
+            }
+            O::Fallocate { arg } => fs
+                .fallocate(ctx, ino, fh(arg.fh), arg.mode, arg.offset, arg.length)
+                .map(|()| 0),
+            O::Lseek { arg } => {
+                let off = fs.lseek(ctx, ino, fh(arg.fh), arg.offset, arg.whence)?;
+                put(out, &LseekOut { offset: off })
+            }
+            O::Syncfs { .. } => fs.syncfs(ctx, ino).map(|()| 0),
+            _ => Err(Errno::ENOSYS),
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The server side: a transport-agnostic FUSE dispatcher over a
+//! [`Filesystem`], and worker loops that attach it to a transport end.
+//!
+//! The dispatcher depends on the ABI only, never on engine internals, so the
+//! same code serves the in-process device, and later the real kernel's
+//! `/dev/fuse` and FUSE-over-io_uring.
+//!
+//! # Lookup counts
+//!
+//! Every successful reply that hands the kernel an entry (LOOKUP, MKNOD,
+//! MKDIR, SYMLINK, LINK, CREATE, TMPFILE, and each entry of READDIRPLUS
+//! other than "." and "..") adds one to that inode's lookup count. FORGET
+//! and BATCH_FORGET subtract `nlookup`. An inode may be dropped by the
+//! filesystem only when its count reaches zero; the root's count is never
+//! decremented below one. A reply that fails after [`Filesystem::lookup`]
+//! succeeded must not be sent; the dispatcher never does that.
+
+mod dispatch;
+pub mod memfs;
+mod worker;
+
+pub use dispatch::{Dispatcher, Outcome, ServerConfig};
+pub use worker::{serve_device, DeviceEnd};
+
+use crate::abi::{Attr, Kstatfs, SetattrIn};
+use crate::chan::Errno;
+use std::time::Duration;
+
+/// Result of a filesystem operation.
+pub type FsResult<T> = Result<T, Errno>;
+
+/// Who is asking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ctx {
+    /// The request's unique id.
+    pub unique: u64,
+    /// Caller uid.
+    pub uid: u32,
+    /// Caller gid.
+    pub gid: u32,
+    /// Caller pid.
+    pub pid: u32,
+}
+
+/// A directory entry handed to the kernel (adds one lookup reference).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<I> {
+    /// The inode.
+    pub inode: I,
+    /// Generation: inode + generation are unique over the fs's lifetime.
+    pub generation: u64,
+    /// Attributes.
+    pub attr: Attr,
+    /// How long the name may be cached.
+    pub entry_valid: Duration,
+    /// How long the attributes may be cached.
+    pub attr_valid: Duration,
+}
+
+/// An open file or directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened<H> {
+    /// The handle.
+    pub handle: H,
+    /// `fopen` flags for the kernel.
+    pub open_flags: u32,
+}
+
+/// What CREATE returns: the new entry and its open handle.
+pub type Created<I, H> = (Entry<I>, Opened<H>);
+
+/// Reply of GETXATTR/LISTXATTR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Xattr {
+    /// The size of the value (the request asked with size 0).
+    Size(u32),
+    /// The value.
+    Data(Vec<u8>),
+}
+
+/// Where READDIR entries go. `add` returns false once the buffer is full;
+/// the filesystem stops and the kernel asks again from the last offset.
+pub trait DirSink {
+    /// Adds one entry; `offset` is the offset of the *next* entry.
+    fn add(&mut self, ino: u64, offset: u64, typ: u32, name: &[u8]) -> bool;
+}
+
+/// Where READ data goes: the request's own reply buffer (device scratch,
+/// ring payload buffer, or the client's pages on a zero-copy queue). The
+/// filesystem writes into it directly and returns how much it wrote.
+pub trait ReadSink {
+    /// The buffer, exactly as large as the READ asked (or the transport's
+    /// limit, whichever is smaller).
+    fn buffer(&mut self) -> &mut [u8];
+}
+
+/// Where WRITE data comes from, without an intermediate copy.
+pub trait WriteSource {
+    /// The data.
+    fn data(&self) -> &[u8];
+}
+
+impl ReadSink for &mut [u8] {
+    fn buffer(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl WriteSource for &[u8] {
+    fn data(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A FUSE filesystem. Every operation defaults to ENOSYS. `Inode` and
+/// `Handle` map to the protocol's 64-bit node ids and file handles.
+#[allow(unused_variables)]
+pub trait Filesystem: Send + Sync {
+    /// Inode type (node id 1 is the root).
+    type Inode: Copy + From<u64> + Into<u64> + Send + Sync;
+    /// File and directory handle type.
+    type Handle: Copy + From<u64> + Into<u64> + Send + Sync;
+
+    /// INIT: `capable` are the INIT flags the kernel offers; returns those
+    /// the filesystem wants (the dispatcher keeps only offered ones).
+    fn init(&self, capable: u64) -> FsResult<u64> {
+        Ok(0)
+    }
+    /// DESTROY.
+    fn destroy(&self) {}
+    /// LOOKUP `name` in `parent`.
+    fn lookup(&self, ctx: &Ctx, parent: Self::Inode, name: &[u8]) -> FsResult<Entry<Self::Inode>> {
+        Err(Errno::ENOSYS)
+    }
+    /// FORGET / one entry of BATCH_FORGET.
+    fn forget(&self, inode: Self::Inode, nlookup: u64) {}
+    /// GETATTR.
+    fn getattr(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Option<Self::Handle>,
+    ) -> FsResult<(Attr, Duration)> {
+        Err(Errno::ENOSYS)
+    }
+    /// SETATTR (`valid` bits in `arg.valid`).
+    fn setattr(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        arg: &SetattrIn,
+    ) -> FsResult<(Attr, Duration)> {
+        Err(Errno::ENOSYS)
+    }
+    /// READLINK.
+    fn readlink(&self, ctx: &Ctx, inode: Self::Inode) -> FsResult<Vec<u8>> {
+        Err(Errno::ENOSYS)
+    }
+    /// SYMLINK `name` -> `target` in `parent`.
+    fn symlink(
+        &self,
+        ctx: &Ctx,
+        parent: Self::Inode,
+        name: &[u8],
+        target: &[u8],
+    ) -> FsResult<Entry<Self::Inode>> {
+        Err(Errno::ENOSYS)
+    }
+    /// MKNOD.
+    fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: Self::Inode,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> FsResult<Entry<Self::Inode>> {
+        Err(Errno::ENOSYS)
+    }
+    /// MKDIR.
+    fn mkdir(
+        &self,
+        ctx: &Ctx,
+        parent: Self::Inode,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Entry<Self::Inode>> {
+        Err(Errno::ENOSYS)
+    }
+    /// UNLINK.
+    fn unlink(&self, ctx: &Ctx, parent: Self::Inode, name: &[u8]) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// RMDIR.
+    fn rmdir(&self, ctx: &Ctx, parent: Self::Inode, name: &[u8]) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// RENAME / RENAME2 (`flags`: RENAME_NOREPLACE, RENAME_EXCHANGE, ...).
+    fn rename(
+        &self,
+        ctx: &Ctx,
+        parent: Self::Inode,
+        name: &[u8],
+        newparent: Self::Inode,
+        newname: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// LINK `inode` as `newname` in `newparent`.
+    fn link(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        newparent: Self::Inode,
+        newname: &[u8],
+    ) -> FsResult<Entry<Self::Inode>> {
+        Err(Errno::ENOSYS)
+    }
+    /// OPEN.
+    fn open(&self, ctx: &Ctx, inode: Self::Inode, flags: u32) -> FsResult<Opened<Self::Handle>> {
+        Err(Errno::ENOSYS)
+    }
+    /// READ into `sink`; returns the bytes written (short at end of file).
+    fn read(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        offset: u64,
+        sink: &mut dyn ReadSink,
+    ) -> FsResult<usize> {
+        Err(Errno::ENOSYS)
+    }
+    /// WRITE from `src`; returns the bytes written.
+    fn write(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        offset: u64,
+        src: &dyn WriteSource,
+        flags: u32,
+    ) -> FsResult<usize> {
+        Err(Errno::ENOSYS)
+    }
+    /// FLUSH.
+    fn flush(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        owner: u64,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// RELEASE.
+    fn release(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        flags: u32,
+    ) -> FsResult<()> {
+        Ok(())
+    }
+    /// FSYNC.
+    fn fsync(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        datasync: bool,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// OPENDIR.
+    fn opendir(&self, ctx: &Ctx, inode: Self::Inode, flags: u32) -> FsResult<Opened<Self::Handle>> {
+        Err(Errno::ENOSYS)
+    }
+    /// READDIR from `offset` into `sink`.
+    fn readdir(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        offset: u64,
+        sink: &mut dyn DirSink,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// RELEASEDIR.
+    fn releasedir(&self, ctx: &Ctx, inode: Self::Inode, handle: Self::Handle) -> FsResult<()> {
+        Ok(())
+    }
+    /// FSYNCDIR.
+    fn fsyncdir(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        datasync: bool,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// STATFS.
+    fn statfs(&self, ctx: &Ctx, inode: Self::Inode) -> FsResult<Kstatfs> {
+        Err(Errno::ENOSYS)
+    }
+    /// SETXATTR.
+    fn setxattr(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// GETXATTR (`size` 0 asks for the size only).
+    fn getxattr(&self, ctx: &Ctx, inode: Self::Inode, name: &[u8], size: u32) -> FsResult<Xattr> {
+        Err(Errno::ENOSYS)
+    }
+    /// LISTXATTR (`size` 0 asks for the size only).
+    fn listxattr(&self, ctx: &Ctx, inode: Self::Inode, size: u32) -> FsResult<Xattr> {
+        Err(Errno::ENOSYS)
+    }
+    /// REMOVEXATTR.
+    fn removexattr(&self, ctx: &Ctx, inode: Self::Inode, name: &[u8]) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// ACCESS.
+    fn access(&self, ctx: &Ctx, inode: Self::Inode, mask: u32) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// CREATE: create and open.
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &self,
+        ctx: &Ctx,
+        parent: Self::Inode,
+        name: &[u8],
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> FsResult<Created<Self::Inode, Self::Handle>> {
+        Err(Errno::ENOSYS)
+    }
+    /// FALLOCATE.
+    fn fallocate(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// LSEEK (SEEK_DATA / SEEK_HOLE); returns the new offset.
+    fn lseek(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        offset: u64,
+        whence: u32,
+    ) -> FsResult<u64> {
+        Err(Errno::ENOSYS)
+    }
+    /// SYNCFS.
+    fn syncfs(&self, ctx: &Ctx, inode: Self::Inode) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+}
