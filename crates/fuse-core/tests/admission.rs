@@ -249,13 +249,13 @@ fn e_nothing_admitted_before_init() {
 
 #[test]
 fn e_ring_gate_holds_until_every_queue_has_an_entry() {
+    use fuse_core::ring::{cmd_area, EntryBufs};
     let cfg = ChanConfig {
         spawn_scanner: false,
         ring_queues: 2,
         ..Default::default()
     };
     let chan = Chan::new(cfg);
-    let dev = chan.device().unwrap();
     let out = InitOut {
         major: 7,
         minor: 45,
@@ -269,12 +269,19 @@ fn e_ring_gate_holds_until_every_queue_has_an_entry() {
     let c = chan.clone();
     let t = std::thread::spawn(move || c.send(noop(1)));
     until("parked on ring gate", || chan.stats().parked == 1);
-    assert!(!chan.ring_queue_ready(0));
+    let end = chan.ring_end(false);
+    let h0 = end
+        .register(&cmd_area(0, 0, 0), EntryBufs::with_payload(8192), None)
+        .unwrap();
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(chan.stats().parked, 1, "one queue of two is not enough");
-    assert!(chan.ring_queue_ready(1));
-    let (h, _) = read(&dev);
-    reply(&dev, h.unique, 0, &[]).unwrap();
+    end.register(&cmd_area(1, 0, 0), EntryBufs::with_payload(8192), None)
+        .unwrap();
+    // The request names queue 0.
+    let mut f = end.fetch(h0, true).unwrap().unwrap();
+    f.set_reply(0, 0);
+    let area = f.commit_cmd();
+    end.commit(&area, f, None).unwrap();
     assert!(t.join().unwrap().is_ok());
 }
 

@@ -18,23 +18,41 @@ fn ring_init() -> InitOut {
     }
 }
 
+/// Queues registering while INIT is being processed are never lost: the
+/// gate opens once every queue has an entry, whatever the interleaving.
 #[test]
-fn ring_queues_registered_before_init_count() {
-    let chan = Chan::new(ChanConfig {
-        spawn_scanner: false,
-        ring_queues: 2,
-        ..Default::default()
-    });
-    assert!(!chan.ring_queue_ready(0));
-    assert!(!chan.ring_queue_ready(1));
-    chan.process_init_reply(&ring_init()).unwrap();
-    let dev = chan.device().unwrap();
-    let c = chan.clone();
-    let t = std::thread::spawn(move || c.send(noop(1)));
-    let (h, _) = read(&dev);
-    reply(&dev, h.unique, 0, &[]).unwrap();
-    assert!(t.join().unwrap().is_ok());
-    assert_eq!(chan.stats().parked, 0);
+fn ring_registration_racing_init_is_not_lost() {
+    use fuse_core::ring::{cmd_area, EntryBufs};
+    for _ in 0..50 {
+        let chan = Chan::new(ChanConfig {
+            spawn_scanner: false,
+            ring_queues: 2,
+            ..Default::default()
+        });
+        let registrars: Vec<_> = (0..2u16)
+            .map(|q| {
+                let end = chan.ring_end(false);
+                std::thread::spawn(move || loop {
+                    match end.register(&cmd_area(q, 0, 0), EntryBufs::with_payload(8192), None) {
+                        Ok(h) => return (end, h),
+                        Err(Errno::EAGAIN) => std::thread::yield_now(),
+                        Err(e) => panic!("{e}"),
+                    }
+                })
+            })
+            .collect();
+        chan.process_init_reply(&ring_init()).unwrap();
+        let ends: Vec<_> = registrars.into_iter().map(|t| t.join().unwrap()).collect();
+        let c = chan.clone();
+        let t = std::thread::spawn(move || c.send(noop(1)));
+        let (end, h) = &ends[0];
+        let mut f = end.fetch(*h, true).unwrap().unwrap();
+        f.set_reply(0, 0);
+        let area = f.commit_cmd();
+        end.commit(&area, f, None).unwrap();
+        assert!(t.join().unwrap().is_ok());
+        assert_eq!(chan.stats().parked, 0);
+    }
 }
 
 #[test]

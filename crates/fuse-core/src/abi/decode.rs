@@ -870,3 +870,55 @@ pub fn decode_direntplus(buf: &[u8]) -> Result<Vec<(EntryOut, DirEntry<'_>)>, De
     }
     Ok(out)
 }
+
+/// Size of the per-opcode struct that travels in a ring entry's `op_in`
+/// (the request's first argument); everything after it goes to the payload.
+pub fn op_in_size(opcode: Opcode, opts: DecodeOptions) -> usize {
+    use core::mem::size_of;
+    match opcode {
+        Opcode::Lookup
+        | Opcode::Readlink
+        | Opcode::Symlink
+        | Opcode::Unlink
+        | Opcode::Rmdir
+        | Opcode::Statfs
+        | Opcode::Removexattr
+        | Opcode::Destroy => 0,
+        Opcode::Forget => size_of::<ForgetIn>(),
+        Opcode::Getattr => size_of::<GetattrIn>(),
+        Opcode::Setattr => size_of::<SetattrIn>(),
+        Opcode::Mknod => size_of::<MknodIn>(),
+        Opcode::Mkdir => size_of::<MkdirIn>(),
+        Opcode::Rename => size_of::<RenameIn>(),
+        Opcode::Link => size_of::<LinkIn>(),
+        Opcode::Open | Opcode::Opendir => size_of::<OpenIn>(),
+        Opcode::Read | Opcode::Readdir | Opcode::Readdirplus => size_of::<ReadIn>(),
+        Opcode::Write => size_of::<WriteIn>(),
+        Opcode::Release | Opcode::Releasedir => size_of::<ReleaseIn>(),
+        Opcode::Fsync | Opcode::Fsyncdir => size_of::<FsyncIn>(),
+        Opcode::Setxattr if opts.flags & init::SETXATTR_EXT != 0 => size_of::<SetxattrIn>(),
+        Opcode::Setxattr => COMPAT_SETXATTR_IN_SIZE,
+        Opcode::Getxattr | Opcode::Listxattr => size_of::<GetxattrIn>(),
+        Opcode::Flush => size_of::<FlushIn>(),
+        Opcode::Init => size_of::<InitIn>(),
+        Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw => size_of::<LkIn>(),
+        Opcode::Access => size_of::<AccessIn>(),
+        Opcode::Create | Opcode::Tmpfile => size_of::<CreateIn>(),
+        Opcode::Interrupt => size_of::<InterruptIn>(),
+        Opcode::Bmap => size_of::<BmapIn>(),
+        Opcode::Ioctl => size_of::<IoctlIn>(),
+        Opcode::Poll => size_of::<PollIn>(),
+        Opcode::NotifyReply => size_of::<NotifyRetrieveIn>(),
+        Opcode::BatchForget => size_of::<BatchForgetIn>(),
+        Opcode::Fallocate => size_of::<FallocateIn>(),
+        Opcode::Rename2 => size_of::<Rename2In>(),
+        Opcode::Lseek => size_of::<LseekIn>(),
+        Opcode::CopyFileRange | Opcode::CopyFileRange64 => size_of::<CopyFileRangeIn>(),
+        Opcode::Setupmapping => size_of::<SetupmappingIn>(),
+        Opcode::Removemapping => size_of::<RemovemappingIn>(),
+        Opcode::Syncfs => size_of::<SyncfsIn>(),
+        Opcode::Statx => size_of::<StatxIn>(),
+        Opcode::CuseInit => size_of::<CuseInitIn>(),
+        Opcode::CuseInitBswapReserved | Opcode::FuseInitBswapReserved => 0,
+    }
+}

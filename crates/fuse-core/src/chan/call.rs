@@ -6,7 +6,6 @@
 
 use super::bg::WaitSlot;
 use super::req::{flag, Args, Reply, ReqResult, Request};
-use super::transport::InFlight;
 use super::{Core, Errno};
 use crate::sync::{lock, wait, Arc, AtomicU8, Mutex, Ordering};
 
@@ -155,7 +154,7 @@ impl Call {
             None,
         );
         sig.park_on_request(req.clone());
-        if let Err(InFlight(r)) = core.transport.send_req(InFlight(req.clone())) {
+        if let Err(r) = core.send_req(req.clone()) {
             r.set_error(core.abort_errno().0);
             core.request_end(&r);
         }
@@ -187,7 +186,7 @@ fn wait_answer(core: &Arc<Core>, req: &Arc<Request>, sig: &Arc<SigState>) -> Req
             drop(d);
             req.flags.set(flag::INTERRUPTED);
             if req.flags.test(flag::SENT) {
-                core.transport.send_interrupt(&InFlight(req.clone()));
+                core.interrupt(req);
             }
         }
         // Killable phase.
@@ -203,7 +202,7 @@ fn wait_answer(core: &Arc<Core>, req: &Arc<Request>, sig: &Arc<SigState>) -> Req
             d = wait(&req.waitq, d);
         }
         drop(d);
-        if core.transport.remove_pending(&InFlight(req.clone())) {
+        if core.remove_pending(req) {
             // The server never saw it.
             return Err(Errno::EINTR);
         }

@@ -194,7 +194,13 @@ impl DevQueue {
             let h = req.in_header();
             let hl = std::mem::size_of::<InHeader>();
             buf[..hl].copy_from_slice(h.as_bytes());
-            buf[hl..n].copy_from_slice(&req.args.body);
+            let bl = hl + req.args.body.len();
+            buf[hl..bl].copy_from_slice(&req.args.body);
+            {
+                let d = lock(&req.data);
+                let pl = d.pages.len().min(n - bl);
+                buf[bl..bl + pl].copy_from_slice(&d.pages[..pl]);
+            }
 
             let mut pq = lock(&self.pq);
             req.flags.clear(flag::LOCKED);

@@ -8,6 +8,7 @@
 
 pub mod bg;
 mod call;
+mod config;
 mod dev;
 pub mod errno;
 mod negotiate;
@@ -16,149 +17,20 @@ mod timeout;
 pub mod transport;
 
 pub use call::{Call, Signal};
+pub use config::{ChanConfig, Negotiated, Stats};
 pub use dev::Device;
 pub use errno::Errno;
 pub use req::{flag, Args, EndFn, Location, Reply, ReqResult};
 pub use timeout::{Clock, ManualClock, MonotonicClock};
 pub use transport::{InFlight, Transport};
 
-use crate::abi::{self, init, ForgetOne};
+use crate::abi::{self, ForgetOne};
 use crate::sync::{lock, wait, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 use bg::{BgState, WaitSlot, WakeBudget};
 use call::SigState;
 use dev::DevQueue;
 use req::Request;
 use std::time::Duration;
-
-/// Engine configuration (the mount options and module parameters of a
-/// kernel connection).
-#[derive(Debug, Clone)]
-pub struct ChanConfig {
-    /// Initial `max_background` (the server's INIT reply may change it).
-    pub max_background: u32,
-    /// Initial `congestion_threshold`.
-    pub congestion_threshold: u32,
-    /// Timeout used when the server does not ask for one (0 = off).
-    pub default_request_timeout: Duration,
-    /// Upper bound on any timeout (0 = no bound).
-    pub max_request_timeout: Duration,
-    /// Period of the timeout scan (the kernel uses 15 s).
-    pub scan_period: Duration,
-    /// Run the scan on a background thread (tests may drive it by hand).
-    pub spawn_scanner: bool,
-    /// Number of ring queues offered with FUSE_OVER_IO_URING (0 = none).
-    pub ring_queues: u16,
-    /// INIT flags offered to the server.
-    pub init_flags: u64,
-    /// max_readahead offered in INIT.
-    pub max_readahead: u32,
-}
-
-impl Default for ChanConfig {
-    fn default() -> Self {
-        ChanConfig {
-            max_background: bg::DEFAULT_MAX_BACKGROUND,
-            congestion_threshold: bg::DEFAULT_CONGESTION_THRESHOLD,
-            default_request_timeout: Duration::ZERO,
-            max_request_timeout: Duration::ZERO,
-            scan_period: Duration::from_secs(15),
-            spawn_scanner: true,
-            ring_queues: 0,
-            init_flags: init::ASYNC_READ
-                | init::POSIX_LOCKS
-                | init::ATOMIC_O_TRUNC
-                | init::EXPORT_SUPPORT
-                | init::BIG_WRITES
-                | init::DONT_MASK
-                | init::FLOCK_LOCKS
-                | init::DO_READDIRPLUS
-                | init::READDIRPLUS_AUTO
-                | init::ASYNC_DIO
-                | init::PARALLEL_DIROPS
-                | init::HANDLE_KILLPRIV_V2
-                | init::ABORT_ERROR
-                | init::MAX_PAGES
-                | init::SETXATTR_EXT
-                | init::INIT_EXT
-                | init::HAS_RESEND
-                | init::REQUEST_TIMEOUT,
-            max_readahead: 128 * 1024,
-        }
-    }
-}
-
-/// What INIT negotiated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Negotiated {
-    /// Minor protocol version in use.
-    pub minor: u32,
-    /// INIT flags both sides agreed on.
-    pub flags: u64,
-    /// Largest WRITE payload.
-    pub max_write: u32,
-    /// max_background in force.
-    pub max_background: u32,
-    /// congestion_threshold in force.
-    pub congestion_threshold: u32,
-    /// Effective request timeout (zero = off).
-    pub request_timeout: Duration,
-    /// Ring queues to wait for (0 = no ring).
-    pub ring_queues: u16,
-}
-
-impl Negotiated {
-    /// What a current server with default options negotiates, with the
-    /// given max_background (congestion threshold at 3/4 of it, as the
-    /// kernel's defaults are).
-    pub fn with_max_background(max_background: u32) -> Self {
-        Negotiated {
-            minor: abi::KERNEL_MINOR_VERSION,
-            flags: 0,
-            max_write: 128 * 1024,
-            max_background,
-            congestion_threshold: max_background * 3 / 4,
-            request_timeout: Duration::ZERO,
-            ring_queues: 0,
-        }
-    }
-}
-
-/// A snapshot of the connection's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Stats {
-    /// Requesters waiting for admission plus requests in flight.
-    pub waiting: usize,
-    /// Admitted background requests (num_background).
-    pub background: u32,
-    /// Background requests handed to the transport (active_background).
-    pub active: u32,
-    /// Background requests queued behind max_background.
-    pub bg_queued: usize,
-    /// Requests not yet read by the server.
-    pub pending: usize,
-    /// Requests read by the server and not yet answered.
-    pub processing: usize,
-    /// Requesters parked in admission.
-    pub parked: usize,
-    /// Timeout scans that found an expired request.
-    pub timeouts_fired: u64,
-    /// Aborts performed.
-    pub aborts: u64,
-    /// Limit in force.
-    pub max_background: u32,
-    /// Threshold in force.
-    pub congestion_threshold: u32,
-    /// Background admission is closed.
-    pub blocked: bool,
-    /// num_background is at or above the congestion threshold.
-    pub congested: bool,
-    /// The server answered an interrupt with ENOSYS.
-    pub no_interrupt: bool,
-    /// The connection is up.
-    pub connected: bool,
-    /// INIT has been processed.
-    pub initialized: bool,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -174,8 +46,6 @@ struct ConnState {
     negotiated: Option<Negotiated>,
     /// Ring queues that have an entry (created while processing INIT).
     ring_registered: Vec<bool>,
-    /// Ring queues that reported an entry before INIT was processed.
-    early_ring: Vec<u16>,
 }
 
 /// The shared connection state.
@@ -206,6 +76,10 @@ pub(crate) struct Core {
     transport: Arc<dyn Transport>,
     dev: Option<Arc<DevQueue>>,
     scan: Arc<timeout::ScanCtl>,
+    /// The FUSE-over-io_uring ring, created while INIT is processed.
+    ring: std::sync::OnceLock<Arc<crate::ring::Ring>>,
+    /// max_background, readable without `bg_lock` (the ring's flush).
+    max_bg: std::sync::atomic::AtomicU32,
 }
 
 impl Core {
@@ -232,6 +106,72 @@ impl Core {
         } else {
             Errno::ENODEV
         }
+    }
+
+    pub(crate) fn max_background_now(&self) -> u32 {
+        self.max_bg.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn ring(&self) -> Option<&Arc<crate::ring::Ring>> {
+        self.ring.get()
+    }
+
+    /// The ring, once it carries requests (INIT done, every queue ready).
+    fn route(&self) -> Option<&Arc<crate::ring::Ring>> {
+        if self.gate_open.load(Ordering::Acquire) {
+            self.ring.get()
+        } else {
+            None
+        }
+    }
+
+    /// Queues FUSE_INTERRUPT for a SENT request (over the device, also for
+    /// ring requests, as the kernel does).
+    pub(crate) fn interrupt(&self, req: &Arc<Request>) {
+        self.transport.send_interrupt(&InFlight(req.clone()));
+    }
+
+    /// Sends a synchronous request to the ring when it is up, else to the
+    /// transport; hands it back if refused.
+    pub(crate) fn send_req(&self, req: Arc<Request>) -> Result<(), Arc<Request>> {
+        match self.route() {
+            Some(ring) => ring.queue_req(req, false),
+            None => self.transport.send_req(InFlight(req)).map_err(|f| f.0),
+        }
+    }
+
+    /// Withdraws a request the server has not seen.
+    pub(crate) fn remove_pending(&self, req: &Arc<Request>) -> bool {
+        if req.flags.test(flag::URING) {
+            self.ring.get().is_some_and(|r| r.remove_pending(req))
+        } else {
+            self.transport.remove_pending(&InFlight(req.clone()))
+        }
+    }
+
+    /// Records that ring queue `qid` has an entry; opens admission when
+    /// every queue has one. Returns whether the ring is ready.
+    pub(crate) fn ring_queue_registered(&self, qid: u16) -> bool {
+        let mut c = lock(&self.conn);
+        if let Some(slot) = c.ring_registered.get_mut(usize::from(qid)) {
+            *slot = true;
+        }
+        let all = !c.ring_registered.is_empty() && c.ring_registered.iter().all(|r| *r);
+        if all {
+            let mut bg = lock(&self.bg);
+            if !bg.ring_ready {
+                bg.ring_ready = true;
+                if bg.initialized {
+                    self.gate_open.store(true, Ordering::Release);
+                }
+                bg.grant(WakeBudget::PerFreeSlot);
+            }
+        }
+        all
     }
 
     pub(crate) fn set_no_interrupt(&self) {
@@ -306,13 +246,21 @@ impl Core {
         if req.flags.test_and_set(flag::FINISHED) {
             return;
         }
-        let was_queued = req.location() == Location::BgQueue;
+        // Never made active: still queued, or refused before queueing.
+        let was_queued = matches!(req.location(), Location::BgQueue | Location::New);
         let _ = req.move_to(Location::Ended);
         if req.flags.test(flag::INTERRUPTED) {
             // No stale interrupt may outlive its request.
             self.transport.drop_interrupt(&InFlight(req.clone()));
         }
-        if req.flags.test(flag::BACKGROUND) {
+        if req.flags.test(flag::BACKGROUND) && req.flags.test(flag::URING) {
+            // Ring background requests are queued and made active per ring
+            // queue; bg_lock only holds their admission slot.
+            lock(&self.bg).unreserve(self.budget());
+            if let (false, Some(ring)) = (was_queued, self.ring.get()) {
+                ring.bg_done(req.args.qid);
+            }
+        } else if req.flags.test(flag::BACKGROUND) {
             let refused = {
                 let mut bg = lock(&self.bg);
                 if was_queued {
@@ -425,6 +373,9 @@ impl Core {
         for r in to_end {
             self.request_end(&r);
         }
+        if let Some(ring) = self.ring.get() {
+            ring.abort();
+        }
         self.scan.stop();
         ABORTING.with(|a| a.set(false));
         let mut c = lock(&self.conn);
@@ -449,7 +400,8 @@ impl Core {
             .queue
             .front()
             .is_some_and(|r| now.saturating_sub(r.create_time) > t);
-        if bg_expired || self.transport.head_expired(now, t) {
+        let ring_expired = self.ring.get().is_some_and(|r| r.head_expired(now, t));
+        if bg_expired || ring_expired || self.transport.head_expired(now, t) {
             self.timeouts_fired.fetch_add(1, Ordering::Relaxed);
             self.abort();
             return true;
@@ -522,7 +474,6 @@ impl Chan {
                 phase: Phase::Connected,
                 negotiated: None,
                 ring_registered: Vec::new(),
-                early_ring: Vec::new(),
             }),
             conn_cv: Condvar::new(),
             initialized: AtomicBool::new(false),
@@ -543,6 +494,8 @@ impl Chan {
             transport,
             dev,
             scan: Arc::new(timeout::ScanCtl::default()),
+            ring: std::sync::OnceLock::new(),
+            max_bg: std::sync::atomic::AtomicU32::new(bg::DEFAULT_MAX_BACKGROUND),
         });
         Chan {
             owner: Arc::new(Owner(core)),
@@ -560,6 +513,15 @@ impl Chan {
             core: core.clone(),
             dev: dev.clone(),
         })
+    }
+
+    /// The server's end of the ring (FUSE-over-io_uring). `privileged`
+    /// plays CAP_SYS_ADMIN for zero-copy queues.
+    pub fn ring_end(&self, privileged: bool) -> crate::ring::RingEnd {
+        crate::ring::RingEnd {
+            core: Arc::downgrade(self.core()),
+            privileged,
+        }
     }
 
     /// Prepares a synchronous request; [`Call::signal`] gives a handle to
@@ -598,6 +560,26 @@ impl Chan {
             core.clock.now(),
             Some(end),
         );
+        if let Some(ring) = core.route() {
+            {
+                let mut bg = lock(&core.bg);
+                if !bg.connected {
+                    if !force {
+                        bg.unreserve(core.budget());
+                    }
+                    drop(bg);
+                    lock(&req.data).end = None;
+                    return Err(Errno::ENOTCONN);
+                }
+                if force {
+                    bg.num_background += 1;
+                }
+            }
+            if let Err(r) = ring.queue_req(req, true) {
+                core.end_refused(vec![r]);
+            }
+            return Ok(());
+        }
         let refused = {
             let mut bg = lock(&core.bg);
             if !bg.connected {
@@ -654,11 +636,15 @@ impl Chan {
                 return;
             }
             bg.max_background = max.max(1);
+            core.max_bg.store(bg.max_background, Ordering::SeqCst);
             bg.grant(core.budget());
             let next = bg.flush();
             core.send_to_transport(next)
         };
         core.end_refused(refused);
+        if let Some(ring) = core.ring.get() {
+            ring.flush_all();
+        }
     }
 
     /// Changes congestion_threshold at run time.
@@ -707,7 +693,12 @@ impl Chan {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let core = self.core();
-        let (pending, processing) = core.transport.counts();
+        let (mut pending, mut processing) = core.transport.counts();
+        if let Some(ring) = core.ring.get() {
+            let (p, u) = ring.counts();
+            pending += p;
+            processing += u;
+        }
         let bg = lock(&core.bg);
         Stats {
             waiting: core.num_waiting.load(Ordering::SeqCst),

@@ -4,7 +4,7 @@
 use super::bg::WakeBudget;
 use super::{Args, Chan, Errno, Negotiated};
 use crate::abi::{self, init, InitIn, InitOut, Opcode};
-use crate::sync::{lock, Ordering};
+use crate::sync::{lock, Arc, Ordering};
 use std::time::Duration;
 
 /// Largest max_write a server may negotiate (the kernel's 256 pages).
@@ -129,17 +129,26 @@ impl Chan {
             // conn -> bg: ring registrations and the gate change together.
             let mut c = lock(&core.conn);
             c.negotiated = Some(neg);
-            // The ring is created here, before `initialized`; queues that
-            // reported an entry early are counted.
+            // The ring is created here, before `initialized`. Registrations
+            // take `conn` too, so none can slip between this and the gate.
             let q = usize::from(neg.ring_queues);
-            let early = std::mem::take(&mut c.early_ring);
             c.ring_registered = vec![false; q];
-            for qid in early {
-                if let Some(r) = c.ring_registered.get_mut(usize::from(qid)) {
-                    *r = true;
-                }
+            let ready = q == 0;
+            if q > 0 {
+                let max_payload = (neg.max_write as usize).max(8192);
+                let opts = abi::DecodeOptions {
+                    minor: neg.minor,
+                    flags: neg.flags,
+                };
+                let ring = crate::ring::Ring::new(
+                    Arc::downgrade(core),
+                    neg.ring_queues,
+                    max_payload,
+                    opts,
+                );
+                let _ = core.ring.set(Arc::new(ring));
             }
-            let ready = c.ring_registered.iter().all(|r| *r);
+            core.max_bg.store(neg.max_background, Ordering::SeqCst);
             let mut bg = lock(&core.bg);
             bg.max_background = neg.max_background;
             bg.congestion_threshold = neg.congestion_threshold;
@@ -155,32 +164,5 @@ impl Chan {
         if !neg.request_timeout.is_zero() && core.cfg.spawn_scanner {
             super::timeout::spawn_scanner(core, core.cfg.scan_period);
         }
-    }
-
-    /// Records that ring queue `qid` has an entry. When every queue has one
-    /// the ring is ready and admission opens. Returns whether it is ready.
-    pub fn ring_queue_ready(&self, qid: u16) -> bool {
-        let core = self.core();
-        let mut c = lock(&core.conn);
-        if c.negotiated.is_none() {
-            // Before INIT was processed: remember it for when the ring exists.
-            c.early_ring.push(qid);
-            return false;
-        }
-        if let Some(slot) = c.ring_registered.get_mut(usize::from(qid)) {
-            *slot = true;
-        }
-        let all = !c.ring_registered.is_empty() && c.ring_registered.iter().all(|r| *r);
-        if all {
-            let mut bg = lock(&core.bg);
-            if !bg.ring_ready {
-                bg.ring_ready = true;
-                if bg.initialized {
-                    core.gate_open.store(true, Ordering::Release);
-                }
-                bg.grant(WakeBudget::PerFreeSlot);
-            }
-        }
-        all
     }
 }

@@ -142,8 +142,12 @@ pub struct Args {
     pub gid: u32,
     /// Caller pid.
     pub pid: u32,
-    /// Everything after `fuse_in_header` (arguments and extensions).
+    /// Everything after `fuse_in_header` (arguments and extensions), except
+    /// `data`.
     pub body: Vec<u8>,
+    /// The client's data pages (WRITE payload), sent after `body`. Kept
+    /// apart so a zero-copy transport can hand them over by reference.
+    pub data: Vec<u8>,
     /// Length of the extensions at the end of `body`, in 8-byte units.
     pub total_extlen: u16,
     /// Maximum size of the reply payload.
@@ -168,6 +172,7 @@ impl Args {
             gid: 0,
             pid: 0,
             body: Vec::new(),
+            data: Vec::new(),
             total_extlen: 0,
             out_size: 0,
             out_var: false,
@@ -179,6 +184,11 @@ impl Args {
     /// Sets the body.
     pub fn body(mut self, body: Vec<u8>) -> Self {
         self.body = body;
+        self
+    }
+    /// Sets the client's data pages (sent after the body).
+    pub fn data(mut self, data: Vec<u8>) -> Self {
+        self.data = data;
         self
     }
     /// Sets the expected reply payload: exactly `size` bytes, or at most
@@ -242,6 +252,9 @@ pub(crate) struct ReqData {
     pub out: Vec<u8>,
     /// End callback (ASYNC requests).
     pub end: Option<EndFn>,
+    /// The client's data pages (from `Args::data`). Moved to a zero-copy
+    /// server while it works on them and moved back before the end.
+    pub pages: Vec<u8>,
 }
 
 /// One request. Shared (`Arc`) between the requester and whichever list it
@@ -252,6 +265,8 @@ pub(crate) struct Request {
     pub flags: Flags,
     loc: AtomicU8,
     pub args: Args,
+    /// Length of the client's data pages.
+    pub data_len: usize,
     /// When it was allocated, on the connection's clock.
     pub create_time: Duration,
     pub data: Mutex<ReqData>,
@@ -279,19 +294,26 @@ impl Request {
     pub(crate) fn new(
         core: &Arc<Core>,
         unique: u64,
-        args: Args,
+        mut args: Args,
         flags: u32,
         create_time: Duration,
         end: Option<EndFn>,
     ) -> Arc<Request> {
         let out = Vec::with_capacity(args.out_size.min(1 << 20));
+        let pages = std::mem::take(&mut args.data);
         Arc::new(Request {
             unique: AtomicU64::new(unique),
             flags: Flags::new(flags),
             loc: AtomicU8::new(Location::New as u8),
+            data_len: pages.len(),
             args,
             create_time,
-            data: Mutex::new(ReqData { error: 0, out, end }),
+            data: Mutex::new(ReqData {
+                error: 0,
+                out,
+                end,
+                pages,
+            }),
             waitq: Condvar::new(),
             intr_queued: AtomicBool::new(false),
             core: Arc::downgrade(core),
@@ -320,7 +342,7 @@ impl Request {
     /// The `fuse_in_header` for this request.
     pub(crate) fn in_header(&self) -> InHeader {
         InHeader {
-            len: (std::mem::size_of::<InHeader>() + self.args.body.len()) as u32,
+            len: self.wire_len() as u32,
             opcode: self.args.opcode as u32,
             unique: self.unique(),
             nodeid: self.args.nodeid,
@@ -334,7 +356,7 @@ impl Request {
 
     /// Total request size as the server sees it.
     pub(crate) fn wire_len(&self) -> usize {
-        std::mem::size_of::<InHeader>() + self.args.body.len()
+        std::mem::size_of::<InHeader>() + self.args.body.len() + self.data_len
     }
 
     /// Records the result to report (positive errno or 0).

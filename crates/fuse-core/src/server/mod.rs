@@ -17,10 +17,12 @@
 
 mod dispatch;
 pub mod memfs;
+mod ring_worker;
 mod worker;
 
 pub use dispatch::{Dispatcher, Outcome, ServerConfig};
-pub use worker::{serve_device, DeviceEnd};
+pub use ring_worker::{answer as answer_ring, run_ring_worker};
+pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
 use crate::abi::{Attr, Kstatfs, SetattrIn};
 use crate::chan::Errno;

@@ -1,0 +1,300 @@
+//! The ring's commands (ADD_QUEUE, ADD_BUFPOOL, REGISTER, COMMIT_AND_FETCH)
+//! and the server's handle, [`RingEnd`].
+
+use super::ent::{Ent, EntState, EntryBufs};
+use super::pool::Pool;
+use super::{lk, EntHandle, Fetched, Mode, Ring, RingStats};
+use crate::abi::{uring, UringCmdReq};
+use crate::chan::{Core, Errno};
+use std::sync::{Arc, Weak};
+use zerocopy::IntoBytes;
+
+impl Ring {
+    fn add_queue(&self, area: &[u8], privileged: bool) -> Result<(), Errno> {
+        let cmd = Self::cmd(area)?;
+        let qi = self.qidx(cmd.qid)?;
+        if cmd.flags & !uring::QUEUE_ZERO_COPY != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let zc = cmd.flags & uring::QUEUE_ZERO_COPY != 0;
+        if zc && !privileged {
+            return Err(Errno::EPERM);
+        }
+        let mut q = lk(&self.queues[qi]);
+        if q.stopped {
+            return Err(Errno::ENOTCONN);
+        }
+        if q.exists {
+            return Err(Errno::EEXIST);
+        }
+        q.exists = true;
+        q.zero_copy = zc;
+        Ok(())
+    }
+
+    fn add_bufpool(&self, area: &[u8], mem: Vec<u8>, fixed: Option<u16>) -> Result<(), Errno> {
+        let cmd = Self::cmd(area)?;
+        let qi = self.qidx(cmd.qid)?;
+        if cmd.flags != 0 || cmd.bufpool.reserved != 0 || cmd.bufpool.len as usize != mem.len() {
+            return Err(Errno::EINVAL);
+        }
+        if mem.len() < self.max_payload {
+            return Err(Errno::EINVAL);
+        }
+        let mut q = lk(&self.queues[qi]);
+        if q.stopped {
+            return Err(Errno::ENOTCONN);
+        }
+        if !q.exists || q.mode != Mode::Unset {
+            return Err(Errno::EINVAL);
+        }
+        q.pool = Some(Pool::new(mem, self.max_payload));
+        q.mode = Mode::Pool;
+        q.fixed = fixed;
+        Ok(())
+    }
+
+    fn register(
+        &self,
+        area: &[u8],
+        bufs: EntryBufs,
+        fixed: Option<u16>,
+    ) -> Result<(EntHandle, bool), Errno> {
+        let cmd = Self::cmd(area)?;
+        let qi = self.qidx(cmd.qid)?;
+        let mut q = lk(&self.queues[qi]);
+        if q.stopped {
+            return Err(Errno::ENOTCONN);
+        }
+        Self::check_fixed(&q, fixed)?;
+        let own = if bufs.payload.is_empty() {
+            if q.mode != Mode::Pool {
+                return Err(Errno::EINVAL);
+            }
+            None
+        } else {
+            // A payload-carrying REGISTER selects per-entry mode.
+            if q.mode == Mode::Pool || bufs.payload.len() < self.max_payload {
+                return Err(Errno::EINVAL);
+            }
+            q.mode = Mode::PerEntry;
+            Some(bufs.payload)
+        };
+        q.exists = true;
+        let first = q.ents.iter().all(|e| e.state == EntState::Released);
+        let id = q.ents.len() as u32;
+        q.ents.push(Ent {
+            state: EntState::Invalid,
+            header: Some(bufs.header),
+            own_payload: own,
+            pool_buf: None,
+            req: None,
+            copying: false,
+            client_pages: false,
+        });
+        q.mv(id, EntState::Available)?;
+        self.dispatch(&mut q, qi);
+        Ok((
+            EntHandle {
+                qid: cmd.qid,
+                ent: id,
+            },
+            first,
+        ))
+    }
+
+    fn pool_free(&self, qid: u16) -> Option<(usize, usize)> {
+        let q = lk(self.queues.get(usize::from(qid))?);
+        q.pool.as_ref().map(|p| (p.free_count(), p.len()))
+    }
+
+    fn entry_state(&self, h: EntHandle) -> Option<EntState> {
+        let q = lk(self.queues.get(usize::from(h.qid))?);
+        q.ents.get(h.ent as usize).map(|e| e.state)
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        for (qi, m) in self.queues.iter().enumerate() {
+            let mut q = lk(m);
+            let q = &mut *q;
+            for (id, e) in q.ents.iter().enumerate() {
+                let id = id as u32;
+                let mut lists = 0;
+                for s in [
+                    EntState::Available,
+                    EntState::FuseReq,
+                    EntState::Userspace,
+                    EntState::Commit,
+                    EntState::Teardown,
+                ] {
+                    let n = q.lists.count(s, id);
+                    if n > 1 || (n == 1 && e.state != s) {
+                        return Err(format!(
+                            "queue {qi} entry {id} ({:?}) on the {s:?} list",
+                            e.state
+                        ));
+                    }
+                    lists += n;
+                }
+                let listed = !matches!(e.state, EntState::Invalid | EntState::Released);
+                if lists != usize::from(listed) {
+                    return Err(format!(
+                        "queue {qi} entry {id} ({:?}) on {lists} lists",
+                        e.state
+                    ));
+                }
+            }
+            let held = q.ents.iter().filter(|e| e.pool_buf.is_some()).count();
+            let lent = q.lent;
+            if let Some(p) = q.pool.as_mut() {
+                if p.free_count() + held + lent != p.len() {
+                    return Err(format!(
+                        "queue {qi}: {} free + {held} held + {lent} lent != {} buffers",
+                        p.free_count(),
+                        p.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The server's end of a connection's ring: the in-process equivalent of
+/// `IORING_OP_URING_CMD` on `/dev/fuse`. Cheap to clone; usable before INIT
+/// (commands then fail with EAGAIN) and after abort (ENOTCONN).
+#[derive(Clone)]
+pub struct RingEnd {
+    pub(crate) core: Weak<Core>,
+    /// The caller may create zero-copy queues (the kernel's CAP_SYS_ADMIN).
+    pub privileged: bool,
+}
+
+impl std::fmt::Debug for RingEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingEnd")
+            .field("privileged", &self.privileged)
+            .finish()
+    }
+}
+
+impl RingEnd {
+    fn ring(&self) -> Result<Arc<Ring>, Errno> {
+        let core = self.core.upgrade().ok_or(Errno::ENOTCONN)?;
+        if !core.is_connected() {
+            return Err(Errno::ENOTCONN);
+        }
+        core.ring().cloned().ok_or(Errno::EAGAIN)
+    }
+
+    /// ADD_QUEUE (`flags` may carry `uring::QUEUE_ZERO_COPY`).
+    pub fn add_queue(&self, area: &[u8]) -> Result<(), Errno> {
+        self.ring()?.add_queue(area, self.privileged)
+    }
+
+    /// ADD_BUFPOOL: `mem` is the pool memory (`bufpool.len` must match);
+    /// `fixed` is the registered-buffer index when the SQE carries
+    /// IORING_URING_CMD_FIXED.
+    pub fn add_bufpool(&self, area: &[u8], mem: Vec<u8>, fixed: Option<u16>) -> Result<(), Errno> {
+        self.ring()?.add_bufpool(area, mem, fixed)
+    }
+
+    /// REGISTER an entry (its command is then held until a request comes;
+    /// see [`RingEnd::fetch`]). When every queue has an entry the ring is
+    /// ready and admission opens.
+    pub fn register(
+        &self,
+        area: &[u8],
+        bufs: EntryBufs,
+        fixed: Option<u16>,
+    ) -> Result<EntHandle, Errno> {
+        let ring = self.ring()?;
+        let (h, first) = ring.register(area, bufs, fixed)?;
+        if first {
+            if let Some(core) = self.core.upgrade() {
+                core.ring_queue_registered(h.qid);
+            }
+        }
+        Ok(h)
+    }
+
+    /// Completes the held command of entry `h`: waits (when `block`) for a
+    /// request and hands it over. ENOTCONN once the ring is torn down.
+    pub fn fetch(&self, h: EntHandle, block: bool) -> Result<Option<Fetched>, Errno> {
+        self.ring()?.fetch(h, block)
+    }
+
+    /// COMMIT without the fetch: returns the entry, now available or
+    /// already holding its next request. On a validation error (EINVAL)
+    /// the entry is given back unchanged.
+    pub fn commit(
+        &self,
+        area: &[u8],
+        f: Fetched,
+        fixed: Option<u16>,
+    ) -> Result<EntHandle, (Errno, Option<Fetched>)> {
+        let ring = f.ring.clone();
+        ring.commit(area, f, fixed)
+    }
+
+    /// COMMIT_AND_FETCH: commits `f` and waits for the entry's next request.
+    pub fn commit_and_fetch(&self, f: Fetched, fixed: Option<u16>) -> Result<Fetched, Errno> {
+        let area = f.commit_cmd();
+        let h = self.commit(&area, f, fixed).map_err(|(e, _)| e)?;
+        self.fetch(h, true)?.ok_or(Errno::EAGAIN)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Result<RingStats, Errno> {
+        self.ring_any().map(|r| r.stats())
+    }
+
+    /// `(free, total)` buffers of queue `qid`'s pool.
+    pub fn pool_free(&self, qid: u16) -> Option<(usize, usize)> {
+        self.ring_any().ok()?.pool_free(qid)
+    }
+
+    /// The state of an entry.
+    pub fn entry_state(&self, h: EntHandle) -> Option<EntState> {
+        self.ring_any().ok()?.entry_state(h)
+    }
+
+    /// Checks the ring's invariants: every entry on exactly the list of its
+    /// state, and free + held + lent pool buffers equal the pool size.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.ring_any()
+            .map_err(|e| e.to_string())?
+            .check_invariants()
+    }
+
+    /// The ring even after abort (for inspection).
+    fn ring_any(&self) -> Result<Arc<Ring>, Errno> {
+        let core = self.core.upgrade().ok_or(Errno::ENOTCONN)?;
+        core.ring().cloned().ok_or(Errno::EAGAIN)
+    }
+}
+
+/// Builds a command area for `qid` with `flags`, for tests and servers.
+pub fn cmd_area(qid: u16, flags: u64, commit_id: u64) -> [u8; 80] {
+    let c = UringCmdReq {
+        flags,
+        commit_id,
+        qid,
+        ..Default::default()
+    };
+    let mut area = [0u8; 80];
+    area[..40].copy_from_slice(c.as_bytes());
+    area
+}
+
+/// Builds an ADD_BUFPOOL command area.
+pub fn bufpool_area(qid: u16, len: u32) -> [u8; 80] {
+    let mut c = UringCmdReq {
+        qid,
+        ..Default::default()
+    };
+    c.bufpool.len = len;
+    let mut area = [0u8; 80];
+    area[..40].copy_from_slice(c.as_bytes());
+    area
+}

@@ -1,0 +1,839 @@
+//! The kernel side of FUSE-over-io_uring, in process and byte-compatible
+//! with the kernel's ring ABI: commands take the bytes a server puts in the
+//! SQE128 command area (`fuse_uring_cmd_req`) and entries carry the 288-byte
+//! `fuse_uring_req_header`.
+//!
+//! Buffers are owned, never shared: a server registers its buffers and the
+//! ring moves them (and a claimed pool buffer, or the client's own pages on
+//! a zero-copy queue) into the [`Fetched`] it hands out; committing or
+//! dropping the `Fetched` moves them back. So a client's pages cannot be
+//! freed or reused while a server may touch them, by construction.
+//!
+//! Lock order: a queue's lock is taken after `bg_lock` and never together
+//! with another queue's lock, the iq or the pq. Requests are ended with no
+//! queue lock held.
+
+mod commands;
+mod ent;
+mod fetched;
+mod pool;
+
+pub use commands::{bufpool_area, cmd_area, RingEnd};
+pub use ent::{EntState, EntryBufs};
+pub use fetched::Fetched;
+use fetched::Payload;
+
+use crate::abi::{
+    self, decode::op_in_size, fopen, uring, DecodeOptions, EntryOut, Opcode, OpenOut, OutHeader,
+    UringCmdReq, UringEntInOut, UringReqHeader,
+};
+use crate::chan::req::{flag, Location, Request};
+use crate::chan::{Core, Errno};
+use ent::{Ent, Lists};
+use pool::{Pool, PoolBuf};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use zerocopy::{FromBytes, IntoBytes};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Unset,
+    PerEntry,
+    Pool,
+}
+
+/// One ring queue, guarded by its own lock.
+#[derive(Debug)]
+struct Queue {
+    exists: bool,
+    zero_copy: bool,
+    mode: Mode,
+    /// Registered pool: every later command must carry this fixed index.
+    fixed: Option<u16>,
+    ents: Vec<Ent>,
+    lists: Lists,
+    /// Requests waiting for an entry (`fuse_req_queue`).
+    reqs: VecDeque<Arc<Request>>,
+    /// Background requests waiting for an active slot (`fuse_req_bg_queue`).
+    bg: VecDeque<Arc<Request>>,
+    active_bg: u32,
+    pool: Option<Pool>,
+    /// Pool buffers lent to a server inside a [`Fetched`].
+    lent: usize,
+    stopped: bool,
+    enobufs: u64,
+}
+
+impl Queue {
+    fn new() -> Queue {
+        Queue {
+            exists: false,
+            zero_copy: false,
+            mode: Mode::Unset,
+            fixed: None,
+            ents: Vec::new(),
+            lists: Lists::default(),
+            reqs: VecDeque::new(),
+            bg: VecDeque::new(),
+            active_bg: 0,
+            pool: None,
+            lent: 0,
+            stopped: false,
+            enobufs: 0,
+        }
+    }
+
+    fn mv(&mut self, id: u32, to: EntState) -> Result<(), Errno> {
+        self.lists
+            .move_ent(&mut self.ents, id, to)
+            .map_err(|_| Errno::EINVAL)
+    }
+
+    fn put_buf(&mut self, b: Option<PoolBuf>) {
+        if let (Some(b), Some(p)) = (b, self.pool.as_mut()) {
+            p.put(b);
+        }
+    }
+}
+
+/// Counters of a ring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Requests waiting for an entry, over all queues.
+    pub queued: usize,
+    /// Background requests waiting for an active slot.
+    pub bg_queued: usize,
+    /// Entries the server holds.
+    pub in_userspace: usize,
+    /// Entries waiting for a request.
+    pub available: usize,
+    /// Times a request waited because no pool buffer was free.
+    pub enobufs: u64,
+    /// Requests handed over zero-copy.
+    pub zero_copy: u64,
+}
+
+/// The ring of one connection.
+pub(crate) struct Ring {
+    core: Weak<Core>,
+    max_payload: usize,
+    opts: DecodeOptions,
+    queues: Vec<Mutex<Queue>>,
+    cvs: Vec<Condvar>,
+    active_bg: AtomicU32,
+    zc_files: Mutex<HashSet<u64>>,
+    zero_copies: AtomicU64,
+}
+
+fn lk(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A handle naming one registered entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntHandle {
+    /// Queue id.
+    pub qid: u16,
+    /// Entry index within the queue.
+    pub ent: u32,
+}
+
+fn needs_payload(req: &Request, opts: DecodeOptions) -> bool {
+    let k = op_in_size(req.args.opcode, opts).min(req.args.body.len());
+    req.args.body.len() > k || req.data_len > 0 || req.args.out_size > 0
+}
+
+fn read_fh(req: &Request) -> u64 {
+    req.args
+        .body
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+impl Ring {
+    pub(crate) fn new(
+        core: Weak<Core>,
+        nr_queues: u16,
+        max_payload: usize,
+        opts: DecodeOptions,
+    ) -> Ring {
+        let n = usize::from(nr_queues.max(1));
+        Ring {
+            core,
+            max_payload,
+            opts,
+            queues: (0..n).map(|_| Mutex::new(Queue::new())).collect(),
+            cvs: (0..n).map(|_| Condvar::new()).collect(),
+            active_bg: AtomicU32::new(0),
+            zc_files: Mutex::new(HashSet::new()),
+            zero_copies: AtomicU64::new(0),
+        }
+    }
+
+    fn qidx(&self, qid: u16) -> Result<usize, Errno> {
+        let i = usize::from(qid);
+        if i < self.queues.len() {
+            Ok(i)
+        } else {
+            Err(Errno::EINVAL)
+        }
+    }
+
+    fn cmd(area: &[u8]) -> Result<UringCmdReq, Errno> {
+        UringCmdReq::from_cmd_area(area).ok_or(Errno::EINVAL)
+    }
+
+    fn check_fixed(q: &Queue, fixed: Option<u16>) -> Result<(), Errno> {
+        if q.fixed.is_some() && q.fixed != fixed {
+            Err(Errno::EINVAL)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Assigns queued requests to available entries.
+    fn dispatch(&self, q: &mut Queue, qi: usize) {
+        let mut assigned = false;
+        while let (Some(&id), Some(req)) = (q.lists.avail.front(), q.reqs.front()) {
+            let buf = if q.mode == Mode::Pool && needs_payload(req, self.opts) {
+                match q.pool.as_mut().and_then(Pool::claim) {
+                    Some(b) => Some(b),
+                    None => {
+                        // ENOBUFS: the request stays queued until a buffer returns.
+                        q.enobufs += 1;
+                        break;
+                    }
+                }
+            } else {
+                None
+            };
+            let Some(req) = q.reqs.pop_front() else { break };
+            if q.mv(id, EntState::FuseReq).is_err() {
+                q.reqs.push_front(req);
+                q.put_buf(buf);
+                break;
+            }
+            if let Some(e) = q.ents.get_mut(id as usize) {
+                e.req = Some(req);
+                e.pool_buf = buf;
+            }
+            assigned = true;
+        }
+        if assigned {
+            self.cvs[qi].notify_all();
+        }
+    }
+
+    fn max_background(&self) -> u32 {
+        self.core
+            .upgrade()
+            .map_or(u32::MAX, |c| c.max_background_now())
+    }
+
+    /// Moves background requests to the queue while under the limit; each
+    /// queue may always run one (the ring's exception to max_background).
+    fn flush_bg(&self, q: &mut Queue) {
+        let max = self.max_background();
+        while !q.bg.is_empty() && (self.active_bg.load(Ordering::SeqCst) < max || q.active_bg == 0)
+        {
+            let Some(req) = q.bg.pop_front() else { break };
+            q.active_bg += 1;
+            self.active_bg.fetch_add(1, Ordering::SeqCst);
+            let _ = req.move_to(Location::Transport);
+            req.flags.set(flag::PENDING);
+            q.reqs.push_back(req);
+        }
+    }
+
+    pub(crate) fn queue_req(
+        &self,
+        req: Arc<Request>,
+        background: bool,
+    ) -> Result<(), Arc<Request>> {
+        let qi = usize::from(req.args.qid) % self.queues.len();
+        let mut q = lk(&self.queues[qi]);
+        if q.stopped || !q.exists {
+            return Err(req);
+        }
+        req.flags.set(flag::URING);
+        if background {
+            let _ = req.move_to(Location::BgQueue);
+            q.bg.push_back(req);
+            self.flush_bg(&mut q);
+        } else {
+            let _ = req.move_to(Location::Transport);
+            req.flags.set(flag::PENDING);
+            q.reqs.push_back(req);
+        }
+        self.dispatch(&mut q, qi);
+        Ok(())
+    }
+
+    /// A flushed background request of queue `qid` ended.
+    pub(crate) fn bg_done(&self, qid: u16) {
+        let qi = usize::from(qid) % self.queues.len();
+        let mut q = lk(&self.queues[qi]);
+        q.active_bg = q.active_bg.saturating_sub(1);
+        let _ = self
+            .active_bg
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1));
+        self.flush_bg(&mut q);
+        self.dispatch(&mut q, qi);
+    }
+
+    /// Re-evaluates every queue's background queue (the limit changed).
+    pub(crate) fn flush_all(&self) {
+        for (qi, m) in self.queues.iter().enumerate() {
+            let mut q = lk(m);
+            self.flush_bg(&mut q);
+            self.dispatch(&mut q, qi);
+        }
+    }
+
+    /// Withdraws a request no entry has taken yet (killed requester).
+    pub(crate) fn remove_pending(&self, req: &Arc<Request>) -> bool {
+        let qi = usize::from(req.args.qid) % self.queues.len();
+        let mut q = lk(&self.queues[qi]);
+        let before = q.reqs.len();
+        q.reqs.retain(|r| !Arc::ptr_eq(r, req));
+        let removed = q.reqs.len() != before;
+        if removed {
+            req.flags.clear(flag::PENDING);
+            let _ = req.move_to(Location::Ended);
+        }
+        removed
+    }
+
+    pub(crate) fn head_expired(&self, now: Duration, timeout: Duration) -> bool {
+        let old = |r: &Arc<Request>| now.saturating_sub(r.create_time) > timeout;
+        self.queues.iter().any(|m| {
+            let q = lk(m);
+            let ent_old = |l: &VecDeque<u32>| {
+                l.front()
+                    .and_then(|id| q.ents.get(*id as usize))
+                    .and_then(|e| e.req.as_ref())
+                    .is_some_and(old)
+            };
+            q.reqs.front().is_some_and(old)
+                || q.bg.front().is_some_and(old)
+                || ent_old(&q.lists.fuse_req)
+                || ent_old(&q.lists.userspace)
+        })
+    }
+
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let s = self.stats();
+        (s.queued + s.bg_queued, s.in_userspace)
+    }
+
+    pub(crate) fn stats(&self) -> RingStats {
+        let mut s = RingStats {
+            zero_copy: self.zero_copies.load(Ordering::Relaxed),
+            ..Default::default()
+        };
+        for m in &self.queues {
+            let q = lk(m);
+            s.queued += q.reqs.len();
+            s.bg_queued += q.bg.len();
+            s.in_userspace += q.lists.userspace.len();
+            s.available += q.lists.avail.len();
+            s.enobufs += q.enobufs;
+        }
+        s
+    }
+
+    /// Teardown: stop every queue, end queued requests with ECONNABORTED,
+    /// complete held commands with ENOTCONN. Requests whose client pages a
+    /// server holds end when it gives them back.
+    pub(crate) fn abort(&self) {
+        let mut to_end = Vec::new();
+        for (qi, m) in self.queues.iter().enumerate() {
+            let mut q = lk(m);
+            q.stopped = true;
+            to_end.extend(q.reqs.drain(..));
+            to_end.extend(q.bg.drain(..));
+            for id in 0..q.ents.len() as u32 {
+                let (state, copying) = match q.ents.get(id as usize) {
+                    Some(e) => (e.state, e.copying),
+                    None => continue,
+                };
+                match state {
+                    EntState::Available | EntState::FuseReq if !copying => {
+                        let e = &mut q.ents[id as usize];
+                        if let Some(r) = e.req.take() {
+                            to_end.push(r);
+                        }
+                        let b = e.pool_buf.take();
+                        e.own_payload = None;
+                        q.put_buf(b);
+                        let _ = q.mv(id, EntState::Teardown);
+                        let _ = q.mv(id, EntState::Released);
+                    }
+                    EntState::Userspace => {
+                        let e = &q.ents[id as usize];
+                        if let Some(r) = e.req.clone() {
+                            r.flags.set(flag::ABORTED);
+                            // A server holding the client's pages gives them
+                            // back first; that request ends then.
+                            if !e.client_pages {
+                                to_end.push(r);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            self.cvs[qi].notify_all();
+        }
+        if let Some(core) = self.core.upgrade() {
+            for r in to_end {
+                r.set_error(Errno::ECONNABORTED.0);
+                core.request_end(&r);
+            }
+        }
+    }
+
+    fn end(&self, req: &Arc<Request>, err: Option<Errno>) {
+        if let Some(e) = err {
+            req.set_error(e.0);
+        }
+        if let Some(core) = self.core.upgrade() {
+            core.request_end(req);
+        }
+    }
+
+    fn fetch(self: &Arc<Self>, h: EntHandle, block: bool) -> Result<Option<Fetched>, Errno> {
+        let qi = self.qidx(h.qid)?;
+        loop {
+            let mut q = lk(&self.queues[qi]);
+            loop {
+                let e = q.ents.get(h.ent as usize).ok_or(Errno::EINVAL)?;
+                match e.state {
+                    EntState::FuseReq if !e.copying => break,
+                    EntState::Available | EntState::FuseReq => {
+                        if q.stopped && e.state == EntState::Available {
+                            let _ = q.mv(h.ent, EntState::Teardown);
+                            let _ = q.mv(h.ent, EntState::Released);
+                            return Err(Errno::ENOTCONN);
+                        }
+                        if !block {
+                            return Ok(None);
+                        }
+                        q = self.cvs[qi].wait(q).unwrap_or_else(|e| e.into_inner());
+                    }
+                    EntState::Teardown | EntState::Released => return Err(Errno::ENOTCONN),
+                    _ => return Err(Errno::EINVAL),
+                }
+            }
+            let zq = q.zero_copy;
+            let e = &mut q.ents[h.ent as usize];
+            e.copying = true;
+            let Some(req) = e.req.clone() else {
+                return Err(Errno::EINVAL);
+            };
+            let mut header = e.header.take().unwrap_or_default();
+            let pool_buf = e.pool_buf.take();
+            let own = e.own_payload.take();
+            let offset = match (&pool_buf, q.pool.as_ref()) {
+                (Some(b), Some(p)) => p.offset(b.index),
+                _ => 0,
+            };
+            if pool_buf.is_some() {
+                // Lent from here until it is back on an entry or in the pool.
+                q.lent += 1;
+            }
+            req.flags.set(flag::LOCKED);
+            drop(q);
+
+            let (payload, sz, zc, err, spare_own, spare_pool) =
+                self.copy_in(&req, &mut header, pool_buf, own, zq);
+            header.ring_ent_in_out = UringEntInOut {
+                flags: if zc { uring::ENT_ZERO_COPY } else { 0 },
+                commit_id: req.unique(),
+                payload_sz: sz as u32,
+                offset,
+                reserved: 0,
+            };
+
+            let mut q = lk(&self.queues[qi]);
+            req.flags.clear(flag::LOCKED);
+            q.ents[h.ent as usize].copying = false;
+            if spare_own.is_some() {
+                q.ents[h.ent as usize].own_payload = spare_own;
+            }
+            if spare_pool.is_some() {
+                q.lent = q.lent.saturating_sub(1);
+                q.put_buf(spare_pool);
+            }
+            if q.stopped || req.flags.test(flag::ABORTED) {
+                match payload {
+                    Payload::Pool(b) => {
+                        q.lent = q.lent.saturating_sub(1);
+                        q.put_buf(Some(b));
+                    }
+                    p => self.give_back(&req, p),
+                }
+                let _ = q.mv(h.ent, EntState::Teardown);
+                let _ = q.mv(h.ent, EntState::Released);
+                drop(q);
+                self.end(&req, Some(Errno::ECONNABORTED));
+                return Err(Errno::ENOTCONN);
+            }
+            if let Some(e) = err {
+                // The request does not fit this entry: fail it, keep serving.
+                let ent = &mut q.ents[h.ent as usize];
+                ent.req = None;
+                ent.header = Some(header);
+                match payload {
+                    Payload::Own(v) => ent.own_payload = Some(v),
+                    Payload::Pool(b) => {
+                        q.lent = q.lent.saturating_sub(1);
+                        q.put_buf(Some(b));
+                    }
+                    Payload::Client(_) | Payload::None => {}
+                }
+                let _ = q.mv(h.ent, EntState::Available);
+                self.dispatch(&mut q, qi);
+                drop(q);
+                self.end(&req, Some(e));
+                continue;
+            }
+            q.mv(h.ent, EntState::Userspace)?;
+            q.ents[h.ent as usize].client_pages = zc;
+            drop(q);
+            req.flags.set(flag::SENT);
+            if req.flags.test(flag::INTERRUPTED) {
+                if let Some(core) = self.core.upgrade() {
+                    core.interrupt(&req);
+                }
+            }
+            if zc {
+                self.zero_copies.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(Some(Fetched {
+                ring: self.clone(),
+                handle: h,
+                header,
+                payload,
+                done: false,
+            }));
+        }
+    }
+
+    /// Copies a request into an entry's buffers, or hands over the client's
+    /// pages on a zero-copy queue. Returns the payload, the request payload
+    /// size, whether it is zero-copy, an error for a request that does not
+    /// fit, and the buffers zero-copy did not need (given back to the entry
+    /// and the pool).
+    #[allow(clippy::type_complexity)]
+    fn copy_in(
+        &self,
+        req: &Arc<Request>,
+        header: &mut UringReqHeader,
+        pool_buf: Option<PoolBuf>,
+        own: Option<Vec<u8>>,
+        zero_copy_queue: bool,
+    ) -> (
+        Payload,
+        usize,
+        bool,
+        Option<Errno>,
+        Option<Vec<u8>>,
+        Option<PoolBuf>,
+    ) {
+        let h = req.in_header();
+        header.in_out = [0; abi::URING_IN_OUT_HEADER_SZ];
+        header.in_out[..40].copy_from_slice(h.as_bytes());
+        let body = &req.args.body;
+        let k = op_in_size(req.args.opcode, self.opts)
+            .min(body.len())
+            .min(abi::URING_OP_IN_OUT_SZ);
+        header.op_in = [0; abi::URING_OP_IN_OUT_SZ];
+        header.op_in[..k].copy_from_slice(&body[..k]);
+        let rest = &body[k..];
+        let op = req.args.opcode;
+        let zc = zero_copy_queue
+            && matches!(op, Opcode::Read | Opcode::Write)
+            && self
+                .zc_files
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&read_fh(req));
+        let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+        if zc {
+            // The client's pages themselves: no payload copy at all.
+            let (pages, n) = if op == Opcode::Write {
+                let p = std::mem::take(&mut d.pages);
+                let n = p.len();
+                (p, n)
+            } else {
+                let mut out = std::mem::take(&mut d.out);
+                out.clear();
+                out.resize(req.args.out_size, 0);
+                (out, 0)
+            };
+            return (Payload::Client(pages), n, true, None, own, pool_buf);
+        }
+        let mut payload = match (pool_buf, own) {
+            (Some(b), own) => {
+                if own.is_some() {
+                    // Per-entry and pool modes are exclusive; keep the buffer.
+                    return (Payload::Pool(b), 0, false, Some(Errno::EIO), own, None);
+                }
+                Payload::Pool(b)
+            }
+            (None, Some(v)) => Payload::Own(v),
+            (None, None) => Payload::None,
+        };
+        let n = rest.len() + d.pages.len();
+        let dst = payload.slice_mut();
+        if n > dst.len() || req.args.out_size > dst.len() {
+            return (payload, 0, false, Some(Errno::EIO), None, None);
+        }
+        dst[..rest.len()].copy_from_slice(rest);
+        dst[rest.len()..n].copy_from_slice(&d.pages);
+        (payload, n, false, None, None, None)
+    }
+
+    /// Returns client pages taken for zero-copy to their request (other
+    /// payloads need no lock-free return and are dropped by the caller).
+    fn give_back(&self, req: &Arc<Request>, payload: Payload) {
+        if let Payload::Client(v) = payload {
+            let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+            if req.args.opcode == Opcode::Write {
+                d.pages = v;
+            } else {
+                d.out = v;
+            }
+        }
+    }
+
+    /// A server dropped a [`Fetched`] without committing it.
+    fn abandon(&self, h: EntHandle, payload: Payload) {
+        let Ok(qi) = self.qidx(h.qid) else { return };
+        let mut q = lk(&self.queues[qi]);
+        let Some(req) = q.ents.get_mut(h.ent as usize).and_then(|e| e.req.take()) else {
+            return;
+        };
+        let stopped = q.stopped;
+        let was_pool = matches!(payload, Payload::Pool(_));
+        match payload {
+            Payload::Pool(b) => q.put_buf(Some(b)),
+            p @ Payload::Client(_) => {
+                drop(q);
+                self.give_back(&req, p);
+                q = lk(&self.queues[qi]);
+            }
+            _ => {}
+        }
+        if was_pool {
+            q.lent = q.lent.saturating_sub(1);
+        }
+        let _ = q.mv(h.ent, EntState::Released);
+        self.dispatch(&mut q, qi);
+        drop(q);
+        self.end(
+            &req,
+            Some(if stopped {
+                Errno::ECONNABORTED
+            } else {
+                Errno::EIO
+            }),
+        );
+    }
+
+    fn commit(
+        self: &Arc<Self>,
+        area: &[u8],
+        mut f: Fetched,
+        fixed: Option<u16>,
+    ) -> Result<EntHandle, (Errno, Option<Fetched>)> {
+        let Ok(cmd) = Self::cmd(area) else {
+            return Err((Errno::EINVAL, Some(f)));
+        };
+        let h = f.handle;
+        if cmd.qid != h.qid {
+            return Err((Errno::EINVAL, Some(f)));
+        }
+        let qi = usize::from(h.qid);
+        let mut q = lk(&self.queues[qi]);
+        if Self::check_fixed(&q, fixed).is_err() {
+            drop(q);
+            return Err((Errno::EINVAL, Some(f)));
+        }
+        let req = match q.ents.get(h.ent as usize) {
+            Some(e) if e.state == EntState::Userspace => e.req.clone(),
+            _ => None,
+        };
+        let Some(req) = req else {
+            drop(q);
+            return Err((Errno::EINVAL, Some(f)));
+        };
+        if cmd.commit_id != req.unique() {
+            drop(q);
+            return Err((Errno::EINVAL, Some(f)));
+        }
+        let _ = q.mv(h.ent, EntState::Commit);
+        q.ents[h.ent as usize].client_pages = false;
+        let was_pool = matches!(f.payload, Payload::Pool(_));
+        let stopped = q.stopped;
+        drop(q);
+        f.done = true;
+        let header = std::mem::take(&mut f.header);
+        let payload = std::mem::replace(&mut f.payload, Payload::None);
+        drop(f);
+
+        // Copy the result back (no lock held).
+        let payload = self.copy_out(&req, &header, payload, stopped);
+        self.end(&req, None);
+
+        let mut q = lk(&self.queues[qi]);
+        if was_pool {
+            q.lent = q.lent.saturating_sub(1);
+        }
+        let e = &mut q.ents[h.ent as usize];
+        e.req = None;
+        let leftover = match payload {
+            Payload::Own(v) => {
+                e.own_payload = Some(v);
+                None
+            }
+            Payload::Pool(b) => Some(b),
+            _ => None,
+        };
+        if q.stopped {
+            q.put_buf(leftover);
+            let _ = q.mv(h.ent, EntState::Teardown);
+            let _ = q.mv(h.ent, EntState::Released);
+            return Err((Errno::ENOTCONN, None));
+        }
+        q.ents[h.ent as usize].header = Some(header);
+        // Fetch in the same call: the next request goes straight to this
+        // entry, reusing its pool buffer when it needs one.
+        let next_needs = q
+            .reqs
+            .front()
+            .map(|r| q.mode == Mode::Pool && needs_payload(r, self.opts));
+        match next_needs {
+            Some(needs) => {
+                let buf = match (needs, leftover) {
+                    (true, Some(b)) => Some(b),
+                    (true, None) => q.pool.as_mut().and_then(Pool::claim),
+                    (false, b) => {
+                        q.put_buf(b);
+                        None
+                    }
+                };
+                if needs && buf.is_none() {
+                    q.enobufs += 1;
+                    let _ = q.mv(h.ent, EntState::Available);
+                } else if let Some(r) = q.reqs.pop_front() {
+                    let _ = q.mv(h.ent, EntState::FuseReq);
+                    let e = &mut q.ents[h.ent as usize];
+                    e.req = Some(r);
+                    e.pool_buf = buf;
+                }
+            }
+            None => {
+                q.put_buf(leftover);
+                let _ = q.mv(h.ent, EntState::Available);
+            }
+        }
+        self.dispatch(&mut q, qi);
+        Ok(h)
+    }
+
+    /// Applies a committed result to its request; returns the payload
+    /// buffer the entry keeps (its own or its pool buffer). A zero-copy
+    /// WRITE's reply (`fuse_write_out`) travels in `op_in`, since its payload
+    /// buffer is the client's data.
+    fn copy_out(
+        &self,
+        req: &Arc<Request>,
+        header: &UringReqHeader,
+        payload: Payload,
+        stopped: bool,
+    ) -> Payload {
+        let oh = OutHeader::read_from_prefix(&header.in_out)
+            .map(|(h, _)| h)
+            .unwrap_or_default();
+        let sz = header.ring_ent_in_out.payload_sz as usize;
+        let zc_write = matches!(payload, Payload::Client(_)) && req.args.opcode == Opcode::Write;
+        let src: &[u8] = if zc_write {
+            &header.op_in[..]
+        } else {
+            payload.slice()
+        };
+        let sz = if zc_write { req.args.out_size } else { sz };
+        let size_ok = sz <= src.len()
+            && sz <= req.args.out_size
+            && (sz == req.args.out_size || req.args.out_var);
+        let result = if stopped {
+            Err(Errno::ECONNABORTED)
+        } else if oh.unique != req.unique() || oh.error > 0 || oh.error <= -512 {
+            Err(Errno::EIO)
+        } else if oh.error != 0 {
+            Err(Errno(-oh.error))
+        } else if !size_ok {
+            Err(Errno::EIO)
+        } else {
+            Ok(())
+        };
+        let ok = result.is_ok();
+        self.apply(req, result, if ok { &src[..sz] } else { &[] });
+        let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+        match payload {
+            Payload::Client(v) if zc_write => {
+                d.pages = v;
+                d.out = if ok {
+                    header.op_in[..sz].to_vec()
+                } else {
+                    Vec::new()
+                };
+                Payload::None
+            }
+            Payload::Client(mut v) => {
+                // A zero-copy READ's data is already in the client's buffer.
+                v.truncate(if ok { sz } else { 0 });
+                d.out = v;
+                Payload::None
+            }
+            p => {
+                if ok {
+                    d.out.clear();
+                    d.out.extend_from_slice(&p.slice()[..sz]);
+                }
+                p
+            }
+        }
+    }
+
+    fn apply(&self, req: &Arc<Request>, result: Result<(), Errno>, reply: &[u8]) {
+        match result {
+            Err(e) => req.set_error(e.0),
+            Ok(()) => {
+                req.set_error(0);
+                let open_out = match req.args.opcode {
+                    Opcode::Open => reply.get(..16),
+                    Opcode::Create => reply.get(std::mem::size_of::<EntryOut>()..),
+                    _ => None,
+                };
+                let mut zc = self.zc_files.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(o) = open_out
+                    .and_then(|b| OpenOut::read_from_prefix(b).ok())
+                    .map(|(o, _)| o)
+                {
+                    if o.open_flags & fopen::IO_URING_ZERO_COPY != 0 {
+                        zc.insert(o.fh);
+                    }
+                }
+                if req.args.opcode == Opcode::Release {
+                    zc.remove(&read_fh(req));
+                }
+            }
+        }
+    }
+}
