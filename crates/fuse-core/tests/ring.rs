@@ -694,3 +694,74 @@ fn memfs_through_the_ring_in_both_payload_modes() {
         let _ = abi::KERNEL_MINOR_VERSION;
     }
 }
+
+/// FuseReq -> Available: a request that does not fit the entry's payload
+/// buffer fails with EIO and the entry serves the next one.
+#[test]
+fn oversized_request_fails_and_the_entry_goes_on() {
+    let (chan, end) = ring_chan(1, 12);
+    let h = end
+        .register(
+            &cmd_area(0, 0, 0),
+            EntryBufs::with_payload(MAX_WRITE as usize),
+            None,
+        )
+        .unwrap();
+    let c = chan.clone();
+    let big = std::thread::spawn(move || {
+        let arg = WriteIn {
+            size: 2 * MAX_WRITE,
+            ..Default::default()
+        };
+        c.send(
+            Args::new(Opcode::Write, 5)
+                .body(Body::new().push(&arg).into_vec())
+                .data(vec![1; 2 * MAX_WRITE as usize])
+                .out(8, false),
+        )
+    });
+    let c = chan.clone();
+    let small = std::thread::spawn(move || {
+        // Queued behind the big one.
+        std::thread::sleep(Duration::from_millis(20));
+        c.send(getattr(0))
+    });
+    // The fetch skips the failed request and returns the next.
+    let f = end.fetch(h, true).unwrap().unwrap();
+    assert_eq!(big.join().unwrap(), Err(Errno::EIO));
+    assert_eq!(f.in_header().opcode, Opcode::Getattr as u32);
+    reply_attr(&end, f);
+    assert!(small.join().unwrap().is_ok());
+    end.check_invariants().unwrap();
+}
+
+/// Userspace -> Released: a server that drops what it fetched gives the
+/// buffers back; the request fails with EIO.
+#[test]
+fn dropped_fetch_releases_the_entry_and_its_buffer() {
+    let (chan, end, hs) = pool_ring(2, 2);
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(getattr(0)));
+    until("assigned", || {
+        hs.iter()
+            .any(|h| end.entry_state(*h) == Some(EntState::FuseReq))
+    });
+    let h = *hs
+        .iter()
+        .find(|h| end.entry_state(**h) == Some(EntState::FuseReq))
+        .unwrap();
+    let f = end.fetch(h, false).unwrap().unwrap();
+    assert_eq!(end.pool_free(0), Some((1, 2)));
+    drop(f);
+    assert_eq!(t.join().unwrap(), Err(Errno::EIO));
+    assert_eq!(end.entry_state(h), Some(EntState::Released));
+    assert_eq!(end.pool_free(0), Some((2, 2)));
+    end.check_invariants().unwrap();
+    // The other entry still serves.
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(getattr(0)));
+    let other = *hs.iter().find(|x| **x != h).unwrap();
+    let f = end.fetch(other, true).unwrap().unwrap();
+    reply_attr(&end, f);
+    assert!(t.join().unwrap().is_ok());
+}

@@ -227,6 +227,7 @@ fn result(req: &Arc<Request>) -> ReqResult {
     } else {
         Ok(Reply {
             data: std::mem::take(&mut d.out),
+            pages: std::mem::take(&mut d.pages),
         })
     }
 }

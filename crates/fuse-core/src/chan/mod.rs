@@ -281,6 +281,7 @@ impl Core {
                 } else {
                     Ok(Reply {
                         data: std::mem::take(&mut d.out),
+                        pages: std::mem::take(&mut d.pages),
                     })
                 };
                 (d.end.take(), result)

@@ -152,6 +152,9 @@ pub struct Args {
     pub total_extlen: u16,
     /// Maximum size of the reply payload.
     pub out_size: usize,
+    /// A buffer to receive the reply in (its capacity is reused; a
+    /// zero-copy READ hands it to the server as the client's pages).
+    pub out_buf: Vec<u8>,
     /// Whether a shorter reply payload is allowed (`out_argvar`).
     pub out_var: bool,
     /// Bypass admission and ignore signals (INIT, RELEASE, FORGET-like).
@@ -175,6 +178,7 @@ impl Args {
             data: Vec::new(),
             total_extlen: 0,
             out_size: 0,
+            out_buf: Vec::new(),
             out_var: false,
             force: false,
             abort_on_kill: false,
@@ -196,6 +200,11 @@ impl Args {
     pub fn out(mut self, size: usize, var: bool) -> Self {
         self.out_size = size;
         self.out_var = var;
+        self
+    }
+    /// Gives a buffer to receive the reply in (see `Args::out_buf`).
+    pub fn out_buf(mut self, buf: Vec<u8>) -> Self {
+        self.out_buf = buf;
         self
     }
     /// Marks the request FORCE.
@@ -227,6 +236,8 @@ impl Args {
 pub struct Reply {
     /// Reply payload.
     pub data: Vec<u8>,
+    /// The client's data pages (`Args::data`), given back for reuse.
+    pub pages: Vec<u8>,
 }
 
 impl Reply {
@@ -299,7 +310,10 @@ impl Request {
         create_time: Duration,
         end: Option<EndFn>,
     ) -> Arc<Request> {
-        let out = Vec::with_capacity(args.out_size.min(1 << 20));
+        let mut out = std::mem::take(&mut args.out_buf);
+        if out.capacity() < args.out_size {
+            out.reserve(args.out_size.min(1 << 20));
+        }
         let pages = std::mem::take(&mut args.data);
         Arc::new(Request {
             unique: AtomicU64::new(unique),

@@ -570,8 +570,8 @@ impl Ring {
                 let n = p.len();
                 (p, n)
             } else {
+                // The client's buffer as it is: no clearing, like user pages.
                 let mut out = std::mem::take(&mut d.out);
-                out.clear();
                 out.resize(req.args.out_size, 0);
                 (out, 0)
             };

@@ -21,7 +21,7 @@ mod ring_worker;
 mod worker;
 
 pub use dispatch::{Dispatcher, Outcome, ServerConfig};
-pub use ring_worker::{answer as answer_ring, run_ring_worker};
+pub use ring_worker::{answer as answer_ring, run_ring_worker, RingSlot, RingTransport};
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
 use crate::abi::{Attr, Kstatfs, SetattrIn};
