@@ -735,10 +735,10 @@ fn oversized_request_fails_and_the_entry_goes_on() {
     end.check_invariants().unwrap();
 }
 
-/// Userspace -> Released: a server that drops what it fetched gives the
-/// buffers back; the request fails with EIO.
+/// Userspace -> Available: a server that drops what it fetched gives the
+/// entry and its buffer back; the request fails with EIO.
 #[test]
-fn dropped_fetch_releases_the_entry_and_its_buffer() {
+fn dropped_fetch_gives_the_entry_back() {
     let (chan, end, hs) = pool_ring(2, 2);
     let c = chan.clone();
     let t = std::thread::spawn(move || c.send(getattr(0)));
@@ -754,14 +754,85 @@ fn dropped_fetch_releases_the_entry_and_its_buffer() {
     assert_eq!(end.pool_free(0), Some((1, 2)));
     drop(f);
     assert_eq!(t.join().unwrap(), Err(Errno::EIO));
-    assert_eq!(end.entry_state(h), Some(EntState::Released));
+    assert_eq!(end.entry_state(h), Some(EntState::Available));
     assert_eq!(end.pool_free(0), Some((2, 2)));
     end.check_invariants().unwrap();
-    // The other entry still serves.
+    // The same entry serves the next request.
     let c = chan.clone();
     let t = std::thread::spawn(move || c.send(getattr(0)));
-    let other = *hs.iter().find(|x| **x != h).unwrap();
-    let f = end.fetch(other, true).unwrap().unwrap();
+    until("assigned again", || {
+        hs.iter()
+            .any(|h| end.entry_state(*h) == Some(EntState::FuseReq))
+    });
+    let h = *hs
+        .iter()
+        .find(|h| end.entry_state(**h) == Some(EntState::FuseReq))
+        .unwrap();
+    let f = end.fetch(h, false).unwrap().unwrap();
     reply_attr(&end, f);
     assert!(t.join().unwrap().is_ok());
+}
+
+/// A zero-copy request's pool buffer is not claimed: a request waiting for
+/// a buffer is not held up by one that needs none.
+#[test]
+fn zero_copy_requests_claim_no_pool_buffer() {
+    let (chan, end) = ring_chan(1, 12);
+    end.add_queue(&cmd_area(0, uring::QUEUE_ZERO_COPY, 0))
+        .unwrap();
+    end.add_bufpool(
+        &bufpool_area(0, MAX_WRITE),
+        vec![0; MAX_WRITE as usize],
+        None,
+    )
+    .unwrap();
+    let hs: Vec<_> = (0..2)
+        .map(|_| {
+            end.register(&cmd_area(0, 0, 0), EntryBufs::pooled(), None)
+                .unwrap()
+        })
+        .collect();
+    let fh = open_zc(&chan, &end, hs[0]);
+    let c = chan.clone();
+    let zc_read = std::thread::spawn(move || {
+        let arg = ReadIn {
+            fh,
+            size: 4096,
+            ..Default::default()
+        };
+        c.send(
+            Args::new(Opcode::Read, 5)
+                .body(Body::new().push(&arg).into_vec())
+                .out(4096, true),
+        )
+    });
+    until("zc read assigned", || {
+        hs.iter()
+            .any(|h| end.entry_state(*h) == Some(EntState::FuseReq))
+    });
+    assert_eq!(
+        end.pool_free(0),
+        Some((1, 1)),
+        "no buffer claimed for a zero-copy READ"
+    );
+    let c = chan.clone();
+    let other = std::thread::spawn(move || c.send(getattr(0)));
+    until("both assigned", || {
+        hs.iter()
+            .all(|h| end.entry_state(*h) == Some(EntState::FuseReq))
+    });
+    for h in &hs {
+        let mut f = end.fetch(*h, false).unwrap().unwrap();
+        let n = if f.in_header().opcode == Opcode::Read as u32 {
+            1
+        } else {
+            104
+        };
+        f.set_reply(0, n);
+        let area = f.commit_cmd();
+        end.commit(&area, f, None).unwrap();
+    }
+    assert!(zc_read.join().unwrap().is_ok());
+    assert!(other.join().unwrap().is_ok());
+    end.check_invariants().unwrap();
 }

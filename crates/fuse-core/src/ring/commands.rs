@@ -239,9 +239,11 @@ impl RingEnd {
 
     /// COMMIT_AND_FETCH: commits `f` and waits for the entry's next request.
     pub fn commit_and_fetch(&self, f: Fetched, fixed: Option<u16>) -> Result<Fetched, Errno> {
+        // Commit and fetch on the ring the entry belongs to.
+        let ring = f.ring.clone();
         let area = f.commit_cmd();
-        let h = self.commit(&area, f, fixed).map_err(|(e, _)| e)?;
-        self.fetch(h, true)?.ok_or(Errno::EAGAIN)
+        let h = ring.commit(&area, f, fixed).map_err(|(e, _)| e)?;
+        ring.fetch(h, true)?.ok_or(Errno::EAGAIN)
     }
 
     /// Counters.

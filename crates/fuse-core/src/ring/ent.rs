@@ -14,7 +14,8 @@ use std::sync::Arc;
 /// Invalid ─REGISTER─> Available ─request assigned─> FuseReq ─copied to the server─> Userspace
 /// FuseReq ─request does not fit─> Available (the request fails with EIO)
 /// Userspace ─COMMIT─> Commit ─> Available | FuseReq (next request, same call)
-/// any ─abort─> Teardown ─> Released        Userspace ─server drops it─> Released
+/// Userspace ─server drops it unanswered─> Available (the request fails with EIO)
+/// any ─abort─> Teardown ─> Released
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntState {
@@ -47,7 +48,7 @@ impl EntState {
                 | (Userspace, Commit)
                 | (Commit, Available)
                 | (Commit, FuseReq)
-                | (Userspace, Released)
+                | (Userspace, Available)
                 | (Teardown, Released)
         ) || (to == Teardown && !matches!(self, Teardown | Released))
     }

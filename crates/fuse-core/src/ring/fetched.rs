@@ -114,7 +114,8 @@ impl Drop for Fetched {
     fn drop(&mut self) {
         if !self.done {
             let payload = std::mem::replace(&mut self.payload, Payload::None);
-            self.ring.abandon(self.handle, payload);
+            let header = std::mem::take(&mut self.header);
+            self.ring.abandon(self.handle, header, payload);
         }
     }
 }

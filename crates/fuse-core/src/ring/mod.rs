@@ -198,7 +198,8 @@ impl Ring {
     fn dispatch(&self, q: &mut Queue, qi: usize) {
         let mut assigned = false;
         while let (Some(&id), Some(req)) = (q.lists.avail.front(), q.reqs.front()) {
-            let buf = if q.mode == Mode::Pool && needs_payload(req, self.opts) {
+            let zc = self.goes_zero_copy(q.zero_copy, req);
+            let buf = if q.mode == Mode::Pool && !zc && needs_payload(req, self.opts) {
                 match q.pool.as_mut().and_then(Pool::claim) {
                     Some(b) => Some(b),
                     None => {
@@ -246,6 +247,18 @@ impl Ring {
             req.flags.set(flag::PENDING);
             q.reqs.push_back(req);
         }
+    }
+
+    /// Whether `req` hands the client's pages over: READ or WRITE of a file
+    /// opened with FOPEN_IO_URING_ZERO_COPY, on a zero-copy queue.
+    fn goes_zero_copy(&self, zero_copy_queue: bool, req: &Request) -> bool {
+        zero_copy_queue
+            && matches!(req.args.opcode, Opcode::Read | Opcode::Write)
+            && self
+                .zc_files
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&read_fh(req))
     }
 
     pub(crate) fn queue_req(
@@ -397,6 +410,9 @@ impl Ring {
     }
 
     fn end(&self, req: &Arc<Request>, err: Option<Errno>) {
+        if req.flags.test(flag::FINISHED) {
+            return;
+        }
         if let Some(e) = err {
             req.set_error(e.0);
         }
@@ -467,7 +483,11 @@ impl Ring {
             if spare_pool.is_some() {
                 q.lent = q.lent.saturating_sub(1);
                 q.put_buf(spare_pool);
+                // A request may be waiting for exactly this buffer.
+                self.dispatch(&mut q, qi);
             }
+            // Another thread may wait on this entry (copying is over).
+            self.cvs[qi].notify_all();
             if q.stopped || req.flags.test(flag::ABORTED) {
                 match payload {
                     Payload::Pool(b) => {
@@ -612,37 +632,52 @@ impl Ring {
     }
 
     /// A server dropped a [`Fetched`] without committing it.
-    fn abandon(&self, h: EntHandle, payload: Payload) {
+    /// A server dropped a [`Fetched`] without committing it: its request
+    /// fails (EIO, or ECONNABORTED after an abort) and the entry goes back to
+    /// Available with its buffers, so the queue keeps its capacity.
+    pub(crate) fn abandon(&self, h: EntHandle, header: Box<UringReqHeader>, payload: Payload) {
         let Ok(qi) = self.qidx(h.qid) else { return };
         let mut q = lk(&self.queues[qi]);
-        let Some(req) = q.ents.get_mut(h.ent as usize).and_then(|e| e.req.take()) else {
-            return;
-        };
         let stopped = q.stopped;
-        let was_pool = matches!(payload, Payload::Pool(_));
+        let idx = h.ent as usize;
+        if q.ents.get(idx).map(|e| e.state) != Some(EntState::Userspace) {
+            return;
+        }
+        let req = q.ents[idx].req.take();
+        q.ents[idx].client_pages = false;
         match payload {
-            Payload::Pool(b) => q.put_buf(Some(b)),
-            p @ Payload::Client(_) => {
-                drop(q);
-                self.give_back(&req, p);
-                q = lk(&self.queues[qi]);
+            Payload::Pool(b) => {
+                q.lent = q.lent.saturating_sub(1);
+                q.put_buf(Some(b));
             }
-            _ => {}
+            Payload::Own(v) => q.ents[idx].own_payload = Some(v),
+            p @ Payload::Client(_) => {
+                if let Some(r) = &req {
+                    self.give_back(r, p);
+                }
+            }
+            Payload::None => {}
         }
-        if was_pool {
-            q.lent = q.lent.saturating_sub(1);
+        if stopped {
+            let _ = q.mv(h.ent, EntState::Teardown);
+            let _ = q.mv(h.ent, EntState::Released);
+        } else {
+            q.ents[idx].header = Some(header);
+            let _ = q.mv(h.ent, EntState::Available);
+            self.dispatch(&mut q, qi);
         }
-        let _ = q.mv(h.ent, EntState::Released);
-        self.dispatch(&mut q, qi);
+        self.cvs[qi].notify_all();
         drop(q);
-        self.end(
-            &req,
-            Some(if stopped {
-                Errno::ECONNABORTED
-            } else {
-                Errno::EIO
-            }),
-        );
+        if let Some(r) = req {
+            self.end(
+                &r,
+                Some(if stopped {
+                    Errno::ECONNABORTED
+                } else {
+                    Errno::EIO
+                }),
+            );
+        }
     }
 
     fn commit(
