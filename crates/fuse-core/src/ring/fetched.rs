@@ -32,7 +32,7 @@ impl Payload {
 
 /// An entry handed to the server with its request: the header, and the
 /// payload buffer (its own, a pool buffer, or the client's pages). Commit
-/// it with [`RingEnd::commit`]; dropping it without committing gives the
+/// it with [`RingEnd::commit`](super::RingEnd::commit); dropping it without committing gives the
 /// buffers back and fails the request with EIO.
 pub struct Fetched {
     pub(crate) ring: Arc<Ring>,
