@@ -1,0 +1,665 @@
+//! A small io_uring driver for one worker thread.
+//!
+//! - An operation owns its buffer from submission until its completion: the
+//!   buffer lives in the driver's slot table (indexed by `user_data`), not
+//!   with the caller. A caller that gives up on an op ([`Driver::forget`])
+//!   leaves the buffer parked there until the CQE arrives.
+//! - Dropping the driver cancels everything in flight and drains the
+//!   completions before the ring and its buffers are freed.
+//! - Submissions are batched: ops are queued and submitted together by
+//!   [`Driver::submit`] or when waiting.
+//! - At start-up the driver probes the opcodes it uses and falls back to
+//!   the plain syscall (pread/pwrite) where one is missing.
+//! - Fixed buffers: memory regions owned by the driver are registered once
+//!   (in pieces of at most 1 GiB) for READ_FIXED/WRITE_FIXED; fixed files.
+//! - An op carries a key (the FUSE request's unique): [`Driver::cancel`]
+//!   cancels every op with that key (ASYNC_CANCEL); an op may carry a
+//!   deadline (a linked LINK_TIMEOUT).
+
+use io_uring::{opcode, squeue, types, IoUring, Probe};
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// user_data of the linked timeouts and cancel requests (never a slot).
+const INTERNAL: u64 = u64::MAX;
+/// Largest registered buffer piece.
+const MAX_REGION: usize = 1 << 30;
+
+/// Errors of the driver.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// io_uring could not be set up.
+    #[error("setting up io_uring")]
+    Setup(#[source] io::Error),
+    /// Registering buffers or files failed.
+    #[error("registering with io_uring")]
+    Register(#[source] io::Error),
+    /// io_uring_enter failed.
+    #[error("submitting to io_uring")]
+    Submit(#[source] io::Error),
+    /// No such operation (already completed and taken, or never issued).
+    #[error("unknown operation")]
+    UnknownOp,
+    /// A fixed-buffer access outside the registered region.
+    #[error("fixed buffer {index} has no range {off}..{end}")]
+    BadFixed {
+        /// Region index.
+        index: u16,
+        /// Start offset.
+        off: usize,
+        /// End offset.
+        end: usize,
+    },
+}
+
+/// Opcodes the kernel supports (from the start-up probe).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Supported {
+    /// IORING_OP_READ.
+    pub read: bool,
+    /// IORING_OP_WRITE.
+    pub write: bool,
+    /// IORING_OP_READ_FIXED.
+    pub read_fixed: bool,
+    /// IORING_OP_WRITE_FIXED.
+    pub write_fixed: bool,
+    /// IORING_OP_ASYNC_CANCEL.
+    pub cancel: bool,
+    /// IORING_OP_LINK_TIMEOUT.
+    pub link_timeout: bool,
+}
+
+/// Which file an op targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A plain file descriptor.
+    Fd(RawFd),
+    /// An index into the registered files.
+    Fixed(u32),
+}
+
+/// An operation's handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpId {
+    idx: usize,
+    gen: u64,
+}
+
+/// A finished operation: its result and the buffer it owned.
+#[derive(Debug)]
+pub struct Completion {
+    /// Bytes transferred, or the error (ECANCELED when cancelled or timed out).
+    pub result: io::Result<usize>,
+    /// The op's buffer, given back.
+    pub buf: Option<Vec<u8>>,
+}
+
+enum Slot {
+    Free,
+    /// Submitted (or queued): the kernel may be using `buf`.
+    InFlight {
+        buf: Option<Vec<u8>>,
+        key: u64,
+        timeout: Option<Box<types::Timespec>>,
+        forgotten: bool,
+    },
+    Done {
+        res: i32,
+        buf: Option<Vec<u8>>,
+    },
+}
+
+/// One io_uring with its in-flight operations.
+pub struct Driver {
+    // Field order matters: the ring is dropped (and its registrations
+    // released) before the memory it had registered.
+    ring: IoUring,
+    slots: Vec<Slot>,
+    gens: Vec<u64>,
+    free: Vec<usize>,
+    queued: usize,
+    supported: Supported,
+    regions: Vec<Box<[u8]>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("supported", &self.supported)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+impl Driver {
+    /// A driver with a ring of `entries` submission entries.
+    pub fn new(entries: u32) -> Result<Driver, DriverError> {
+        let ring = IoUring::new(entries).map_err(DriverError::Setup)?;
+        let mut probe = Probe::new();
+        let supported = match ring.submitter().register_probe(&mut probe) {
+            Ok(()) => Supported {
+                read: probe.is_supported(opcode::Read::CODE),
+                write: probe.is_supported(opcode::Write::CODE),
+                read_fixed: probe.is_supported(opcode::ReadFixed::CODE),
+                write_fixed: probe.is_supported(opcode::WriteFixed::CODE),
+                cancel: probe.is_supported(opcode::AsyncCancel::CODE),
+                link_timeout: probe.is_supported(opcode::LinkTimeout::CODE),
+            },
+            // Kernels without probing: assume nothing, use syscalls.
+            Err(_) => Supported::default(),
+        };
+        Ok(Driver {
+            ring,
+            slots: Vec::new(),
+            gens: Vec::new(),
+            free: Vec::new(),
+            queued: 0,
+            supported,
+            regions: Vec::new(),
+        })
+    }
+
+    /// What the probe found.
+    pub fn supported(&self) -> Supported {
+        self.supported
+    }
+
+    /// Pretends the kernel lacks every opcode, so the syscall fallbacks run
+    /// (for tests of those paths).
+    pub fn disable_uring_ops(&mut self) {
+        self.supported = Supported::default();
+    }
+
+    /// Operations submitted or queued and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| matches!(s, Slot::InFlight { .. }))
+            .count()
+    }
+
+    fn alloc(&mut self, slot: Slot) -> OpId {
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                self.gens.push(0);
+                self.slots.len() - 1
+            }
+        };
+        self.gens[idx] += 1;
+        OpId {
+            idx,
+            gen: self.gens[idx],
+        }
+    }
+
+    fn release(&mut self, idx: usize) {
+        self.slots[idx] = Slot::Free;
+        self.free.push(idx);
+    }
+
+    /// Queues `entry`, flushing the queue first when it is full.
+    fn push(&mut self, entry: &squeue::Entry) -> Result<(), DriverError> {
+        loop {
+            // SAFETY: every buffer or timespec an entry points to is owned by
+            // this driver's slot table (or its registered regions) and stays
+            // there, unmoved on the heap, until the entry's completion has
+            // been reaped; the driver's Drop drains all completions first.
+            let pushed = unsafe { self.ring.submission().push(entry) };
+            if pushed.is_ok() {
+                self.queued += 1;
+                return Ok(());
+            }
+            self.submit()?;
+        }
+    }
+
+    fn fd(t: Target) -> Either {
+        match t {
+            Target::Fd(fd) => Either::Fd(types::Fd(fd)),
+            Target::Fixed(i) => Either::Fixed(types::Fixed(i)),
+        }
+    }
+
+    fn with_deadline(
+        &mut self,
+        id: OpId,
+        mut entry: squeue::Entry,
+        deadline: Option<Duration>,
+    ) -> Result<OpId, DriverError> {
+        entry = entry.user_data(id.idx as u64);
+        match deadline.filter(|_| self.supported.link_timeout) {
+            Some(d) => {
+                let ts = Box::new(
+                    types::Timespec::new()
+                        .sec(d.as_secs())
+                        .nsec(d.subsec_nanos()),
+                );
+                let ptr: *const types::Timespec = &*ts;
+                if let Slot::InFlight { timeout, .. } = &mut self.slots[id.idx] {
+                    *timeout = Some(ts);
+                }
+                self.push(&entry.flags(squeue::Flags::IO_LINK))?;
+                self.push(&opcode::LinkTimeout::new(ptr).build().user_data(INTERNAL))?;
+            }
+            None => self.push(&entry)?,
+        }
+        Ok(id)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into `buf` (which the op owns
+    /// until it completes). `key` names the op for [`Driver::cancel`].
+    pub fn read(
+        &mut self,
+        t: Target,
+        mut buf: Vec<u8>,
+        offset: u64,
+        key: u64,
+        deadline: Option<Duration>,
+    ) -> Result<OpId, DriverError> {
+        if !self.supported.read {
+            let res = match t {
+                Target::Fd(fd) => syscall_rw(fd, &mut buf, offset, false),
+                Target::Fixed(_) => -libc::EBADF,
+            };
+            return Ok(self.alloc(Slot::Done {
+                res,
+                buf: Some(buf),
+            }));
+        }
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
+        let id = self.alloc(Slot::InFlight {
+            buf: Some(buf),
+            key,
+            timeout: None,
+            forgotten: false,
+        });
+        let entry = match Self::fd(t) {
+            Either::Fd(fd) => opcode::Read::new(fd, ptr, len).offset(offset).build(),
+            Either::Fixed(fd) => opcode::Read::new(fd, ptr, len).offset(offset).build(),
+        };
+        self.with_deadline(id, entry, deadline)
+    }
+
+    /// Writes `buf` at `offset` (the op owns `buf` until it completes).
+    pub fn write(
+        &mut self,
+        t: Target,
+        mut buf: Vec<u8>,
+        offset: u64,
+        key: u64,
+        deadline: Option<Duration>,
+    ) -> Result<OpId, DriverError> {
+        if !self.supported.write {
+            let res = match t {
+                Target::Fd(fd) => syscall_rw(fd, &mut buf, offset, true),
+                Target::Fixed(_) => -libc::EBADF,
+            };
+            return Ok(self.alloc(Slot::Done {
+                res,
+                buf: Some(buf),
+            }));
+        }
+        let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
+        let id = self.alloc(Slot::InFlight {
+            buf: Some(buf),
+            key,
+            timeout: None,
+            forgotten: false,
+        });
+        let entry = match Self::fd(t) {
+            Either::Fd(fd) => opcode::Write::new(fd, ptr, len).offset(offset).build(),
+            Either::Fixed(fd) => opcode::Write::new(fd, ptr, len).offset(offset).build(),
+        };
+        self.with_deadline(id, entry, deadline)
+    }
+
+    /// Allocates regions of `sizes` bytes (each split into pieces of at most
+    /// 1 GiB) and registers them as fixed buffers. Returns the index of the
+    /// first piece of each region. Replaces earlier registrations.
+    pub fn register_regions(&mut self, sizes: &[usize]) -> Result<Vec<u16>, DriverError> {
+        if self.in_flight() != 0 {
+            return Err(DriverError::Register(io::Error::from_raw_os_error(
+                libc::EBUSY,
+            )));
+        }
+        let _ = self.ring.submitter().unregister_buffers();
+        let mut regions = Vec::new();
+        let mut firsts = Vec::new();
+        for &size in sizes {
+            firsts.push(regions.len() as u16);
+            let mut left = size;
+            while left > 0 {
+                let n = left.min(MAX_REGION);
+                regions.push(vec![0u8; n].into_boxed_slice());
+                left -= n;
+            }
+        }
+        let iovecs: Vec<libc::iovec> = regions
+            .iter_mut()
+            .map(|r| libc::iovec {
+                iov_base: r.as_mut_ptr().cast(),
+                iov_len: r.len(),
+            })
+            .collect();
+        // SAFETY: the regions are owned by the driver (boxed slices, never
+        // moved or freed while registered: they are replaced only after
+        // unregistering, and the ring is dropped before them).
+        unsafe { self.ring.submitter().register_buffers(&iovecs) }
+            .map_err(DriverError::Register)?;
+        self.regions = regions;
+        Ok(firsts)
+    }
+
+    /// A registered region.
+    pub fn region(&self, index: u16) -> Option<&[u8]> {
+        self.regions.get(usize::from(index)).map(|r| &r[..])
+    }
+
+    /// A registered region, for filling before a WRITE_FIXED. Do not touch
+    /// a range an op in flight uses.
+    pub fn region_mut(&mut self, index: u16) -> Option<&mut [u8]> {
+        self.regions.get_mut(usize::from(index)).map(|r| &mut r[..])
+    }
+
+    fn fixed_ptr(&mut self, index: u16, off: usize, len: usize) -> Result<*mut u8, DriverError> {
+        let end = off.saturating_add(len);
+        let r = self
+            .regions
+            .get_mut(usize::from(index))
+            .filter(|r| end <= r.len());
+        let r = r.ok_or(DriverError::BadFixed { index, off, end })?;
+        Ok(r[off..end].as_mut_ptr())
+    }
+
+    /// READ_FIXED of `len` bytes at file `offset` into region `index` at `off`.
+    pub fn read_fixed(
+        &mut self,
+        t: Target,
+        index: u16,
+        off: usize,
+        len: usize,
+        offset: u64,
+        key: u64,
+    ) -> Result<OpId, DriverError> {
+        let ptr = self.fixed_ptr(index, off, len)?;
+        if !self.supported.read_fixed {
+            let res = match t {
+                Target::Fd(fd) => syscall_rw(
+                    fd,
+                    &mut self.regions[usize::from(index)][off..off + len],
+                    offset,
+                    false,
+                ),
+                Target::Fixed(_) => -libc::EBADF,
+            };
+            return Ok(self.alloc(Slot::Done { res, buf: None }));
+        }
+        let id = self.alloc(Slot::InFlight {
+            buf: None,
+            key,
+            timeout: None,
+            forgotten: false,
+        });
+        let entry = match Self::fd(t) {
+            Either::Fd(fd) => opcode::ReadFixed::new(fd, ptr, len as u32, index)
+                .offset(offset)
+                .build(),
+            Either::Fixed(fd) => opcode::ReadFixed::new(fd, ptr, len as u32, index)
+                .offset(offset)
+                .build(),
+        };
+        self.with_deadline(id, entry, None)
+    }
+
+    /// WRITE_FIXED of `len` bytes from region `index` at `off` to file `offset`.
+    pub fn write_fixed(
+        &mut self,
+        t: Target,
+        index: u16,
+        off: usize,
+        len: usize,
+        offset: u64,
+        key: u64,
+    ) -> Result<OpId, DriverError> {
+        let ptr = self.fixed_ptr(index, off, len)?;
+        if !self.supported.write_fixed {
+            let res = match t {
+                Target::Fd(fd) => syscall_rw(
+                    fd,
+                    &mut self.regions[usize::from(index)][off..off + len],
+                    offset,
+                    true,
+                ),
+                Target::Fixed(_) => -libc::EBADF,
+            };
+            return Ok(self.alloc(Slot::Done { res, buf: None }));
+        }
+        let id = self.alloc(Slot::InFlight {
+            buf: None,
+            key,
+            timeout: None,
+            forgotten: false,
+        });
+        let entry = match Self::fd(t) {
+            Either::Fd(fd) => opcode::WriteFixed::new(fd, ptr, len as u32, index)
+                .offset(offset)
+                .build(),
+            Either::Fixed(fd) => opcode::WriteFixed::new(fd, ptr, len as u32, index)
+                .offset(offset)
+                .build(),
+        };
+        self.with_deadline(id, entry, None)
+    }
+
+    /// Registers `fds` as fixed files (index = position).
+    pub fn register_files(&mut self, fds: &[RawFd]) -> Result<(), DriverError> {
+        let _ = self.ring.submitter().unregister_files();
+        self.ring
+            .submitter()
+            .register_files(fds)
+            .map_err(DriverError::Register)
+    }
+
+    /// Submits everything queued; returns how many were submitted.
+    pub fn submit(&mut self) -> Result<usize, DriverError> {
+        let n = self.ring.submit().map_err(DriverError::Submit)?;
+        self.queued = 0;
+        self.reap();
+        Ok(n)
+    }
+
+    /// Moves every available completion into its slot.
+    fn reap(&mut self) {
+        let done: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (ud, res) in done {
+            if ud == INTERNAL {
+                continue;
+            }
+            let idx = ud as usize;
+            let Some(slot) = self.slots.get_mut(idx) else {
+                continue;
+            };
+            if let Slot::InFlight { buf, forgotten, .. } = slot {
+                if *forgotten {
+                    // The parked buffer can go now.
+                    self.release(idx);
+                } else {
+                    let buf = buf.take();
+                    *slot = Slot::Done { res, buf };
+                }
+            }
+        }
+    }
+
+    fn check(&self, id: OpId) -> Result<(), DriverError> {
+        match self.gens.get(id.idx) {
+            Some(g)
+                if *g == id.gen
+                    && !matches!(
+                        self.slots[id.idx],
+                        Slot::Free
+                            | Slot::InFlight {
+                                forgotten: true,
+                                ..
+                            }
+                    ) =>
+            {
+                Ok(())
+            }
+            _ => Err(DriverError::UnknownOp),
+        }
+    }
+
+    /// The completion of `id` if it has arrived (does not block).
+    pub fn try_complete(&mut self, id: OpId) -> Result<Option<Completion>, DriverError> {
+        self.check(id)?;
+        if self.queued > 0 {
+            self.submit()?;
+        } else {
+            self.reap();
+        }
+        Ok(self.take(id))
+    }
+
+    fn take(&mut self, id: OpId) -> Option<Completion> {
+        if !matches!(self.slots[id.idx], Slot::Done { .. }) {
+            return None;
+        }
+        let Slot::Done { res, buf } = std::mem::replace(&mut self.slots[id.idx], Slot::Free) else {
+            return None;
+        };
+        self.free.push(id.idx);
+        let result = if res < 0 {
+            Err(io::Error::from_raw_os_error(-res))
+        } else {
+            Ok(res as usize)
+        };
+        Some(Completion { result, buf })
+    }
+
+    /// Waits for `id` (submitting what is queued).
+    pub fn wait(&mut self, id: OpId) -> Result<Completion, DriverError> {
+        self.check(id)?;
+        loop {
+            if let Slot::Done { .. } = self.slots[id.idx] {
+                // `take` cannot fail on a Done slot.
+                if let Some(c) = self.take(id) {
+                    return Ok(c);
+                }
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(DriverError::Submit(e)),
+            }
+            self.queued = 0;
+            self.reap();
+        }
+    }
+
+    /// Gives up on `id`: its buffer stays parked in the driver until the
+    /// kernel's completion arrives, then it is freed.
+    pub fn forget(&mut self, id: OpId) {
+        if self.check(id).is_err() {
+            return;
+        }
+        match &mut self.slots[id.idx] {
+            Slot::InFlight { forgotten, .. } => *forgotten = true,
+            Slot::Done { .. } => self.release(id.idx),
+            Slot::Free => {}
+        }
+    }
+
+    /// Cancels every in-flight op carrying `key` (ASYNC_CANCEL). Returns
+    /// how many cancellations were requested; each op still completes
+    /// (with ECANCELED, or its result if it finished first).
+    pub fn cancel(&mut self, key: u64) -> Result<usize, DriverError> {
+        let targets: Vec<usize> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Slot::InFlight { key: k, .. } if *k == key))
+            .map(|(i, _)| i)
+            .collect();
+        if !self.supported.cancel {
+            return Ok(0);
+        }
+        for &i in &targets {
+            self.push(
+                &opcode::AsyncCancel::new(i as u64)
+                    .build()
+                    .user_data(INTERNAL),
+            )?;
+        }
+        self.submit()?;
+        Ok(targets.len())
+    }
+}
+
+enum Either {
+    Fd(types::Fd),
+    Fixed(types::Fixed),
+}
+
+/// pread/pwrite fallback; returns bytes or a negative errno.
+fn syscall_rw(fd: RawFd, buf: &mut [u8], offset: u64, write: bool) -> i32 {
+    let off = offset as libc::off_t;
+    // SAFETY: `buf` is a valid, exclusively borrowed slice for the duration
+    // of the call and its length is passed with it.
+    let n = unsafe {
+        if write {
+            libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off)
+        } else {
+            libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off)
+        }
+    };
+    if n < 0 {
+        -io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    } else {
+        n as i32
+    }
+}
+
+impl Drop for Driver {
+    /// Cancels what is in flight and drains every completion, so no buffer
+    /// is freed while the kernel may still write to it.
+    fn drop(&mut self) {
+        let keys: Vec<usize> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Slot::InFlight { .. }))
+            .map(|(i, _)| i)
+            .collect();
+        for i in keys {
+            // SAFETY: see `push`; a cancel entry points to no memory.
+            let _ = unsafe {
+                self.ring.submission().push(
+                    &opcode::AsyncCancel::new(i as u64)
+                        .build()
+                        .user_data(INTERNAL),
+                )
+            };
+        }
+        while self.in_flight() > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(_) => break,
+            }
+            self.reap();
+        }
+    }
+}

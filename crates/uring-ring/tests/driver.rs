@@ -1,0 +1,233 @@
+//! The io_uring driver against the real kernel: files in a temporary
+//! directory and pipes (whose reads block until written, so cancellation,
+//! deadlines, forgotten ops and drop-while-in-flight can be shown).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::time::{Duration, Instant};
+use uring_ring::{Driver, DriverError, Target};
+
+fn temp_file(name: &str) -> (File, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("uring-ring-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    (f, path)
+}
+
+fn pipe() -> (File, File) {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+}
+
+fn errno(r: &std::io::Result<usize>) -> Option<i32> {
+    r.as_ref().err().and_then(|e| e.raw_os_error())
+}
+
+fn write_then_read(d: &mut Driver, fd: RawFd) {
+    let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 253) as u8).collect();
+    // Three writes batched into one submission.
+    let ws: Vec<_> = (0..3)
+        .map(|i| {
+            d.write(
+                Target::Fd(fd),
+                data[i * 4096..(i + 1) * 4096].to_vec(),
+                (i * 4096) as u64,
+                1,
+                None,
+            )
+            .unwrap()
+        })
+        .collect();
+    for w in ws {
+        let c = d.wait(w).unwrap();
+        assert_eq!(c.result.unwrap(), 4096);
+        assert_eq!(c.buf.unwrap().len(), 4096, "the buffer comes back");
+    }
+    let r = d
+        .read(Target::Fd(fd), vec![0; 3 * 4096], 0, 2, None)
+        .unwrap();
+    let c = d.wait(r).unwrap();
+    assert_eq!(c.result.unwrap(), 3 * 4096);
+    assert_eq!(c.buf.unwrap(), data);
+    // Reading past the end returns what there is.
+    let r = d
+        .read(Target::Fd(fd), vec![0; 4096], 2 * 4096 + 100, 3, None)
+        .unwrap();
+    assert_eq!(d.wait(r).unwrap().result.unwrap(), 4096 - 100);
+    assert_eq!(d.in_flight(), 0);
+}
+
+#[test]
+fn read_and_write_through_the_ring() {
+    let mut d = Driver::new(8).unwrap();
+    let s = d.supported();
+    assert!(
+        s.read && s.write && s.read_fixed && s.write_fixed && s.cancel && s.link_timeout,
+        "{s:?}"
+    );
+    let (f, _) = temp_file("rw");
+    write_then_read(&mut d, f.as_raw_fd());
+}
+
+#[test]
+fn syscall_fallback_gives_the_same_results() {
+    let mut d = Driver::new(8).unwrap();
+    d.disable_uring_ops();
+    let (f, _) = temp_file("fallback");
+    write_then_read(&mut d, f.as_raw_fd());
+    // A bad descriptor is a clean error, not a panic.
+    let r = d.read(Target::Fd(-1), vec![0; 8], 0, 0, None).unwrap();
+    assert_eq!(errno(&d.wait(r).unwrap().result), Some(libc::EBADF));
+}
+
+#[test]
+fn fixed_buffers_and_fixed_files() {
+    let mut d = Driver::new(8).unwrap();
+    let (f, path) = temp_file("fixed");
+    let firsts = d.register_regions(&[8192, 2 << 20]).unwrap();
+    assert_eq!(firsts, vec![0, 1]);
+    d.region_mut(0).unwrap()[..4096].fill(0x5a);
+    let w = d
+        .write_fixed(Target::Fd(f.as_raw_fd()), 0, 0, 4096, 4096, 7)
+        .unwrap();
+    assert_eq!(d.wait(w).unwrap().result.unwrap(), 4096);
+    let mut on_disk = Vec::new();
+    File::open(&path)
+        .unwrap()
+        .read_to_end(&mut on_disk)
+        .unwrap();
+    assert_eq!(&on_disk[4096..], &[0x5a; 4096][..]);
+    // Into the middle of the big region, through a registered file.
+    d.register_files(&[f.as_raw_fd()]).unwrap();
+    let r = d
+        .read_fixed(Target::Fixed(0), 1, 1 << 20, 4096, 4096, 8)
+        .unwrap();
+    assert_eq!(d.wait(r).unwrap().result.unwrap(), 4096);
+    assert_eq!(
+        &d.region(1).unwrap()[1 << 20..(1 << 20) + 4096],
+        &[0x5a; 4096][..]
+    );
+    // Outside the region: refused before anything is submitted.
+    assert!(matches!(
+        d.read_fixed(Target::Fd(f.as_raw_fd()), 0, 8000, 4096, 0, 9),
+        Err(DriverError::BadFixed { index: 0, .. })
+    ));
+    assert!(matches!(
+        d.read_fixed(Target::Fd(f.as_raw_fd()), 5, 0, 1, 0, 9),
+        Err(DriverError::BadFixed { .. })
+    ));
+}
+
+#[test]
+fn cancel_by_key() {
+    let mut d = Driver::new(8).unwrap();
+    let (rx, _tx) = pipe();
+    let a = d
+        .read(Target::Fd(rx.as_raw_fd()), vec![0; 16], 0, 42, None)
+        .unwrap();
+    let b = d
+        .read(Target::Fd(rx.as_raw_fd()), vec![0; 16], 0, 43, None)
+        .unwrap();
+    d.submit().unwrap();
+    assert!(
+        d.try_complete(a).unwrap().is_none(),
+        "blocked on the empty pipe"
+    );
+    assert_eq!(d.cancel(42).unwrap(), 1);
+    let c = d.wait(a).unwrap();
+    assert_eq!(errno(&c.result), Some(libc::ECANCELED));
+    assert_eq!(c.buf.unwrap().len(), 16);
+    // The other key is untouched.
+    assert!(d.try_complete(b).unwrap().is_none());
+    assert_eq!(d.cancel(43).unwrap(), 1);
+    assert_eq!(errno(&d.wait(b).unwrap().result), Some(libc::ECANCELED));
+}
+
+#[test]
+fn deadline_cancels_an_op_that_outlives_it() {
+    let mut d = Driver::new(8).unwrap();
+    let (rx, mut tx) = pipe();
+    let start = Instant::now();
+    let r = d
+        .read(
+            Target::Fd(rx.as_raw_fd()),
+            vec![0; 16],
+            0,
+            1,
+            Some(Duration::from_millis(50)),
+        )
+        .unwrap();
+    let c = d.wait(r).unwrap();
+    assert_eq!(errno(&c.result), Some(libc::ECANCELED));
+    assert!(start.elapsed() >= Duration::from_millis(50));
+    // An op that finishes in time is not affected by its deadline.
+    tx.write_all(b"hi").unwrap();
+    let r = d
+        .read(
+            Target::Fd(rx.as_raw_fd()),
+            vec![0; 16],
+            0,
+            1,
+            Some(Duration::from_secs(5)),
+        )
+        .unwrap();
+    assert_eq!(d.wait(r).unwrap().result.unwrap(), 2);
+}
+
+#[test]
+fn forgotten_op_parks_its_buffer_until_completion() {
+    let mut d = Driver::new(8).unwrap();
+    let (rx, mut tx) = pipe();
+    let r = d
+        .read(Target::Fd(rx.as_raw_fd()), vec![0; 16], 0, 1, None)
+        .unwrap();
+    d.submit().unwrap();
+    d.forget(r);
+    assert_eq!(d.in_flight(), 1, "the kernel still owns the buffer");
+    assert!(
+        matches!(d.wait(r), Err(DriverError::UnknownOp)),
+        "a forgotten op has no handle"
+    );
+    tx.write_all(b"late").unwrap();
+    let start = Instant::now();
+    while d.in_flight() != 0 {
+        assert!(start.elapsed() < Duration::from_secs(5));
+        d.submit().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The slot is reused and the old handle is stale.
+    let w = d
+        .write(Target::Fd(tx.as_raw_fd()), b"x".to_vec(), 0, 2, None)
+        .unwrap();
+    assert_eq!(d.wait(w).unwrap().result.unwrap(), 1);
+    assert!(matches!(d.try_complete(r), Err(DriverError::UnknownOp)));
+}
+
+#[test]
+fn dropping_the_driver_cancels_and_drains() {
+    let (rx, _tx) = pipe();
+    let mut d = Driver::new(8).unwrap();
+    for _ in 0..4 {
+        d.read(Target::Fd(rx.as_raw_fd()), vec![0; 4096], 0, 1, None)
+            .unwrap();
+    }
+    d.submit().unwrap();
+    assert_eq!(d.in_flight(), 4);
+    let start = Instant::now();
+    drop(d);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "drop must not hang on blocked ops"
+    );
+}
