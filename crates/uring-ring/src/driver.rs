@@ -219,13 +219,6 @@ impl Driver {
         }
     }
 
-    fn fd(t: Target) -> Either {
-        match t {
-            Target::Fd(fd) => Either::Fd(types::Fd(fd)),
-            Target::Fixed(i) => Either::Fixed(types::Fixed(i)),
-        }
-    }
-
     fn with_deadline(
         &mut self,
         id: OpId,
@@ -257,16 +250,47 @@ impl Driver {
     pub fn read(
         &mut self,
         t: Target,
+        buf: Vec<u8>,
+        offset: u64,
+        key: u64,
+        deadline: Option<Duration>,
+    ) -> Result<OpId, DriverError> {
+        self.owned(Dir::Read, t, buf, offset, key, deadline)
+    }
+
+    /// Writes `buf` at `offset` (the op owns `buf` until it completes).
+    pub fn write(
+        &mut self,
+        t: Target,
+        buf: Vec<u8>,
+        offset: u64,
+        key: u64,
+        deadline: Option<Duration>,
+    ) -> Result<OpId, DriverError> {
+        self.owned(Dir::Write, t, buf, offset, key, deadline)
+    }
+
+    fn supports(&self, dir: Dir, fixed: bool) -> bool {
+        let s = self.supported;
+        match (dir, fixed) {
+            (Dir::Read, false) => s.read,
+            (Dir::Write, false) => s.write,
+            (Dir::Read, true) => s.read_fixed,
+            (Dir::Write, true) => s.write_fixed,
+        }
+    }
+
+    fn owned(
+        &mut self,
+        dir: Dir,
+        t: Target,
         mut buf: Vec<u8>,
         offset: u64,
         key: u64,
         deadline: Option<Duration>,
     ) -> Result<OpId, DriverError> {
-        if !self.supported.read {
-            let res = match t {
-                Target::Fd(fd) => syscall_rw(fd, &mut buf, offset, false),
-                Target::Fixed(_) => -libc::EBADF,
-            };
+        if !self.supports(dir, false) {
+            let res = fallback(dir, t, &mut buf, offset);
             return Ok(self.alloc(Slot::Done {
                 res,
                 buf: Some(buf),
@@ -279,44 +303,41 @@ impl Driver {
             timeout: None,
             forgotten: false,
         });
-        let entry = match Self::fd(t) {
-            Either::Fd(fd) => opcode::Read::new(fd, ptr, len).offset(offset).build(),
-            Either::Fixed(fd) => opcode::Read::new(fd, ptr, len).offset(offset).build(),
-        };
-        self.with_deadline(id, entry, deadline)
+        self.with_deadline(id, build(dir, t, ptr, len, offset, None), deadline)
     }
 
-    /// Writes `buf` at `offset` (the op owns `buf` until it completes).
-    pub fn write(
+    #[allow(clippy::too_many_arguments)]
+    fn fixed(
         &mut self,
+        dir: Dir,
         t: Target,
-        mut buf: Vec<u8>,
+        index: u16,
+        off: usize,
+        len: usize,
         offset: u64,
         key: u64,
-        deadline: Option<Duration>,
     ) -> Result<OpId, DriverError> {
-        if !self.supported.write {
-            let res = match t {
-                Target::Fd(fd) => syscall_rw(fd, &mut buf, offset, true),
-                Target::Fixed(_) => -libc::EBADF,
-            };
-            return Ok(self.alloc(Slot::Done {
-                res,
-                buf: Some(buf),
-            }));
+        let ptr = self.fixed_ptr(index, off, len)?;
+        if !self.supports(dir, true) {
+            let res = fallback(
+                dir,
+                t,
+                &mut self.regions[usize::from(index)][off..off + len],
+                offset,
+            );
+            return Ok(self.alloc(Slot::Done { res, buf: None }));
         }
-        let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
         let id = self.alloc(Slot::InFlight {
-            buf: Some(buf),
+            buf: None,
             key,
             timeout: None,
             forgotten: false,
         });
-        let entry = match Self::fd(t) {
-            Either::Fd(fd) => opcode::Write::new(fd, ptr, len).offset(offset).build(),
-            Either::Fixed(fd) => opcode::Write::new(fd, ptr, len).offset(offset).build(),
-        };
-        self.with_deadline(id, entry, deadline)
+        self.with_deadline(
+            id,
+            build(dir, t, ptr, len as u32, offset, Some(index)),
+            None,
+        )
     }
 
     /// Allocates regions of `sizes` bytes (each split into pieces of at most
@@ -387,34 +408,7 @@ impl Driver {
         offset: u64,
         key: u64,
     ) -> Result<OpId, DriverError> {
-        let ptr = self.fixed_ptr(index, off, len)?;
-        if !self.supported.read_fixed {
-            let res = match t {
-                Target::Fd(fd) => syscall_rw(
-                    fd,
-                    &mut self.regions[usize::from(index)][off..off + len],
-                    offset,
-                    false,
-                ),
-                Target::Fixed(_) => -libc::EBADF,
-            };
-            return Ok(self.alloc(Slot::Done { res, buf: None }));
-        }
-        let id = self.alloc(Slot::InFlight {
-            buf: None,
-            key,
-            timeout: None,
-            forgotten: false,
-        });
-        let entry = match Self::fd(t) {
-            Either::Fd(fd) => opcode::ReadFixed::new(fd, ptr, len as u32, index)
-                .offset(offset)
-                .build(),
-            Either::Fixed(fd) => opcode::ReadFixed::new(fd, ptr, len as u32, index)
-                .offset(offset)
-                .build(),
-        };
-        self.with_deadline(id, entry, None)
+        self.fixed(Dir::Read, t, index, off, len, offset, key)
     }
 
     /// WRITE_FIXED of `len` bytes from region `index` at `off` to file `offset`.
@@ -427,34 +421,7 @@ impl Driver {
         offset: u64,
         key: u64,
     ) -> Result<OpId, DriverError> {
-        let ptr = self.fixed_ptr(index, off, len)?;
-        if !self.supported.write_fixed {
-            let res = match t {
-                Target::Fd(fd) => syscall_rw(
-                    fd,
-                    &mut self.regions[usize::from(index)][off..off + len],
-                    offset,
-                    true,
-                ),
-                Target::Fixed(_) => -libc::EBADF,
-            };
-            return Ok(self.alloc(Slot::Done { res, buf: None }));
-        }
-        let id = self.alloc(Slot::InFlight {
-            buf: None,
-            key,
-            timeout: None,
-            forgotten: false,
-        });
-        let entry = match Self::fd(t) {
-            Either::Fd(fd) => opcode::WriteFixed::new(fd, ptr, len as u32, index)
-                .offset(offset)
-                .build(),
-            Either::Fixed(fd) => opcode::WriteFixed::new(fd, ptr, len as u32, index)
-                .offset(offset)
-                .build(),
-        };
-        self.with_deadline(id, entry, None)
+        self.fixed(Dir::Write, t, index, off, len, offset, key)
     }
 
     /// Registers `fds` as fixed files (index = position).
@@ -606,9 +573,48 @@ impl Driver {
     }
 }
 
-enum Either {
-    Fd(types::Fd),
-    Fixed(types::Fixed),
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    Read,
+    Write,
+}
+
+/// The SQE for a read or write, plain or fixed, on a plain or fixed file.
+fn build(
+    dir: Dir,
+    t: Target,
+    ptr: *mut u8,
+    len: u32,
+    offset: u64,
+    fixed: Option<u16>,
+) -> squeue::Entry {
+    macro_rules! on {
+        ($fd:expr) => {
+            match (dir, fixed) {
+                (Dir::Read, None) => opcode::Read::new($fd, ptr, len).offset(offset).build(),
+                (Dir::Write, None) => opcode::Write::new($fd, ptr, len).offset(offset).build(),
+                (Dir::Read, Some(i)) => opcode::ReadFixed::new($fd, ptr, len, i)
+                    .offset(offset)
+                    .build(),
+                (Dir::Write, Some(i)) => opcode::WriteFixed::new($fd, ptr, len, i)
+                    .offset(offset)
+                    .build(),
+            }
+        };
+    }
+    match t {
+        Target::Fd(fd) => on!(types::Fd(fd)),
+        Target::Fixed(i) => on!(types::Fixed(i)),
+    }
+}
+
+/// The syscall path for a kernel without the opcode.
+fn fallback(dir: Dir, t: Target, buf: &mut [u8], offset: u64) -> i32 {
+    match t {
+        Target::Fd(fd) => syscall_rw(fd, buf, offset, dir == Dir::Write),
+        // Registered files exist only inside io_uring.
+        Target::Fixed(_) => -libc::EBADF,
+    }
 }
 
 /// pread/pwrite fallback; returns bytes or a negative errno.

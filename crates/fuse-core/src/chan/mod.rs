@@ -561,26 +561,7 @@ impl Chan {
             core.clock.now(),
             Some(end),
         );
-        if let Some(ring) = core.route() {
-            {
-                let mut bg = lock(&core.bg);
-                if !bg.connected {
-                    if !force {
-                        bg.unreserve(core.budget());
-                    }
-                    drop(bg);
-                    lock(&req.data).end = None;
-                    return Err(Errno::ENOTCONN);
-                }
-                if force {
-                    bg.num_background += 1;
-                }
-            }
-            if let Err(r) = ring.queue_req(req, true) {
-                core.end_refused(vec![r]);
-            }
-            return Ok(());
-        }
+        let ring = core.route();
         let refused = {
             let mut bg = lock(&core.bg);
             if !bg.connected {
@@ -595,10 +576,21 @@ impl Chan {
             if force {
                 bg.num_background += 1;
             }
-            bg.enqueue(req);
-            let next = bg.flush();
-            core.send_to_transport(next)
+            if ring.is_some() {
+                // Ring background requests queue per ring queue (below),
+                // outside bg_lock.
+                Vec::new()
+            } else {
+                bg.enqueue(req.clone());
+                let next = bg.flush();
+                core.send_to_transport(next)
+            }
         };
+        if let Some(ring) = ring {
+            if let Err(r) = ring.queue_req(req, true) {
+                core.end_refused(vec![r]);
+            }
+        }
         core.end_refused(refused);
         Ok(())
     }
