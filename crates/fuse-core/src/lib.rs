@@ -13,6 +13,7 @@
 
 pub mod abi;
 pub mod chan;
+pub mod client;
 pub mod ring;
 pub mod server;
 mod sync;

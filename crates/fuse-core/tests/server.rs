@@ -241,11 +241,13 @@ fn forgets_free_unlinked_inodes() {
 #[test]
 fn xattrs_and_errors() {
     let c = Client::new(1);
+    // SETXATTR_EXT is not negotiated: the compat 8-byte argument.
+    let arg = SetxattrIn {
+        size: 3,
+        ..Default::default()
+    };
     let set = Body::new()
-        .push(&SetxattrIn {
-            size: 3,
-            ..Default::default()
-        })
+        .bytes(&zerocopy::IntoBytes::as_bytes(&arg)[..COMPAT_SETXATTR_IN_SIZE])
         .cstr(b"user.k")
         .bytes(b"val");
     c.req(Opcode::Setxattr, 1, set, 0, false).unwrap();

@@ -506,12 +506,10 @@ impl Driver {
             return None;
         };
         self.free.push(id.idx);
-        let result = if res < 0 {
-            Err(io::Error::from_raw_os_error(-res))
-        } else {
-            Ok(res as usize)
-        };
-        Some(Completion { result, buf })
+        Some(Completion {
+            result: result(res),
+            buf,
+        })
     }
 
     /// Waits for `id` (submitting what is queued).
@@ -530,6 +528,99 @@ impl Driver {
                 Err(e) => return Err(DriverError::Submit(e)),
             }
             self.queued = 0;
+            self.reap();
+        }
+    }
+
+    /// Reads into a borrowed buffer: submits and waits for the completion
+    /// before returning, so the kernel never holds the borrow beyond it.
+    pub fn read_into(
+        &mut self,
+        t: Target,
+        buf: &mut [u8],
+        offset: u64,
+        key: u64,
+    ) -> io::Result<usize> {
+        if !self.supported.read {
+            return result(fallback(Dir::Read, t, buf, offset));
+        }
+        let len = buf.len().min(u32::MAX as usize) as u32;
+        self.blocking(
+            build(Dir::Read, t, buf.as_mut_ptr(), len, offset, None),
+            key,
+        )
+    }
+
+    /// Writes from a borrowed buffer, waiting for the completion.
+    pub fn write_from(
+        &mut self,
+        t: Target,
+        buf: &[u8],
+        offset: u64,
+        key: u64,
+    ) -> io::Result<usize> {
+        if !self.supported.write {
+            return result(syscall_write(t, buf, offset));
+        }
+        let len = buf.len().min(u32::MAX as usize) as u32;
+        // The kernel only reads through this pointer for a write.
+        let ptr = buf.as_ptr().cast_mut();
+        self.blocking(build(Dir::Write, t, ptr, len, offset, None), key)
+    }
+
+    /// fsync (or fdatasync) through the ring, waiting for the completion.
+    pub fn fsync(&mut self, t: Target, datasync: bool, key: u64) -> io::Result<usize> {
+        let flags = if datasync {
+            types::FsyncFlags::DATASYNC
+        } else {
+            types::FsyncFlags::empty()
+        };
+        let e = match t {
+            Target::Fd(fd) => opcode::Fsync::new(types::Fd(fd)).flags(flags).build(),
+            Target::Fixed(i) => opcode::Fsync::new(types::Fixed(i)).flags(flags).build(),
+        };
+        self.blocking(e, key)
+    }
+
+    /// Submits `entry`, which points into memory the caller borrows, and
+    /// waits for its completion. Once the entry is queued this function
+    /// does not return before the kernel is done with that memory.
+    fn blocking(&mut self, entry: squeue::Entry, key: u64) -> io::Result<usize> {
+        let id = self.alloc(Slot::InFlight {
+            buf: None,
+            key,
+            timeout: None,
+            forgotten: false,
+        });
+        if let Err(e) = self.push(&entry.user_data(id.idx as u64)) {
+            // Not queued: the kernel never saw the pointer.
+            self.release(id.idx);
+            return Err(driver_io(e));
+        }
+        let mut failures = 0;
+        loop {
+            if let Some(c) = self.take(id) {
+                return c.result;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => self.queued = 0,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) => {}
+                Err(e) => {
+                    failures += 1;
+                    if failures > 1000 {
+                        // The entry may still be in the ring with a pointer
+                        // into the caller's borrow: returning would let the
+                        // kernel write into freed memory.
+                        eprintln!("uring-ring: io_uring_enter keeps failing ({e}); aborting");
+                        std::process::abort();
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
             self.reap();
         }
     }
@@ -614,6 +705,48 @@ fn fallback(dir: Dir, t: Target, buf: &mut [u8], offset: u64) -> i32 {
         Target::Fd(fd) => syscall_rw(fd, buf, offset, dir == Dir::Write),
         // Registered files exist only inside io_uring.
         Target::Fixed(_) => -libc::EBADF,
+    }
+}
+
+/// pread(2), for callers without a ring.
+pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    result(syscall_rw(fd, buf, offset, false))
+}
+
+/// pwrite(2), for callers without a ring.
+pub fn pwrite(fd: RawFd, buf: &[u8], offset: u64) -> io::Result<usize> {
+    result(syscall_write(Target::Fd(fd), buf, offset))
+}
+
+fn result(res: i32) -> io::Result<usize> {
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as usize)
+    }
+}
+
+fn driver_io(e: DriverError) -> io::Error {
+    match e {
+        DriverError::Setup(e) | DriverError::Register(e) | DriverError::Submit(e) => e,
+        other => io::Error::other(other),
+    }
+}
+
+/// pwrite from a shared buffer; returns bytes or a negative errno.
+fn syscall_write(t: Target, buf: &[u8], offset: u64) -> i32 {
+    let Target::Fd(fd) = t else {
+        return -libc::EBADF;
+    };
+    // SAFETY: `buf` is a valid slice for the duration of the call and its
+    // length is passed with it; pwrite only reads from it.
+    let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), offset as libc::off_t) };
+    if n < 0 {
+        -io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    } else {
+        n as i32
     }
 }
 

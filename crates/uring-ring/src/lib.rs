@@ -1,10 +1,13 @@
 //! uring-ring: host I/O through io_uring. This crate is where fusebox
 //! touches the host (fuse-core does no host I/O).
 //!
-//! So far: [`Driver`], one io_uring per worker thread, whose operations own
-//! their buffers until the kernel is done with them. The passthrough
-//! filesystem and the kernel FUSE ends come with issues 4 and 6.
+//! - [`Driver`]: one io_uring per worker thread, whose operations own
+//!   their buffers until the kernel is done with them.
+//! - [`PassthroughFs`]: a host directory served as a FUSE filesystem,
+//!   confined beneath that directory, with data I/O through the driver.
 
 mod driver;
+pub mod passthrough;
 
-pub use driver::{Completion, Driver, DriverError, OpId, Supported, Target};
+pub use driver::{pread, pwrite, Completion, Driver, DriverError, OpId, Supported, Target};
+pub use passthrough::{CachePolicy, Config, PassthroughError, PassthroughFs};

@@ -448,6 +448,10 @@ impl<'a> ArgBytes<'a> {
     fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
         self.rest.bytes(n, what)
     }
+    /// The raw bytes of a per-opcode struct (from `fixed` when split).
+    fn struct_bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        self.fixed.as_mut().unwrap_or(&mut self.rest).bytes(n, what)
+    }
     fn cstr(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
         self.rest.cstr(what)
     }
@@ -560,13 +564,15 @@ fn decode_op<'a>(
             let arg: SetxattrIn = if opts.flags & init::SETXATTR_EXT != 0 {
                 c.read("fuse_setxattr_in")?
             } else {
-                c.read_compat("fuse_setxattr_in", COMPAT_SETXATTR_IN_SIZE)
-                    .map(|mut a: SetxattrIn| {
-                        // The compat form is exactly 8 bytes; anything after is the name.
-                        a.setxattr_flags = 0;
-                        a.padding = 0;
-                        a
-                    })?
+                // The compat form is exactly 8 bytes (size, flags) and the
+                // name follows at once: read_compat would take 16.
+                let b = c.struct_bytes(COMPAT_SETXATTR_IN_SIZE, "fuse_setxattr_in")?;
+                let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+                SetxattrIn {
+                    size: word(0),
+                    flags: word(4),
+                    ..Default::default()
+                }
             };
             let name = c.cstr("SETXATTR name")?;
             if name.is_empty() {
@@ -674,7 +680,8 @@ fn decode_op<'a>(
         },
         Opcode::Tmpfile => O::Tmpfile {
             arg: c.read("fuse_create_in")?,
-            name: c.name("TMPFILE name")?,
+            // The kernel sends the unnamed dentry's name, "/".
+            name: c.cstr("TMPFILE name")?,
         },
         Opcode::Statx => O::Statx {
             arg: c.read("fuse_statx_in")?,

@@ -1,10 +1,11 @@
 //! Decodes one request, calls the [`Filesystem`], encodes the reply payload
 //! into a buffer the transport provides. No transport types appear here.
 
-use super::{Ctx, DirSink, Entry, Filesystem, Opened, Xattr};
+use super::{Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, Xattr};
 use crate::abi::{
-    self, decode::Request, init, AttrOut, DecodeOptions, EntryOut, GetxattrOut, InHeader, InitIn,
-    InitOut, LseekOut, OpenOut, Operation, StatfsOut, WriteOut,
+    self, decode::Request, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, GetxattrOut,
+    InHeader, InitIn, InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, StatfsOut, StatxOut,
+    WriteOut,
 };
 use crate::chan::Errno;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -54,6 +55,22 @@ pub struct Outcome {
     pub len: usize,
 }
 
+/// What became of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Answer it now.
+    Reply(Outcome),
+    /// It gets no reply (FORGET, BATCH_FORGET, INTERRUPT, undecodable).
+    NoReply,
+    /// Parked: the [`Deferred`] the transport made will answer it.
+    Parked,
+}
+
+/// Makes the [`Deferred`] that answers a parked request (given its unique);
+/// transports that cannot answer later pass `None` and the dispatcher waits
+/// for the answer on the calling thread.
+pub type DeferFn<'a> = &'a dyn Fn(u64) -> Deferred;
+
 /// The FUSE dispatcher.
 pub struct Dispatcher<F: Filesystem> {
     fs: F,
@@ -99,6 +116,14 @@ fn attr_out(attr: abi::Attr, valid: Duration) -> AttrOut {
     }
 }
 
+fn lock_req(arg: &LkIn) -> LockReq {
+    LockReq {
+        owner: arg.owner,
+        lock: arg.lk,
+        flock: arg.lk_flags & abi::flags::LK_FLOCK != 0,
+    }
+}
+
 fn open_out<H: Into<u64>>(o: Opened<H>) -> OpenOut {
     OpenOut {
         fh: o.handle.into(),
@@ -125,6 +150,47 @@ impl DirSink for DirBuf<'_> {
             typ,
         };
         let h = std::mem::size_of::<abi::Dirent>();
+        dst[..h].copy_from_slice(d.as_bytes());
+        dst[h..h + name.len()].copy_from_slice(name);
+        dst[h + name.len()..].fill(0);
+        self.len += size;
+        true
+    }
+}
+
+struct DirPlusBuf<'a> {
+    out: &'a mut [u8],
+    len: usize,
+}
+
+impl DirPlusSink for DirPlusBuf<'_> {
+    fn room(&self, namelen: usize) -> bool {
+        self.len + abi::structs::direntplus_size(namelen) <= self.out.len()
+    }
+    fn add(
+        &mut self,
+        entry: Option<Entry<u64>>,
+        ino: u64,
+        offset: u64,
+        typ: u32,
+        name: &[u8],
+    ) -> bool {
+        if !self.room(name.len()) {
+            return false;
+        }
+        let size = abi::structs::direntplus_size(name.len());
+        let dst = &mut self.out[self.len..self.len + size];
+        let entry_out = entry.map(entry_out).unwrap_or_default();
+        let d = abi::DirentPlus {
+            dirent: abi::Dirent {
+                ino,
+                off: offset,
+                namelen: name.len() as u32,
+                typ,
+            },
+            entry_out,
+        };
+        let h = std::mem::size_of::<abi::DirentPlus>();
         dst[..h].copy_from_slice(d.as_bytes());
         dst[h..h + name.len()].copy_from_slice(name);
         dst[h + name.len()..].fill(0);
@@ -161,17 +227,29 @@ impl<F: Filesystem> Dispatcher<F> {
     /// reply payload buffer. Returns `None` for messages that get no reply.
     /// A message that cannot be decoded gets EIO if its unique can be read.
     pub fn handle_bytes(&self, msg: &[u8], out: &mut [u8]) -> Option<Outcome> {
+        match self.handle_bytes_with(msg, out, None) {
+            Handled::Reply(o) => Some(o),
+            Handled::NoReply | Handled::Parked => None,
+        }
+    }
+
+    /// [`Dispatcher::handle_bytes`] with parking (see [`Dispatcher::handle_with`]).
+    pub fn handle_bytes_with(
+        &self,
+        msg: &[u8],
+        out: &mut [u8],
+        defer: Option<DeferFn<'_>>,
+    ) -> Handled {
         match abi::decode_request(msg, self.decode_options()) {
-            Ok(req) => self.handle(&req, out),
+            Ok(req) => self.handle_with(&req, out, defer),
             Err(_) => {
-                let (h, _) = abi::decode::Cursor::new(msg)
-                    .read::<InHeader>("fuse_in_header")
-                    .ok()
-                    .map(|h| (h, ()))?;
+                let Ok(h) = abi::decode::Cursor::new(msg).read::<InHeader>("fuse_in_header") else {
+                    return Handled::NoReply;
+                };
                 if h.unique == 0 || h.opcode == abi::Opcode::Forget as u32 {
-                    return None;
+                    return Handled::NoReply;
                 }
-                Some(Outcome {
+                Handled::Reply(Outcome {
                     unique: h.unique,
                     error: Errno::EIO.to_wire(),
                     len: 0,
@@ -180,8 +258,23 @@ impl<F: Filesystem> Dispatcher<F> {
         }
     }
 
-    /// Handles one decoded request.
+    /// Handles one decoded request; a request that would wait (SETLKW) is
+    /// answered on this thread.
     pub fn handle(&self, req: &Request<'_>, out: &mut [u8]) -> Option<Outcome> {
+        match self.handle_with(req, out, None) {
+            Handled::Reply(o) => Some(o),
+            Handled::NoReply | Handled::Parked => None,
+        }
+    }
+
+    /// Handles one decoded request; with `defer`, a request that would wait
+    /// is parked and answered later through the [`Deferred`] it makes.
+    pub fn handle_with(
+        &self,
+        req: &Request<'_>,
+        out: &mut [u8],
+        defer: Option<DeferFn<'_>>,
+    ) -> Handled {
         let h = &req.header;
         let ctx = Ctx {
             unique: h.unique,
@@ -192,20 +285,24 @@ impl<F: Filesystem> Dispatcher<F> {
         let result = match &req.op {
             Operation::Forget { arg } => {
                 self.fs.forget(h.nodeid.into(), arg.nlookup);
-                return None;
+                return Handled::NoReply;
             }
             Operation::BatchForget { nodes, .. } => {
                 for n in nodes {
                     self.fs.forget(n.nodeid.into(), n.nlookup);
                 }
-                return None;
+                return Handled::NoReply;
             }
-            // Interrupts are advisory: a filesystem that can cancel work
-            // gets them from its transport; the dispatcher answers none.
-            Operation::Interrupt { .. } => return None,
+            // Interrupts are advisory: the filesystem may cancel the work;
+            // the interrupted request itself carries the answer.
+            Operation::Interrupt { arg } => {
+                self.fs.interrupt(arg.unique);
+                return Handled::NoReply;
+            }
+            Operation::Setlkw { arg } => return self.setlkw(&ctx, h.nodeid, arg, defer),
             op => self.call(&ctx, h.nodeid, op, out),
         };
-        Some(match result {
+        Handled::Reply(match result {
             Ok(len) => Outcome {
                 unique: h.unique,
                 error: 0,
@@ -216,6 +313,26 @@ impl<F: Filesystem> Dispatcher<F> {
                 error: e.to_wire(),
                 len: 0,
             },
+        })
+    }
+
+    fn setlkw(&self, ctx: &Ctx, nodeid: u64, arg: &LkIn, defer: Option<DeferFn<'_>>) -> Handled {
+        let req = lock_req(arg);
+        let (ino, fh) = (F::Inode::from(nodeid), F::Handle::from(arg.fh));
+        if let Some(make) = defer {
+            self.fs.setlkw(ctx, ino, fh, &req, make(ctx.unique));
+            return Handled::Parked;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done = Deferred::new(move |e| {
+            let _ = tx.send(e);
+        });
+        self.fs.setlkw(ctx, ino, fh, &req, done);
+        let error = rx.recv().unwrap_or(Errno::EIO.to_wire());
+        Handled::Reply(Outcome {
+            unique: ctx.unique,
+            error,
+            len: 0,
         })
     }
 
@@ -405,6 +522,62 @@ impl<F: Filesystem> Dispatcher<F> {
                 put(out, &LseekOut { offset: off })
             }
             O::Syncfs { .. } => fs.syncfs(ctx, ino).map(|()| 0),
+            O::Readdirplus { arg } => {
+                let n = (arg.size as usize).min(out.len());
+                let mut sink = DirPlusBuf {
+                    out: &mut out[..n],
+                    len: 0,
+                };
+                fs.readdirplus(ctx, ino, fh(arg.fh), arg.offset, &mut sink)?;
+                Ok(sink.len)
+            }
+            O::Getlk { arg } => {
+                let lk = fs.getlk(ctx, ino, fh(arg.fh), &lock_req(arg))?;
+                put(out, &LkOut { lk })
+            }
+            O::Setlk { arg } => fs.setlk(ctx, ino, fh(arg.fh), &lock_req(arg)).map(|()| 0),
+            O::Tmpfile { arg, .. } => {
+                let (e, o) = fs.tmpfile(ctx, ino, arg.mode, arg.flags, arg.umask)?;
+                let n = put(out, &entry_out(e))?;
+                Ok(n + put(&mut out[n..], &open_out(o))?)
+            }
+            O::CopyFileRange { arg } | O::CopyFileRange64 { arg } => {
+                let n = fs.copy_file_range(
+                    ctx,
+                    ino,
+                    fh(arg.fh_in),
+                    arg.off_in,
+                    arg.nodeid_out.into(),
+                    fh(arg.fh_out),
+                    arg.off_out,
+                    arg.len,
+                    arg.flags,
+                )?;
+                if matches!(op, O::CopyFileRange { .. }) {
+                    put(
+                        out,
+                        &WriteOut {
+                            size: n.min(u64::from(u32::MAX)) as u32,
+                            padding: 0,
+                        },
+                    )
+                } else {
+                    put(out, &CopyFileRangeOut { bytes_copied: n })
+                }
+            }
+            O::Statx { arg } => {
+                let handle = (arg.getattr_flags & abi::flags::GETATTR_FH != 0).then(|| fh(arg.fh));
+                let (stat, v) = fs.statx(ctx, ino, handle, arg.sx_flags, arg.sx_mask)?;
+                put(
+                    out,
+                    &StatxOut {
+                        attr_valid: v.as_secs(),
+                        attr_valid_nsec: v.subsec_nanos(),
+                        stat,
+                        ..Default::default()
+                    },
+                )
+            }
             _ => Err(Errno::ENOSYS),
         }
     }

@@ -20,11 +20,11 @@ pub mod memfs;
 mod ring_worker;
 mod worker;
 
-pub use dispatch::{Dispatcher, Outcome, ServerConfig};
+pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
 pub use ring_worker::{answer as answer_ring, run_ring_worker, RingSlot, RingTransport};
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
-use crate::abi::{Attr, Kstatfs, SetattrIn};
+use crate::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
 use crate::chan::Errno;
 use std::time::Duration;
 
@@ -85,6 +85,71 @@ pub enum Xattr {
 pub trait DirSink {
     /// Adds one entry; `offset` is the offset of the *next* entry.
     fn add(&mut self, ino: u64, offset: u64, typ: u32, name: &[u8]) -> bool;
+}
+
+/// Where READDIRPLUS entries go. The filesystem asks [`DirPlusSink::room`]
+/// before it looks an entry up, so it never takes a lookup reference for an
+/// entry that does not fit.
+pub trait DirPlusSink {
+    /// Whether an entry with a name of `namelen` bytes still fits.
+    fn room(&self, namelen: usize) -> bool;
+    /// Adds one entry; `entry` is `None` for "." and ".." (no lookup
+    /// reference is handed over). Returns false if it did not fit, in which
+    /// case the caller still owns the reference and must drop it.
+    fn add(
+        &mut self,
+        entry: Option<Entry<u64>>,
+        ino: u64,
+        offset: u64,
+        typ: u32,
+        name: &[u8],
+    ) -> bool;
+}
+
+/// Completes a parked request (a blocking SETLKW) from any thread with 0 or
+/// an errno. Dropping it unanswered answers EIO.
+pub struct Deferred {
+    done: Option<Box<dyn FnOnce(i32) + Send>>,
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deferred").finish_non_exhaustive()
+    }
+}
+
+impl Deferred {
+    /// A completion that runs `done` with the wire error (0 or -errno).
+    pub fn new(done: impl FnOnce(i32) + Send + 'static) -> Self {
+        Deferred {
+            done: Some(Box::new(done)),
+        }
+    }
+    /// Answers the parked request.
+    pub fn complete(mut self, r: FsResult<()>) {
+        if let Some(d) = self.done.take() {
+            d(r.err().map_or(0, Errno::to_wire));
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if let Some(d) = self.done.take() {
+            d(Errno::EIO.to_wire());
+        }
+    }
+}
+
+/// A lock request (GETLK/SETLK/SETLKW).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockReq {
+    /// The lock owner (`fl_owner` of the client).
+    pub owner: u64,
+    /// The range and type (`typ` is F_RDLCK, F_WRLCK or F_UNLCK).
+    pub lock: FileLock,
+    /// A BSD flock(2) lock rather than a POSIX record lock.
+    pub flock: bool,
 }
 
 /// Where READ data goes: the request's own reply buffer (device scratch,
@@ -376,6 +441,93 @@ pub trait Filesystem: Send + Sync {
     }
     /// SYNCFS.
     fn syncfs(&self, ctx: &Ctx, inode: Self::Inode) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// READDIRPLUS from `offset` into `sink` (each entry but "." and ".."
+    /// carries a lookup reference).
+    fn readdirplus(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        offset: u64,
+        sink: &mut dyn DirPlusSink,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// GETLK: the first lock that would conflict with `req`, or `req.lock`
+    /// with type F_UNLCK when there is none.
+    fn getlk(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        req: &LockReq,
+    ) -> FsResult<FileLock> {
+        Err(Errno::ENOSYS)
+    }
+    /// SETLK (non-blocking; EAGAIN on conflict) and unlock.
+    fn setlk(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        req: &LockReq,
+    ) -> FsResult<()> {
+        Err(Errno::ENOSYS)
+    }
+    /// SETLKW: take the lock, waiting for it. A filesystem that may wait
+    /// parks the request and answers through `done` later, so it never pins
+    /// the calling worker; an interrupt for `ctx.unique` arrives through
+    /// [`Filesystem::interrupt`].
+    fn setlkw(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        req: &LockReq,
+        done: Deferred,
+    ) {
+        done.complete(Err(Errno::ENOSYS));
+    }
+    /// FUSE_INTERRUPT for the request `unique` (advisory).
+    fn interrupt(&self, unique: u64) {}
+    /// TMPFILE: an unnamed file in `parent`, opened.
+    fn tmpfile(
+        &self,
+        ctx: &Ctx,
+        parent: Self::Inode,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> FsResult<Created<Self::Inode, Self::Handle>> {
+        Err(Errno::ENOSYS)
+    }
+    /// COPY_FILE_RANGE; returns the bytes copied.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        ctx: &Ctx,
+        inode_in: Self::Inode,
+        handle_in: Self::Handle,
+        off_in: u64,
+        inode_out: Self::Inode,
+        handle_out: Self::Handle,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> FsResult<u64> {
+        Err(Errno::ENOSYS)
+    }
+    /// STATX (`mask` as statx(2); `flags` the AT_STATX_* sync flags).
+    fn statx(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Option<Self::Handle>,
+        flags: u32,
+        mask: u32,
+    ) -> FsResult<(Statx, Duration)> {
         Err(Errno::ENOSYS)
     }
 }

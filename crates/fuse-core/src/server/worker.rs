@@ -1,6 +1,7 @@
 //! Device-style worker loops: read a request, dispatch it, write the reply.
 
-use super::{Dispatcher, Filesystem};
+use super::dispatch::DeferFn;
+use super::{Deferred, Dispatcher, Filesystem, Handled};
 use crate::chan::{Device, Errno};
 use std::sync::Arc;
 
@@ -36,7 +37,18 @@ const OUT_BUF: usize = (1 << 20) + 4096;
 /// Serves `end` until it reports the connection gone (ENODEV or
 /// ECONNABORTED). A reply the device refuses (ENOENT: the request was
 /// interrupted or aborted meanwhile) is dropped; the loop keeps serving.
+///
+/// A request that would wait (SETLKW) is answered on this thread; use
+/// [`serve_device`] to park such requests instead.
 pub fn run_device_worker<E: DeviceEnd + ?Sized, F: Filesystem>(end: &E, disp: &Dispatcher<F>) {
+    device_loop(end, disp, None)
+}
+
+fn device_loop<E: DeviceEnd + ?Sized, F: Filesystem>(
+    end: &E,
+    disp: &Dispatcher<F>,
+    defer: Option<DeferFn<'_>>,
+) {
     let mut inbuf = vec![0u8; end.min_read_buffer().max(OUT_BUF + 4096)];
     let mut out = vec![0u8; OUT_BUF];
     loop {
@@ -45,13 +57,15 @@ pub fn run_device_worker<E: DeviceEnd + ?Sized, F: Filesystem>(end: &E, disp: &D
             Err(Errno::EINTR) | Err(Errno::EAGAIN) => continue,
             Err(_) => return,
         };
-        if let Some(o) = disp.handle_bytes(&inbuf[..n], &mut out) {
+        if let Handled::Reply(o) = disp.handle_bytes_with(&inbuf[..n], &mut out, defer) {
             let _ = end.write_reply(o.unique, o.error, &out[..o.len]);
         }
     }
 }
 
 /// Starts `threads` device workers; they exit when the connection goes.
+/// Requests that wait (SETLKW) are parked and answered from whichever
+/// thread completes them, so they never pin a worker.
 pub fn serve_device<E, F>(
     end: E,
     disp: Arc<Dispatcher<F>>,
@@ -64,7 +78,15 @@ where
     (0..threads.max(1))
         .map(|_| {
             let (end, disp) = (end.clone(), disp.clone());
-            std::thread::spawn(move || run_device_worker(&end, &disp))
+            std::thread::spawn(move || {
+                let make = |unique: u64| {
+                    let end = end.clone();
+                    Deferred::new(move |error| {
+                        let _ = end.write_reply(unique, error, &[]);
+                    })
+                };
+                device_loop(&end, &disp, Some(&make))
+            })
         })
         .collect()
 }

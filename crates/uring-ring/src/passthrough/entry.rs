@@ -1,0 +1,472 @@
+//! Names and attributes: lookup, creation and removal, rename, links,
+//! attributes, xattrs, statfs, access.
+
+use super::creds::private_umask;
+use super::{attr_of, component, sys, PassthroughFs, STATX_MASK};
+use fuse_core::abi::{fattr, Attr, Kstatfs, SetattrIn, Statx, SxTime, ROOT_ID};
+use fuse_core::server::{Ctx, Entry, FsResult, Xattr};
+use fuse_core::Errno;
+use std::ffi::{CStr, CString};
+use std::time::Duration;
+
+const RENAME_NOREPLACE: u32 = 1;
+const RENAME_EXCHANGE: u32 = 2;
+const RENAME_WHITEOUT: u32 = 4;
+
+/// Largest xattr value or list (XATTR_SIZE_MAX).
+const XATTR_MAX: usize = 64 * 1024;
+
+fn cstr(b: &[u8]) -> Result<CString, Errno> {
+    CString::new(b).map_err(|_nul| Errno::EINVAL)
+}
+
+fn ts(sec: u64, nsec: u32, now: bool, set: bool) -> libc::timespec {
+    libc::timespec {
+        tv_sec: sec as libc::time_t,
+        tv_nsec: if now {
+            libc::UTIME_NOW
+        } else if set {
+            i64::from(nsec)
+        } else {
+            libc::UTIME_OMIT
+        },
+    }
+}
+
+fn sx_time(t: &libc::statx_timestamp) -> SxTime {
+    SxTime {
+        tv_sec: t.tv_sec,
+        tv_nsec: t.tv_nsec,
+        reserved: 0,
+    }
+}
+
+impl PassthroughFs {
+    pub(super) fn op_lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<Entry<u64>> {
+        let p = self.inodes.get(parent)?;
+        if name == b"." || (name == b".." && parent == ROOT_ID) {
+            // Answered from the table: ".." at the root is the root.
+            let st = self.stat(&p)?;
+            let again = self.inodes.insert(
+                super::inode::Found {
+                    fd: self.reopen_path(&p)?,
+                    st,
+                },
+                self.cfg.inode_file_handles,
+            )?;
+            return Ok(self.entry(&again, &st));
+        }
+        if name == b".." {
+            return self.lookup_dotdot(&p);
+        }
+        let name = component(name)?;
+        let _c = self.creds(ctx)?;
+        self.do_lookup(&p, &name)
+    }
+
+    /// An extra O_PATH fd of an inode the table holds.
+    fn reopen_path(&self, data: &super::InodeData) -> Result<super::inode::CountedFd, Errno> {
+        self.reopen(data, libc::O_PATH)
+    }
+
+    /// ".." below the root: only a directory the table already knows (the
+    /// kernel asks for ".." only when it reconnects a known directory).
+    fn lookup_dotdot(&self, p: &super::InodeData) -> FsResult<Entry<u64>> {
+        let pfd = p.fd(&self.budget)?;
+        let fd = self
+            .budget
+            .open(|| sys::openat(pfd.raw(), c"..", libc::O_PATH | libc::O_NOFOLLOW, 0))?;
+        let st = sys::statx(fd.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)?;
+        if !self.inodes.contains(&super::inode::key_of(&st)) {
+            // Not a directory the client knows: it may lie outside the
+            // shared directory.
+            return Err(Errno(libc::EACCES));
+        }
+        let known = self.inodes.insert(super::inode::Found { fd, st }, false)?;
+        Ok(self.entry(&known, &st))
+    }
+
+    pub(super) fn op_forget(&self, ino: u64, n: u64) {
+        self.inodes.forget(ino, n);
+    }
+
+    pub(super) fn op_getattr(&self, ino: u64, fh: Option<u64>) -> FsResult<(Attr, Duration)> {
+        let st = match fh.and_then(|fh| self.handles.get(fh).ok()) {
+            Some(h) => sys::statx(h.fd.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)?,
+            None => self.stat(&*self.inodes.get(ino)?)?,
+        };
+        Ok((attr_of(&st), self.cfg.cache.timeout()))
+    }
+
+    pub(super) fn op_setattr(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        a: &SetattrIn,
+    ) -> FsResult<(Attr, Duration)> {
+        self.writable()?;
+        let data = self.inodes.get(ino)?;
+        let handle = if a.valid & fattr::FH != 0 {
+            self.handles.get(a.fh).ok()
+        } else {
+            None
+        };
+        let _c = self.creds(ctx)?;
+        let fd = data.fd(&self.budget)?;
+        let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+        if a.valid & fattr::MODE != 0 {
+            match &handle {
+                Some(h) => sys::fchmod(h.fd.raw(), a.mode)?,
+                None => sys::fchmodat(proc, &name, a.mode)?,
+            }
+        }
+        if a.valid & (fattr::UID | fattr::GID) != 0 {
+            let uid = if a.valid & fattr::UID != 0 {
+                a.uid
+            } else {
+                u32::MAX
+            };
+            let gid = if a.valid & fattr::GID != 0 {
+                a.gid
+            } else {
+                u32::MAX
+            };
+            sys::fchownat(fd.raw(), c"", uid, gid, libc::AT_EMPTY_PATH)?;
+        }
+        if a.valid & fattr::SIZE != 0 {
+            let _io = data.io_lock.write().unwrap_or_else(|e| e.into_inner());
+            match &handle {
+                Some(h) => sys::ftruncate(h.fd.raw(), a.size)?,
+                None => {
+                    let f = self.reopen(&data, libc::O_WRONLY)?;
+                    sys::ftruncate(f.raw(), a.size)?
+                }
+            }
+        }
+        let times = fattr::ATIME | fattr::MTIME | fattr::ATIME_NOW | fattr::MTIME_NOW;
+        if a.valid & times != 0 {
+            let t = [
+                ts(
+                    a.atime,
+                    a.atimensec,
+                    a.valid & fattr::ATIME_NOW != 0,
+                    a.valid & fattr::ATIME != 0,
+                ),
+                ts(
+                    a.mtime,
+                    a.mtimensec,
+                    a.valid & fattr::MTIME_NOW != 0,
+                    a.valid & fattr::MTIME != 0,
+                ),
+            ];
+            match &handle {
+                Some(h) => sys::utimensat(h.fd.raw(), c"", &t, libc::AT_EMPTY_PATH)?,
+                None => sys::utimensat(fd.raw(), c"", &t, libc::AT_EMPTY_PATH)?,
+            }
+        } else if a.valid & fattr::CTIME != 0
+            && a.valid & !(fattr::CTIME | fattr::FH | fattr::LOCKOWNER) == 0
+        {
+            // Only ctime: a chown to the same owner updates ctime alone.
+            sys::fchownat(fd.raw(), c"", u32::MAX, u32::MAX, libc::AT_EMPTY_PATH)?;
+        }
+        Ok((attr_of(&self.stat(&data)?), self.cfg.cache.timeout()))
+    }
+
+    pub(super) fn op_readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let data = self.inodes.get(ino)?;
+        let fd = data.fd(&self.budget)?;
+        sys::readlink(fd.fd())
+    }
+
+    /// Runs a creating operation in `parent` as the caller with its umask,
+    /// then looks the new name up.
+    fn make(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        umask: u32,
+        f: impl FnOnce(std::os::fd::BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
+    ) -> FsResult<Entry<u64>> {
+        self.writable()?;
+        let p = self.inodes.get(parent)?;
+        let name = component(name)?;
+        let _c = self.creds(ctx)?;
+        let _u = private_umask(umask)?;
+        let pfd = p.fd(&self.budget)?;
+        f(pfd.fd(), &name)?;
+        self.do_lookup(&p, &name)
+    }
+
+    pub(super) fn op_symlink(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+    ) -> FsResult<Entry<u64>> {
+        let target = cstr(target)?;
+        self.make(ctx, parent, name, 0, |d, n| sys::symlinkat(&target, d, n))
+    }
+
+    pub(super) fn op_mknod(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> FsResult<Entry<u64>> {
+        self.make(ctx, parent, name, umask, |d, n| {
+            sys::mknodat(d, n, mode, u64::from(rdev))
+        })
+    }
+
+    pub(super) fn op_mkdir(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Entry<u64>> {
+        self.make(ctx, parent, name, umask, |d, n| sys::mkdirat(d, n, mode))
+    }
+
+    fn remove(&self, ctx: &Ctx, parent: u64, name: &[u8], flags: i32) -> FsResult<()> {
+        self.writable()?;
+        let p = self.inodes.get(parent)?;
+        let name = component(name)?;
+        let _c = self.creds(ctx)?;
+        let pfd = p.fd(&self.budget)?;
+        sys::unlinkat(pfd.fd(), &name, flags)
+    }
+
+    pub(super) fn op_unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<()> {
+        self.remove(ctx, parent, name, 0)
+    }
+
+    pub(super) fn op_rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<()> {
+        self.remove(ctx, parent, name, libc::AT_REMOVEDIR)
+    }
+
+    pub(super) fn op_rename(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        self.writable()?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let (p, np) = (self.inodes.get(parent)?, self.inodes.get(newparent)?);
+        let (name, newname) = (component(name)?, component(newname)?);
+        let _c = self.creds(ctx)?;
+        let (pfd, npfd) = (p.fd(&self.budget)?, np.fd(&self.budget)?);
+        sys::renameat2(pfd.fd(), &name, npfd.fd(), &newname, flags)
+    }
+
+    pub(super) fn op_link(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        newparent: u64,
+        newname: &[u8],
+    ) -> FsResult<Entry<u64>> {
+        self.writable()?;
+        let data = self.inodes.get(ino)?;
+        let np = self.inodes.get(newparent)?;
+        let newname = component(newname)?;
+        let _c = self.creds(ctx)?;
+        let fd = data.fd(&self.budget)?;
+        let npfd = np.fd(&self.budget)?;
+        // linkat(fd, "", AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH, which
+        // the caller's credentials drop; the daemon's own /proc/self/fd
+        // entry links the same inode without it.
+        let proc_name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+        sys::linkat(
+            proc,
+            &proc_name,
+            npfd.fd(),
+            &newname,
+            libc::AT_SYMLINK_FOLLOW,
+        )?;
+        self.do_lookup(&np, &newname)
+    }
+
+    pub(super) fn op_statfs(&self, ino: u64) -> FsResult<Kstatfs> {
+        let data = self.inodes.get(ino)?;
+        let fd = data.fd(&self.budget)?;
+        let s = sys::fstatfs(fd.raw())?;
+        Ok(Kstatfs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+            ..Default::default()
+        })
+    }
+
+    pub(super) fn op_access(&self, ctx: &Ctx, ino: u64, mask: u32) -> FsResult<()> {
+        let data = self.inodes.get(ino)?;
+        if mask & libc::W_OK as u32 != 0 && self.cfg.readonly {
+            return Err(Errno(libc::EROFS));
+        }
+        let _c = self.creds(ctx)?;
+        let fd = data.fd(&self.budget)?;
+        let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+        sys::faccessat_eaccess(proc, &name, mask)
+    }
+
+    fn xattr_path(&self, ino: u64) -> Result<(std::sync::Arc<super::InodeData>, CString), Errno> {
+        if !self.cfg.xattr {
+            return Err(Errno::ENOSYS);
+        }
+        let data = self.inodes.get(ino)?;
+        let path = match &data.source {
+            super::inode::Source::Fd(f) => sys::proc_path(f.raw()),
+            // A handle-backed inode has no fd to name: open one for the call.
+            super::inode::Source::Handle { .. } => return Err(Errno::EAGAIN),
+        };
+        Ok((data, path))
+    }
+
+    /// Runs an xattr call on `ino` through its /proc/self/fd path. Special
+    /// files and symlinks are refused for user.* names as the host does.
+    fn with_xattr<T>(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        f: impl FnOnce(&CStr) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let _c = self.creds(ctx)?;
+        match self.xattr_path(ino) {
+            Ok((_data, path)) => f(&path),
+            Err(Errno::EAGAIN) => {
+                let data = self.inodes.get(ino)?;
+                let fd = data.fd(&self.budget)?;
+                f(&sys::proc_path(fd.raw()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) fn op_setxattr(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        self.writable()?;
+        let name = cstr(name)?;
+        self.with_xattr(ctx, ino, |p| sys::setxattr(p, &name, value, flags as i32))
+    }
+
+    pub(super) fn op_getxattr(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        name: &[u8],
+        size: u32,
+    ) -> FsResult<Xattr> {
+        let name = cstr(name)?;
+        self.with_xattr(ctx, ino, |p| {
+            if size == 0 {
+                return sys::getxattr(p, &name, &mut []).map(|n| Xattr::Size(n as u32));
+            }
+            let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
+            let n = sys::getxattr(p, &name, &mut buf)?;
+            buf.truncate(n);
+            Ok(Xattr::Data(buf))
+        })
+    }
+
+    pub(super) fn op_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> FsResult<Xattr> {
+        self.with_xattr(ctx, ino, |p| {
+            if size == 0 {
+                return sys::listxattr(p, &mut []).map(|n| Xattr::Size(n as u32));
+            }
+            let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
+            let n = sys::listxattr(p, &mut buf)?;
+            buf.truncate(n);
+            Ok(Xattr::Data(buf))
+        })
+    }
+
+    pub(super) fn op_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> FsResult<()> {
+        self.writable()?;
+        let name = cstr(name)?;
+        self.with_xattr(ctx, ino, |p| sys::removexattr(p, &name))
+    }
+
+    pub(super) fn op_statx(
+        &self,
+        ino: u64,
+        fh: Option<u64>,
+        flags: u32,
+        mask: u32,
+    ) -> FsResult<(Statx, Duration)> {
+        let sync = flags as i32 & libc::AT_STATX_SYNC_TYPE;
+        let st = match fh.and_then(|fh| self.handles.get(fh).ok()) {
+            Some(h) => sys::statx(
+                h.fd.raw(),
+                c"",
+                libc::AT_EMPTY_PATH | sync,
+                mask | STATX_MASK,
+            )?,
+            None => {
+                let data = self.inodes.get(ino)?;
+                let fd = data.fd(&self.budget)?;
+                sys::statx(
+                    fd.raw(),
+                    c"",
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW | sync,
+                    mask | STATX_MASK,
+                )?
+            }
+        };
+        let sx = Statx {
+            mask: st.stx_mask & !libc::STATX_MNT_ID,
+            blksize: st.stx_blksize,
+            attributes: st.stx_attributes,
+            nlink: st.stx_nlink,
+            uid: st.stx_uid,
+            gid: st.stx_gid,
+            mode: st.stx_mode,
+            ino: st.stx_ino,
+            size: st.stx_size,
+            blocks: st.stx_blocks,
+            attributes_mask: st.stx_attributes_mask,
+            atime: sx_time(&st.stx_atime),
+            btime: sx_time(&st.stx_btime),
+            ctime: sx_time(&st.stx_ctime),
+            mtime: sx_time(&st.stx_mtime),
+            rdev_major: st.stx_rdev_major,
+            rdev_minor: st.stx_rdev_minor,
+            dev_major: st.stx_dev_major,
+            dev_minor: st.stx_dev_minor,
+            ..Default::default()
+        };
+        Ok((sx, self.cfg.cache.timeout()))
+    }
+
+    pub(super) fn op_syncfs(&self, ino: u64) -> FsResult<()> {
+        let data = self.inodes.get(ino)?;
+        let f = self.reopen(&data, libc::O_RDONLY)?;
+        sys::syncfs(f.raw())
+    }
+}

@@ -1,0 +1,401 @@
+//! Open files and directories: the handle table, OPEN/CREATE/TMPFILE,
+//! READ/WRITE through io_uring, directory listing, and the small file ops.
+
+use super::creds::private_umask;
+use super::inode::{CountedFd, InodeData};
+use super::{component, io, sys, PassthroughFs};
+use fuse_core::abi::flags as wflags;
+use fuse_core::server::{
+    Created, Ctx, DirPlusSink, DirSink, FsResult, Opened, ReadSink, WriteSource,
+};
+use fuse_core::Errno;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// One open file or directory.
+#[derive(Debug)]
+pub struct HandleData {
+    /// The open file description.
+    pub fd: CountedFd,
+    /// Its inode.
+    pub inode: Arc<InodeData>,
+    /// Opened for direct I/O (O_DIRECT, or the cache policy asks for it).
+    pub direct: bool,
+    /// Serialises seek + getdents on a directory handle.
+    dir: Mutex<()>,
+}
+
+/// The handle table.
+#[derive(Debug, Default)]
+pub struct Handles {
+    map: RwLock<HashMap<u64, Arc<HandleData>>>,
+    next: AtomicU64,
+    max_parallel: AtomicUsize,
+}
+
+impl Handles {
+    fn insert(&self, h: HandleData) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::new(h));
+        id
+    }
+    /// The handle `fh`, or EBADF.
+    pub fn get(&self, fh: u64) -> Result<Arc<HandleData>, Errno> {
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno::EBADF)
+    }
+    fn remove(&self, fh: u64) -> Option<Arc<HandleData>> {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh)
+    }
+    /// Open handles.
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+    /// The most writers seen in one inode's lock at once.
+    pub fn max_parallel(&self) -> usize {
+        self.max_parallel.load(Ordering::Relaxed)
+    }
+    fn clear(&self) {
+        self.map.write().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// `struct linux_dirent64` header size (d_ino, d_off, d_reclen, d_type).
+const DIRENT64_HDR: usize = 19;
+
+/// One record of a getdents64 buffer.
+struct Dent<'a> {
+    ino: u64,
+    off: u64,
+    typ: u8,
+    name: &'a [u8],
+}
+
+fn parse_dents(buf: &[u8]) -> Vec<Dent<'_>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + DIRENT64_HDR <= buf.len() {
+        let r = &buf[at..];
+        let ino = u64::from_ne_bytes(r[0..8].try_into().unwrap_or_default());
+        let off = u64::from_ne_bytes(r[8..16].try_into().unwrap_or_default());
+        let reclen = usize::from(u16::from_ne_bytes(r[16..18].try_into().unwrap_or_default()));
+        if reclen < DIRENT64_HDR || reclen > r.len() {
+            break;
+        }
+        let raw = &r[DIRENT64_HDR..reclen];
+        let name = &raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())];
+        out.push(Dent {
+            ino,
+            off,
+            typ: r[18],
+            name,
+        });
+        at += reclen;
+    }
+    out
+}
+
+impl PassthroughFs {
+    fn access_flags(&self, flags: u32) -> Result<i32, Errno> {
+        let mut f = flags as i32 & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+        if self.cfg.readonly && (f & libc::O_ACCMODE != libc::O_RDONLY || f & libc::O_TRUNC != 0) {
+            return Err(Errno(libc::EROFS));
+        }
+        if self.cfg.writeback && self.cfg.cache != super::CachePolicy::Never {
+            // The client's page cache may read a page of a file opened
+            // write-only, and it does appends itself.
+            if f & libc::O_ACCMODE == libc::O_WRONLY {
+                f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            f &= !libc::O_APPEND;
+        }
+        Ok(f | libc::O_CLOEXEC)
+    }
+
+    fn new_handle(
+        &self,
+        fd: CountedFd,
+        inode: Arc<InodeData>,
+        flags: i32,
+        dir: bool,
+    ) -> Opened<u64> {
+        let direct = flags & libc::O_DIRECT != 0;
+        let open_flags = self.open_flags(direct, dir);
+        let direct = direct || open_flags & fuse_core::abi::fopen::DIRECT_IO != 0;
+        let handle = self.handles.insert(HandleData {
+            fd,
+            inode,
+            direct,
+            dir: Mutex::new(()),
+        });
+        Opened { handle, open_flags }
+    }
+
+    pub(super) fn op_open(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        flags: u32,
+        dir: bool,
+    ) -> FsResult<Opened<u64>> {
+        let data = self.inodes.get(ino)?;
+        let mut f = self.access_flags(flags)?;
+        if dir {
+            f = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        }
+        let fd = {
+            let _c = self.creds(ctx)?;
+            self.reopen(&data, f)?
+        };
+        Ok(self.new_handle(fd, data, f, dir))
+    }
+
+    pub(super) fn op_create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> FsResult<Created<u64, u64>> {
+        self.writable()?;
+        let p = self.inodes.get(parent)?;
+        let name = component(name)?;
+        let excl = flags as i32 & libc::O_EXCL;
+        let f = self.access_flags(flags)? | libc::O_CREAT | libc::O_NOFOLLOW | excl;
+        let fd = {
+            let _c = self.creds(ctx)?;
+            let _u = private_umask(umask)?;
+            let pfd = p.fd(&self.budget)?;
+            let resolve =
+                sys::RESOLVE_BENEATH | sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS;
+            self.budget
+                .open(|| match sys::openat2(pfd.fd(), &name, f, mode, resolve) {
+                    Err(Errno::ENOSYS) => sys::openat(pfd.raw(), &name, f, mode),
+                    r => r,
+                })?
+        };
+        let entry = self.enter_fd(fd.raw())?;
+        let data = self.inodes.get(entry.inode)?;
+        Ok((entry, self.new_handle(fd, data, f, false)))
+    }
+
+    pub(super) fn op_tmpfile(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> FsResult<Created<u64, u64>> {
+        self.writable()?;
+        let p = self.inodes.get(parent)?;
+        let mut f = self.access_flags(flags)?;
+        if f & libc::O_ACCMODE == libc::O_RDONLY {
+            f |= libc::O_RDWR;
+        }
+        let fd = {
+            let _c = self.creds(ctx)?;
+            let _u = private_umask(umask)?;
+            let pfd = p.fd(&self.budget)?;
+            self.budget
+                .open(|| sys::openat(pfd.raw(), c".", f | libc::O_TMPFILE, mode))?
+        };
+        let entry = self.enter_fd(fd.raw())?;
+        let data = self.inodes.get(entry.inode)?;
+        Ok((entry, self.new_handle(fd, data, f, false)))
+    }
+
+    pub(super) fn op_read(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        off: u64,
+        sink: &mut dyn ReadSink,
+    ) -> FsResult<usize> {
+        let h = self.handles.get(fh)?;
+        io::read_full(
+            self.cfg.io_uring,
+            h.fd.raw(),
+            sink.buffer(),
+            off,
+            ctx.unique,
+        )
+    }
+
+    pub(super) fn op_write(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        off: u64,
+        src: &dyn WriteSource,
+        flags: u32,
+    ) -> FsResult<usize> {
+        self.writable()?;
+        let h = self.handles.get(fh)?;
+        let shared = h.direct && self.cfg.parallel_direct_writes;
+        let (_r, _w);
+        if shared {
+            _r = h.inode.io_lock.read().unwrap_or_else(|e| e.into_inner());
+        } else {
+            _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
+        }
+        let now = h.inode.writers.fetch_add(1, Ordering::AcqRel) + 1;
+        self.handles.max_parallel.fetch_max(now, Ordering::Relaxed);
+        // A write that must clear setuid/setgid runs as the caller, so the
+        // host kernel decides (CAP_FSETID) as it would locally.
+        let kill = flags & wflags::WRITE_KILL_SUIDGID != 0;
+        let r = (|| {
+            let _c = if kill {
+                self.creds(ctx)?
+            } else {
+                super::CredGuard::none()
+            };
+            io::write_full(self.cfg.io_uring, h.fd.raw(), src.data(), off, ctx.unique)
+        })();
+        h.inode.writers.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
+    pub(super) fn op_flush(&self, fh: u64, owner: u64) -> FsResult<()> {
+        let h = self.handles.get(fh)?;
+        // close(2) drops the caller's POSIX locks on the file.
+        self.locks.drop_owner(h.inode.nodeid, owner);
+        sys::flush_fd(h.fd.raw())
+    }
+
+    pub(super) fn op_release(&self, fh: u64) -> FsResult<()> {
+        // Closing the description drops its flock locks.
+        drop(self.handles.remove(fh));
+        Ok(())
+    }
+
+    pub(super) fn op_fsync(&self, ctx: &Ctx, fh: u64, datasync: bool) -> FsResult<()> {
+        let h = self.handles.get(fh)?;
+        io::fsync(self.cfg.io_uring, h.fd.raw(), datasync, ctx.unique)
+    }
+
+    fn dents(&self, fh: u64, offset: u64, mut each: impl FnMut(&Dent<'_>) -> bool) -> FsResult<()> {
+        let h = self.handles.get(fh)?;
+        let _pos = h.dir.lock().unwrap_or_else(|e| e.into_inner());
+        let off = i64::try_from(offset).map_err(|_| Errno::EINVAL)?;
+        sys::lseek(h.fd.raw(), off, libc::SEEK_SET)?;
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            let n = sys::getdents64(h.fd.raw(), &mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            for d in parse_dents(&buf[..n]) {
+                if !each(&d) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    pub(super) fn op_readdir(&self, fh: u64, offset: u64, sink: &mut dyn DirSink) -> FsResult<()> {
+        self.dents(fh, offset, |d| {
+            sink.add(d.ino, d.off, u32::from(d.typ), d.name)
+        })
+    }
+
+    pub(super) fn op_readdirplus(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        sink: &mut dyn DirPlusSink,
+    ) -> FsResult<()> {
+        let dir = self.inodes.get(ino)?;
+        let _c = self.creds(ctx)?;
+        let mut err = None;
+        self.dents(fh, offset, |d| {
+            if !sink.room(d.name.len()) {
+                return false;
+            }
+            if d.name == b"." || d.name == b".." {
+                return sink.add(None, d.ino, d.off, u32::from(d.typ), d.name);
+            }
+            let Ok(name) = component(d.name) else {
+                return true;
+            };
+            match self.do_lookup(&dir, &name) {
+                Ok(e) => {
+                    let id = e.inode;
+                    if !sink.add(Some(e), d.ino, d.off, u32::from(d.typ), d.name) {
+                        self.inodes.forget(id, 1);
+                        return false;
+                    }
+                    true
+                }
+                // Removed since getdents saw it.
+                Err(Errno::ENOENT) => true,
+                Err(e) => {
+                    err = Some(e);
+                    false
+                }
+            }
+        })?;
+        match err {
+            // Whatever was listed stands; the error comes on the next call
+            // if it persists.
+            Some(e) if offset == 0 => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn op_fallocate(&self, fh: u64, mode: u32, off: u64, len: u64) -> FsResult<()> {
+        self.writable()?;
+        let h = self.handles.get(fh)?;
+        let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
+        sys::fallocate(h.fd.raw(), mode as i32, off, len)
+    }
+
+    pub(super) fn op_lseek(&self, fh: u64, off: u64, whence: u32) -> FsResult<u64> {
+        let h = self.handles.get(fh)?;
+        let off = i64::try_from(off).map_err(|_| Errno::EINVAL)?;
+        // Only SEEK_DATA and SEEK_HOLE reach the server; the handle's own
+        // position is never used for I/O (all I/O is positioned).
+        sys::lseek(h.fd.raw(), off, whence as i32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn op_copy_file_range(
+        &self,
+        ctx: &Ctx,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> FsResult<u64> {
+        self.writable()?;
+        if flags != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let (i, o) = (self.handles.get(fh_in)?, self.handles.get(fh_out)?);
+        let _c = self.creds(ctx)?;
+        sys::copy_file_range(i.fd.raw(), off_in, o.fd.raw(), off_out, len)
+    }
+
+    pub(super) fn op_destroy(&self) {
+        self.handles.clear();
+        self.locks.clear();
+        self.inodes.clear();
+    }
+}

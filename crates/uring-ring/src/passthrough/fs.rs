@@ -1,0 +1,249 @@
+//! [`Filesystem`] for [`PassthroughFs`]: each operation forwards to the
+//! module that implements it.
+
+use super::PassthroughFs;
+use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
+use fuse_core::server::{
+    Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult, LockReq, Opened,
+    ReadSink, WriteSource, Xattr,
+};
+use std::time::Duration;
+
+impl Filesystem for PassthroughFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn init(&self, capable: u64) -> FsResult<u64> {
+        Ok(self.init_flags(capable))
+    }
+    fn destroy(&self) {
+        self.op_destroy();
+    }
+    fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<Entry<u64>> {
+        self.op_lookup(ctx, parent, name)
+    }
+    fn forget(&self, inode: u64, nlookup: u64) {
+        self.op_forget(inode, nlookup);
+    }
+    fn getattr(&self, _ctx: &Ctx, inode: u64, handle: Option<u64>) -> FsResult<(Attr, Duration)> {
+        self.op_getattr(inode, handle)
+    }
+    fn setattr(&self, ctx: &Ctx, inode: u64, arg: &SetattrIn) -> FsResult<(Attr, Duration)> {
+        self.op_setattr(ctx, inode, arg)
+    }
+    fn readlink(&self, _ctx: &Ctx, inode: u64) -> FsResult<Vec<u8>> {
+        self.op_readlink(inode)
+    }
+    fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> FsResult<Entry<u64>> {
+        self.op_symlink(ctx, parent, name, target)
+    }
+    fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> FsResult<Entry<u64>> {
+        self.op_mknod(ctx, parent, name, mode, rdev, umask)
+    }
+    fn mkdir(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Entry<u64>> {
+        self.op_mkdir(ctx, parent, name, mode, umask)
+    }
+    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<()> {
+        self.op_unlink(ctx, parent, name)
+    }
+    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<()> {
+        self.op_rmdir(ctx, parent, name)
+    }
+    fn rename(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        self.op_rename(ctx, parent, name, newparent, newname, flags)
+    }
+    fn link(&self, ctx: &Ctx, inode: u64, newparent: u64, newname: &[u8]) -> FsResult<Entry<u64>> {
+        self.op_link(ctx, inode, newparent, newname)
+    }
+    fn open(&self, ctx: &Ctx, inode: u64, flags: u32) -> FsResult<Opened<u64>> {
+        self.op_open(ctx, inode, flags, false)
+    }
+    fn read(
+        &self,
+        ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        offset: u64,
+        sink: &mut dyn ReadSink,
+    ) -> FsResult<usize> {
+        self.op_read(ctx, handle, offset, sink)
+    }
+    fn write(
+        &self,
+        ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        offset: u64,
+        src: &dyn WriteSource,
+        flags: u32,
+    ) -> FsResult<usize> {
+        self.op_write(ctx, handle, offset, src, flags)
+    }
+    fn flush(&self, _ctx: &Ctx, _inode: u64, handle: u64, owner: u64) -> FsResult<()> {
+        self.op_flush(handle, owner)
+    }
+    fn release(&self, _ctx: &Ctx, _inode: u64, handle: u64, _flags: u32) -> FsResult<()> {
+        self.op_release(handle)
+    }
+    fn fsync(&self, ctx: &Ctx, _inode: u64, handle: u64, datasync: bool) -> FsResult<()> {
+        self.op_fsync(ctx, handle, datasync)
+    }
+    fn opendir(&self, ctx: &Ctx, inode: u64, flags: u32) -> FsResult<Opened<u64>> {
+        self.op_open(ctx, inode, flags, true)
+    }
+    fn readdir(
+        &self,
+        _ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        offset: u64,
+        sink: &mut dyn DirSink,
+    ) -> FsResult<()> {
+        self.op_readdir(handle, offset, sink)
+    }
+    fn readdirplus(
+        &self,
+        ctx: &Ctx,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        sink: &mut dyn DirPlusSink,
+    ) -> FsResult<()> {
+        self.op_readdirplus(ctx, inode, handle, offset, sink)
+    }
+    fn releasedir(&self, _ctx: &Ctx, _inode: u64, handle: u64) -> FsResult<()> {
+        self.op_release(handle)
+    }
+    fn fsyncdir(&self, ctx: &Ctx, _inode: u64, handle: u64, datasync: bool) -> FsResult<()> {
+        self.op_fsync(ctx, handle, datasync)
+    }
+    fn statfs(&self, _ctx: &Ctx, inode: u64) -> FsResult<Kstatfs> {
+        self.op_statfs(inode)
+    }
+    fn setxattr(
+        &self,
+        ctx: &Ctx,
+        inode: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        self.op_setxattr(ctx, inode, name, value, flags)
+    }
+    fn getxattr(&self, ctx: &Ctx, inode: u64, name: &[u8], size: u32) -> FsResult<Xattr> {
+        self.op_getxattr(ctx, inode, name, size)
+    }
+    fn listxattr(&self, ctx: &Ctx, inode: u64, size: u32) -> FsResult<Xattr> {
+        self.op_listxattr(ctx, inode, size)
+    }
+    fn removexattr(&self, ctx: &Ctx, inode: u64, name: &[u8]) -> FsResult<()> {
+        self.op_removexattr(ctx, inode, name)
+    }
+    fn access(&self, ctx: &Ctx, inode: u64, mask: u32) -> FsResult<()> {
+        self.op_access(ctx, inode, mask)
+    }
+    fn create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> FsResult<Created<u64, u64>> {
+        self.op_create(ctx, parent, name, mode, flags, umask)
+    }
+    fn fallocate(
+        &self,
+        _ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> FsResult<()> {
+        self.op_fallocate(handle, mode, offset, length)
+    }
+    fn lseek(
+        &self,
+        _ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        offset: u64,
+        whence: u32,
+    ) -> FsResult<u64> {
+        self.op_lseek(handle, offset, whence)
+    }
+    fn syncfs(&self, _ctx: &Ctx, inode: u64) -> FsResult<()> {
+        self.op_syncfs(inode)
+    }
+    fn getlk(&self, _ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq) -> FsResult<FileLock> {
+        self.op_getlk(handle, req)
+    }
+    fn setlk(&self, _ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq) -> FsResult<()> {
+        self.op_setlk(handle, req)
+    }
+    fn setlkw(&self, ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq, done: Deferred) {
+        self.op_setlkw(ctx, handle, req, done);
+    }
+    fn interrupt(&self, unique: u64) {
+        self.locks.interrupt(unique);
+    }
+    fn tmpfile(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> FsResult<Created<u64, u64>> {
+        self.op_tmpfile(ctx, parent, mode, flags, umask)
+    }
+    fn copy_file_range(
+        &self,
+        ctx: &Ctx,
+        _inode_in: u64,
+        handle_in: u64,
+        off_in: u64,
+        _inode_out: u64,
+        handle_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> FsResult<u64> {
+        self.op_copy_file_range(ctx, handle_in, off_in, handle_out, off_out, len, flags)
+    }
+    fn statx(
+        &self,
+        _ctx: &Ctx,
+        inode: u64,
+        handle: Option<u64>,
+        flags: u32,
+        mask: u32,
+    ) -> FsResult<(Statx, Duration)> {
+        self.op_statx(inode, handle, flags, mask)
+    }
+}

@@ -1,0 +1,353 @@
+//! The inode table and the open-fd budget.
+//!
+//! An inode is known by (st_dev, st_ino, mount id) and carries the exact
+//! number of lookup references the client holds. It keeps an O_PATH fd, or
+//! (with file handles on) only a handle and a reference to an fd on its
+//! mount, so the daemon need not keep one fd per inode.
+//!
+//! Locking: the table's `RwLock` guards both maps and every refcount change
+//! that may reach zero (so a lookup never revives an inode being removed).
+
+use super::sys;
+use fuse_core::Errno;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// How many fds the daemon may hold (inode fds, handle fds, lock fds).
+#[derive(Debug)]
+pub struct FdBudget {
+    max: usize,
+    used: AtomicUsize,
+}
+
+impl FdBudget {
+    /// A budget of `max` fds.
+    pub fn new(max: usize) -> Arc<FdBudget> {
+        Arc::new(FdBudget {
+            max,
+            used: AtomicUsize::new(0),
+        })
+    }
+    /// Fds in use.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+    /// Reserves one fd, or EMFILE when the cap is reached.
+    pub fn reserve(self: &Arc<Self>) -> Result<Reservation, Errno> {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            if cur >= self.max {
+                return Err(Errno::EMFILE);
+            }
+            match self
+                .used
+                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(Reservation(Some(self.clone()))),
+                Err(c) => cur = c,
+            }
+        }
+    }
+    /// Opens under a reservation: the fd counts against the cap until dropped.
+    pub fn open(
+        self: &Arc<Self>,
+        f: impl FnOnce() -> Result<OwnedFd, Errno>,
+    ) -> Result<CountedFd, Errno> {
+        let r = self.reserve()?;
+        Ok(CountedFd { fd: f()?, _r: r })
+    }
+}
+
+/// One reserved slot of the budget (released on drop).
+#[derive(Debug)]
+pub struct Reservation(Option<Arc<FdBudget>>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(b) = self.0.take() {
+            b.used.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// An fd counted against the budget.
+#[derive(Debug)]
+pub struct CountedFd {
+    fd: OwnedFd,
+    _r: Reservation,
+}
+
+impl CountedFd {
+    /// The raw fd.
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for CountedFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Identity of a host inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    /// st_ino.
+    pub ino: u64,
+    /// st_dev.
+    pub dev: u64,
+    /// Mount id (STATX_MNT_ID).
+    pub mnt: u64,
+}
+
+/// How the daemon reaches an inode.
+#[derive(Debug)]
+pub enum Source {
+    /// An O_PATH fd held for the inode's lifetime.
+    Fd(CountedFd),
+    /// A file handle and an fd on the same mount to open it with.
+    Handle {
+        /// Handle bytes.
+        handle: Vec<u8>,
+        /// Handle type.
+        typ: i32,
+        /// An O_PATH fd on the inode's mount.
+        mount: Arc<CountedFd>,
+    },
+}
+
+/// An fd for one operation on an inode: borrowed from the table or opened
+/// from its handle for the duration of the operation.
+#[derive(Debug)]
+pub enum InodeFd<'a> {
+    /// The inode's own O_PATH fd.
+    Held(&'a CountedFd),
+    /// Opened from a file handle; closed on drop.
+    Opened(CountedFd),
+}
+
+impl InodeFd<'_> {
+    /// The raw fd.
+    pub fn raw(&self) -> RawFd {
+        match self {
+            InodeFd::Held(f) => f.raw(),
+            InodeFd::Opened(f) => f.raw(),
+        }
+    }
+    /// Borrowed.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            InodeFd::Held(f) => f.as_fd(),
+            InodeFd::Opened(f) => f.as_fd(),
+        }
+    }
+}
+
+/// One known inode.
+#[derive(Debug)]
+pub struct InodeData {
+    /// Node id given to the client.
+    pub nodeid: u64,
+    /// Host identity.
+    pub key: InodeKey,
+    /// File type bits (S_IFMT).
+    pub ftype: u32,
+    /// How to reach it.
+    pub source: Source,
+    /// Held shared by parallel direct writers, exclusively by operations
+    /// that change the size (truncate, fallocate) or by buffered writers.
+    pub io_lock: RwLock<()>,
+    /// Writers inside `io_lock` right now.
+    pub writers: AtomicUsize,
+    /// Lookup references (guarded by the table's lock when it may reach 0).
+    refs: Mutex<u64>,
+}
+
+impl InodeData {
+    /// An fd for this inode (O_PATH).
+    pub fn fd<'a>(&'a self, budget: &Arc<FdBudget>) -> Result<InodeFd<'a>, Errno> {
+        match &self.source {
+            Source::Fd(f) => Ok(InodeFd::Held(f)),
+            Source::Handle { handle, typ, mount } => budget
+                .open(|| sys::open_by_handle(mount.raw(), handle, *typ, libc::O_PATH))
+                .map(InodeFd::Opened),
+        }
+    }
+    /// Whether this is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.ftype == libc::S_IFDIR
+    }
+    /// Current lookup count.
+    pub fn refs(&self) -> u64 {
+        *self.refs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct Maps {
+    by_id: HashMap<u64, Arc<InodeData>>,
+    by_key: HashMap<InodeKey, u64>,
+    mounts: HashMap<u64, Arc<CountedFd>>,
+    next: u64,
+}
+
+/// The inode table.
+pub struct InodeTable {
+    maps: RwLock<Maps>,
+}
+
+impl std::fmt::Debug for InodeTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InodeTable")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// What a lookup found on the host, before it is entered in the table.
+pub struct Found {
+    /// The O_PATH fd.
+    pub fd: CountedFd,
+    /// Its statx.
+    pub st: libc::statx,
+}
+
+impl InodeTable {
+    /// A table holding the root (node id 1, one permanent reference).
+    pub fn new(root: Found) -> InodeTable {
+        let key = key_of(&root.st);
+        let data = Arc::new(InodeData {
+            nodeid: fuse_core::abi::ROOT_ID,
+            key,
+            ftype: u32::from(root.st.stx_mode) & libc::S_IFMT,
+            source: Source::Fd(root.fd),
+            io_lock: RwLock::new(()),
+            writers: AtomicUsize::new(0),
+            refs: Mutex::new(1),
+        });
+        let mut maps = Maps {
+            next: fuse_core::abi::ROOT_ID + 1,
+            ..Default::default()
+        };
+        maps.by_key.insert(key, data.nodeid);
+        maps.by_id.insert(data.nodeid, data);
+        InodeTable {
+            maps: RwLock::new(maps),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Maps> {
+        self.maps.read().unwrap_or_else(|e| e.into_inner())
+    }
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Maps> {
+        self.maps.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode with node id `id`, or EBADF (the client names an inode it
+    /// has forgotten, or one that never existed).
+    pub fn get(&self, id: u64) -> Result<Arc<InodeData>, Errno> {
+        self.read().by_id.get(&id).cloned().ok_or(Errno::EBADF)
+    }
+
+    /// Whether the host inode `key` is in the table.
+    pub fn contains(&self, key: &InodeKey) -> bool {
+        self.read().by_key.contains_key(key)
+    }
+
+    /// Known inodes (the root included).
+    pub fn len(&self) -> usize {
+        self.read().by_id.len()
+    }
+
+    /// Enters `found` (or takes another reference on the inode it names)
+    /// and returns it with one more lookup reference. With `handles`, a new
+    /// inode keeps a file handle instead of its fd where the filesystem
+    /// supports handles.
+    pub fn insert(&self, found: Found, handles: bool) -> Result<Arc<InodeData>, Errno> {
+        let key = key_of(&found.st);
+        let handle = if handles {
+            sys::name_to_handle(found.fd.raw()).ok()
+        } else {
+            None
+        };
+        let mut maps = self.write();
+        if let Some(id) = maps.by_key.get(&key).copied() {
+            if let Some(data) = maps.by_id.get(&id) {
+                // Without a held fd the inode number may have been reused
+                // by a new file: the handle (which has a generation) tells.
+                let same = match (&data.source, &handle) {
+                    (Source::Handle { handle: h, .. }, Some((n, _, _))) => h == n,
+                    _ => true,
+                };
+                if same {
+                    *data.refs.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                    return Ok(data.clone());
+                }
+            }
+        }
+        let source = match handle {
+            Some((handle, typ, _)) => {
+                let mount = maps
+                    .mounts
+                    .entry(key.mnt)
+                    .or_insert_with(|| Arc::new(found.fd))
+                    .clone();
+                Source::Handle { handle, typ, mount }
+            }
+            None => Source::Fd(found.fd),
+        };
+        let id = maps.next;
+        maps.next += 1;
+        let data = Arc::new(InodeData {
+            nodeid: id,
+            key,
+            ftype: u32::from(found.st.stx_mode) & libc::S_IFMT,
+            source,
+            io_lock: RwLock::new(()),
+            writers: AtomicUsize::new(0),
+            refs: Mutex::new(1),
+        });
+        maps.by_key.insert(key, id);
+        maps.by_id.insert(id, data.clone());
+        Ok(data)
+    }
+
+    /// Drops `n` lookup references of `id`; the inode leaves the table at
+    /// zero (the root never does). Unknown ids are ignored.
+    pub fn forget(&self, id: u64, n: u64) {
+        let mut maps = self.write();
+        let Some(data) = maps.by_id.get(&id).cloned() else {
+            return;
+        };
+        let mut refs = data.refs.lock().unwrap_or_else(|e| e.into_inner());
+        let floor = u64::from(id == fuse_core::abi::ROOT_ID);
+        *refs = refs.saturating_sub(n).max(floor);
+        if *refs == 0 {
+            drop(refs);
+            maps.by_id.remove(&id);
+            if maps.by_key.get(&data.key) == Some(&id) {
+                maps.by_key.remove(&data.key);
+            }
+        }
+    }
+
+    /// Drops every inode but the root (DESTROY).
+    pub fn clear(&self) {
+        let mut maps = self.write();
+        maps.by_id.retain(|&id, _| id == fuse_core::abi::ROOT_ID);
+        let root: Vec<_> = maps.by_id.values().map(|d| d.key).collect();
+        maps.by_key.retain(|k, _| root.contains(k));
+    }
+}
+
+/// The table key of a statx result.
+pub fn key_of(st: &libc::statx) -> InodeKey {
+    InodeKey {
+        ino: st.stx_ino,
+        dev: (u64::from(st.stx_dev_major) << 32) | u64::from(st.stx_dev_minor),
+        mnt: st.stx_mnt_id,
+    }
+}

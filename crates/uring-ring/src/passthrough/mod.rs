@@ -1,0 +1,402 @@
+//! The passthrough filesystem: one host directory served through
+//! [`fuse_core::server::Filesystem`].
+//!
+//! # Confinement
+//!
+//! No request resolves a path. Every name the client sends is one path
+//! component (no "/", no NUL, at most 255 bytes, never "." or ".." except
+//! in LOOKUP, where both are answered from the inode table at the root) and
+//! is opened relative to its parent's O_PATH fd with openat2 and
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS` plus
+//! `O_NOFOLLOW`, so a symlink is opened as itself and never followed on the
+//! client's behalf. On kernels without openat2 (before 5.6) the fallback is
+//! openat with `O_NOFOLLOW` on the same single component, which is equally
+//! unable to leave the parent. The daemon reopens inodes it already holds
+//! through `/proc/self/fd/N` (its own fds, never a client-supplied path).
+//!
+//! # Credentials
+//!
+//! With [`Config::creds`] (the default when running as root) every
+//! operation that creates files or checks permissions runs under the
+//! caller's fsuid/fsgid and groups ([`creds`]).
+
+mod creds;
+mod entry;
+mod file;
+mod fs;
+mod inode;
+mod io;
+mod locks;
+mod sys;
+
+pub use creds::Groups;
+pub use inode::{FdBudget, InodeKey};
+
+use creds::CredGuard;
+use file::Handles;
+use fuse_core::abi::{fopen, init, Attr};
+use fuse_core::server::{Ctx, Entry};
+use fuse_core::Errno;
+use inode::{Found, InodeData, InodeTable};
+use std::ffi::{CStr, CString};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors setting up the passthrough.
+#[derive(Debug, thiserror::Error)]
+pub enum PassthroughError {
+    /// The shared directory could not be opened.
+    #[error("opening shared directory {path}")]
+    Open {
+        /// The directory.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The shared directory is not a directory.
+    #[error("{0} is not a directory")]
+    NotDir(String),
+}
+
+/// What the client may cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CachePolicy {
+    /// Nothing: zero timeouts, direct I/O.
+    Never,
+    /// Names and attributes for a day, data never (direct I/O).
+    Metadata,
+    /// Names and attributes for a second, data until it changes.
+    #[default]
+    Auto,
+    /// Everything for a day; data and directory pages kept across opens.
+    Always,
+}
+
+impl CachePolicy {
+    fn timeout(self) -> Duration {
+        match self {
+            CachePolicy::Never => Duration::ZERO,
+            CachePolicy::Auto => Duration::from_secs(1),
+            CachePolicy::Metadata | CachePolicy::Always => Duration::from_secs(86400),
+        }
+    }
+}
+
+/// Options of the passthrough.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Cache policy.
+    pub cache: CachePolicy,
+    /// Negotiate the writeback cache.
+    pub writeback: bool,
+    /// Refuse every change with EROFS.
+    pub readonly: bool,
+    /// Serve extended attributes (off: ENOSYS, and the client stops asking).
+    pub xattr: bool,
+    /// Direct-I/O opens get FOPEN_PARALLEL_DIRECT_WRITES; such writers hold
+    /// the inode lock shared.
+    pub parallel_direct_writes: bool,
+    /// Keep file handles instead of an O_PATH fd per inode where the host
+    /// filesystem supports them (needs CAP_DAC_READ_SEARCH).
+    pub inode_file_handles: bool,
+    /// Cap on fds the daemon holds (inodes, open files, lock fds); beyond
+    /// it requests get EMFILE.
+    pub max_fds: usize,
+    /// Run operations under the caller's credentials.
+    pub creds: bool,
+    /// Where supplementary groups come from.
+    pub groups: Groups,
+    /// Data I/O through io_uring (off: pread/pwrite).
+    pub io_uring: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cache: CachePolicy::Auto,
+            writeback: false,
+            readonly: false,
+            xattr: true,
+            parallel_direct_writes: true,
+            inode_file_handles: false,
+            max_fds: 65536,
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            creds: unsafe { libc::geteuid() } == 0,
+            groups: Groups::None,
+            io_uring: true,
+        }
+    }
+}
+
+/// The passthrough filesystem.
+pub struct PassthroughFs {
+    cfg: Config,
+    inodes: InodeTable,
+    handles: Handles,
+    budget: Arc<FdBudget>,
+    locks: locks::Locks,
+    /// `/proc/self/fd`, for reopening held O_PATH fds.
+    proc_fd: OwnedFd,
+    openat2: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for PassthroughFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PassthroughFs")
+            .field("cfg", &self.cfg)
+            .field("inodes", &self.inodes)
+            .field("fds", &self.budget.used())
+            .finish_non_exhaustive()
+    }
+}
+
+const STATX_MASK: u32 = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID;
+
+fn io_err(path: &Path, source: std::io::Error) -> PassthroughError {
+    PassthroughError::Open {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// One path component from the client, checked.
+fn component(name: &[u8]) -> Result<CString, Errno> {
+    if name.len() > 255 {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    CString::new(name).map_err(|_nul| Errno::EINVAL)
+}
+
+fn attr_of(st: &libc::statx) -> Attr {
+    Attr {
+        ino: st.stx_ino,
+        size: st.stx_size,
+        blocks: st.stx_blocks,
+        atime: st.stx_atime.tv_sec as u64,
+        mtime: st.stx_mtime.tv_sec as u64,
+        ctime: st.stx_ctime.tv_sec as u64,
+        atimensec: st.stx_atime.tv_nsec,
+        mtimensec: st.stx_mtime.tv_nsec,
+        ctimensec: st.stx_ctime.tv_nsec,
+        mode: u32::from(st.stx_mode),
+        nlink: st.stx_nlink,
+        uid: st.stx_uid,
+        gid: st.stx_gid,
+        rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor) as u32,
+        blksize: st.stx_blksize,
+        flags: 0,
+    }
+}
+
+impl PassthroughFs {
+    /// Serves `dir` with `cfg`.
+    pub fn new(dir: impl AsRef<Path>, cfg: Config) -> Result<PassthroughFs, PassthroughError> {
+        let dir = dir.as_ref();
+        let budget = FdBudget::new(cfg.max_fds.max(2));
+        let cpath = CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|e| io_err(dir, std::io::Error::other(e)))?;
+        let open = |p: &CStr, flags| {
+            sys::openat(libc::AT_FDCWD, p, flags, 0).map_err(|e| {
+                io_err(
+                    Path::new(&*p.to_string_lossy()),
+                    std::io::Error::from_raw_os_error(e.0),
+                )
+            })
+        };
+        let root = open(&cpath, libc::O_PATH | libc::O_DIRECTORY)?;
+        let proc_fd = open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY)?;
+        let st = sys::statx(
+            std::os::fd::AsRawFd::as_raw_fd(&root),
+            c"",
+            libc::AT_EMPTY_PATH,
+            STATX_MASK,
+        )
+        .map_err(|e| io_err(dir, std::io::Error::from_raw_os_error(e.0)))?;
+        if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFDIR {
+            return Err(PassthroughError::NotDir(dir.display().to_string()));
+        }
+        let reservation = budget
+            .open(|| Ok(root))
+            .map_err(|e| io_err(dir, std::io::Error::from_raw_os_error(e.0)))?;
+        Ok(PassthroughFs {
+            inodes: InodeTable::new(Found {
+                fd: reservation,
+                st,
+            }),
+            handles: Handles::default(),
+            locks: locks::Locks::default(),
+            budget,
+            proc_fd,
+            openat2: std::sync::atomic::AtomicBool::new(true),
+            cfg,
+        })
+    }
+
+    /// The options in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Fds the daemon holds now (counted against [`Config::max_fds`]).
+    pub fn fds_in_use(&self) -> usize {
+        self.budget.used()
+    }
+
+    /// Inodes known (the root included).
+    pub fn inode_count(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// Open file and directory handles.
+    pub fn handle_count(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// The lookup count of node `id` (None when unknown).
+    pub fn lookup_count(&self, id: u64) -> Option<u64> {
+        self.inodes.get(id).ok().map(|d| d.refs())
+    }
+
+    /// SETLKW requests parked on waiter threads now.
+    pub fn parked_locks(&self) -> usize {
+        self.locks.parked()
+    }
+
+    /// The highest number of direct writers seen holding one inode's lock
+    /// together.
+    pub fn max_parallel_writers(&self) -> usize {
+        self.handles.max_parallel()
+    }
+
+    fn creds(&self, ctx: &Ctx) -> Result<CredGuard, Errno> {
+        if self.cfg.creds {
+            CredGuard::switch(ctx, self.cfg.groups)
+        } else {
+            Ok(CredGuard::none())
+        }
+    }
+
+    fn writable(&self) -> Result<(), Errno> {
+        if self.cfg.readonly {
+            Err(Errno(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn entry(&self, data: &InodeData, st: &libc::statx) -> Entry<u64> {
+        Entry {
+            inode: data.nodeid,
+            generation: 0,
+            attr: attr_of(st),
+            entry_valid: self.cfg.cache.timeout(),
+            attr_valid: self.cfg.cache.timeout(),
+        }
+    }
+
+    /// Opens `name` in `parent` as O_PATH without following anything.
+    fn open_beneath(&self, parent: &InodeData, name: &CStr) -> Result<Found, Errno> {
+        let pfd = parent.fd(&self.budget)?;
+        let fd = self.budget.open(|| {
+            let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+            if self.openat2.load(std::sync::atomic::Ordering::Relaxed) {
+                let resolve =
+                    sys::RESOLVE_BENEATH | sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS;
+                match sys::openat2(pfd.fd(), name, flags, 0, resolve) {
+                    Err(Errno::ENOSYS) => self
+                        .openat2
+                        .store(false, std::sync::atomic::Ordering::Relaxed),
+                    r => return r,
+                }
+            }
+            sys::openat(pfd.raw(), name, flags, 0)
+        })?;
+        let st = sys::statx(
+            fd.raw(),
+            c"",
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            STATX_MASK,
+        )?;
+        Ok(Found { fd, st })
+    }
+
+    /// Looks `name` up in `parent` and enters it with one reference.
+    fn do_lookup(&self, parent: &InodeData, name: &CStr) -> Result<Entry<u64>, Errno> {
+        let found = self.open_beneath(parent, name)?;
+        let st = found.st;
+        let data = self.inodes.insert(found, self.cfg.inode_file_handles)?;
+        Ok(self.entry(&data, &st))
+    }
+
+    /// Enters the inode `fd` (an open file, any mode) refers to.
+    fn enter_fd(&self, fd: i32) -> Result<Entry<u64>, Errno> {
+        let name = CString::new(fd.to_string()).map_err(|_nul| Errno::EINVAL)?;
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+        let fd = self
+            .budget
+            .open(|| sys::openat(proc, &name, libc::O_PATH, 0))?;
+        let st = sys::statx(fd.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)?;
+        let data = self
+            .inodes
+            .insert(Found { fd, st }, self.cfg.inode_file_handles)?;
+        Ok(self.entry(&data, &st))
+    }
+
+    /// Reopens an inode's O_PATH fd with real access `flags`.
+    fn reopen(&self, data: &InodeData, flags: i32) -> Result<inode::CountedFd, Errno> {
+        let fd = data.fd(&self.budget)?;
+        let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+        let flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW);
+        self.budget.open(|| sys::openat(proc, &name, flags, 0))
+    }
+
+    fn stat(&self, data: &InodeData) -> Result<libc::statx, Errno> {
+        let fd = data.fd(&self.budget)?;
+        sys::statx(
+            fd.raw(),
+            c"",
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            STATX_MASK,
+        )
+    }
+
+    fn init_flags(&self, capable: u64) -> u64 {
+        let mut f = init::DONT_MASK
+            | init::POSIX_LOCKS
+            | init::FLOCK_LOCKS
+            | init::DO_READDIRPLUS
+            | init::READDIRPLUS_AUTO
+            | init::ATOMIC_O_TRUNC
+            | init::PARALLEL_DIROPS;
+        if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
+            f |= init::WRITEBACK_CACHE;
+        }
+        if self.cfg.creds {
+            // Writes and truncates run as the caller, so the host kernel
+            // clears setuid/setgid bits exactly as it would locally.
+            f |= init::HANDLE_KILLPRIV_V2;
+        }
+        f & capable
+    }
+
+    fn open_flags(&self, direct: bool, dir: bool) -> u32 {
+        let mut f = 0;
+        match self.cfg.cache {
+            CachePolicy::Never | CachePolicy::Metadata if !dir => f |= fopen::DIRECT_IO,
+            CachePolicy::Always if dir => f |= fopen::CACHE_DIR,
+            CachePolicy::Always => f |= fopen::KEEP_CACHE,
+            _ => {}
+        }
+        if !dir && self.cfg.parallel_direct_writes && (direct || f & fopen::DIRECT_IO != 0) {
+            f |= fopen::PARALLEL_DIRECT_WRITES;
+        }
+        f
+    }
+}

@@ -1,0 +1,507 @@
+//! Thin, safe wrappers over the syscalls the passthrough uses. Every one
+//! takes file descriptors it borrows and names as C strings, and returns
+//! the kernel's errno unchanged. All `unsafe` of the passthrough is here.
+
+use fuse_core::Errno;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// The calling thread's errno.
+pub fn errno() -> Errno {
+    Errno(
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
+fn check(r: libc::c_int) -> Result<libc::c_int, Errno> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+fn check_long(r: libc::c_long) -> Result<libc::c_long, Errno> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+fn owned(fd: libc::c_int) -> Result<OwnedFd, Errno> {
+    let fd = check(fd)?;
+    // SAFETY: the kernel just returned `fd` as a new descriptor that nothing
+    // else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `struct open_how` of openat2(2).
+#[repr(C)]
+#[derive(Default)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+const _: () = assert!(std::mem::size_of::<OpenHow>() == 24);
+
+/// RESOLVE_NO_MAGICLINKS.
+pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+/// RESOLVE_NO_SYMLINKS.
+pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+/// RESOLVE_BENEATH.
+pub const RESOLVE_BENEATH: u64 = 0x08;
+
+/// openat2(2). ENOSYS on kernels before 5.6.
+pub fn openat2(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> Result<OwnedFd, Errno> {
+    let how = OpenHow {
+        flags: flags as u32 as u64,
+        mode: u64::from(mode),
+        resolve,
+    };
+    // SAFETY: `name` is NUL-terminated, `how` is a valid open_how whose size
+    // is passed with it; the result is a new fd or -1.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    owned(check_long(r)? as libc::c_int)
+}
+
+/// openat(2).
+pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> Result<OwnedFd, Errno> {
+    // SAFETY: `name` is NUL-terminated; the result is a new fd or -1.
+    owned(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) })
+}
+
+/// statx(2) of `name` relative to `dir` (`c""` with AT_EMPTY_PATH for the fd itself).
+pub fn statx(dir: RawFd, name: &CStr, flags: i32, mask: u32) -> Result<libc::statx, Errno> {
+    // SAFETY: a zeroed statx is a valid value of this plain C struct.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated and `st` is a valid out-pointer.
+    check(unsafe { libc::statx(dir, name.as_ptr(), flags, mask, &mut st) })?;
+    Ok(st)
+}
+
+/// mkdirat(2).
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+}
+
+/// mknodat(2).
+pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, rdev: u64) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated.
+    check(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, rdev) }).map(drop)
+}
+
+/// symlinkat(2).
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    // SAFETY: both strings are NUL-terminated.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
+}
+
+/// linkat(2).
+pub fn linkat(
+    olddir: RawFd,
+    old: &CStr,
+    newdir: BorrowedFd<'_>,
+    new: &CStr,
+    flags: i32,
+) -> Result<(), Errno> {
+    // SAFETY: both strings are NUL-terminated.
+    check(unsafe {
+        libc::linkat(
+            olddir,
+            old.as_ptr(),
+            newdir.as_raw_fd(),
+            new.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// unlinkat(2).
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+}
+
+/// renameat2(2).
+pub fn renameat2(
+    olddir: BorrowedFd<'_>,
+    old: &CStr,
+    newdir: BorrowedFd<'_>,
+    new: &CStr,
+    flags: u32,
+) -> Result<(), Errno> {
+    // SAFETY: both strings are NUL-terminated.
+    check(unsafe {
+        libc::renameat2(
+            olddir.as_raw_fd(),
+            old.as_ptr(),
+            newdir.as_raw_fd(),
+            new.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// readlinkat(2) of the symlink `fd` refers to (O_PATH).
+pub fn readlink(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: the buffer is valid for `len` bytes and the path is "".
+    let n = unsafe {
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let n = usize::try_from(n).map_err(|_| errno())?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// fchownat(2).
+pub fn fchownat(dir: RawFd, name: &CStr, uid: u32, gid: u32, flags: i32) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated.
+    check(unsafe { libc::fchownat(dir, name.as_ptr(), uid, gid, flags) }).map(drop)
+}
+
+/// fchmodat(2) (follows: used on /proc/self/fd entries).
+pub fn fchmodat(dir: RawFd, name: &CStr, mode: u32) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated.
+    check(unsafe { libc::fchmodat(dir, name.as_ptr(), mode, 0) }).map(drop)
+}
+
+/// fchmod(2) on an open file.
+pub fn fchmod(fd: RawFd, mode: u32) -> Result<(), Errno> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fchmod(fd, mode) }).map(drop)
+}
+
+/// utimensat(2).
+pub fn utimensat(
+    dir: RawFd,
+    name: &CStr,
+    times: &[libc::timespec; 2],
+    flags: i32,
+) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated and `times` points to two timespecs.
+    check(unsafe { libc::utimensat(dir, name.as_ptr(), times.as_ptr(), flags) }).map(drop)
+}
+
+/// ftruncate(2).
+pub fn ftruncate(fd: RawFd, size: u64) -> Result<(), Errno> {
+    let size = libc::off_t::try_from(size).map_err(|_| Errno::EFBIG)?;
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::ftruncate(fd, size) }).map(drop)
+}
+
+/// fstatfs(2).
+pub fn fstatfs(fd: RawFd) -> Result<libc::statvfs, Errno> {
+    // SAFETY: a zeroed statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer.
+    check(unsafe { libc::fstatvfs(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// faccessat2(2) with AT_EACCESS (checks the fsuid/fsgid).
+pub fn faccessat_eaccess(dir: RawFd, name: &CStr, mask: u32) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            dir,
+            name.as_ptr(),
+            mask as libc::c_int,
+            libc::AT_EACCESS,
+        )
+    };
+    check_long(r).map(drop)
+}
+
+/// Path of an fd for the *xattr family: "/proc/self/fd/N".
+pub fn proc_path(fd: RawFd) -> CString {
+    // An integer never contains NUL.
+    CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default()
+}
+
+/// getxattr(2) on a path; `buf` empty asks for the size.
+pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    // SAFETY: strings are NUL-terminated; buffer valid for its length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    usize::try_from(n).map_err(|_| errno())
+}
+
+/// listxattr(2) on a path.
+pub fn listxattr(path: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    // SAFETY: string NUL-terminated; buffer valid for its length.
+    let n = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    usize::try_from(n).map_err(|_| errno())
+}
+
+/// setxattr(2) on a path.
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> Result<(), Errno> {
+    // SAFETY: strings NUL-terminated; value valid for its length.
+    check(unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// removexattr(2) on a path.
+pub fn removexattr(path: &CStr, name: &CStr) -> Result<(), Errno> {
+    // SAFETY: strings NUL-terminated.
+    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// getdents64(2) into `buf`; returns the bytes filled.
+pub fn getdents64(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
+    // SAFETY: the buffer is valid for its length.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+    Ok(check_long(n)? as usize)
+}
+
+/// lseek(2).
+pub fn lseek(fd: RawFd, off: i64, whence: i32) -> Result<u64, Errno> {
+    // SAFETY: plain syscall on an fd.
+    let r = unsafe { libc::lseek(fd, off, whence) };
+    u64::try_from(r).map_err(|_| errno())
+}
+
+/// fallocate(2).
+pub fn fallocate(fd: RawFd, mode: i32, off: u64, len: u64) -> Result<(), Errno> {
+    let off = i64::try_from(off).map_err(|_| Errno::EFBIG)?;
+    let len = i64::try_from(len).map_err(|_| Errno::EFBIG)?;
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fallocate(fd, mode, off, len) }).map(drop)
+}
+
+/// copy_file_range(2).
+pub fn copy_file_range(
+    fd_in: RawFd,
+    off_in: u64,
+    fd_out: RawFd,
+    off_out: u64,
+    len: u64,
+) -> Result<u64, Errno> {
+    let mut oi = i64::try_from(off_in).map_err(|_| Errno::EINVAL)?;
+    let mut oo = i64::try_from(off_out).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: the offset pointers are valid locals.
+    let n = unsafe { libc::copy_file_range(fd_in, &mut oi, fd_out, &mut oo, len as usize, 0) };
+    u64::try_from(n).map_err(|_| errno())
+}
+
+/// syncfs(2).
+pub fn syncfs(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::syncfs(fd) }).map(drop)
+}
+
+/// fsync(2) / fdatasync(2).
+pub fn fsync(fd: RawFd, datasync: bool) -> Result<(), Errno> {
+    // SAFETY: plain syscalls on an fd.
+    check(unsafe {
+        if datasync {
+            libc::fdatasync(fd)
+        } else {
+            libc::fsync(fd)
+        }
+    })
+    .map(drop)
+}
+
+/// dup(2) then close(2): makes the filesystem see a close of the open file
+/// description without ending it (the FLUSH semantics of close(2)).
+pub fn flush_fd(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: dup returns a new fd that `owned` takes ownership of; dropping
+    // it closes it.
+    let dup = owned(unsafe { libc::dup(fd) })?;
+    // SAFETY: we own `dup`; into_raw_fd hands it to close exactly once.
+    check(unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(dup)) }).map(drop)
+}
+
+/// fcntl(2) with a `struct flock` (F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW).
+pub fn fcntl_lock(fd: RawFd, cmd: i32, fl: &mut libc::flock) -> Result<(), Errno> {
+    // SAFETY: `fl` is a valid flock for the duration of the call.
+    check(unsafe { libc::fcntl(fd, cmd, fl as *mut libc::flock) }).map(drop)
+}
+
+/// flock(2).
+pub fn flock(fd: RawFd, op: i32) -> Result<(), Errno> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::flock(fd, op) }).map(drop)
+}
+
+/// name_to_handle_at(2) for `fd` itself; returns (handle bytes, type, mount id).
+pub fn name_to_handle(fd: RawFd) -> Result<(Vec<u8>, i32, i32), Errno> {
+    const MAX: usize = 128;
+    #[repr(C)]
+    struct Fh {
+        bytes: u32,
+        typ: i32,
+        data: [u8; MAX],
+    }
+    let mut fh = Fh {
+        bytes: MAX as u32,
+        typ: 0,
+        data: [0; MAX],
+    };
+    let mut mnt = 0;
+    // SAFETY: `fh` is laid out as struct file_handle with room for MAX
+    // bytes (announced in `bytes`); `mnt` is a valid out-pointer.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            fd,
+            c"".as_ptr(),
+            &mut fh as *mut Fh,
+            &mut mnt as *mut libc::c_int,
+            libc::AT_EMPTY_PATH,
+        ) as libc::c_int
+    })?;
+    let n = (fh.bytes as usize).min(MAX);
+    Ok((fh.data[..n].to_vec(), fh.typ, mnt))
+}
+
+/// open_by_handle_at(2).
+pub fn open_by_handle(
+    mount_fd: RawFd,
+    handle: &[u8],
+    typ: i32,
+    flags: i32,
+) -> Result<OwnedFd, Errno> {
+    let mut raw = Vec::with_capacity(8 + handle.len());
+    raw.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
+    raw.extend_from_slice(&typ.to_ne_bytes());
+    raw.extend_from_slice(handle);
+    // SAFETY: `raw` holds a struct file_handle (u32 bytes, i32 type, data)
+    // whose `bytes` matches the data that follows.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd,
+            raw.as_mut_ptr(),
+            flags | libc::O_CLOEXEC,
+        )
+    };
+    owned(check_long(r)? as libc::c_int)
+}
+
+/// Per-thread credential syscalls (raw, so they affect only this thread;
+/// glibc's wrappers of setgroups broadcast to every thread).
+pub mod thread {
+    use super::{check_long, Errno};
+
+    /// setfsuid(2); returns the previous fsuid.
+    pub fn setfsuid(uid: u32) -> u32 {
+        // SAFETY: plain syscall; it cannot fail in a way that returns -1.
+        unsafe { libc::syscall(libc::SYS_setfsuid, uid) as u32 }
+    }
+    /// setfsgid(2); returns the previous fsgid.
+    pub fn setfsgid(gid: u32) -> u32 {
+        // SAFETY: plain syscall.
+        unsafe { libc::syscall(libc::SYS_setfsgid, gid) as u32 }
+    }
+    /// setgroups(2) for this thread only.
+    pub fn setgroups(groups: &[u32]) -> Result<(), Errno> {
+        // SAFETY: the slice is valid for `len` gid_t values.
+        check_long(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })
+            .map(drop)
+    }
+    /// This thread's supplementary groups.
+    pub fn getgroups() -> Vec<u32> {
+        let mut g = vec![0u32; 65536];
+        // SAFETY: the buffer holds `len` gid_t values.
+        let n = unsafe { libc::syscall(libc::SYS_getgroups, g.len(), g.as_mut_ptr()) };
+        g.truncate(usize::try_from(n).unwrap_or(0));
+        g
+    }
+    /// unshare(CLONE_FS): gives this thread its own umask and cwd.
+    pub fn unshare_fs() -> Result<(), Errno> {
+        // SAFETY: plain syscall.
+        check_long(unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_FS) }).map(drop)
+    }
+    /// umask(2) (per thread after [`unshare_fs`]).
+    pub fn umask(mask: u32) -> u32 {
+        // SAFETY: plain syscall.
+        unsafe { libc::umask(mask) }
+    }
+}
+
+/// Signal delivery to one thread, used to interrupt a blocked lock wait.
+pub mod wake {
+    use std::sync::Once;
+
+    extern "C" fn nothing(_: libc::c_int) {}
+
+    /// The signal used to interrupt a lock waiter.
+    pub fn signal() -> libc::c_int {
+        libc::SIGRTMIN() + 2
+    }
+
+    /// Installs a handler that does nothing, without SA_RESTART, so the
+    /// signal makes a blocking fcntl/flock return EINTR.
+    pub fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: a zeroed sigaction is valid; the handler is an
+            // async-signal-safe function that does nothing.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = nothing as extern "C" fn(libc::c_int) as usize;
+                libc::sigemptyset(&mut sa.sa_mask);
+                sa.sa_flags = 0;
+                libc::sigaction(signal(), &sa, std::ptr::null_mut());
+            }
+        });
+    }
+
+    /// This thread.
+    pub fn me() -> libc::pthread_t {
+        // SAFETY: pthread_self has no preconditions.
+        unsafe { libc::pthread_self() }
+    }
+
+    /// Sends the wake signal to `t`, a thread that is still running (the
+    /// caller guarantees it under the waiters' lock).
+    pub fn kick(t: libc::pthread_t) {
+        // SAFETY: `t` names a live thread (see above); the handler is set.
+        unsafe {
+            libc::pthread_kill(t, signal());
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Test harness: a passthrough filesystem over a real host directory on a
+//! filesystem the test mounts itself (tmpfs, or ext4 on a loop device),
+//! served through the in-process engine by device workers or ring workers,
+//! and a [`Client`] that speaks FUSE to it.
+
+#![allow(dead_code)]
+
+use fuse_core::client::Client;
+use fuse_core::server::{
+    run_device_worker, run_ring_worker, serve_device, Dispatcher, ServerConfig,
+};
+use fuse_core::{Chan, ChanConfig};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use uring_ring::{Config, PassthroughFs};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Host filesystem kinds the tests run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A fresh tmpfs.
+    Tmpfs,
+    /// A fresh ext4 image on a loop device.
+    Ext4,
+}
+
+/// A directory on a filesystem mounted for one test (unmounted on drop).
+pub struct HostDir {
+    pub path: PathBuf,
+    image: Option<PathBuf>,
+}
+
+impl HostDir {
+    pub fn new(kind: Kind) -> HostDir {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let base = std::env::temp_dir().join(format!("fusebox-t{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let image = match kind {
+            Kind::Tmpfs => {
+                run(Command::new("mount")
+                    .args(["-t", "tmpfs", "-o", "size=512m", "fusebox"])
+                    .arg(&base));
+                None
+            }
+            Kind::Ext4 => {
+                let img = base.with_extension("img");
+                let f = std::fs::File::create(&img).unwrap();
+                f.set_len(256 << 20).unwrap();
+                run(Command::new("mkfs.ext4")
+                    .args(["-q", "-F", "-O", "^has_journal"])
+                    .arg(&img));
+                run(Command::new("mount")
+                    .args(["-o", "loop,user_xattr"])
+                    .arg(&img)
+                    .arg(&base));
+                Some(img)
+            }
+        };
+        HostDir { path: base, image }
+    }
+}
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        let _ = std::fs::remove_dir(&self.path);
+        if let Some(img) = &self.image {
+            let _ = std::fs::remove_file(img);
+        }
+    }
+}
+
+/// How requests reach the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// Device workers (read/write of whole messages).
+    Device(usize),
+    /// The emulated FUSE-over-io_uring ring: `queues` queues with one
+    /// entry each (a device worker serves INIT, FORGET and INTERRUPT, as
+    /// /dev/fuse does for the kernel's ring).
+    Ring(u16),
+}
+
+/// A served passthrough and its client.
+pub struct Mount {
+    pub client: Client,
+    pub disp: Arc<Dispatcher<PassthroughFs>>,
+    pub host: HostDir,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Mount {
+    pub fn new(kind: Kind, cfg: Config, via: Via) -> Mount {
+        let host = HostDir::new(kind);
+        Self::on(host, cfg, via)
+    }
+
+    pub fn on(host: HostDir, cfg: Config, via: Via) -> Mount {
+        let fs = PassthroughFs::new(&host.path, cfg).unwrap();
+        let queues = match via {
+            Via::Ring(q) => q,
+            Via::Device(_) => 0,
+        };
+        let mut scfg = ServerConfig::default();
+        if queues > 0 {
+            scfg.flags |= fuse_core::abi::init::OVER_IO_URING;
+        }
+        let disp = Arc::new(Dispatcher::new(fs, scfg));
+        let chan = Chan::new(ChanConfig {
+            spawn_scanner: false,
+            ring_queues: queues,
+            ..Default::default()
+        });
+        let mut workers = match via {
+            Via::Device(n) => serve_device(chan.device().unwrap(), disp.clone(), n),
+            Via::Ring(_) => {
+                let (dev, d) = (chan.device().unwrap(), disp.clone());
+                vec![std::thread::spawn(move || run_device_worker(&dev, &d))]
+            }
+        };
+        chan.init().unwrap();
+        for q in 0..queues {
+            let (end, d) = (chan.ring_end(false), disp.clone());
+            workers.push(std::thread::spawn(move || {
+                run_ring_worker(&end, q, 1 << 20, None, &d).unwrap()
+            }));
+        }
+        Mount {
+            client: Client::new(chan),
+            disp,
+            host,
+            workers,
+        }
+    }
+
+    pub fn fs(&self) -> &PassthroughFs {
+        self.disp.fs()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.host.path.join(rel)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.host.path
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.client.chan().abort();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
