@@ -47,13 +47,10 @@ impl PassthroughFs {
         if name == b"." || (name == b".." && parent == ROOT_ID) {
             // Answered from the table: ".." at the root is the root.
             let st = self.stat(&p)?;
-            let again = self.inodes.insert(
-                super::inode::Found {
-                    fd: self.reopen_path(&p)?,
-                    st,
-                },
-                self.cfg.inode_file_handles,
-            )?;
+            let again = self.insert(super::inode::Found {
+                fd: self.reopen_path(&p)?,
+                st,
+            })?;
             return Ok(self.entry(&again, &st));
         }
         if name == b".." {
@@ -82,7 +79,7 @@ impl PassthroughFs {
             // shared directory.
             return Err(Errno(libc::EACCES));
         }
-        let known = self.inodes.insert(super::inode::Found { fd, st }, false)?;
+        let known = self.inodes.insert(super::inode::Found { fd, st }, None)?;
         Ok(self.entry(&known, &st))
     }
 

@@ -266,12 +266,23 @@ impl InodeTable {
     /// and returns it with one more lookup reference. With `handles`, a new
     /// inode keeps a file handle instead of its fd where the filesystem
     /// supports handles.
-    pub fn insert(&self, found: Found, handles: bool) -> Result<Arc<InodeData>, Errno> {
+    ///
+    /// open_by_handle_at needs a real (not O_PATH) fd on the mount:
+    /// `mount_fd` opens one from the first regular file or directory seen
+    /// on each mount. Other inodes, and filesystems without handles, keep
+    /// their O_PATH fd.
+    pub fn insert(
+        &self,
+        found: Found,
+        handles: Option<&dyn Fn(&CountedFd) -> Result<CountedFd, Errno>>,
+    ) -> Result<Arc<InodeData>, Errno> {
         let key = key_of(&found.st);
-        let handle = if handles {
-            sys::name_to_handle(found.fd.raw()).ok()
-        } else {
-            None
+        let ftype = u32::from(found.st.stx_mode) & libc::S_IFMT;
+        let handle = match handles {
+            Some(_) if ftype == libc::S_IFREG || ftype == libc::S_IFDIR => {
+                sys::name_to_handle(found.fd.raw()).ok()
+            }
+            _ => None,
         };
         let mut maps = self.write();
         if let Some(id) = maps.by_key.get(&key).copied() {
@@ -288,16 +299,20 @@ impl InodeTable {
                 }
             }
         }
-        let source = match handle {
-            Some((handle, typ, _)) => {
-                let mount = maps
-                    .mounts
-                    .entry(key.mnt)
-                    .or_insert_with(|| Arc::new(found.fd))
-                    .clone();
-                Source::Handle { handle, typ, mount }
-            }
-            None => Source::Fd(found.fd),
+        let mount = match (&handle, handles) {
+            (Some(_), Some(open)) => match maps.mounts.get(&key.mnt) {
+                Some(m) => Some(m.clone()),
+                None => open(&found.fd).ok().map(|m| {
+                    let m = Arc::new(m);
+                    maps.mounts.insert(key.mnt, m.clone());
+                    m
+                }),
+            },
+            _ => None,
+        };
+        let source = match (handle, mount) {
+            (Some((handle, typ, _)), Some(mount)) => Source::Handle { handle, typ, mount },
+            _ => Source::Fd(found.fd),
         };
         let id = maps.next;
         maps.next += 1;
@@ -337,6 +352,7 @@ impl InodeTable {
     /// Drops every inode but the root (DESTROY).
     pub fn clear(&self) {
         let mut maps = self.write();
+        maps.mounts.clear();
         maps.by_id.retain(|&id, _| id == fuse_core::abi::ROOT_ID);
         let root: Vec<_> = maps.by_id.values().map(|d| d.key).collect();
         maps.by_key.retain(|k, _| root.contains(k));

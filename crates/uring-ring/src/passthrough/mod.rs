@@ -330,8 +330,22 @@ impl PassthroughFs {
     fn do_lookup(&self, parent: &InodeData, name: &CStr) -> Result<Entry<u64>, Errno> {
         let found = self.open_beneath(parent, name)?;
         let st = found.st;
-        let data = self.inodes.insert(found, self.cfg.inode_file_handles)?;
+        let data = self.insert(found)?;
         Ok(self.entry(&data, &st))
+    }
+
+    /// Enters what a lookup found in the inode table.
+    fn insert(&self, found: Found) -> Result<Arc<InodeData>, Errno> {
+        if !self.cfg.inode_file_handles {
+            return self.inodes.insert(found, None);
+        }
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+        let open_mount = |fd: &inode::CountedFd| {
+            let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
+            let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+            self.budget.open(|| sys::openat(proc, &name, flags, 0))
+        };
+        self.inodes.insert(found, Some(&open_mount))
     }
 
     /// Enters the inode `fd` (an open file, any mode) refers to.
@@ -342,9 +356,7 @@ impl PassthroughFs {
             .budget
             .open(|| sys::openat(proc, &name, libc::O_PATH, 0))?;
         let st = sys::statx(fd.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)?;
-        let data = self
-            .inodes
-            .insert(Found { fd, st }, self.cfg.inode_file_handles)?;
+        let data = self.insert(Found { fd, st })?;
         Ok(self.entry(&data, &st))
     }
 

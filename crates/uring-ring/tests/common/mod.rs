@@ -98,6 +98,8 @@ pub struct Mount {
     pub client: Client,
     pub disp: Arc<Dispatcher<PassthroughFs>>,
     pub host: HostDir,
+    /// The shared directory.
+    pub share: PathBuf,
     workers: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -108,7 +110,13 @@ impl Mount {
     }
 
     pub fn on(host: HostDir, cfg: Config, via: Via) -> Mount {
-        let fs = PassthroughFs::new(&host.path, cfg).unwrap();
+        let share = host.path.clone();
+        Self::sharing(host, &share, cfg, via)
+    }
+
+    /// Serves `share`, a directory inside `host`.
+    pub fn sharing(host: HostDir, share: &Path, cfg: Config, via: Via) -> Mount {
+        let fs = PassthroughFs::new(share, cfg).unwrap();
         let queues = match via {
             Via::Ring(q) => q,
             Via::Device(_) => 0,
@@ -118,10 +126,14 @@ impl Mount {
             scfg.flags |= fuse_core::abi::init::OVER_IO_URING;
         }
         let disp = Arc::new(Dispatcher::new(fs, scfg));
+        let dflt = ChanConfig::default();
         let chan = Chan::new(ChanConfig {
             spawn_scanner: false,
             ring_queues: queues,
-            ..Default::default()
+            // The kernel offers the writeback cache; the engine's default
+            // set leaves it out because it has no page cache of its own.
+            init_flags: dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE,
+            ..dflt
         });
         let mut workers = match via {
             Via::Device(n) => serve_device(chan.device().unwrap(), disp.clone(), n),
@@ -140,6 +152,7 @@ impl Mount {
         Mount {
             client: Client::new(chan),
             disp,
+            share: share.to_path_buf(),
             host,
             workers,
         }
@@ -150,11 +163,7 @@ impl Mount {
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
-        self.host.path.join(rel)
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.host.path
+        self.share.join(rel)
     }
 }
 
