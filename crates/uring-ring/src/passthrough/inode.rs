@@ -146,6 +146,9 @@ impl InodeFd<'_> {
     }
 }
 
+/// Opens a real (not O_PATH) fd on an inode's mount, for open_by_handle_at.
+pub type MountOpener<'a> = &'a dyn Fn(&CountedFd) -> Result<CountedFd, Errno>;
+
 /// One known inode.
 #[derive(Debug)]
 pub struct InodeData {
@@ -274,7 +277,7 @@ impl InodeTable {
     pub fn insert(
         &self,
         found: Found,
-        handles: Option<&dyn Fn(&CountedFd) -> Result<CountedFd, Errno>>,
+        handles: Option<MountOpener<'_>>,
     ) -> Result<Arc<InodeData>, Errno> {
         let key = key_of(&found.st);
         let ftype = u32::from(found.st.stx_mode) & libc::S_IFMT;
