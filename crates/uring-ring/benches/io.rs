@@ -12,8 +12,9 @@ use uring_ring::{Driver, Target};
 const FILE: u64 = 64 << 20;
 
 fn bench(c: &mut Criterion) {
-    let path =
-        std::path::Path::new("/dev/shm").join(format!("uring-ring-bench-{}", std::process::id()));
+    // FUSEBOX_BENCH_DIR picks the filesystem (default: tmpfs at /dev/shm).
+    let dir = std::env::var_os("FUSEBOX_BENCH_DIR").unwrap_or_else(|| "/dev/shm".into());
+    let path = std::path::Path::new(&dir).join(format!("uring-ring-bench-{}", std::process::id()));
     let f = OpenOptions::new()
         .read(true)
         .write(true)

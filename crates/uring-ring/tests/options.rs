@@ -374,3 +374,32 @@ fn parallel_direct_writers_share_the_inode_lock() {
         );
     }
 }
+
+#[test]
+fn data_io_uses_io_uring_where_the_file_does_nonblocking_io() {
+    // ext4 files do non-blocking reads: io_uring completes them inline.
+    // tmpfs files (6.18) do not: io_uring would punt each op to a worker
+    // thread, so their handles use pread/pwrite.
+    for (kind, via_uring) in [(Kind::Ext4, true), (Kind::Tmpfs, false)] {
+        let m = Mount::new(kind, Config::default(), Via::Device(1));
+        let c = &m.client;
+        let (e, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+        c.write(e.nodeid, o.fh, 0, &[7u8; 8192], 0).unwrap();
+        assert_eq!(c.read(e.nodeid, o.fh, 4096, 4096).unwrap(), vec![7u8; 4096]);
+        let (uring, syscall) = m.fs().io_counts();
+        if via_uring {
+            assert!(uring >= 2 && syscall == 0, "{kind:?}: {uring} {syscall}");
+        } else {
+            assert!(syscall >= 2 && uring == 0, "{kind:?}: {uring} {syscall}");
+        }
+    }
+    // io_uring off: always the syscalls.
+    let cfg = Config {
+        io_uring: false,
+        ..Default::default()
+    };
+    let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    let (e, o) = m.client.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    m.client.write(e.nodeid, o.fh, 0, b"x", 0).unwrap();
+    assert_eq!(m.fs().io_counts().0, 0);
+}

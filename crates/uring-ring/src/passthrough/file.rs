@@ -22,6 +22,9 @@ pub struct HandleData {
     pub inode: Arc<InodeData>,
     /// Opened for direct I/O (O_DIRECT, or the cache policy asks for it).
     pub direct: bool,
+    /// Data I/O through io_uring (off where the file cannot do
+    /// non-blocking I/O, so the ring would punt every op to a worker).
+    pub uring: bool,
     /// Serialises seek + getdents on a directory handle.
     dir: Mutex<()>,
 }
@@ -107,6 +110,25 @@ fn parse_dents(buf: &[u8]) -> Vec<Dent<'_>> {
 }
 
 impl PassthroughFs {
+    /// Whether files on device `dev` get io_uring data I/O: probed on the
+    /// first readable handle of each device, remembered after.
+    fn uring_for(&self, fd: &CountedFd, dev: u64) -> bool {
+        if !self.cfg.io_uring {
+            return false;
+        }
+        let mut known = self.nowait.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&v) = known.get(&dev) {
+            return v;
+        }
+        match sys::supports_nowait(fd.raw()) {
+            Some(v) => {
+                known.insert(dev, v);
+                v
+            }
+            None => true,
+        }
+    }
+
     fn access_flags(&self, flags: u32) -> Result<i32, Errno> {
         let mut f = flags as i32 & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
         if self.cfg.readonly && (f & libc::O_ACCMODE != libc::O_RDONLY || f & libc::O_TRUNC != 0) {
@@ -133,10 +155,12 @@ impl PassthroughFs {
         let direct = flags & libc::O_DIRECT != 0;
         let open_flags = self.open_flags(direct, dir);
         let direct = direct || open_flags & fuse_core::abi::fopen::DIRECT_IO != 0;
+        let uring = !dir && self.uring_for(&fd, inode.key.dev);
         let handle = self.handles.insert(HandleData {
             fd,
             inode,
             direct,
+            uring,
             dir: Mutex::new(()),
         });
         Opened { handle, open_flags }
@@ -227,11 +251,12 @@ impl PassthroughFs {
     ) -> FsResult<usize> {
         let h = self.handles.get(fh)?;
         io::read_full(
-            self.cfg.io_uring,
+            h.uring,
             h.fd.raw(),
             sink.buffer(),
             off,
             ctx.unique,
+            &self.io_stats,
         )
     }
 
@@ -263,7 +288,14 @@ impl PassthroughFs {
             } else {
                 super::CredGuard::none()
             };
-            io::write_full(self.cfg.io_uring, h.fd.raw(), src.data(), off, ctx.unique)
+            io::write_full(
+                h.uring,
+                h.fd.raw(),
+                src.data(),
+                off,
+                ctx.unique,
+                &self.io_stats,
+            )
         })();
         h.inode.writers.fetch_sub(1, Ordering::AcqRel);
         r
@@ -284,7 +316,7 @@ impl PassthroughFs {
 
     pub(super) fn op_fsync(&self, ctx: &Ctx, fh: u64, datasync: bool) -> FsResult<()> {
         let h = self.handles.get(fh)?;
-        io::fsync(self.cfg.io_uring, h.fd.raw(), datasync, ctx.unique)
+        io::fsync(h.uring, h.fd.raw(), datasync, ctx.unique)
     }
 
     fn dents(&self, fh: u64, offset: u64, mut each: impl FnMut(&Dent<'_>) -> bool) -> FsResult<()> {

@@ -1,7 +1,10 @@
 //! Data I/O of the passthrough: each worker thread has its own io_uring
 //! [`Driver`], made on first use; READ and WRITE go straight between the
 //! request's buffer and the host file. A thread whose ring cannot be set up
-//! (or with io_uring off) uses pread/pwrite.
+//! (or with io_uring off) uses pread/pwrite, and so do files that cannot do
+//! non-blocking I/O (tmpfs on 6.18): io_uring would hand each of their ops
+//! to an io-wq worker thread, which measured 10x slower than pread for a
+//! 4 KiB read (docs/BENCHMARKS.md).
 
 use crate::{Driver, Target};
 use fuse_core::Errno;
@@ -11,6 +14,22 @@ use std::os::fd::RawFd;
 thread_local! {
     static DRIVER: RefCell<Option<Driver>> = const { RefCell::new(None) };
     static NO_RING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// How data I/O was done.
+#[derive(Debug, Default)]
+pub struct IoStats {
+    /// Reads and writes through io_uring.
+    pub uring: std::sync::atomic::AtomicU64,
+    /// Reads and writes through pread/pwrite.
+    pub syscall: std::sync::atomic::AtomicU64,
+}
+
+impl IoStats {
+    fn count(&self, uring: bool) {
+        let c = if uring { &self.uring } else { &self.syscall };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn errno(e: std::io::Error) -> Errno {
@@ -44,14 +63,21 @@ pub fn read_full(
     buf: &mut [u8],
     off: u64,
     key: u64,
+    stats: &IoStats,
 ) -> Result<usize, Errno> {
     let mut done = 0;
     while done < buf.len() {
         let dst = &mut buf[done..];
         let at = off + done as u64;
         let n = match with_driver(uring, |d| d.read_into(Target::Fd(fd), dst, at, key)) {
-            Some(r) => r,
-            None => crate::driver::pread(fd, dst, at),
+            Some(r) => {
+                stats.count(true);
+                r
+            }
+            None => {
+                stats.count(false);
+                crate::driver::pread(fd, dst, at)
+            }
         };
         match n {
             Ok(0) => break,
@@ -65,14 +91,27 @@ pub fn read_full(
 }
 
 /// Writes all of `buf` at `off` (a short count only if the host stops).
-pub fn write_full(uring: bool, fd: RawFd, buf: &[u8], off: u64, key: u64) -> Result<usize, Errno> {
+pub fn write_full(
+    uring: bool,
+    fd: RawFd,
+    buf: &[u8],
+    off: u64,
+    key: u64,
+    stats: &IoStats,
+) -> Result<usize, Errno> {
     let mut done = 0;
     while done < buf.len() {
         let src = &buf[done..];
         let at = off + done as u64;
         let n = match with_driver(uring, |d| d.write_from(Target::Fd(fd), src, at, key)) {
-            Some(r) => r,
-            None => crate::driver::pwrite(fd, src, at),
+            Some(r) => {
+                stats.count(true);
+                r
+            }
+            None => {
+                stats.count(false);
+                crate::driver::pwrite(fd, src, at)
+            }
         };
         match n {
             Ok(0) => break,

@@ -141,6 +141,9 @@ pub struct PassthroughFs {
     /// `/proc/self/fd`, for reopening held O_PATH fds.
     proc_fd: OwnedFd,
     openat2: std::sync::atomic::AtomicBool,
+    /// Per device: whether its files do non-blocking I/O (see `io`).
+    nowait: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
+    io_stats: io::IoStats,
 }
 
 impl std::fmt::Debug for PassthroughFs {
@@ -234,6 +237,8 @@ impl PassthroughFs {
             budget,
             proc_fd,
             openat2: std::sync::atomic::AtomicBool::new(true),
+            nowait: Default::default(),
+            io_stats: Default::default(),
             cfg,
         })
     }
@@ -261,6 +266,16 @@ impl PassthroughFs {
     /// The lookup count of node `id` (None when unknown).
     pub fn lookup_count(&self, id: u64) -> Option<u64> {
         self.inodes.get(id).ok().map(|d| d.refs())
+    }
+
+    /// Data reads and writes done so far: (through io_uring, through
+    /// pread/pwrite).
+    pub fn io_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.io_stats.uring.load(Relaxed),
+            self.io_stats.syscall.load(Relaxed),
+        )
     }
 
     /// SETLKW requests parked on waiter threads now.

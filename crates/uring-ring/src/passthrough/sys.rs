@@ -505,3 +505,26 @@ pub mod wake {
         }
     }
 }
+
+/// Whether `fd`'s file supports non-blocking reads (FMODE_NOWAIT): without
+/// it io_uring hands every read to a worker thread. A one-byte
+/// preadv2(RWF_NOWAIT) answers EOPNOTSUPP exactly when it does not.
+/// None when the fd cannot be read.
+pub fn supports_nowait(fd: RawFd) -> Option<bool> {
+    let mut b = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: one iovec pointing at a valid one-byte buffer.
+    let r = unsafe { libc::preadv2(fd, &iov, 1, 0, libc::RWF_NOWAIT) };
+    if r >= 0 {
+        return Some(true);
+    }
+    match errno().0 {
+        libc::EOPNOTSUPP => Some(false),
+        libc::EBADF | libc::EINVAL | libc::EISDIR => None,
+        // EAGAIN: supported, the data is just not cached.
+        _ => Some(true),
+    }
+}
