@@ -379,3 +379,48 @@ fn rename_races_with_held_directories() {
     assert!(mover.join().unwrap() > 10);
     s.untouched();
 }
+
+#[test]
+fn device_nodes_are_never_opened_by_the_daemon() {
+    // A guest may create device nodes (its root has CAP_MKNOD), and a
+    // hostile guest kernel may then send OPEN for one: the daemon must not
+    // open the host device it names (here the host's own root disk).
+    let s = setup();
+    let c = &s.m.client;
+    let root_dev = std::fs::metadata("/").unwrap().dev();
+    let (maj, min) = (libc::major(root_dev), libc::minor(root_dev));
+    let rdev = libc::makedev(maj, min) as u32;
+    let blk = c
+        .mknod(ROOT_ID, b"disk", libc::S_IFBLK | 0o666, rdev, 0)
+        .unwrap();
+    assert_eq!(
+        c.open(blk.nodeid, libc::O_RDONLY as u32).unwrap_err(),
+        Errno(libc::EACCES)
+    );
+    let chr = c
+        .mknod(
+            ROOT_ID,
+            b"mem",
+            libc::S_IFCHR | 0o666,
+            libc::makedev(1, 1) as u32,
+            0,
+        )
+        .unwrap();
+    assert_eq!(c.open(chr.nodeid, RW).unwrap_err(), Errno(libc::EACCES));
+    let fifo = c
+        .mknod(ROOT_ID, b"fifo", libc::S_IFIFO | 0o666, 0, 0)
+        .unwrap();
+    assert_eq!(
+        c.open(fifo.nodeid, libc::O_RDONLY as u32).unwrap_err(),
+        Errno(libc::EACCES)
+    );
+    assert_eq!(c.opendir(blk.nodeid).unwrap_err(), Errno::ENOTDIR);
+    let sub = c.lookup(ROOT_ID, b"sub").unwrap().nodeid;
+    assert_eq!(
+        c.open(sub, libc::O_RDONLY as u32).unwrap_err(),
+        Errno::EISDIR
+    );
+    // Nothing but the root is open as a file description besides handles.
+    assert_eq!(s.m.fs().handle_count(), 0);
+    s.untouched();
+}

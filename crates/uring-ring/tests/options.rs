@@ -376,21 +376,30 @@ fn parallel_direct_writers_share_the_inode_lock() {
 }
 
 #[test]
-fn data_io_uses_io_uring_where_the_file_does_nonblocking_io() {
+fn data_io_uses_io_uring_where_it_is_not_punted() {
     // ext4 files do non-blocking reads: io_uring completes them inline.
-    // tmpfs files (6.18) do not: io_uring would punt each op to a worker
-    // thread, so their handles use pread/pwrite.
-    for (kind, via_uring) in [(Kind::Ext4, true), (Kind::Tmpfs, false)] {
+    // tmpfs files (6.18) do not, and buffered writes are punted even on
+    // ext4: those use pread/pwrite. O_DIRECT writes on ext4 use the ring.
+    for (kind, reads_via_ring) in [(Kind::Ext4, true), (Kind::Tmpfs, false)] {
         let m = Mount::new(kind, Config::default(), Via::Device(1));
         let c = &m.client;
         let (e, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
         c.write(e.nodeid, o.fh, 0, &[7u8; 8192], 0).unwrap();
         assert_eq!(c.read(e.nodeid, o.fh, 4096, 4096).unwrap(), vec![7u8; 4096]);
-        let (uring, syscall) = m.fs().io_counts();
-        if via_uring {
-            assert!(uring >= 2 && syscall == 0, "{kind:?}: {uring} {syscall}");
+        let n = m.fs().io_counts();
+        assert_eq!((n.write_uring, n.write_syscall), (0, 1), "{kind:?}");
+        if reads_via_ring {
+            assert_eq!((n.read_uring, n.read_syscall), (1, 0), "{kind:?}");
         } else {
-            assert!(syscall >= 2 && uring == 0, "{kind:?}: {uring} {syscall}");
+            assert_eq!((n.read_uring, n.read_syscall), (0, 1), "{kind:?}");
+        }
+        if kind == Kind::Ext4 {
+            let od = c.open(e.nodeid, RW | libc::O_DIRECT as u32).unwrap();
+            c.write(e.nodeid, od.fh, 4096, &[9u8; 4096], 0).unwrap();
+            assert_eq!(m.fs().io_counts().write_uring, 1);
+            // The request buffers are not 4 KiB aligned: bounced.
+            assert_eq!(c.read(e.nodeid, od.fh, 4096, 4096).unwrap(), vec![9u8; 4096]);
+            assert_eq!(std::fs::read(m.path("f")).unwrap()[4096..], [9u8; 4096]);
         }
     }
     // io_uring off: always the syscalls.
@@ -401,5 +410,7 @@ fn data_io_uses_io_uring_where_the_file_does_nonblocking_io() {
     let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
     let (e, o) = m.client.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
     m.client.write(e.nodeid, o.fh, 0, b"x", 0).unwrap();
-    assert_eq!(m.fs().io_counts().0, 0);
+    m.client.read(e.nodeid, o.fh, 0, 1).unwrap();
+    let n = m.fs().io_counts();
+    assert_eq!((n.read_uring, n.write_uring), (0, 0));
 }

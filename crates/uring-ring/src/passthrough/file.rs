@@ -25,6 +25,8 @@ pub struct HandleData {
     /// Data I/O through io_uring (off where the file cannot do
     /// non-blocking I/O, so the ring would punt every op to a worker).
     pub uring: bool,
+    /// Opened O_DIRECT on the host (writes then go through the ring too).
+    pub odirect: bool,
     /// Serialises seek + getdents on a directory handle.
     dir: Mutex<()>,
 }
@@ -161,6 +163,7 @@ impl PassthroughFs {
             inode,
             direct,
             uring,
+            odirect: flags & libc::O_DIRECT != 0,
             dir: Mutex::new(()),
         });
         Opened { handle, open_flags }
@@ -174,6 +177,22 @@ impl PassthroughFs {
         dir: bool,
     ) -> FsResult<Opened<u64>> {
         let data = self.inodes.get(ino)?;
+        // A client kernel opens device nodes, FIFOs and sockets itself and
+        // never sends OPEN for them; one that does would have the daemon
+        // open a host device (a guest-made block device naming the host's
+        // disk, say). Only regular files and directories are opened.
+        let ft = data.ftype;
+        if (dir && ft != libc::S_IFDIR) || (!dir && ft != libc::S_IFREG) {
+            return Err(if ft == libc::S_IFDIR {
+                Errno::EISDIR
+            } else if dir {
+                Errno::ENOTDIR
+            } else if ft == libc::S_IFLNK {
+                Errno(libc::ELOOP)
+            } else {
+                Errno(libc::EACCES)
+            });
+        }
         let mut f = self.access_flags(flags)?;
         if dir {
             f = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
@@ -250,7 +269,12 @@ impl PassthroughFs {
         sink: &mut dyn ReadSink,
     ) -> FsResult<usize> {
         let h = self.handles.get(fh)?;
-        io::read_full(
+        let read = if h.odirect {
+            io::read_direct
+        } else {
+            io::read_full
+        };
+        read(
             h.uring,
             h.fd.raw(),
             sink.buffer(),
@@ -288,8 +312,13 @@ impl PassthroughFs {
             } else {
                 super::CredGuard::none()
             };
-            io::write_full(
-                h.uring,
+            let write = if h.odirect {
+                io::write_direct
+            } else {
+                io::write_full
+            };
+            write(
+                h.uring && h.odirect,
                 h.fd.raw(),
                 src.data(),
                 off,

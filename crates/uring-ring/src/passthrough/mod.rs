@@ -31,6 +31,7 @@ mod sys;
 
 pub use creds::Groups;
 pub use inode::{FdBudget, InodeKey};
+pub use io::IoCounts;
 
 use creds::CredGuard;
 use file::Handles;
@@ -268,14 +269,9 @@ impl PassthroughFs {
         self.inodes.get(id).ok().map(|d| d.refs())
     }
 
-    /// Data reads and writes done so far: (through io_uring, through
-    /// pread/pwrite).
-    pub fn io_counts(&self) -> (u64, u64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        (
-            self.io_stats.uring.load(Relaxed),
-            self.io_stats.syscall.load(Relaxed),
-        )
+    /// Data reads and writes done so far, by path (io_uring or syscall).
+    pub fn io_counts(&self) -> IoCounts {
+        self.io_stats.get()
     }
 
     /// SETLKW requests parked on waiter threads now.
