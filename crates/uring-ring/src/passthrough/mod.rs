@@ -18,7 +18,7 @@
 //!
 //! With [`Config::creds`] (the default when running as root) every
 //! operation that creates files or checks permissions runs under the
-//! caller's fsuid/fsgid and groups ([`creds`]).
+//! caller's fsuid/fsgid and groups (see `creds.rs`).
 
 mod creds;
 mod entry;
