@@ -398,7 +398,10 @@ fn data_io_uses_io_uring_where_it_is_not_punted() {
             c.write(e.nodeid, od.fh, 4096, &[9u8; 4096], 0).unwrap();
             assert_eq!(m.fs().io_counts().write_uring, 1);
             // The request buffers are not 4 KiB aligned: bounced.
-            assert_eq!(c.read(e.nodeid, od.fh, 4096, 4096).unwrap(), vec![9u8; 4096]);
+            assert_eq!(
+                c.read(e.nodeid, od.fh, 4096, 4096).unwrap(),
+                vec![9u8; 4096]
+            );
             assert_eq!(std::fs::read(m.path("f")).unwrap()[4096..], [9u8; 4096]);
         }
     }
