@@ -424,3 +424,59 @@ fn device_nodes_are_never_opened_by_the_daemon() {
     assert_eq!(s.m.fs().handle_count(), 0);
     s.untouched();
 }
+
+/// Runs `f` on a thread and fails if it does not finish in 5 s (a FIFO
+/// opened by the daemon would block it forever).
+fn within_5s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the daemon blocked")
+}
+
+#[test]
+fn special_files_are_never_opened_by_create_setattr_or_syncfs() {
+    let s = setup();
+    let c = s.m.client.clone();
+    c.mknod(ROOT_ID, b"fifo", libc::S_IFIFO | 0o666, 0, 0)
+        .unwrap();
+    let mem = libc::makedev(1, 1) as u32;
+    c.mknod(ROOT_ID, b"mem", libc::S_IFCHR | 0o666, mem, 0)
+        .unwrap();
+    for name in [&b"fifo"[..], b"mem"] {
+        let (c2, n) = (c.clone(), name.to_vec());
+        // CREATE without O_EXCL of an existing special file.
+        let r = within_5s(move || c2.create(ROOT_ID, &n, 0o644, RW, 0));
+        assert_eq!(r.unwrap_err(), Errno(libc::EACCES), "{name:?}");
+        let node = c.lookup(ROOT_ID, name).unwrap().nodeid;
+        // Truncation by node, and SYNCFS on the node.
+        let c2 = c.clone();
+        let sa = SetattrIn {
+            valid: fattr::SIZE,
+            ..Default::default()
+        };
+        let r = within_5s(move || c2.setattr(node, &sa));
+        assert_eq!(r.unwrap_err(), Errno::EINVAL);
+        let c2 = c.clone();
+        within_5s(move || c2.syncfs(node)).unwrap();
+    }
+    // CREATE of an existing regular file without O_EXCL opens it, O_TRUNC
+    // included; an existing directory or symlink is refused.
+    std::fs::write(s.m.path("reg"), b"old").unwrap();
+    let (e, o) = c
+        .create(ROOT_ID, b"reg", 0o644, RW | libc::O_TRUNC as u32, 0)
+        .unwrap();
+    c.write(e.nodeid, o.fh, 0, b"new", 0).unwrap();
+    assert_eq!(std::fs::read(s.m.path("reg")).unwrap(), b"new");
+    assert_eq!(
+        c.create(ROOT_ID, b"sub", 0o644, RW, 0).unwrap_err(),
+        Errno::EISDIR
+    );
+    assert_eq!(
+        c.create(ROOT_ID, b"to_secret", 0o644, RW, 0).unwrap_err(),
+        Errno(libc::ELOOP)
+    );
+    s.untouched();
+}

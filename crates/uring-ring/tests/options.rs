@@ -417,3 +417,94 @@ fn data_io_uses_io_uring_where_it_is_not_punted() {
     let n = m.fs().io_counts();
     assert_eq!((n.read_uring, n.write_uring), (0, 0));
 }
+
+#[test]
+fn non_root_callers_have_no_capabilities() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(1));
+    setup_dirs(&m);
+    let user = m.client.as_user(1000, 1000);
+    let pubd = m.client.lookup(ROOT_ID, b"pub").unwrap().nodeid;
+    let (e, _) = user.create(pubd, b"f", 0o644, RW, 0).unwrap();
+    // CAP_SYS_ADMIN would let it set trusted.* xattrs.
+    assert_eq!(
+        user.setxattr(e.nodeid, b"trusted.x", b"1", 0).unwrap_err(),
+        Errno::EPERM
+    );
+    user.setxattr(e.nodeid, b"user.x", b"1", 0).unwrap();
+    // Root may, and the worker got its capabilities back after the user's call.
+    m.client.setxattr(e.nodeid, b"trusted.x", b"1", 0).unwrap();
+    // Hard links as the caller go through the daemon's /proc/self/fd.
+    let l = user.link(e.nodeid, pubd, b"g").unwrap();
+    assert_eq!(l.attr.nlink, 2);
+}
+
+#[test]
+fn file_handles_work_for_non_root_callers() {
+    let m = Mount::new(
+        Kind::Ext4,
+        Config {
+            inode_file_handles: true,
+            ..Default::default()
+        },
+        Via::Device(1),
+    );
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/f"), b"hi").unwrap();
+    let user = m.client.as_user(1000, 1000);
+    let d = user.lookup(ROOT_ID, b"d").unwrap().nodeid;
+    let f = user.lookup(d, b"f").unwrap().nodeid;
+    let o = user.open(f, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(user.read(f, o.fh, 0, 10).unwrap(), b"hi");
+    assert_eq!(user.open(f, RW).unwrap_err(), Errno(libc::EACCES));
+}
+
+#[test]
+fn hostile_offsets_and_readdirplus_at_the_fd_cap() {
+    let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let c = &m.client;
+    let (e, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    c.write(e.nodeid, o.fh, 0, b"data", 0).unwrap();
+    for off in [u64::MAX, 1 << 63] {
+        assert_eq!(
+            c.read(e.nodeid, o.fh, off, 4096).unwrap_err(),
+            Errno::EINVAL
+        );
+        assert_eq!(
+            c.write(e.nodeid, o.fh, off, b"x", 0).unwrap_err(),
+            Errno::EINVAL
+        );
+    }
+    assert_eq!(c.read(e.nodeid, o.fh, 0, 10).unwrap(), b"data");
+
+    // READDIRPLUS that hits the fd cap mid-listing hands over what it
+    // looked up; nothing stays referenced that the client was not given.
+    let m = Mount::new(
+        Kind::Tmpfs,
+        Config {
+            max_fds: 4,
+            ..Default::default()
+        },
+        Via::Device(1),
+    );
+    for i in 0..10 {
+        std::fs::write(m.path(&format!("f{i}")), b"").unwrap();
+    }
+    let c = &m.client;
+    let dh = c.opendir(ROOT_ID).unwrap().fh;
+    let got = c.readdirplus(ROOT_ID, dh, 0, 64 * 1024).unwrap();
+    let given: Vec<u64> = got
+        .iter()
+        .map(|e| e.entry.nodeid)
+        .filter(|&n| n != 0)
+        .collect();
+    assert!(!given.is_empty() && given.len() < 10, "{}", given.len());
+    assert_eq!(m.fs().inode_count(), 1 + given.len());
+    for n in given {
+        c.forget(n, 1);
+    }
+    let t = std::time::Instant::now();
+    while m.fs().inode_count() != 1 {
+        assert!(t.elapsed().as_secs() < 5);
+        std::thread::yield_now();
+    }
+}

@@ -542,6 +542,13 @@ impl<F: Filesystem> Dispatcher<F> {
                 Ok(n + put(&mut out[n..], &open_out(o))?)
             }
             O::CopyFileRange { arg } | O::CopyFileRange64 { arg } => {
+                let narrow = matches!(op, O::CopyFileRange { .. });
+                // The 32-bit reply cannot report more: copy no more.
+                let len = if narrow {
+                    arg.len.min(u64::from(u32::MAX))
+                } else {
+                    arg.len
+                };
                 let n = fs.copy_file_range(
                     ctx,
                     ino,
@@ -550,10 +557,10 @@ impl<F: Filesystem> Dispatcher<F> {
                     arg.nodeid_out.into(),
                     fh(arg.fh_out),
                     arg.off_out,
-                    arg.len,
+                    len,
                     arg.flags,
                 )?;
-                if matches!(op, O::CopyFileRange { .. }) {
+                if narrow {
                     put(
                         out,
                         &WriteOut {

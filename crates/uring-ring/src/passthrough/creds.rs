@@ -27,6 +27,29 @@ pub enum Groups {
 
 thread_local! {
     static UNSHARED: Cell<bool> = const { Cell::new(false) };
+    /// Capabilities this thread had before a [`CredGuard`] lowered them.
+    static LOWERED: Cell<Option<[u64; 3]>> = const { Cell::new(None) };
+}
+
+/// CAP_DAC_READ_SEARCH.
+const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
+
+/// Runs `f` with CAP_DAC_READ_SEARCH raised if a [`CredGuard`] lowered it
+/// on this thread (open_by_handle_at needs it; it opens O_PATH only, so no
+/// permission the caller lacks is used on the file itself).
+pub fn with_dac_read_search<T>(f: impl FnOnce() -> T) -> T {
+    match LOWERED.with(Cell::get) {
+        Some(saved) if saved[1] & CAP_DAC_READ_SEARCH != 0 => {
+            let now = thread::capget().unwrap_or(saved);
+            let raised = thread::capset([now[0] | CAP_DAC_READ_SEARCH, now[1], now[2]]).is_ok();
+            let r = f();
+            if raised {
+                let _ = thread::capset(now);
+            }
+            r
+        }
+        _ => f(),
+    }
 }
 
 /// Gives the calling thread its own umask (once per thread).
@@ -48,16 +71,23 @@ impl Drop for UmaskGuard {
     }
 }
 
-/// The caller's credentials in force on this thread until dropped.
+/// The caller's credentials in force on this thread until dropped. A
+/// caller other than root also loses every effective capability (setfsuid
+/// drops only the file-system ones; CAP_SYS_ADMIN would still let it set
+/// `trusted.*` xattrs, CAP_SYS_RESOURCE ignore quotas).
 #[derive(Debug)]
 pub struct CredGuard {
     restore: Option<(u32, u32, Vec<u32>)>,
+    caps: Option<[u64; 3]>,
 }
 
 impl CredGuard {
     /// A guard that changes nothing (credential switching is off).
     pub fn none() -> CredGuard {
-        CredGuard { restore: None }
+        CredGuard {
+            restore: None,
+            caps: None,
+        }
     }
 
     /// Switches to `ctx`'s credentials.
@@ -70,25 +100,34 @@ impl CredGuard {
         thread::setgroups(&supp)?;
         let old_gid = thread::setfsgid(ctx.gid);
         let old_uid = thread::setfsuid(ctx.uid);
+        let mut g = CredGuard {
+            restore: Some((old_uid, old_gid, old_groups)),
+            caps: None,
+        };
         // setfsuid reports no errors: read the value back.
         if thread::setfsuid(u32::MAX) != ctx.uid || thread::setfsgid(u32::MAX) != ctx.gid {
-            let g = CredGuard {
-                restore: Some((old_uid, old_gid, old_groups)),
-            };
-            drop(g);
             return Err(Errno::EPERM);
         }
-        Ok(CredGuard {
-            restore: Some((old_uid, old_gid, old_groups)),
-        })
+        if ctx.uid != 0 {
+            let saved = thread::capget()?;
+            thread::capset([0, saved[1], saved[2]])?;
+            g.caps = Some(saved);
+            LOWERED.with(|l| l.set(Some(saved)));
+        }
+        Ok(g)
     }
 }
 
 impl Drop for CredGuard {
     fn drop(&mut self) {
+        if let Some(caps) = self.caps.take() {
+            // Capabilities first: setgroups below needs CAP_SETGID.
+            let _ = thread::capset(caps);
+            LOWERED.with(|l| l.set(None));
+        }
         if let Some((uid, gid, groups)) = self.restore.take() {
-            // fsuid back to the daemon's first: that restores its fs
-            // capabilities, which setgroups below does not need anyway.
+            // fsuid back to the daemon's: that also restores its fs
+            // capabilities.
             thread::setfsuid(uid);
             thread::setfsgid(gid);
             let _ = thread::setgroups(&groups);

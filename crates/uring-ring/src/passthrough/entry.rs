@@ -132,6 +132,11 @@ impl PassthroughFs {
             sys::fchownat(fd.raw(), c"", uid, gid, libc::AT_EMPTY_PATH)?;
         }
         if a.valid & fattr::SIZE != 0 {
+            match data.ftype {
+                libc::S_IFREG => {}
+                libc::S_IFDIR => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            }
             let _io = data.io_lock.write().unwrap_or_else(|e| e.into_inner());
             match &handle {
                 Some(h) => sys::ftruncate(h.fd.raw(), a.size)?,
@@ -462,7 +467,11 @@ impl PassthroughFs {
     }
 
     pub(super) fn op_syncfs(&self, ino: u64) -> FsResult<()> {
-        let data = self.inodes.get(ino)?;
+        let mut data = self.inodes.get(ino)?;
+        if !data.is_dir() && data.ftype != libc::S_IFREG {
+            // Same filesystem as far as the client knows: the root's.
+            data = self.inodes.get(ROOT_ID)?;
+        }
         let f = self.reopen(&data, libc::O_RDONLY)?;
         sys::syncfs(f.raw())
     }

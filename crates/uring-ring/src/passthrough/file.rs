@@ -158,6 +158,7 @@ impl PassthroughFs {
         let open_flags = self.open_flags(direct, dir);
         let direct = direct || open_flags & fuse_core::abi::fopen::DIRECT_IO != 0;
         let uring = !dir && self.uring_for(&fd, inode.key.dev);
+        inode.handles.fetch_add(1, Ordering::AcqRel);
         let handle = self.handles.insert(HandleData {
             fd,
             inode,
@@ -216,23 +217,51 @@ impl PassthroughFs {
         self.writable()?;
         let p = self.inodes.get(parent)?;
         let name = component(name)?;
-        let excl = flags as i32 & libc::O_EXCL;
-        let f = self.access_flags(flags)? | libc::O_CREAT | libc::O_NOFOLLOW | excl;
-        let fd = {
-            let _c = self.creds(ctx)?;
-            let _u = private_umask(umask)?;
-            let pfd = p.fd(&self.budget)?;
-            let resolve =
-                sys::RESOLVE_BENEATH | sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS;
-            self.budget
-                .open(|| match sys::openat2(pfd.fd(), &name, f, mode, resolve) {
-                    Err(Errno::ENOSYS) => sys::openat(pfd.raw(), &name, f, mode),
-                    r => r,
-                })?
-        };
-        let entry = self.enter_fd(fd.raw())?;
-        let data = self.inodes.get(entry.inode)?;
-        Ok((entry, self.new_handle(fd, data, f, false)))
+        let excl = flags as i32 & libc::O_EXCL != 0;
+        let f = self.access_flags(flags)?;
+        // Always O_EXCL: an existing name is opened the way OPEN opens it
+        // (regular files only), never by open(O_CREAT), which would open a
+        // device node or block on a FIFO a hostile client made.
+        let create = f | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        for _ in 0..8 {
+            let made = {
+                let _c = self.creds(ctx)?;
+                let _u = private_umask(umask)?;
+                let pfd = p.fd(&self.budget)?;
+                let resolve =
+                    sys::RESOLVE_BENEATH | sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS;
+                self.budget.open(
+                    || match sys::openat2(pfd.fd(), &name, create, mode, resolve) {
+                        Err(Errno::ENOSYS) => sys::openat(pfd.raw(), &name, create, mode),
+                        r => r,
+                    },
+                )
+            };
+            match made {
+                Ok(fd) => {
+                    let entry = self.enter_fd(fd.raw())?;
+                    let data = self.inodes.get(entry.inode)?;
+                    return Ok((entry, self.new_handle(fd, data, f, false)));
+                }
+                Err(Errno::EEXIST) if !excl => {
+                    let entry = match self.op_lookup(ctx, parent, name.as_bytes()) {
+                        Ok(e) => e,
+                        // Removed again meanwhile: create it after all.
+                        Err(Errno::ENOENT) => continue,
+                        Err(e) => return Err(e),
+                    };
+                    return match self.op_open(ctx, entry.inode, flags, false) {
+                        Ok(o) => Ok((entry, o)),
+                        Err(e) => {
+                            self.inodes.forget(entry.inode, 1);
+                            Err(e)
+                        }
+                    };
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Errno::EAGAIN)
     }
 
     pub(super) fn op_tmpfile(
@@ -268,6 +297,11 @@ impl PassthroughFs {
         off: u64,
         sink: &mut dyn ReadSink,
     ) -> FsResult<usize> {
+        // The kernel never asks beyond the largest file offset; io_uring
+        // would take -1 as "the current position".
+        if off > i64::MAX as u64 {
+            return Err(Errno::EINVAL);
+        }
         let h = self.handles.get(fh)?;
         let read = if h.odirect {
             io::read_direct
@@ -293,6 +327,9 @@ impl PassthroughFs {
         flags: u32,
     ) -> FsResult<usize> {
         self.writable()?;
+        if off > i64::MAX as u64 {
+            return Err(Errno::EINVAL);
+        }
         let h = self.handles.get(fh)?;
         let shared = h.direct && self.cfg.parallel_direct_writes;
         let (_r, _w);
@@ -338,8 +375,13 @@ impl PassthroughFs {
     }
 
     pub(super) fn op_release(&self, fh: u64) -> FsResult<()> {
-        // Closing the description drops its flock locks.
-        drop(self.handles.remove(fh));
+        // Closing the description drops its flock locks; the inode's last
+        // handle takes its owners' POSIX lock descriptions along.
+        if let Some(h) = self.handles.remove(fh) {
+            if h.inode.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.locks.drop_inode(h.inode.nodeid);
+            }
+        }
         Ok(())
     }
 
@@ -384,6 +426,7 @@ impl PassthroughFs {
         let dir = self.inodes.get(ino)?;
         let _c = self.creds(ctx)?;
         let mut err = None;
+        let mut added = 0usize;
         self.dents(fh, offset, |d| {
             if !sink.room(d.name.len()) {
                 return false;
@@ -401,6 +444,7 @@ impl PassthroughFs {
                         self.inodes.forget(id, 1);
                         return false;
                     }
+                    added += 1;
                     true
                 }
                 // Removed since getdents saw it.
@@ -412,9 +456,10 @@ impl PassthroughFs {
             }
         })?;
         match err {
-            // Whatever was listed stands; the error comes on the next call
-            // if it persists.
-            Some(e) if offset == 0 => Err(e),
+            // Entries already listed carry references the client must get:
+            // they stand, and the error comes on the next call if it
+            // persists.
+            Some(e) if added == 0 => Err(e),
             _ => Ok(()),
         }
     }

@@ -165,6 +165,8 @@ pub struct InodeData {
     pub io_lock: RwLock<()>,
     /// Writers inside `io_lock` right now.
     pub writers: AtomicUsize,
+    /// Open handles on this inode.
+    pub handles: AtomicUsize,
     /// Lookup references (guarded by the table's lock when it may reach 0).
     refs: Mutex<u64>,
 }
@@ -175,7 +177,11 @@ impl InodeData {
         match &self.source {
             Source::Fd(f) => Ok(InodeFd::Held(f)),
             Source::Handle { handle, typ, mount } => budget
-                .open(|| sys::open_by_handle(mount.raw(), handle, *typ, libc::O_PATH))
+                .open(|| {
+                    super::creds::with_dac_read_search(|| {
+                        sys::open_by_handle(mount.raw(), handle, *typ, libc::O_PATH)
+                    })
+                })
                 .map(InodeFd::Opened),
         }
     }
@@ -229,6 +235,7 @@ impl InodeTable {
             source: Source::Fd(root.fd),
             io_lock: RwLock::new(()),
             writers: AtomicUsize::new(0),
+            handles: AtomicUsize::new(0),
             refs: Mutex::new(1),
         });
         let mut maps = Maps {
@@ -326,6 +333,7 @@ impl InodeTable {
             source,
             io_lock: RwLock::new(()),
             writers: AtomicUsize::new(0),
+            handles: AtomicUsize::new(0),
             refs: Mutex::new(1),
         });
         maps.by_key.insert(key, id);

@@ -89,7 +89,7 @@ pub fn read_full(
     let mut done = 0;
     while done < buf.len() {
         let dst = &mut buf[done..];
-        let at = off + done as u64;
+        let at = off.checked_add(done as u64).ok_or(Errno::EINVAL)?;
         let n = match with_driver(uring, |d| d.read_into(Target::Fd(fd), dst, at, key)) {
             Some(r) => {
                 stats.count(false, true);
@@ -123,7 +123,7 @@ pub fn write_full(
     let mut done = 0;
     while done < buf.len() {
         let src = &buf[done..];
-        let at = off + done as u64;
+        let at = off.checked_add(done as u64).ok_or(Errno::EINVAL)?;
         let n = match with_driver(uring, |d| d.write_from(Target::Fd(fd), src, at, key)) {
             Some(r) => {
                 stats.count(true, true);

@@ -1,16 +1,21 @@
 //! POSIX record locks and BSD flock for the client.
 //!
 //! POSIX locks belong to a lock owner, not to an open file, so each
-//! (inode, owner) pair gets its own open file description on the host and
-//! the lock is taken there as an OFD lock: owners conflict with each other
-//! and with host processes exactly as processes do. FLUSH from an owner
-//! closes its description, which drops its locks (close(2) semantics).
-//! flock locks belong to the open file and are taken on the handle's fd.
+//! (inode, owner) pair that holds a lock gets its own open file description
+//! on the host and the lock is taken there as an OFD lock: owners conflict
+//! with each other and with host processes exactly as processes do. FLUSH
+//! from an owner closes its description, which drops its locks (close(2)
+//! semantics); so does the release of the inode's last handle. GETLK and
+//! unlocks by an owner with no description make none. At most
+//! `MAX_OWNERS` owners per inode hold descriptions (ENOLCK beyond), so a
+//! client cannot spend the fd budget on owners. flock locks belong to the
+//! open file and are taken on the handle's fd.
 //!
 //! A SETLKW that has to wait is parked on a waiter thread of its own (the
 //! worker that received it goes back to serving) and answered through its
 //! [`Deferred`]; FUSE_INTERRUPT for it signals that thread, whose blocking
-//! call then returns EINTR.
+//! call then returns EINTR. An interrupt that arrives before its SETLKW is
+//! parked is remembered (the last `RECENT` of them).
 //!
 //! Lock order: `owners` and `waiters` are never held together.
 
@@ -21,12 +26,16 @@ use super::PassthroughFs;
 use fuse_core::abi::FileLock;
 use fuse_core::server::{Ctx, Deferred, FsResult, LockReq};
 use fuse_core::Errno;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Most SETLKW requests parked at once; beyond it, ENOLCK.
 const MAX_WAITERS: usize = 1024;
+/// Most lock owners holding a description on one inode.
+const MAX_OWNERS: usize = 256;
+/// Interrupts for unknown requests remembered.
+const RECENT: usize = 64;
 /// `OFFSET_MAX`: a lock to end of file.
 const OFFSET_MAX: u64 = i64::MAX as u64;
 
@@ -36,41 +45,61 @@ struct Waiter {
     interrupted: bool,
 }
 
+type Owners = Arc<Mutex<HashMap<(u64, u64), Arc<CountedFd>>>>;
+
+#[derive(Debug, Default)]
+struct Waiters {
+    parked: HashMap<u64, Waiter>,
+    /// Interrupts that found no parked request (yet).
+    early: VecDeque<u64>,
+}
+
 /// Lock state of the filesystem.
 #[derive(Debug, Default)]
 pub struct Locks {
-    owners: Mutex<HashMap<(u64, u64), Arc<CountedFd>>>,
-    waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
+    owners: Owners,
+    waiters: Arc<Mutex<Waiters>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Locks {
     /// FLUSH by `owner`: its description closes and its locks go.
     pub fn drop_owner(&self, nodeid: u64, owner: u64) {
-        let fd = self
-            .owners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(nodeid, owner));
+        let fd = lock(&self.owners).remove(&(nodeid, owner));
         drop(fd);
+    }
+    /// The inode's last handle is gone: every owner's description closes.
+    pub fn drop_inode(&self, nodeid: u64) {
+        let mut owners = lock(&self.owners);
+        owners.retain(|&(n, _), _| n != nodeid);
     }
     /// DESTROY.
     pub fn clear(&self) {
-        self.owners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        lock(&self.owners).clear();
     }
     /// Parked waiters.
     pub fn parked(&self) -> usize {
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock(&self.waiters).parked.len()
     }
-    /// Interrupts the parked SETLKW `unique`, if any: its thread is
-    /// signalled until it has left the blocking call.
+    /// Descriptions held for lock owners.
+    pub fn owner_fds(&self) -> usize {
+        lock(&self.owners).len()
+    }
+    /// Interrupts the parked SETLKW `unique`: its thread is signalled until
+    /// it has left the blocking call. An unknown unique is remembered, in
+    /// case its SETLKW is still on the way to being parked.
     pub fn interrupt(&self, unique: u64) {
         for _ in 0..1000 {
             {
-                let mut w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(waiter) = w.get_mut(&unique) else {
+                let mut w = lock(&self.waiters);
+                let Some(waiter) = w.parked.get_mut(&unique) else {
+                    if w.early.len() >= RECENT {
+                        w.early.pop_front();
+                    }
+                    w.early.push_back(unique);
                     return;
                 };
                 waiter.interrupted = true;
@@ -123,19 +152,69 @@ fn flock_op(typ: u32, wait: bool) -> Result<i32, Errno> {
     Ok(if wait { op } else { op | libc::LOCK_NB })
 }
 
-impl PassthroughFs {
-    /// The owner's description on the handle's inode, made on first use.
-    fn owner_fd(&self, h: &HandleData, owner: u64) -> Result<Arc<CountedFd>, Errno> {
-        let key = (h.inode.nodeid, owner);
-        if let Some(fd) = self
-            .locks
-            .owners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            return Ok(fd.clone());
+/// A lock syscall with the fds it needs.
+enum LockCall {
+    /// Nothing to do (an unlock by an owner that holds nothing).
+    Nothing,
+    Flock(Arc<HandleData>, i32),
+    Ofd {
+        fd: Arc<CountedFd>,
+        cmd: i32,
+        fl: libc::flock,
+        /// Where the description belongs once the lock is granted.
+        key: (u64, u64),
+        owners: Owners,
+    },
+}
+
+impl LockCall {
+    fn run(self) -> Result<(), Errno> {
+        match self {
+            LockCall::Nothing => Ok(()),
+            LockCall::Flock(h, op) => sys::flock(h.fd.raw(), op),
+            LockCall::Ofd {
+                fd,
+                cmd,
+                mut fl,
+                key,
+                owners,
+            } => {
+                sys::fcntl_lock(fd.raw(), cmd, &mut fl)?;
+                if fl.l_type != libc::F_UNLCK as libc::c_short {
+                    // A FLUSH while we waited took the description out of
+                    // the table: the granted lock must stay reachable.
+                    lock(&owners).entry(key).or_insert(fd);
+                }
+                Ok(())
+            }
         }
+    }
+}
+
+impl PassthroughFs {
+    /// The owner's description on the handle's inode: the existing one, or
+    /// (`make`) a new one, or None.
+    fn owner_fd(
+        &self,
+        h: &HandleData,
+        owner: u64,
+        make: bool,
+    ) -> Result<Option<Arc<CountedFd>>, Errno> {
+        let key = (h.inode.nodeid, owner);
+        {
+            let owners = lock(&self.locks.owners);
+            if let Some(fd) = owners.get(&key) {
+                return Ok(Some(fd.clone()));
+            }
+            if !make {
+                return Ok(None);
+            }
+            if owners.keys().filter(|(n, _)| *n == key.0).count() >= MAX_OWNERS {
+                return Err(Errno(libc::ENOLCK));
+            }
+        }
+        // The daemon's own access: the client's right to the lock type was
+        // checked against the handle (`check_mode`).
         let mode = if h.inode.is_dir() {
             libc::O_RDONLY
         } else {
@@ -148,8 +227,25 @@ impl PassthroughFs {
             r => r,
         }?;
         let fd = Arc::new(fd);
-        let mut owners = self.locks.owners.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(owners.entry(key).or_insert(fd).clone())
+        Ok(Some(
+            lock(&self.locks.owners).entry(key).or_insert(fd).clone(),
+        ))
+    }
+
+    /// fcntl(2) refuses a read lock on a file not open for reading and a
+    /// write lock on one not open for writing (EBADF); so do we.
+    fn check_mode(h: &HandleData, typ: u32) -> Result<(), Errno> {
+        let acc = sys::getfl(h.fd.raw())? & libc::O_ACCMODE;
+        let ok = match typ as i32 {
+            libc::F_RDLCK => acc != libc::O_WRONLY,
+            libc::F_WRLCK => acc != libc::O_RDONLY,
+            _ => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Errno::EBADF)
+        }
     }
 
     pub(super) fn op_getlk(&self, fh: u64, req: &LockReq) -> FsResult<FileLock> {
@@ -157,24 +253,41 @@ impl PassthroughFs {
         if req.flock {
             return Err(Errno::EINVAL);
         }
-        let fd = self.owner_fd(&h, req.owner)?;
         let mut fl = to_flock(&req.lock);
-        sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?;
+        match self.owner_fd(&h, req.owner, false)? {
+            Some(fd) => sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?,
+            // An owner with no description holds no locks: a fresh one
+            // sees every conflicting lock, and is closed again.
+            None => {
+                let fd = self.reopen(&h.inode, libc::O_RDONLY)?;
+                sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?;
+            }
+        }
         Ok(from_flock(&fl))
     }
 
     /// The blocking call a lock request makes, on fds it keeps alive.
     fn lock_call(&self, h: &Arc<HandleData>, req: &LockReq, wait: bool) -> Result<LockCall, Errno> {
+        Self::check_mode(h, req.lock.typ)?;
         if req.flock {
             return Ok(LockCall::Flock(h.clone(), flock_op(req.lock.typ, wait)?));
         }
-        let fd = self.owner_fd(h, req.owner)?;
+        let unlock = req.lock.typ == libc::F_UNLCK as u32;
+        let Some(fd) = self.owner_fd(h, req.owner, !unlock)? else {
+            return Ok(LockCall::Nothing);
+        };
         let cmd = if wait {
             libc::F_OFD_SETLKW
         } else {
             libc::F_OFD_SETLK
         };
-        Ok(LockCall::Ofd(fd, cmd, to_flock(&req.lock)))
+        Ok(LockCall::Ofd {
+            fd,
+            cmd,
+            fl: to_flock(&req.lock),
+            key: (h.inode.nodeid, req.owner),
+            owners: self.locks.owners.clone(),
+        })
     }
 
     pub(super) fn op_setlk(&self, fh: u64, req: &LockReq) -> FsResult<()> {
@@ -200,14 +313,25 @@ impl PassthroughFs {
             Err(e) => return done.complete(Err(e)),
         };
         let waiters = self.locks.waiters.clone();
+        let unique = ctx.unique;
         {
-            let mut w = waiters.lock().unwrap_or_else(|e| e.into_inner());
-            if w.len() >= MAX_WAITERS {
+            let mut w = lock(&waiters);
+            if let Some(i) = w.early.iter().position(|&u| u == unique) {
+                w.early.remove(i);
+                drop(w);
+                return done.complete(Err(Errno::EINTR));
+            }
+            if w.parked.contains_key(&unique) {
+                // A unique already in flight: a client bug or an attack.
+                drop(w);
+                return done.complete(Err(Errno::EINVAL));
+            }
+            if w.parked.len() >= MAX_WAITERS {
                 drop(w);
                 return done.complete(Err(Errno(libc::ENOLCK)));
             }
-            w.insert(
-                ctx.unique,
+            w.parked.insert(
+                unique,
                 Waiter {
                     thread: None,
                     interrupted: false,
@@ -215,14 +339,14 @@ impl PassthroughFs {
             );
         }
         wake::install();
-        let unique = ctx.unique;
         let table = waiters.clone();
         let spawned = std::thread::Builder::new()
             .name("fusebox-lockwait".into())
             .spawn(move || {
+                wake::unblock();
                 let go = {
-                    let mut w = table.lock().unwrap_or_else(|e| e.into_inner());
-                    match w.get_mut(&unique) {
+                    let mut w = lock(&table);
+                    match w.parked.get_mut(&unique) {
                         Some(me) if !me.interrupted => {
                             me.thread = Some(wake::me());
                             true
@@ -233,34 +357,13 @@ impl PassthroughFs {
                 let r = if go { call.run() } else { Err(Errno::EINTR) };
                 // Leave the table before the thread can end, so nobody
                 // signals a thread that is gone.
-                table
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&unique);
+                lock(&table).parked.remove(&unique);
                 done.complete(r);
             });
         if spawned.is_err() {
             // The closure (and with it `done`, which answers EIO when
             // dropped) is gone; only the table entry is left to remove.
-            waiters
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&unique);
-        }
-    }
-}
-
-/// A lock syscall with the fds it needs.
-enum LockCall {
-    Flock(Arc<HandleData>, i32),
-    Ofd(Arc<CountedFd>, i32, libc::flock),
-}
-
-impl LockCall {
-    fn run(self) -> Result<(), Errno> {
-        match self {
-            LockCall::Flock(h, op) => sys::flock(h.fd.raw(), op),
-            LockCall::Ofd(fd, cmd, mut fl) => sys::fcntl_lock(fd.raw(), cmd, &mut fl),
+            lock(&waiters).parked.remove(&unique);
         }
     }
 }

@@ -274,6 +274,11 @@ impl PassthroughFs {
         self.io_stats.get()
     }
 
+    /// Open descriptions held for POSIX lock owners.
+    pub fn lock_owner_fds(&self) -> usize {
+        self.locks.owner_fds()
+    }
+
     /// SETLKW requests parked on waiter threads now.
     pub fn parked_locks(&self) -> usize {
         self.locks.parked()
@@ -371,8 +376,14 @@ impl PassthroughFs {
         Ok(self.entry(&data, &st))
     }
 
-    /// Reopens an inode's O_PATH fd with real access `flags`.
+    /// Reopens an inode's O_PATH fd with real access `flags`. Only regular
+    /// files and directories are ever opened for access: a device node
+    /// would open a host device, a FIFO would block the worker.
     fn reopen(&self, data: &InodeData, flags: i32) -> Result<inode::CountedFd, Errno> {
+        let openable = data.ftype == libc::S_IFREG || data.ftype == libc::S_IFDIR;
+        if flags & libc::O_PATH == 0 && !openable {
+            return Err(Errno(libc::EACCES));
+        }
         let fd = data.fd(&self.budget)?;
         let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
         let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);

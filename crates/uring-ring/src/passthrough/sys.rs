@@ -360,6 +360,12 @@ pub fn fcntl_lock(fd: RawFd, cmd: i32, fl: &mut libc::flock) -> Result<(), Errno
     check(unsafe { libc::fcntl(fd, cmd, fl as *mut libc::flock) }).map(drop)
 }
 
+/// fcntl(F_GETFL).
+pub fn getfl(fd: RawFd) -> Result<i32, Errno> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fcntl(fd, libc::F_GETFL) })
+}
+
 /// flock(2).
 pub fn flock(fd: RawFd, op: i32) -> Result<(), Errno> {
     // SAFETY: plain syscall on an fd.
@@ -450,6 +456,54 @@ pub mod thread {
         g.truncate(usize::try_from(n).unwrap_or(0));
         g
     }
+    /// This thread's capability sets (effective, permitted, inheritable),
+    /// 64 bits each.
+    pub fn capget() -> Result<[u64; 3], Errno> {
+        let mut hdr = CapHeader {
+            version: CAP_V3,
+            pid: 0,
+        };
+        let mut data = [CapData::default(); 2];
+        // SAFETY: a v3 header and room for the two data words it fills.
+        check_long(unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) })?;
+        let join = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | (u64::from(f(&data[1])) << 32);
+        Ok([
+            join(|d| d.effective),
+            join(|d| d.permitted),
+            join(|d| d.inheritable),
+        ])
+    }
+    /// Sets this thread's capability sets (see [`capget`]).
+    pub fn capset(sets: [u64; 3]) -> Result<(), Errno> {
+        let mut hdr = CapHeader {
+            version: CAP_V3,
+            pid: 0,
+        };
+        let word = |i: usize| CapData {
+            effective: (sets[0] >> (32 * i)) as u32,
+            permitted: (sets[1] >> (32 * i)) as u32,
+            inheritable: (sets[2] >> (32 * i)) as u32,
+        };
+        let data = [word(0), word(1)];
+        // SAFETY: a v3 header and the two data words it reads.
+        check_long(unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) }).map(drop)
+    }
+    const CAP_V3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    const _: () = assert!(std::mem::size_of::<CapHeader>() == 8);
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const _: () = assert!(std::mem::size_of::<CapData>() == 12);
+
     /// unshare(CLONE_FS): gives this thread its own umask and cwd.
     pub fn unshare_fs() -> Result<(), Errno> {
         // SAFETY: plain syscall.
@@ -494,6 +548,19 @@ pub mod wake {
     pub fn me() -> libc::pthread_t {
         // SAFETY: pthread_self has no preconditions.
         unsafe { libc::pthread_self() }
+    }
+
+    /// Unblocks the wake signal in this thread (a waiter inherits its
+    /// creator's mask, which an embedder may have blocked it in).
+    pub fn unblock() {
+        // SAFETY: a zeroed sigset is valid input to sigemptyset, which
+        // initialises it; pthread_sigmask reads it.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, signal());
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        }
     }
 
     /// Sends the wake signal to `t`, a thread that is still running (the

@@ -1,0 +1,154 @@
+//! Lock edge cases: owner descriptions are bounded and released, a FLUSH
+//! during a parked SETLKW keeps the lock it is then granted, duplicate
+//! uniques and early interrupts.
+
+mod common;
+
+use common::{Kind, Mount, Via};
+use fuse_core::abi::{FileLock, ROOT_ID};
+use fuse_core::server::{Ctx, Deferred, Filesystem, LockReq};
+use fuse_core::Errno;
+use std::sync::mpsc;
+use uring_ring::Config;
+
+const RW: u32 = libc::O_RDWR as u32;
+
+fn wr(start: u64, end: u64) -> FileLock {
+    FileLock {
+        start,
+        end,
+        typ: libc::F_WRLCK as u32,
+        pid: 0,
+    }
+}
+
+fn wait_until(mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed().as_secs() < 5, "condition not reached");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn owner_descriptions_are_bounded_and_released() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(2));
+    let c = &m.client;
+    let (f, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    // GETLK and unlocks by owners that hold nothing make no description.
+    for owner in 0..200 {
+        assert_eq!(
+            c.getlk(f.nodeid, o.fh, owner, wr(0, 9)).unwrap().typ,
+            libc::F_UNLCK as u32
+        );
+        let un = FileLock {
+            typ: libc::F_UNLCK as u32,
+            ..wr(0, 9)
+        };
+        c.setlk(f.nodeid, o.fh, owner, un, false).unwrap();
+    }
+    assert_eq!(m.fs().lock_owner_fds(), 0);
+    // Owners that do lock are capped per inode.
+    let mut err = None;
+    for owner in 0..300u64 {
+        if let Err(e) = c.setlk(f.nodeid, o.fh, owner, wr(owner, owner), false) {
+            err = Some((owner, e));
+            break;
+        }
+    }
+    assert_eq!(err, Some((256, Errno(libc::ENOLCK))));
+    // The inode's last release closes them all (and drops their locks).
+    let o2 = c.open(f.nodeid, RW).unwrap();
+    c.release(f.nodeid, o.fh, 0).unwrap();
+    assert_eq!(m.fs().lock_owner_fds(), 256, "another handle is still open");
+    c.release(f.nodeid, o2.fh, 0).unwrap();
+    assert_eq!(m.fs().lock_owner_fds(), 0);
+    let o3 = c.open(f.nodeid, RW).unwrap();
+    c.setlk(f.nodeid, o3.fh, 999, wr(0, 1000), false).unwrap();
+}
+
+#[test]
+fn a_lock_granted_after_a_flush_stays_held() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(2));
+    let c = &m.client;
+    let (f, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    c.setlk(f.nodeid, o.fh, 1, wr(0, 0), false).unwrap();
+    let call = c.setlkw(f.nodeid, o.fh, 2, wr(0, 0), false);
+    let w = std::thread::spawn(move || call.wait());
+    wait_until(|| m.fs().parked_locks() == 1);
+    // Owner 2 flushes while its SETLKW waits; then owner 1 lets go.
+    c.flush(f.nodeid, o.fh, 2).unwrap();
+    c.flush(f.nodeid, o.fh, 1).unwrap();
+    w.join().unwrap().unwrap();
+    // Owner 2 holds the lock: owner 3 cannot take it.
+    assert_eq!(
+        c.setlk(f.nodeid, o.fh, 3, wr(0, 0), false).unwrap_err(),
+        Errno::EAGAIN
+    );
+    c.flush(f.nodeid, o.fh, 2).unwrap();
+    c.setlk(f.nodeid, o.fh, 3, wr(0, 0), false).unwrap();
+}
+
+#[test]
+fn duplicate_uniques_and_early_interrupts() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(1));
+    let c = &m.client;
+    let (f, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    c.setlk(f.nodeid, o.fh, 1, wr(0, 0), false).unwrap();
+    let fs = m.fs();
+    let req = LockReq {
+        owner: 2,
+        lock: wr(0, 0),
+        flock: false,
+    };
+    let answer = || {
+        let (tx, rx) = mpsc::channel();
+        (
+            Deferred::new(move |e| {
+                let _ = tx.send(e);
+            }),
+            rx,
+        )
+    };
+    let ctx = Ctx {
+        unique: 77,
+        ..Default::default()
+    };
+    let (d1, r1) = answer();
+    fs.setlkw(&ctx, f.nodeid, o.fh, &req, d1);
+    wait_until(|| fs.parked_locks() == 1);
+    // The same unique again is refused, not parked over the first.
+    let (d2, r2) = answer();
+    fs.setlkw(&ctx, f.nodeid, o.fh, &req, d2);
+    assert_eq!(r2.recv().unwrap(), Errno::EINVAL.to_wire());
+    assert_eq!(fs.parked_locks(), 1);
+    fs.interrupt(77);
+    assert_eq!(r1.recv().unwrap(), Errno::EINTR.to_wire());
+    // An interrupt that arrives before its SETLKW is parked still ends it.
+    fs.interrupt(78);
+    let (d3, r3) = answer();
+    let ctx = Ctx {
+        unique: 78,
+        ..Default::default()
+    };
+    fs.setlkw(&ctx, f.nodeid, o.fh, &req, d3);
+    assert_eq!(r3.recv().unwrap(), Errno::EINTR.to_wire());
+    assert_eq!(fs.parked_locks(), 0);
+}
+
+#[test]
+fn a_read_only_handle_cannot_take_a_write_lock() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(1));
+    let c = &m.client;
+    let (f, _) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    let ro = c.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(
+        c.setlk(f.nodeid, ro.fh, 1, wr(0, 0), false).unwrap_err(),
+        Errno::EBADF
+    );
+    let rd = FileLock {
+        typ: libc::F_RDLCK as u32,
+        ..wr(0, 0)
+    };
+    c.setlk(f.nodeid, ro.fh, 1, rd, false).unwrap();
+}
