@@ -152,3 +152,39 @@ fn a_read_only_handle_cannot_take_a_write_lock() {
     };
     c.setlk(f.nodeid, ro.fh, 1, rd, false).unwrap();
 }
+
+#[test]
+fn setlkw_through_the_ring_parks_without_holding_the_queue() {
+    // One ring entry (one worker): a waiting SETLKW must not keep the
+    // queue from serving the request that releases its lock.
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Ring(1));
+    let c = &m.client;
+    let (f, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    c.setlk(f.nodeid, o.fh, 1, wr(0, 0), false).unwrap();
+    let mut calls: Vec<_> = (2..5u64)
+        .map(|owner| {
+            let call = c.setlkw(f.nodeid, o.fh, owner, wr(0, 0), false);
+            (owner, std::thread::spawn(move || call.wait()))
+        })
+        .collect();
+    wait_until(|| m.fs().parked_locks() == 3);
+    // Served meanwhile: metadata, data, and the unlock.
+    c.getattr(f.nodeid, None).unwrap();
+    c.write(f.nodeid, o.fh, 0, b"x", 0).unwrap();
+    let un = FileLock {
+        typ: libc::F_UNLCK as u32,
+        ..wr(0, 0)
+    };
+    c.setlk(f.nodeid, o.fh, 1, un, false).unwrap();
+    // The waiters get the lock one after the other: each holder's unlock
+    // lets the next one in.
+    while !calls.is_empty() {
+        wait_until(|| calls.iter().any(|(_, t)| t.is_finished()));
+        let i = calls.iter().position(|(_, t)| t.is_finished()).unwrap();
+        let (owner, t) = calls.remove(i);
+        t.join().unwrap().unwrap();
+        assert_eq!(m.fs().parked_locks(), calls.len(), "one grant at a time");
+        c.setlk(f.nodeid, o.fh, owner, un, false).unwrap();
+    }
+    assert_eq!(m.fs().parked_locks(), 0);
+}

@@ -237,6 +237,25 @@ impl RingEnd {
         ring.commit(area, f, fixed)
     }
 
+    /// Waits until one of `entries()` (entries of queue `qid` the caller
+    /// owns) holds a request and hands it over, or until `ready()` holds
+    /// (None). `ready` is re-checked after every [`RingEnd::wake`].
+    pub fn fetch_any(
+        &self,
+        qid: u16,
+        entries: &dyn Fn() -> Vec<EntHandle>,
+        ready: &dyn Fn() -> bool,
+    ) -> Result<Option<Fetched>, Errno> {
+        self.ring()?.fetch_any(qid, entries, ready)
+    }
+
+    /// Wakes the threads waiting in [`RingEnd::fetch_any`] on queue `qid`.
+    pub fn wake(&self, qid: u16) {
+        if let Ok(r) = self.ring() {
+            r.wake(qid);
+        }
+    }
+
     /// COMMIT_AND_FETCH: commits `f` and waits for the entry's next request.
     pub fn commit_and_fetch(&self, f: Fetched, fixed: Option<u16>) -> Result<Fetched, Errno> {
         // Commit and fetch on the ring the entry belongs to.

@@ -17,6 +17,7 @@ mod commands;
 mod ent;
 mod fetched;
 mod pool;
+mod wait;
 
 pub use commands::{bufpool_area, cmd_area, RingEnd};
 pub use ent::{EntState, EntryBufs};

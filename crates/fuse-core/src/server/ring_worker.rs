@@ -1,12 +1,15 @@
-//! Ring-style worker: one entry, COMMIT_AND_FETCH in a loop. It sees the
-//! ring only through [`RingSlot`] and [`RingTransport`] (the kernel's ring
+//! Ring-style worker: commit a reply, wait for the next request, on one
+//! entry (more while requests are parked). It sees the ring only through
+//! [`RingSlot`] and [`RingTransport`] (the kernel's ring
 //! ABI: the 288-byte header, split arguments, a payload buffer), so the
 //! same code serves the emulated ring and, later, the kernel's.
 
-use super::{Dispatcher, Filesystem};
+use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
 use crate::chan::Errno;
-use crate::ring::{EntryBufs, Fetched, RingEnd};
+use crate::ring::{EntHandle, EntryBufs, Fetched, RingEnd};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// One ring entry holding a request, as a worker sees it.
 pub trait RingSlot {
@@ -23,19 +26,28 @@ pub trait RingSlot {
 }
 
 /// A ring a worker can serve.
-pub trait RingTransport {
+pub trait RingTransport: Clone + Send + Sync + 'static {
     /// An entry holding a request.
-    type Slot: RingSlot;
-    /// Registers an entry on `qid` (pool mode when `payload` is 0) and waits
-    /// for its first request.
-    fn register_and_fetch(
+    type Slot: RingSlot + Send + 'static;
+    /// Names an entry between requests.
+    type Handle: Copy + PartialEq + Send + 'static;
+    /// Registers an entry on `qid` (pool mode when `payload` is 0).
+    fn register(&self, qid: u16, payload: usize, fixed: Option<u16>)
+        -> Result<Self::Handle, Errno>;
+    /// Commits a slot's reply; the entry waits for its next request.
+    fn commit(&self, slot: Self::Slot, fixed: Option<u16>) -> Result<Self::Handle, Errno>;
+    /// Waits until one of `entries()` holds a request (Some) or `ready()`
+    /// holds (None); `ready` is re-checked after every [`RingTransport::wake`].
+    fn fetch_any(
         &self,
         qid: u16,
-        payload: usize,
-        fixed: Option<u16>,
-    ) -> Result<Self::Slot, Errno>;
-    /// Commits a slot and waits for its next request.
-    fn commit_and_fetch(&self, slot: Self::Slot, fixed: Option<u16>) -> Result<Self::Slot, Errno>;
+        entries: &dyn Fn() -> Vec<Self::Handle>,
+        ready: &dyn Fn() -> bool,
+    ) -> Result<Option<Self::Slot>, Errno>;
+    /// Wakes the workers of `qid` waiting in `fetch_any`.
+    fn wake(&self, qid: u16);
+    /// The entry a slot belongs to.
+    fn handle_of(slot: &Self::Slot) -> Self::Handle;
 }
 
 impl RingSlot for Fetched {
@@ -58,32 +70,54 @@ impl RingSlot for Fetched {
 
 impl RingTransport for RingEnd {
     type Slot = Fetched;
-    fn register_and_fetch(
-        &self,
-        qid: u16,
-        payload: usize,
-        fixed: Option<u16>,
-    ) -> Result<Fetched, Errno> {
+    type Handle = EntHandle;
+    fn register(&self, qid: u16, payload: usize, fixed: Option<u16>) -> Result<EntHandle, Errno> {
         let bufs = if payload == 0 {
             EntryBufs::pooled()
         } else {
             EntryBufs::with_payload(payload)
         };
-        let h = self.register(&crate::ring::cmd_area(qid, 0, 0), bufs, fixed)?;
-        self.fetch(h, true)?.ok_or(Errno::EAGAIN)
+        RingEnd::register(self, &crate::ring::cmd_area(qid, 0, 0), bufs, fixed)
     }
-    fn commit_and_fetch(&self, slot: Fetched, fixed: Option<u16>) -> Result<Fetched, Errno> {
-        RingEnd::commit_and_fetch(self, slot, fixed)
+    fn commit(&self, slot: Fetched, fixed: Option<u16>) -> Result<EntHandle, Errno> {
+        let area = slot.commit_cmd();
+        RingEnd::commit(self, &area, slot, fixed).map_err(|(e, _)| e)
+    }
+    fn fetch_any(
+        &self,
+        qid: u16,
+        entries: &dyn Fn() -> Vec<EntHandle>,
+        ready: &dyn Fn() -> bool,
+    ) -> Result<Option<Fetched>, Errno> {
+        RingEnd::fetch_any(self, qid, entries, ready)
+    }
+    fn wake(&self, qid: u16) {
+        RingEnd::wake(self, qid)
+    }
+    fn handle_of(slot: &Fetched) -> EntHandle {
+        slot.handle()
     }
 }
 
 /// Answers the request in `f` with `disp`, writing the reply into the
-/// entry (payload buffer, or `op_in` for a zero-copy WRITE).
+/// entry (payload buffer, or `op_in` for a zero-copy WRITE). A request
+/// that waits is answered on this thread.
 pub fn answer<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
     scratch: &mut [u8],
 ) {
+    answer_with(disp, f, scratch, None);
+}
+
+/// [`answer`], parking a request that waits when `defer` is given: then
+/// nothing is written to the entry and it returns true.
+pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
+    disp: &Dispatcher<F>,
+    f: &mut S,
+    scratch: &mut [u8],
+    defer: Option<DeferFn<'_>>,
+) -> bool {
     let hdr = f.in_header();
     let sz = f.request_payload_len();
     let zc_write = f.is_zero_copy() && hdr.opcode == Opcode::Write as u32;
@@ -100,7 +134,11 @@ pub fn answer<F: Filesystem, S: RingSlot + ?Sized>(
             } else {
                 &mut *outp
             };
-            disp.handle(&req, out)
+            match disp.handle_with(&req, out, defer) {
+                Handled::Reply(o) => Some(o),
+                Handled::NoReply => None,
+                Handled::Parked => return true,
+            }
         }
         Err(_) => None,
     };
@@ -119,10 +157,22 @@ pub fn answer<F: Filesystem, S: RingSlot + ?Sized>(
         }
     }
     f.set_reply(error, if zc_write { 0 } else { len });
+    false
 }
 
-/// Serves one entry of queue `qid` until the ring is torn down (pool mode
-/// when `payload` is 0, else a per-entry payload buffer of that size).
+/// Answers of parked requests, waiting for their worker.
+type Answered = Arc<Mutex<Vec<(u64, i32)>>>;
+
+/// Serves queue `qid` until the ring is torn down (pool mode when
+/// `payload` is 0, else a per-entry payload buffer of that size).
+///
+/// The worker owns one entry, and one more for each of its requests that
+/// is parked (a SETLKW waiting for its lock): a parked request keeps its
+/// entry (its reply must go there) while the worker goes on serving on
+/// another. When the parked request is answered, from whichever thread,
+/// the worker is woken, commits the reply and takes the entry back.
+/// Entries are reused, so their number stays at one plus the most
+/// requests this worker ever had parked at once.
 pub fn run_ring_worker<R: RingTransport, F: Filesystem>(
     ring: &R,
     qid: u16,
@@ -130,19 +180,65 @@ pub fn run_ring_worker<R: RingTransport, F: Filesystem>(
     fixed: Option<u16>,
     disp: &Dispatcher<F>,
 ) -> Result<(), Errno> {
-    let mut scratch = vec![0u8; 64 * 1024];
     // ENOTCONN at any point is the connection going away: a clean end.
-    let mut f = match ring.register_and_fetch(qid, payload, fixed) {
-        Ok(f) => f,
-        Err(Errno::ENOTCONN) => return Ok(()),
-        Err(e) => return Err(e),
+    match serve_queue(ring, qid, payload, fixed, disp) {
+        Err(Errno::ENOTCONN) => Ok(()),
+        r => r,
+    }
+}
+
+fn serve_queue<R: RingTransport, F: Filesystem>(
+    ring: &R,
+    qid: u16,
+    payload: usize,
+    fixed: Option<u16>,
+    disp: &Dispatcher<F>,
+) -> Result<(), Errno> {
+    let mut scratch = vec![0u8; 64 * 1024];
+    // Entries waiting for a request (guarded by their own lock, taken
+    // inside the ring's queue lock by `fetch_any`; never the other way).
+    let idle: Arc<Mutex<Vec<R::Handle>>> = Arc::new(Mutex::new(Vec::new()));
+    let answered: Answered = Arc::new(Mutex::new(Vec::new()));
+    let mut parked: HashMap<u64, R::Slot> = HashMap::new();
+    let first = ring.register(qid, payload, fixed)?;
+    lock(&idle).push(first);
+    let defer = |unique: u64| {
+        let (answered, ring) = (answered.clone(), ring.clone());
+        Deferred::new(move |error| {
+            lock(&answered).push((unique, error));
+            ring.wake(qid);
+        })
     };
     loop {
-        answer(disp, &mut f, &mut scratch);
-        f = match ring.commit_and_fetch(f, fixed) {
-            Ok(f) => f,
-            Err(Errno::ENOTCONN) => return Ok(()),
-            Err(e) => return Err(e),
+        let done: Vec<(u64, i32)> = std::mem::take(&mut *lock(&answered));
+        for (unique, error) in done {
+            if let Some(mut slot) = parked.remove(&unique) {
+                slot.set_reply(error, 0);
+                let h = ring.commit(slot, fixed)?;
+                lock(&idle).push(h);
+            }
+        }
+        let entries = || lock(&idle).clone();
+        let ready = || !lock(&answered).is_empty();
+        let Some(mut slot) = ring.fetch_any(qid, &entries, &ready)? else {
+            continue;
         };
+        let h = R::handle_of(&slot);
+        lock(&idle).retain(|&x| x != h);
+        let unique = slot.in_header().unique;
+        if answer_with(disp, &mut slot, &mut scratch, Some(&defer)) {
+            parked.insert(unique, slot);
+            if lock(&idle).is_empty() {
+                let fresh = ring.register(qid, payload, fixed)?;
+                lock(&idle).push(fresh);
+            }
+        } else {
+            let h = ring.commit(slot, fixed)?;
+            lock(&idle).push(h);
+        }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

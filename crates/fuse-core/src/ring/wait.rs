@@ -1,0 +1,63 @@
+//! Waiting on several entries at once: a server thread that owns more than
+//! one entry of a queue (because one of its requests is parked) waits until
+//! any of them holds a request, or until its own condition (a parked
+//! request was answered) holds. This is what a thread does with the CQEs of
+//! several COMMIT_AND_FETCH commands on the kernel's ring.
+
+use super::{lk, EntHandle, EntState, Fetched, Ring};
+use crate::chan::Errno;
+use std::sync::Arc;
+
+impl Ring {
+    /// Waits (guarded by the queue's lock) until one of `entries()` holds a
+    /// request, which it hands over, or `ready()` holds (None). Both
+    /// closures are evaluated under the queue lock, so a condition set
+    /// before [`Ring::wake`] is never missed.
+    pub(super) fn fetch_any(
+        self: &Arc<Self>,
+        qid: u16,
+        entries: &dyn Fn() -> Vec<EntHandle>,
+        ready: &dyn Fn() -> bool,
+    ) -> Result<Option<Fetched>, Errno> {
+        let qi = self.qidx(qid)?;
+        let found = {
+            let mut q = lk(&self.queues[qi]);
+            loop {
+                if ready() {
+                    return Ok(None);
+                }
+                let ents = entries();
+                if q.stopped {
+                    for h in ents.iter().filter(|h| h.qid == qid) {
+                        if q.ents.get(h.ent as usize).map(|e| e.state) == Some(EntState::Available)
+                        {
+                            let _ = q.mv(h.ent, EntState::Teardown);
+                            let _ = q.mv(h.ent, EntState::Released);
+                        }
+                    }
+                    return Err(Errno::ENOTCONN);
+                }
+                let hit = ents.into_iter().find(|h| {
+                    h.qid == qid
+                        && q.ents
+                            .get(h.ent as usize)
+                            .is_some_and(|e| e.state == EntState::FuseReq && !e.copying)
+                });
+                if let Some(h) = hit {
+                    break h;
+                }
+                q = self.cvs[qi].wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        // Only the owner fetches its entries, so the request is still there.
+        self.fetch(found, false)
+    }
+
+    /// Wakes every thread waiting on queue `qid` (to re-check `ready`).
+    pub(super) fn wake(&self, qid: u16) {
+        if let Ok(qi) = self.qidx(qid) {
+            let _q = lk(&self.queues[qi]);
+            self.cvs[qi].notify_all();
+        }
+    }
+}
