@@ -121,6 +121,7 @@ pub struct Driver {
     queued: usize,
     supported: Supported,
     regions: Vec<Box<[u8]>>,
+    cancels: Option<std::sync::Arc<crate::cancel::CancelRegistry>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -157,7 +158,15 @@ impl Driver {
             queued: 0,
             supported,
             regions: Vec::new(),
+            cancels: None,
         })
+    }
+
+    /// Records this driver's waiting borrowed-buffer ops (`read_into`,
+    /// `write_from`, `fsync`) in `registry`, so another thread can cancel
+    /// them by key.
+    pub fn set_cancel_registry(&mut self, registry: std::sync::Arc<crate::cancel::CancelRegistry>) {
+        self.cancels = Some(registry);
     }
 
     /// What the probe found.
@@ -597,9 +606,17 @@ impl Driver {
             self.release(id.idx);
             return Err(driver_io(e));
         }
+        let ring_fd = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
+        let cancels = self.cancels.clone();
+        if let Some(r) = &cancels {
+            r.enter(key, ring_fd, id.idx as u64);
+        }
         let mut failures = 0;
         loop {
             if let Some(c) = self.take(id) {
+                if let Some(r) = &cancels {
+                    r.leave(key, ring_fd, id.idx as u64);
+                }
                 return c.result;
             }
             match self.ring.submit_and_wait(1) {

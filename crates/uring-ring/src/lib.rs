@@ -6,8 +6,10 @@
 //! - [`PassthroughFs`]: a host directory served as a FUSE filesystem,
 //!   confined beneath that directory, with data I/O through the driver.
 
+mod cancel;
 mod driver;
 pub mod passthrough;
 
+pub use cancel::CancelRegistry;
 pub use driver::{pread, pwrite, Completion, Driver, DriverError, OpId, Supported, Target};
 pub use passthrough::{CachePolicy, Config, PassthroughError, PassthroughFs};

@@ -231,3 +231,41 @@ fn dropping_the_driver_cancels_and_drains() {
         "drop must not hang on blocked ops"
     );
 }
+
+#[test]
+fn another_thread_cancels_a_waiting_op_by_key() {
+    // A borrowed-buffer read blocks on an empty pipe in one thread; another
+    // thread cancels it by its key (FUSE_INTERRUPT's path) and it returns
+    // ECANCELED. A different key cancels nothing.
+    let registry = std::sync::Arc::new(uring_ring::CancelRegistry::default());
+    let (r, mut w) = pipe();
+    let reg = registry.clone();
+    let fd = r.as_raw_fd();
+    let reader = std::thread::spawn(move || {
+        let mut d = Driver::new(8).unwrap();
+        d.set_cancel_registry(reg);
+        let mut buf = [0u8; 16];
+        d.read_into(Target::Fd(fd), &mut buf, 0, 42)
+    });
+    let t = Instant::now();
+    while registry.in_flight() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(registry.cancel(7, Duration::from_millis(10)), 0);
+    assert!(!reader.is_finished());
+    assert_eq!(registry.cancel(42, Duration::from_millis(500)), 1);
+    let t = Instant::now();
+    while !reader.is_finished() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if !reader.is_finished() {
+        // Not cancelled: release the reader so the test fails, not hangs.
+        w.write_all(b"x").unwrap();
+        panic!("the op was not cancelled");
+    }
+    let err = reader.join().unwrap().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ECANCELED));
+    assert_eq!(registry.in_flight(), 0);
+    drop(r);
+}

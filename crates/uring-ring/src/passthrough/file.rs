@@ -387,7 +387,7 @@ impl PassthroughFs {
 
     pub(super) fn op_fsync(&self, ctx: &Ctx, fh: u64, datasync: bool) -> FsResult<()> {
         let h = self.handles.get(fh)?;
-        io::fsync(h.uring, h.fd.raw(), datasync, ctx.unique)
+        io::fsync(h.uring, h.fd.raw(), datasync, ctx.unique, &self.io_stats)
     }
 
     fn dents(&self, fh: u64, offset: u64, mut each: impl FnMut(&Dent<'_>) -> bool) -> FsResult<()> {

@@ -211,6 +211,7 @@ impl Filesystem for PassthroughFs {
     }
     fn interrupt(&self, unique: u64) {
         self.locks.interrupt(unique);
+        self.cancel_io(unique);
     }
     fn tmpfile(
         &self,

@@ -17,10 +17,14 @@ thread_local! {
     static NO_RING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// How data I/O was done: [read, write] x [io_uring, syscall].
+/// The filesystem's I/O state: how data I/O was done ([read, write] x
+/// [io_uring, syscall]) and the ops in flight by request unique, for
+/// FUSE_INTERRUPT.
 #[derive(Debug, Default)]
 pub struct IoStats {
     counts: [[std::sync::atomic::AtomicU64; 2]; 2],
+    /// Ops in flight on the workers' rings, by request unique.
+    pub cancels: std::sync::Arc<crate::CancelRegistry>,
 }
 
 impl IoStats {
@@ -54,11 +58,18 @@ pub struct IoCounts {
 }
 
 fn errno(e: std::io::Error) -> Errno {
-    Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    match e.raw_os_error() {
+        // Cancelled by FUSE_INTERRUPT: the interrupted request's answer.
+        Some(libc::ECANCELED) => Errno::EINTR,
+        Some(n) => Errno(n),
+        None => Errno::EIO,
+    }
 }
 
 /// Runs `f` on this thread's driver, or returns None when there is none.
-fn with_driver<T>(uring: bool, f: impl FnOnce(&mut Driver) -> T) -> Option<T> {
+/// Its ops are recorded in `io.cancels` (a thread serves one filesystem at
+/// a time; the registry is set again if that changes).
+fn with_driver<T>(uring: bool, io: &IoStats, f: impl FnOnce(&mut Driver) -> T) -> Option<T> {
     if !uring || NO_RING.with(|n| n.get()) {
         return None;
     }
@@ -73,7 +84,9 @@ fn with_driver<T>(uring: bool, f: impl FnOnce(&mut Driver) -> T) -> Option<T> {
                 }
             }
         }
-        d.as_mut().map(f)
+        let drv = d.as_mut()?;
+        drv.set_cancel_registry(io.cancels.clone());
+        Some(f(drv))
     })
 }
 
@@ -90,7 +103,7 @@ pub fn read_full(
     while done < buf.len() {
         let dst = &mut buf[done..];
         let at = off.checked_add(done as u64).ok_or(Errno::EINVAL)?;
-        let n = match with_driver(uring, |d| d.read_into(Target::Fd(fd), dst, at, key)) {
+        let n = match with_driver(uring, stats, |d| d.read_into(Target::Fd(fd), dst, at, key)) {
             Some(r) => {
                 stats.count(false, true);
                 r
@@ -124,7 +137,7 @@ pub fn write_full(
     while done < buf.len() {
         let src = &buf[done..];
         let at = off.checked_add(done as u64).ok_or(Errno::EINVAL)?;
-        let n = match with_driver(uring, |d| d.write_from(Target::Fd(fd), src, at, key)) {
+        let n = match with_driver(uring, stats, |d| d.write_from(Target::Fd(fd), src, at, key)) {
             Some(r) => {
                 stats.count(true, true);
                 r
@@ -146,8 +159,8 @@ pub fn write_full(
 }
 
 /// fsync/fdatasync through the ring.
-pub fn fsync(uring: bool, fd: RawFd, datasync: bool, key: u64) -> Result<(), Errno> {
-    match with_driver(uring, |d| d.fsync(Target::Fd(fd), datasync, key)) {
+pub fn fsync(uring: bool, fd: RawFd, datasync: bool, key: u64, io: &IoStats) -> Result<(), Errno> {
+    match with_driver(uring, io, |d| d.fsync(Target::Fd(fd), datasync, key)) {
         Some(r) => r.map(drop).map_err(errno),
         None => super::sys::fsync(fd, datasync),
     }

@@ -274,6 +274,15 @@ impl PassthroughFs {
         self.io_stats.get()
     }
 
+    /// Cancels the data I/O of request `unique` in flight on a worker's
+    /// io_uring (FUSE_INTERRUPT): the request ends with EINTR. Returns how
+    /// many ops were found.
+    pub fn cancel_io(&self, unique: u64) -> usize {
+        self.io_stats
+            .cancels
+            .cancel(unique, std::time::Duration::from_millis(20))
+    }
+
     /// Open descriptions held for POSIX lock owners.
     pub fn lock_owner_fds(&self) -> usize {
         self.locks.owner_fds()

@@ -1,0 +1,108 @@
+//! Cancelling an in-flight op from another thread, by the FUSE request's
+//! unique (for FUSE_INTERRUPT and request timeouts).
+//!
+//! A driver belongs to one thread, and the interrupt arrives on another.
+//! Drivers that share a [`CancelRegistry`] record each waiting op (its
+//! ring's fd and user_data) under the op's key while the op is in flight;
+//! [`CancelRegistry::cancel`] issues IORING_REGISTER_SYNC_CANCEL (6.0+) on
+//! that ring. The registry's lock is held across the syscall and an op
+//! leaves the registry (under that lock) before its driver can drop the
+//! ring, so the fd named is always that live ring.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// IORING_REGISTER_SYNC_CANCEL.
+const REGISTER_SYNC_CANCEL: libc::c_uint = 24;
+
+/// `struct io_uring_sync_cancel_reg`.
+#[repr(C)]
+struct SyncCancelReg {
+    addr: u64,
+    fd: i32,
+    flags: u32,
+    timeout_sec: i64,
+    timeout_nsec: i64,
+    opcode: u8,
+    pad: [u8; 7],
+    pad2: [u64; 3],
+}
+const _: () = assert!(std::mem::size_of::<SyncCancelReg>() == 64);
+
+/// Ops in flight by key, across the drivers that share it.
+#[derive(Debug, Default)]
+pub struct CancelRegistry {
+    ops: Mutex<HashMap<u64, Vec<(RawFd, u64)>>>,
+}
+
+impl CancelRegistry {
+    fn ops(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<(RawFd, u64)>>> {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn enter(&self, key: u64, ring: RawFd, user_data: u64) {
+        self.ops().entry(key).or_default().push((ring, user_data));
+    }
+
+    pub(crate) fn leave(&self, key: u64, ring: RawFd, user_data: u64) {
+        let mut ops = self.ops();
+        if let Some(v) = ops.get_mut(&key) {
+            v.retain(|&o| o != (ring, user_data));
+            if v.is_empty() {
+                ops.remove(&key);
+            }
+        }
+    }
+
+    /// Ops in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.ops().values().map(Vec::len).sum()
+    }
+
+    /// Cancels every op in flight under `key`; returns how many were found.
+    /// An op that was queued but not yet submitted is caught by a retry
+    /// (up to `patience`).
+    pub fn cancel(&self, key: u64, patience: Duration) -> usize {
+        let start = std::time::Instant::now();
+        let mut found = 0;
+        loop {
+            {
+                let ops = self.ops();
+                let Some(list) = ops.get(&key) else {
+                    return found;
+                };
+                found = found.max(list.len());
+                for &(ring, ud) in list {
+                    let reg = SyncCancelReg {
+                        addr: ud,
+                        fd: 0,
+                        flags: 0,
+                        timeout_sec: 0,
+                        timeout_nsec: 10_000_000,
+                        opcode: 0,
+                        pad: [0; 7],
+                        pad2: [0; 3],
+                    };
+                    // SAFETY: `ring` is a live io_uring fd (see the module
+                    // docs: the lock we hold keeps its driver from dropping
+                    // it) and `reg` is a valid sync-cancel argument.
+                    unsafe {
+                        libc::syscall(
+                            libc::SYS_io_uring_register,
+                            ring,
+                            REGISTER_SYNC_CANCEL,
+                            &reg as *const SyncCancelReg,
+                            1,
+                        );
+                    }
+                }
+            }
+            if start.elapsed() >= patience {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
