@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, unit/integration tests, loom models,
-# the decoder fuzz harness and the docs. Everything runs on stable Rust.
+# the decoder fuzz harness, pjdfstest and fsx through a host mount, and the
+# docs. Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -24,6 +25,15 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 
 step "decoder fuzz harness (${FUSEBOX_FUZZ_ITERS:=5000000} inputs)"
 FUSEBOX_FUZZ_ITERS="$FUSEBOX_FUZZ_ITERS" cargo test -p fuse-core --release --test decode_fuzz
+
+step "conformance: pjdfstest through the host mount (default, cache=never, file handles)"
+tests/conformance/pjdfstest.sh
+tests/conformance/pjdfstest.sh --cache never
+tests/conformance/pjdfstest.sh --inode-file-handles
+
+step "integrity: fsx, every operation, 100000 ops, fixed seed"
+tests/conformance/fsx.sh 100000 1
+tests/conformance/fsx.sh 20000 2 --cache never
 
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps

@@ -7,6 +7,7 @@
 //!   confined beneath that directory, with data I/O through the driver.
 
 mod cancel;
+pub mod devfuse;
 mod driver;
 pub mod passthrough;
 

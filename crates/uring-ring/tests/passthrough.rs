@@ -48,7 +48,13 @@ fn every_op(kind: Kind, via: Via) {
     assert!(m.path("d").is_dir());
     assert_eq!(c.mkdir(ROOT_ID, b"d", 0o755, 0).unwrap_err(), Errno::EEXIST);
     let (f, o) = c
-        .create(d.nodeid, b"f", 0o640, RW | libc::O_EXCL as u32, 0)
+        .create(
+            d.nodeid,
+            b"f",
+            libc::S_IFREG | 0o640,
+            RW | libc::O_EXCL as u32,
+            0,
+        )
         .unwrap();
     assert_eq!(
         c.create(d.nodeid, b"f", 0o640, RW | libc::O_EXCL as u32, 0)

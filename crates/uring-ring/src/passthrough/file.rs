@@ -219,6 +219,9 @@ impl PassthroughFs {
         let name = component(name)?;
         let excl = flags as i32 & libc::O_EXCL != 0;
         let f = self.access_flags(flags)?;
+        // The kernel sends S_IFREG with the mode; openat2 refuses any bit
+        // outside the permission bits.
+        let mode = mode & 0o7777;
         // Always O_EXCL: an existing name is opened the way OPEN opens it
         // (regular files only), never by open(O_CREAT), which would open a
         // device node or block on a FIFO a hostile client made.
@@ -274,6 +277,7 @@ impl PassthroughFs {
     ) -> FsResult<Created<u64, u64>> {
         self.writable()?;
         let p = self.inodes.get(parent)?;
+        let mode = mode & 0o7777;
         let mut f = self.access_flags(flags)?;
         if f & libc::O_ACCMODE == libc::O_RDONLY {
             f |= libc::O_RDWR;

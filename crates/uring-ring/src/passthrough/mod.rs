@@ -417,7 +417,10 @@ impl PassthroughFs {
             | init::DO_READDIRPLUS
             | init::READDIRPLUS_AUTO
             | init::ATOMIC_O_TRUNC
-            | init::PARALLEL_DIROPS;
+            | init::PARALLEL_DIROPS
+            // Shared mmap of files opened with FOPEN_DIRECT_IO (cache
+            // never/metadata); without it the client refuses with ENODEV.
+            | init::DIRECT_IO_ALLOW_MMAP;
         if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
             f |= init::WRITEBACK_CACHE;
         }

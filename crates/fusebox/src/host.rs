@@ -1,0 +1,159 @@
+//! `fusebox mount`: the passthrough served to the host kernel through
+//! /dev/fuse, by the same dispatcher and device workers that serve the
+//! in-process engine.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
+use std::path::PathBuf;
+use std::sync::Arc;
+use uring_ring::devfuse::{unmount, DevFuse, MountError, MountOptions};
+use uring_ring::passthrough::Groups;
+use uring_ring::{CachePolicy, Config, PassthroughError, PassthroughFs};
+
+/// Errors of the host mount.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The shared directory.
+    #[error("serving the shared directory")]
+    Share(#[source] PassthroughError),
+    /// Mounting.
+    #[error("mounting")]
+    Mount(#[source] MountError),
+}
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(name = "fusebox", version, about = "Serve a host directory over FUSE")]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Mount the shared directory on the host through /dev/fuse (root).
+    ///
+    /// Example: fusebox mount --shared-dir /srv/data /mnt/data
+    Mount(MountArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Cache {
+    Never,
+    Metadata,
+    Auto,
+    Always,
+}
+
+#[derive(Debug, clap::Args)]
+struct MountArgs {
+    /// Directory to share.
+    #[arg(long)]
+    shared_dir: PathBuf,
+    /// Where to mount it.
+    mountpoint: PathBuf,
+    /// Cache policy.
+    #[arg(long, value_enum, default_value = "auto")]
+    cache: Cache,
+    /// Worker threads.
+    #[arg(long, default_value_t = 4)]
+    thread_pool_size: usize,
+    /// Serve extended attributes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    xattr: bool,
+    /// Refuse every change.
+    #[arg(long)]
+    readonly: bool,
+    /// Negotiate the writeback cache.
+    #[arg(long)]
+    writeback: bool,
+    /// Keep file handles instead of an fd per inode.
+    #[arg(long)]
+    inode_file_handles: bool,
+    /// Cap on fds the daemon holds.
+    #[arg(long, default_value_t = 65536)]
+    rlimit_nofile: usize,
+    /// max_background to negotiate (0: the kernel's default).
+    #[arg(long, default_value_t = 0)]
+    max_background: u16,
+    /// congestion_threshold to negotiate (0: the kernel's default).
+    #[arg(long, default_value_t = 0)]
+    congestion_threshold: u16,
+    /// FUSE_REQUEST_TIMEOUT in seconds (0: none).
+    #[arg(long, default_value_t = 0)]
+    request_timeout: u16,
+    /// Data I/O with pread/pwrite only.
+    #[arg(long)]
+    no_io_uring: bool,
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it
+/// starts afterwards, and returns a thread that waits for one of them and
+/// then unmounts `mnt`.
+fn unmount_on_signal(mnt: PathBuf) {
+    // SAFETY: a zeroed sigset is initialised by sigemptyset before use;
+    // pthread_sigmask and sigwait read it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        std::thread::spawn(move || {
+            let mut sig = 0;
+            libc::sigwait(&set, &mut sig);
+            eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
+            if let Err(e) = unmount(&mnt, true) {
+                eprintln!("fusebox: {e}");
+            }
+        });
+    }
+}
+
+/// Runs the command.
+pub fn run(cli: Cli) -> Result<(), HostError> {
+    let Cmd::Mount(a) = cli.cmd;
+    let cfg = Config {
+        cache: match a.cache {
+            Cache::Never => CachePolicy::Never,
+            Cache::Metadata => CachePolicy::Metadata,
+            Cache::Auto => CachePolicy::Auto,
+            Cache::Always => CachePolicy::Always,
+        },
+        writeback: a.writeback,
+        readonly: a.readonly,
+        xattr: a.xattr,
+        inode_file_handles: a.inode_file_handles,
+        max_fds: a.rlimit_nofile,
+        // Callers are host processes: their groups are in /proc.
+        groups: Groups::Proc,
+        io_uring: !a.no_io_uring,
+        ..Config::default()
+    };
+    let fs = PassthroughFs::new(&a.shared_dir, cfg).map_err(HostError::Share)?;
+    let scfg = ServerConfig {
+        max_background: a.max_background,
+        congestion_threshold: a.congestion_threshold,
+        request_timeout: a.request_timeout,
+        ..ServerConfig::default()
+    };
+    let disp = Arc::new(Dispatcher::new(fs, scfg));
+    unmount_on_signal(a.mountpoint.clone());
+    let opts = MountOptions {
+        readonly: a.readonly,
+        ..MountOptions::default()
+    };
+    let dev = DevFuse::mount(&a.mountpoint, &opts).map_err(HostError::Mount)?;
+    eprintln!(
+        "fusebox: serving {} on {}",
+        a.shared_dir.display(),
+        a.mountpoint.display()
+    );
+    // The workers return when the connection goes (unmount, abort).
+    for w in serve_device(dev, disp, a.thread_pool_size) {
+        let _ = w.join();
+    }
+    eprintln!("fusebox: {} unmounted", a.mountpoint.display());
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! The host kernel's FUSE device: `/dev/fuse`, mounted with mount(2), read
+//! and written by the same device workers that serve the in-process engine
+//! (`fuse_core::server::DeviceEnd`).
+
+use fuse_core::abi::OutHeader;
+use fuse_core::server::DeviceEnd;
+use fuse_core::Errno;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Errors mounting and unmounting.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// /dev/fuse could not be opened.
+    #[error("opening /dev/fuse")]
+    Open(#[source] std::io::Error),
+    /// The mount point is unusable.
+    #[error("mount point {0}")]
+    MountPoint(PathBuf, #[source] std::io::Error),
+    /// mount(2) failed.
+    #[error("mounting on {0}")]
+    Mount(PathBuf, #[source] std::io::Error),
+    /// umount2(2) failed.
+    #[error("unmounting {0}")]
+    Unmount(PathBuf, #[source] std::io::Error),
+}
+
+/// An open `/dev/fuse` connection. Cheap to clone (threads share the fd).
+#[derive(Debug, Clone)]
+pub struct DevFuse {
+    fd: Arc<OwnedFd>,
+}
+
+/// Options of a host mount.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// `fuse.<subtype>` in /proc/mounts.
+    pub subtype: String,
+    /// The `source` column.
+    pub source: String,
+    /// Let users other than the mounter in (`allow_other`).
+    pub allow_other: bool,
+    /// Let the kernel check permissions from the attributes
+    /// (`default_permissions`); off when the server checks them itself.
+    pub default_permissions: bool,
+    /// Read-only mount.
+    pub readonly: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            subtype: "fusebox".into(),
+            source: "fusebox".into(),
+            allow_other: true,
+            default_permissions: false,
+            readonly: false,
+        }
+    }
+}
+
+fn cpath(p: &Path) -> Result<CString, std::io::Error> {
+    CString::new(p.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)
+}
+
+impl DevFuse {
+    /// Opens /dev/fuse and mounts it on `mountpoint` (needs CAP_SYS_ADMIN).
+    pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<DevFuse, MountError> {
+        let md = std::fs::metadata(mountpoint)
+            .map_err(|e| MountError::MountPoint(mountpoint.into(), e))?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .map_err(MountError::Open)?;
+        let fd: OwnedFd = file.into();
+        let mut data = format!(
+            "fd={},rootmode={:o},user_id=0,group_id=0",
+            fd.as_raw_fd(),
+            std::os::unix::fs::MetadataExt::mode(&md) & libc::S_IFMT
+        );
+        if opts.allow_other {
+            data.push_str(",allow_other");
+        }
+        if opts.default_permissions {
+            data.push_str(",default_permissions");
+        }
+        let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+        if opts.readonly {
+            flags |= libc::MS_RDONLY;
+        }
+        let err = |e| MountError::Mount(mountpoint.into(), e);
+        let target = cpath(mountpoint).map_err(err)?;
+        let source =
+            CString::new(opts.source.as_str()).map_err(|e| err(std::io::Error::other(e)))?;
+        let fstype = CString::new(format!("fuse.{}", opts.subtype))
+            .map_err(|e| err(std::io::Error::other(e)))?;
+        let data = CString::new(data).map_err(|e| err(std::io::Error::other(e)))?;
+        // SAFETY: every pointer is a NUL-terminated string that outlives the
+        // call.
+        let r = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                flags,
+                data.as_ptr().cast(),
+            )
+        };
+        if r != 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        Ok(DevFuse { fd: Arc::new(fd) })
+    }
+
+    /// Wraps an already mounted `/dev/fuse` fd (for example one passed by
+    /// fusermount3).
+    pub fn from_fd(fd: OwnedFd) -> DevFuse {
+        DevFuse { fd: Arc::new(fd) }
+    }
+
+    /// The fd.
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Unmounts `mountpoint` (lazily when `detach`: it goes as soon as it is
+/// no longer busy). The connection's readers then see ENODEV.
+pub fn unmount(mountpoint: &Path, detach: bool) -> Result<(), MountError> {
+    let err = |e| MountError::Unmount(mountpoint.into(), e);
+    let target = cpath(mountpoint).map_err(err)?;
+    let flags = if detach { libc::MNT_DETACH } else { 0 };
+    // SAFETY: a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(target.as_ptr(), flags) } != 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn last_errno() -> Errno {
+    Errno(
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
+impl DeviceEnd for DevFuse {
+    fn read_msg(&self, buf: &mut [u8]) -> Result<usize, Errno> {
+        // SAFETY: `buf` is valid for writes of its length.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        usize::try_from(n).map_err(|_| last_errno())
+    }
+
+    fn write_reply(&self, unique: u64, error: i32, payload: &[u8]) -> Result<(), Errno> {
+        let payload = if error == 0 { payload } else { &[][..] };
+        let hdr = OutHeader {
+            len: (std::mem::size_of::<OutHeader>() + payload.len()) as u32,
+            error,
+            unique,
+        };
+        let h = zerocopy::IntoBytes::as_bytes(&hdr);
+        let iov = [
+            libc::iovec {
+                iov_base: h.as_ptr().cast_mut().cast(),
+                iov_len: h.len(),
+            },
+            libc::iovec {
+                iov_base: payload.as_ptr().cast_mut().cast(),
+                iov_len: payload.len(),
+            },
+        ];
+        // SAFETY: both iovecs point at live buffers of the stated lengths,
+        // which the kernel only reads.
+        let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), 2) };
+        if n < 0 {
+            return Err(last_errno());
+        }
+        Ok(())
+    }
+
+    fn min_read_buffer(&self) -> usize {
+        fuse_core::abi::MIN_READ_BUFFER
+    }
+}
