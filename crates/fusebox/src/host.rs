@@ -3,10 +3,12 @@
 //! in-process engine.
 
 use clap::{Parser, Subcommand, ValueEnum};
-use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
+use fuse_core::abi::init;
+use fuse_core::server::{run_ring_worker, serve_device, Dispatcher, ServerConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 use uring_ring::devfuse::{unmount, DevFuse, MountError, MountOptions};
+use uring_ring::kring::{self, KernelQueue};
 use uring_ring::passthrough::Groups;
 use uring_ring::{CachePolicy, Config, PassthroughError, PassthroughFs};
 
@@ -19,6 +21,12 @@ pub enum HostError {
     /// Mounting.
     #[error("mounting")]
     Mount(#[source] MountError),
+    /// FUSE-over-io_uring.
+    #[error("FUSE-over-io_uring")]
+    Ring(#[source] uring_ring::kring::KringError),
+    /// The kernel did not take FUSE-over-io_uring.
+    #[error("the kernel did not negotiate FUSE_OVER_IO_URING (is enable_uring set?)")]
+    NoRing,
 }
 
 /// Command line.
@@ -85,6 +93,11 @@ struct MountArgs {
     /// Data I/O with pread/pwrite only.
     #[arg(long)]
     no_io_uring: bool,
+    /// Serve requests over the kernel's FUSE-over-io_uring ring (one queue
+    /// per possible CPU); FORGET and INTERRUPT still come over /dev/fuse.
+    /// Sets /sys/module/fuse/parameters/enable_uring.
+    #[arg(long)]
+    io_uring: bool,
 }
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it
@@ -111,6 +124,52 @@ fn unmount_on_signal(mnt: PathBuf) {
     }
 }
 
+/// Starts one ring worker per kernel queue, once INIT is done.
+fn start_ring(
+    dev: &DevFuse,
+    disp: &Arc<Dispatcher<PassthroughFs>>,
+    mnt: &std::path::Path,
+    max_payload: usize,
+) -> Result<Vec<std::thread::JoinHandle<()>>, HostError> {
+    // INIT is served over /dev/fuse by the device workers; the kernel then
+    // holds every request until each queue has an entry, so nothing here
+    // may touch the mount before the ring workers are up.
+    let t = std::time::Instant::now();
+    while !disp.init_done() {
+        if t.elapsed() > std::time::Duration::from_secs(30) {
+            return Err(HostError::NoRing);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    if disp.decode_options().flags & init::OVER_IO_URING == 0 {
+        let _ = unmount(mnt, true);
+        return Err(HostError::NoRing);
+    }
+    let mut out = Vec::new();
+    for qid in 0..kring::possible_cpus() as u16 {
+        let (dev, d) = (dev.clone(), disp.clone());
+        out.push(std::thread::spawn(move || loop {
+            let q = match KernelQueue::new(&dev, qid, max_payload) {
+                Ok(q) => q,
+                Err(e) => return eprintln!("fusebox: ring queue {qid}: {e}"),
+            };
+            match run_ring_worker(&q, qid, max_payload, None, &d) {
+                // The kernel had not finished INIT when we registered.
+                Err(fuse_core::Errno::EAGAIN) => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(e) => return eprintln!("fusebox: ring queue {qid}: {e}"),
+                Ok(()) => return,
+            }
+        }));
+    }
+    eprintln!(
+        "fusebox: serving over FUSE-over-io_uring ({} queues)",
+        out.len()
+    );
+    Ok(out)
+}
+
 /// Runs the command.
 pub fn run(cli: Cli) -> Result<(), HostError> {
     let Cmd::Mount(a) = cli.cmd;
@@ -132,12 +191,18 @@ pub fn run(cli: Cli) -> Result<(), HostError> {
         ..Config::default()
     };
     let fs = PassthroughFs::new(&a.shared_dir, cfg).map_err(HostError::Share)?;
-    let scfg = ServerConfig {
+    let mut scfg = ServerConfig {
         max_background: a.max_background,
         congestion_threshold: a.congestion_threshold,
         request_timeout: a.request_timeout,
         ..ServerConfig::default()
     };
+    if a.io_uring {
+        // Before the mount: the kernel offers the flag in INIT only then.
+        kring::enable().map_err(HostError::Ring)?;
+        scfg.flags |= init::OVER_IO_URING;
+    }
+    let max_payload = scfg.max_write as usize;
     let disp = Arc::new(Dispatcher::new(fs, scfg));
     unmount_on_signal(a.mountpoint.clone());
     let opts = MountOptions {
@@ -151,7 +216,11 @@ pub fn run(cli: Cli) -> Result<(), HostError> {
         a.mountpoint.display()
     );
     // The workers return when the connection goes (unmount, abort).
-    for w in serve_device(dev, disp, a.thread_pool_size) {
+    let mut workers = serve_device(dev.clone(), disp.clone(), a.thread_pool_size);
+    if a.io_uring {
+        workers.extend(start_ring(&dev, &disp, &a.mountpoint, max_payload)?);
+    }
+    for w in workers {
         let _ = w.join();
     }
     eprintln!("fusebox: {} unmounted", a.mountpoint.display());

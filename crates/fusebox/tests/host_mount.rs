@@ -47,8 +47,13 @@ fn wait(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 fn start(d: &Dirs) -> Child {
+    start_with(d, &[])
+}
+
+fn start_with(d: &Dirs, extra: &[&str]) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
         .arg("mount")
+        .args(extra)
         .arg("--shared-dir")
         .arg(d.share())
         .arg(d.mnt())
@@ -117,4 +122,26 @@ fn a_killed_daemon_leaves_an_aborted_connection() {
     let err = std::fs::read(d.mnt().join("f")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
     assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn serves_over_the_kernels_fuse_over_io_uring() {
+    let d = Dirs::new("uring");
+    let child = start_with(&d, &["--io-uring"]);
+    assert_eq!(
+        std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+            .unwrap()
+            .trim(),
+        "Y"
+    );
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d.mnt().join("big"), &data).unwrap();
+    assert_eq!(std::fs::read(d.mnt().join("big")).unwrap(), data);
+    assert_eq!(std::fs::read(d.share().join("big")).unwrap(), data);
+    std::fs::create_dir(d.mnt().join("dir")).unwrap();
+    std::fs::rename(d.mnt().join("big"), d.mnt().join("dir/moved")).unwrap();
+    assert!(d.share().join("dir/moved").exists());
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+    assert!(!mounted(&d.mnt()));
 }

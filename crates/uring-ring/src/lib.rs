@@ -9,6 +9,7 @@
 mod cancel;
 pub mod devfuse;
 mod driver;
+pub mod kring;
 pub mod passthrough;
 
 pub use cancel::CancelRegistry;

@@ -77,6 +77,7 @@ pub struct Dispatcher<F: Filesystem> {
     cfg: ServerConfig,
     minor: AtomicU32,
     flags: AtomicU64,
+    inited: std::sync::atomic::AtomicBool,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Dispatcher<F> {
@@ -207,12 +208,18 @@ impl<F: Filesystem> Dispatcher<F> {
             cfg,
             minor: AtomicU32::new(abi::KERNEL_MINOR_VERSION),
             flags: AtomicU64::new(init::SETXATTR_EXT),
+            inited: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// The filesystem.
     pub fn fs(&self) -> &F {
         &self.fs
+    }
+
+    /// Whether INIT has been answered (successfully).
+    pub fn init_done(&self) -> bool {
+        self.inited.load(Ordering::Acquire)
     }
 
     /// Decode options negotiated by INIT.
@@ -370,7 +377,9 @@ impl<F: Filesystem> Dispatcher<F> {
             ((self.cfg.max_write as usize).div_ceil(4096)).min(u16::MAX as usize) as u16;
         reply.time_gran = 1;
         reply.request_timeout = self.cfg.request_timeout;
-        put(out, &reply)
+        let n = put(out, &reply)?;
+        self.inited.store(true, Ordering::Release);
+        Ok(n)
     }
 
     fn xattr(x: Xattr, size: u32, out: &mut [u8]) -> Result<usize, Errno> {
