@@ -149,6 +149,7 @@ fn start_ring(
     for qid in 0..kring::possible_cpus() as u16 {
         let (dev, d) = (dev.clone(), disp.clone());
         out.push(std::thread::spawn(move || loop {
+            kring::pin_to_cpu(usize::from(qid));
             let q = match KernelQueue::new(&dev, qid, max_payload) {
                 Ok(q) => q,
                 Err(e) => return eprintln!("fusebox: ring queue {qid}: {e}"),

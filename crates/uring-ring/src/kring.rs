@@ -114,6 +114,21 @@ pub fn enable() -> Result<(), KringError> {
     std::fs::write(P, "Y").map_err(KringError::Enable)
 }
 
+/// Pins the calling thread to `cpu` (the kernel queues a request on the
+/// queue of the CPU that submitted it; serving it there avoids a
+/// cross-CPU wake-up). Errors are ignored: pinning is an optimisation.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it
+    // (cpu is checked against its size) and sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < 8 * std::mem::size_of::<libc::cpu_set_t>() {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
 /// The kernel's queue count: one per possible CPU.
 pub fn possible_cpus() -> usize {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
@@ -134,7 +149,13 @@ impl KernelQueue {
     /// FUSE_OVER_IO_URING); payload buffers of `max_payload` bytes (at
     /// least the connection's max_write and max_pages × 4 KiB).
     pub fn new(dev: &DevFuse, qid: u16, max_payload: usize) -> Result<KernelQueue, KringError> {
+        // Created on the worker thread that will be its only submitter:
+        // completions (the kernel's task work) then run only when that
+        // thread waits, instead of interrupting it.
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_coop_taskrun()
             .build(64)
             .map_err(KringError::Setup)?;
         // SAFETY: plain syscall; the result is a new fd or -1.
@@ -205,7 +226,9 @@ impl KernelQueue {
             // SAFETY: as above.
             unsafe { st.ring.submission().push(&sqe) }.map_err(|_| Errno(libc::EBUSY))?;
         }
-        st.ring.submit().map_err(|e| errno_of(&e))?;
+        // Not submitted here: the worker's next `fetch_any` submits it in
+        // the same io_uring_enter that waits for the next request (one
+        // syscall per request, as COMMIT_AND_FETCH intends).
         Ok(id)
     }
 
@@ -323,13 +346,21 @@ impl RingTransport for KernelQueue {
     ) -> Result<Option<KernelSlot>, Errno> {
         let mut st = self.state();
         loop {
-            if ready() {
-                return Ok(None);
-            }
             let mine = entries();
-            if let Some(i) = st.done.iter().position(|e| mine.contains(&e.id)) {
-                let ent = st.done.remove(i).ok_or(Errno::EIO)?;
-                return Ok(Some(KernelSlot { ent }));
+            let hit = st.done.iter().position(|e| mine.contains(&e.id));
+            if ready() || hit.is_some() {
+                // Commits queued since the last wait carry replies: they go
+                // now, without waiting.
+                if !st.ring.submission().is_empty() {
+                    st.ring.submit().map_err(|e| errno_of(&e))?;
+                }
+                return match hit {
+                    Some(i) if !ready() => {
+                        let ent = st.done.remove(i).ok_or(Errno::EIO)?;
+                        Ok(Some(KernelSlot { ent }))
+                    }
+                    _ => Ok(None),
+                };
             }
             if let Some(e) = st.failed {
                 return Err(match e {
