@@ -40,5 +40,6 @@ tests/conformance/fsx.sh 20000 2 --cache never
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
-step "embedded demo"
+step "embedded demo and the embedded-client example"
 cargo run -q -p fuse-core --example demo
+cargo run -q -p fuse-core --example embedded

@@ -14,6 +14,7 @@
 pub mod abi;
 pub mod chan;
 pub mod client;
+pub mod embedded;
 pub mod ring;
 pub mod server;
 mod sync;
