@@ -111,13 +111,24 @@ impl DeviceEnd for TracedEnd {
         Ok(n)
     }
     fn write_reply(&self, unique: u64, error: i32, payload: &[u8]) -> Result<(), Errno> {
-        let r = DeviceEnd::write_reply(&self.dev, unique, error, payload);
+        // Recorded before the reply is delivered, so a caller that has its
+        // answer finds it in the trace.
         self.record(TraceEvent::Reply {
             unique,
             error,
             len: payload.len(),
-            accepted: r.is_ok(),
+            accepted: true,
         });
+        let r = DeviceEnd::write_reply(&self.dev, unique, error, payload);
+        if r.is_err() {
+            if let Some(l) = &self.log {
+                let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
+                let mine = |e: &&mut TraceEvent| matches!(e, TraceEvent::Reply { unique: u, .. } if *u == unique);
+                if let Some(TraceEvent::Reply { accepted, .. }) = l.iter_mut().rev().find(mine) {
+                    *accepted = false;
+                }
+            }
+        }
         r
     }
     fn min_read_buffer(&self) -> usize {
@@ -145,14 +156,19 @@ impl<F: Filesystem + 'static> Embedded<F> {
     /// Starts server threads around `fs` and performs INIT.
     pub fn start(fs: F, opts: Options) -> Result<Self, Errno> {
         let mut scfg = opts.server.clone();
-        scfg.max_background = opts.max_background;
-        scfg.congestion_threshold = opts.congestion_threshold;
+        if opts.max_background != 0 {
+            scfg.max_background = opts.max_background;
+        }
+        if opts.congestion_threshold != 0 {
+            scfg.congestion_threshold = opts.congestion_threshold;
+        }
         let disp = Arc::new(Dispatcher::new(fs, scfg));
         let chan = Chan::new(ChanConfig {
             default_request_timeout: opts.request_timeout,
             max_request_timeout: opts.request_timeout,
             scan_period: opts.scan_period,
-            spawn_scanner: !opts.request_timeout.is_zero(),
+            // Always: the server may ask for a timeout in INIT.
+            spawn_scanner: true,
             ..ChanConfig::default()
         });
         let log = opts.trace.then(Log::default);
@@ -201,6 +217,9 @@ impl<F: Filesystem + 'static> Embedded<F> {
 }
 
 impl<F: Filesystem + 'static> Drop for Embedded<F> {
+    /// Aborts the connection and joins the server threads: a filesystem
+    /// operation that never returns (a deliberately hung backend) makes
+    /// this wait forever; leak such an instance (`std::mem::forget`).
     fn drop(&mut self) {
         self.chan().abort();
         for w in self.workers.drain(..) {

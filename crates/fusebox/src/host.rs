@@ -100,12 +100,11 @@ struct MountArgs {
     io_uring: bool,
 }
 
-/// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it
-/// starts afterwards, and returns a thread that waits for one of them and
-/// then unmounts `mnt`.
-fn unmount_on_signal(mnt: PathBuf) {
+/// SIGINT, SIGTERM and SIGHUP, blocked in every thread so that one thread
+/// can wait for them.
+fn stop_signals() -> libc::sigset_t {
     // SAFETY: a zeroed sigset is initialised by sigemptyset before use;
-    // pthread_sigmask and sigwait read it.
+    // pthread_sigmask reads it.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -113,14 +112,41 @@ fn unmount_on_signal(mnt: PathBuf) {
             libc::sigaddset(&mut set, s);
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        std::thread::spawn(move || {
+        set
+    }
+}
+
+/// Waits for the stop signals (blocked by [`stop_signals`] before any
+/// thread was started, so none is lost): the first unmounts lazily, which
+/// ends the daemon once the mount is no longer busy; the second aborts the
+/// connection, which ends it at once.
+fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
+    std::thread::spawn(move || {
+        for n in 0.. {
             let mut sig = 0;
-            libc::sigwait(&set, &mut sig);
-            eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
-            if let Err(e) = unmount(&mnt, true) {
+            // SAFETY: `set` is an initialised sigset; `sig` is a valid out-pointer.
+            unsafe { libc::sigwait(&set, &mut sig) };
+            let r = if n == 0 {
+                eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
+                unmount(&mnt, true)
+            } else {
+                eprintln!("fusebox: signal {sig} again, aborting the connection");
+                dev.abort().map_err(|e| MountError::Unmount(mnt.clone(), e))
+            };
+            if let Err(e) = r {
                 eprintln!("fusebox: {e}");
             }
-        });
+        }
+    });
+}
+
+/// A ring worker failed for a reason other than the connection closing:
+/// the kernel would hold requests for its queue forever, so the connection
+/// is aborted (callers get an error, the daemon ends).
+fn ring_failed(dev: &DevFuse, qid: u16, e: impl std::fmt::Display) {
+    eprintln!("fusebox: ring queue {qid}: {e}; aborting the connection");
+    if let Err(e) = dev.abort() {
+        eprintln!("fusebox: aborting: {e}");
     }
 }
 
@@ -128,7 +154,6 @@ fn unmount_on_signal(mnt: PathBuf) {
 fn start_ring(
     dev: &DevFuse,
     disp: &Arc<Dispatcher<PassthroughFs>>,
-    mnt: &std::path::Path,
     max_payload: usize,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, HostError> {
     // INIT is served over /dev/fuse by the device workers; the kernel then
@@ -137,31 +162,36 @@ fn start_ring(
     let t = std::time::Instant::now();
     while !disp.init_done() {
         if t.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = dev.abort();
             return Err(HostError::NoRing);
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     if disp.decode_options().flags & init::OVER_IO_URING == 0 {
-        let _ = unmount(mnt, true);
+        let _ = dev.abort();
         return Err(HostError::NoRing);
     }
     let mut out = Vec::new();
     for qid in 0..kring::possible_cpus() as u16 {
         let (dev, d) = (dev.clone(), disp.clone());
-        out.push(std::thread::spawn(move || loop {
+        out.push(std::thread::spawn(move || {
             kring::pin_to_cpu(usize::from(qid));
-            let q = match KernelQueue::new(&dev, qid, max_payload) {
-                Ok(q) => q,
-                Err(e) => return eprintln!("fusebox: ring queue {qid}: {e}"),
-            };
-            match run_ring_worker(&q, qid, max_payload, None, &d) {
-                // The kernel had not finished INIT when we registered.
-                Err(fuse_core::Errno::EAGAIN) => {
-                    std::thread::sleep(std::time::Duration::from_millis(5))
+            // A REGISTER may race the kernel's processing of the INIT reply
+            // (EAGAIN, before this queue ever served): retry for a while.
+            for _ in 0..2000 {
+                let q = match KernelQueue::new(&dev, qid, max_payload) {
+                    Ok(q) => q,
+                    Err(e) => return ring_failed(&dev, qid, e),
+                };
+                match run_ring_worker(&q, qid, max_payload, None, &d) {
+                    Err(fuse_core::Errno::EAGAIN) => {
+                        std::thread::sleep(std::time::Duration::from_millis(5))
+                    }
+                    Err(e) => return ring_failed(&dev, qid, e),
+                    Ok(()) => return,
                 }
-                Err(e) => return eprintln!("fusebox: ring queue {qid}: {e}"),
-                Ok(()) => return,
             }
+            ring_failed(&dev, qid, "REGISTER kept failing with EAGAIN")
         }));
     }
     eprintln!(
@@ -203,14 +233,20 @@ pub fn run(cli: Cli) -> Result<(), HostError> {
         kring::enable().map_err(HostError::Ring)?;
         scfg.flags |= init::OVER_IO_URING;
     }
-    let max_payload = scfg.max_write as usize;
+    // The kernel's ring payload size: max(8 KiB, max_write, max_pages x
+    // page size), where max_pages is what the dispatcher offers.
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let max_write = scfg.max_write as usize;
+    let max_payload = (max_write.div_ceil(4096) * page).max(max_write).max(8192);
     let disp = Arc::new(Dispatcher::new(fs, scfg));
-    unmount_on_signal(a.mountpoint.clone());
+    let signals = stop_signals();
     let opts = MountOptions {
         readonly: a.readonly,
         ..MountOptions::default()
     };
     let dev = DevFuse::mount(&a.mountpoint, &opts).map_err(HostError::Mount)?;
+    on_signals(signals, a.mountpoint.clone(), dev.clone());
     eprintln!(
         "fusebox: serving {} on {}",
         a.shared_dir.display(),
@@ -219,7 +255,7 @@ pub fn run(cli: Cli) -> Result<(), HostError> {
     // The workers return when the connection goes (unmount, abort).
     let mut workers = serve_device(dev.clone(), disp.clone(), a.thread_pool_size);
     if a.io_uring {
-        workers.extend(start_ring(&dev, &disp, &a.mountpoint, max_payload)?);
+        workers.extend(start_ring(&dev, &disp, max_payload)?);
     }
     for w in workers {
         let _ = w.join();

@@ -145,3 +145,22 @@ fn serves_over_the_kernels_fuse_over_io_uring() {
     exits_cleanly(child);
     assert!(!mounted(&d.mnt()));
 }
+
+#[test]
+fn a_second_signal_aborts_a_busy_mount() {
+    // A file open on the mount keeps the lazy unmount of the first signal
+    // from finishing; the second signal aborts the connection.
+    let d = Dirs::new("busy");
+    let child = start(&d);
+    std::fs::write(d.mnt().join("f"), b"x").unwrap();
+    let held = std::fs::File::open(d.mnt().join("f")).unwrap();
+    signal(&child, libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut child = child;
+    assert!(child.try_wait().unwrap().is_none(), "busy: still serving");
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+    let mut buf = [0u8; 1];
+    let err = std::os::unix::fs::FileExt::read_at(&held, &mut buf, 0).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+}

@@ -31,6 +31,7 @@ pub enum MountError {
 #[derive(Debug, Clone)]
 pub struct DevFuse {
     fd: Arc<OwnedFd>,
+    conn: Option<u32>,
 }
 
 /// Options of a host mount.
@@ -112,18 +113,78 @@ impl DevFuse {
         if r != 0 {
             return Err(err(std::io::Error::last_os_error()));
         }
-        Ok(DevFuse { fd: Arc::new(fd) })
+        // Found now: a lazily unmounted mount leaves mountinfo at once,
+        // while its connection lives on.
+        let conn = connection_id(mountpoint);
+        Ok(DevFuse {
+            fd: Arc::new(fd),
+            conn,
+        })
+    }
+
+    /// The connection number (`/sys/fs/fuse/connections/N`), if known.
+    pub fn connection(&self) -> Option<u32> {
+        self.conn
+    }
+
+    /// Aborts this connection (as writing to
+    /// /sys/fs/fuse/connections/N/abort does): every request ends with an
+    /// error and the server's reads see ENODEV.
+    pub fn abort(&self) -> Result<(), std::io::Error> {
+        let id = self
+            .conn
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOENT))?;
+        let path = format!("/sys/fs/fuse/connections/{id}/abort");
+        if !Path::new(&path).exists() {
+            mount_fusectl();
+        }
+        std::fs::write(path, "1")
     }
 
     /// Wraps an already mounted `/dev/fuse` fd (for example one passed by
     /// fusermount3).
     pub fn from_fd(fd: OwnedFd) -> DevFuse {
-        DevFuse { fd: Arc::new(fd) }
+        DevFuse {
+            fd: Arc::new(fd),
+            conn: None,
+        }
     }
 
     /// The fd.
     pub fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+}
+
+/// The FUSE connection number of the mount on `mountpoint` (its device
+/// minor, from /proc/self/mountinfo: no access to the mount itself, which
+/// may be waiting for its server).
+pub fn connection_id(mountpoint: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.to_str()?;
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.get(4) == Some(&want) && l.contains(" - fuse") {
+            f.get(2)?.split(':').nth(1)?.parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// Mounts the fusectl filesystem on /sys/fs/fuse/connections if it is not
+/// there (it usually is on systemd machines; not in minimal ones).
+fn mount_fusectl() {
+    // SAFETY: NUL-terminated literals; a failure (already mounted, no
+    // permission) is harmless and reported by the write that follows.
+    unsafe {
+        libc::mount(
+            c"fusectl".as_ptr(),
+            c"/sys/fs/fuse/connections".as_ptr(),
+            c"fusectl".as_ptr(),
+            0,
+            std::ptr::null(),
+        );
     }
 }
 

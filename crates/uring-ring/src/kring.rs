@@ -364,7 +364,7 @@ impl RingTransport for KernelQueue {
             }
             if let Some(e) = st.failed {
                 return Err(match e {
-                    Errno::ENOTCONN | Errno::ENODEV => Errno::ENOTCONN,
+                    Errno::ENOTCONN | Errno::ENODEV | Errno::ECONNABORTED => Errno::ENOTCONN,
                     Errno(libc::ECANCELED) => Errno::ENOTCONN,
                     e => e,
                 });
@@ -384,7 +384,16 @@ impl RingTransport for KernelQueue {
             }
             match st.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                // Transient: the queued commits are still in the SQ ring
+                // and go with the next attempt.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
+                    ) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
                 Err(e) => return Err(errno_of(&e)),
             }
             self.reap(&mut st);
