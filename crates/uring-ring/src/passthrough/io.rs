@@ -99,11 +99,10 @@ pub fn read_full(
     key: u64,
     stats: &IoStats,
 ) -> Result<usize, Errno> {
-    let mut done = 0;
-    while done < buf.len() {
+    let len = buf.len();
+    repeat(len, off, |done, at| {
         let dst = &mut buf[done..];
-        let at = off.checked_add(done as u64).ok_or(Errno::EINVAL)?;
-        let n = match with_driver(uring, stats, |d| d.read_into(Target::Fd(fd), dst, at, key)) {
+        match with_driver(uring, stats, |d| d.read_into(Target::Fd(fd), dst, at, key)) {
             Some(r) => {
                 stats.count(false, true);
                 r
@@ -112,8 +111,21 @@ pub fn read_full(
                 stats.count(false, false);
                 crate::driver::pread(fd, dst, at)
             }
-        };
-        match n {
+        }
+    })
+}
+
+/// Runs `op(done, offset)` until `len` bytes are done, end of file (0), or
+/// an error (returned only if nothing was done; EINTR is retried).
+fn repeat(
+    len: usize,
+    off: u64,
+    mut op: impl FnMut(usize, u64) -> std::io::Result<usize>,
+) -> Result<usize, Errno> {
+    let mut done = 0;
+    while done < len {
+        let at = off.checked_add(done as u64).ok_or(Errno::EINVAL)?;
+        match op(done, at) {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
@@ -133,11 +145,9 @@ pub fn write_full(
     key: u64,
     stats: &IoStats,
 ) -> Result<usize, Errno> {
-    let mut done = 0;
-    while done < buf.len() {
+    repeat(buf.len(), off, |done, at| {
         let src = &buf[done..];
-        let at = off.checked_add(done as u64).ok_or(Errno::EINVAL)?;
-        let n = match with_driver(uring, stats, |d| d.write_from(Target::Fd(fd), src, at, key)) {
+        match with_driver(uring, stats, |d| d.write_from(Target::Fd(fd), src, at, key)) {
             Some(r) => {
                 stats.count(true, true);
                 r
@@ -146,16 +156,8 @@ pub fn write_full(
                 stats.count(true, false);
                 crate::driver::pwrite(fd, src, at)
             }
-        };
-        match n {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-            Err(_) if done > 0 => break,
-            Err(e) => return Err(errno(e)),
         }
-    }
-    Ok(done)
+    })
 }
 
 /// fsync/fdatasync through the ring.
