@@ -15,7 +15,9 @@
 use crate::abi::{InHeader, Opcode};
 use crate::chan::{Chan, ChanConfig, Device, Errno};
 use crate::client::Client;
-use crate::server::{serve_device, DeviceEnd, Dispatcher, Filesystem, ServerConfig};
+use crate::server::{
+    run_ring_worker, serve_device, DeviceEnd, Dispatcher, Filesystem, ServerConfig,
+};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zerocopy::FromBytes;
@@ -33,8 +35,18 @@ pub struct Options {
     pub request_timeout: Duration,
     /// How often the timeout scan runs.
     pub scan_period: Duration,
-    /// Server threads.
+    /// Server threads on the device end (all traffic without ring queues;
+    /// FORGET, INTERRUPT and synchronous requests with them).
     pub workers: usize,
+    /// Ring queues (FUSE_OVER_IO_URING, served in process): 0 for none.
+    /// Requests go to the queue their `Args::qid` names.
+    pub ring_queues: u16,
+    /// Ring worker threads per ring queue.
+    pub ring_workers: usize,
+    /// Extra INIT flags the connection offers on top of the engine's
+    /// default set (for example WRITEBACK_CACHE, which the engine leaves
+    /// out because it has no page cache of its own).
+    pub offer_flags: u64,
     /// Record every request and reply (see [`Embedded::trace`]).
     pub trace: bool,
     /// What the server offers in INIT.
@@ -49,6 +61,9 @@ impl Default for Options {
             request_timeout: Duration::ZERO,
             scan_period: Duration::from_millis(100),
             workers: 2,
+            ring_queues: 0,
+            ring_workers: 1,
+            offer_flags: 0,
             trace: false,
             server: ServerConfig::default(),
         }
@@ -162,22 +177,41 @@ impl<F: Filesystem + 'static> Embedded<F> {
         if opts.congestion_threshold != 0 {
             scfg.congestion_threshold = opts.congestion_threshold;
         }
+        if opts.ring_queues > 0 {
+            scfg.flags |= crate::abi::init::OVER_IO_URING;
+        }
+        let payload = scfg.max_write as usize + 4096;
         let disp = Arc::new(Dispatcher::new(fs, scfg));
+        let dflt = ChanConfig::default();
         let chan = Chan::new(ChanConfig {
+            ring_queues: opts.ring_queues,
+            init_flags: dflt.init_flags | opts.offer_flags,
             default_request_timeout: opts.request_timeout,
             max_request_timeout: opts.request_timeout,
             scan_period: opts.scan_period,
             // Always: the server may ask for a timeout in INIT.
             spawn_scanner: true,
-            ..ChanConfig::default()
+            ..dflt
         });
         let log = opts.trace.then(Log::default);
         let end = TracedEnd {
             dev: chan.device().ok_or(Errno::ENODEV)?,
             log: log.clone(),
         };
-        let workers = serve_device(end, disp.clone(), opts.workers);
+        let mut workers = serve_device(end, disp.clone(), opts.workers);
         chan.init()?;
+        for qid in 0..opts.ring_queues {
+            for _ in 0..opts.ring_workers.max(1) {
+                let (ring, d, c) = (chan.ring_end(false), disp.clone(), chan.clone());
+                workers.push(std::thread::spawn(move || {
+                    // The worker ends with the connection; any other error
+                    // leaves its queue unserved, so the connection goes.
+                    if run_ring_worker(&ring, qid, payload, None, &d).is_err() {
+                        c.abort();
+                    }
+                }));
+            }
+        }
         Ok(Embedded {
             client: Client::new(chan),
             disp,
@@ -194,6 +228,11 @@ impl<F: Filesystem + 'static> Embedded<F> {
     /// The connection.
     pub fn chan(&self) -> &Chan {
         self.client.chan()
+    }
+
+    /// The dispatcher (its INIT state and the filesystem).
+    pub fn dispatcher(&self) -> &Arc<Dispatcher<F>> {
+        &self.disp
     }
 
     /// The filesystem.

@@ -2,7 +2,8 @@
 //! /dev/fuse, by the same dispatcher and device workers that serve the
 //! in-process engine.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use crate::cli::Cache;
+use crate::signals;
 use fuse_core::abi::init;
 use fuse_core::server::{run_ring_worker, serve_device, Dispatcher, ServerConfig};
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use uring_ring::devfuse::{unmount, DevFuse, MountError, MountOptions};
 use uring_ring::kring::{self, KernelQueue};
 use uring_ring::passthrough::Groups;
-use uring_ring::{CachePolicy, Config, PassthroughError, PassthroughFs};
+use uring_ring::{Config, PassthroughError, PassthroughFs};
 
 /// Errors of the host mount.
 #[derive(Debug, thiserror::Error)]
@@ -29,32 +30,8 @@ pub enum HostError {
     NoRing,
 }
 
-/// Command line.
-#[derive(Debug, Parser)]
-#[command(name = "fusebox", version, about = "Serve a host directory over FUSE")]
-pub struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Debug, Subcommand)]
-enum Cmd {
-    /// Mount the shared directory on the host through /dev/fuse (root).
-    ///
-    /// Example: fusebox mount --shared-dir /srv/data /mnt/data
-    Mount(MountArgs),
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Cache {
-    Never,
-    Metadata,
-    Auto,
-    Always,
-}
-
 #[derive(Debug, clap::Args)]
-struct MountArgs {
+pub struct MountArgs {
     /// Directory to share.
     #[arg(long)]
     shared_dir: PathBuf,
@@ -100,32 +77,14 @@ struct MountArgs {
     io_uring: bool,
 }
 
-/// SIGINT, SIGTERM and SIGHUP, blocked in every thread so that one thread
-/// can wait for them.
-fn stop_signals() -> libc::sigset_t {
-    // SAFETY: a zeroed sigset is initialised by sigemptyset before use;
-    // pthread_sigmask reads it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-/// Waits for the stop signals (blocked by [`stop_signals`] before any
+/// Waits for the stop signals (blocked by [`signals::block`] before any
 /// thread was started, so none is lost): the first unmounts lazily, which
 /// ends the daemon once the mount is no longer busy; the second aborts the
 /// connection, which ends it at once.
 fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
     std::thread::spawn(move || {
         for n in 0.. {
-            let mut sig = 0;
-            // SAFETY: `set` is an initialised sigset; `sig` is a valid out-pointer.
-            unsafe { libc::sigwait(&set, &mut sig) };
+            let sig = signals::wait(&set);
             let r = if n == 0 {
                 eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
                 unmount(&mnt, true)
@@ -201,16 +160,10 @@ fn start_ring(
     Ok(out)
 }
 
-/// Runs the command.
-pub fn run(cli: Cli) -> Result<(), HostError> {
-    let Cmd::Mount(a) = cli.cmd;
+/// Runs `fusebox mount`.
+pub fn run(a: MountArgs) -> Result<(), HostError> {
     let cfg = Config {
-        cache: match a.cache {
-            Cache::Never => CachePolicy::Never,
-            Cache::Metadata => CachePolicy::Metadata,
-            Cache::Auto => CachePolicy::Auto,
-            Cache::Always => CachePolicy::Always,
-        },
+        cache: a.cache.policy(),
         writeback: a.writeback,
         readonly: a.readonly,
         xattr: a.xattr,
@@ -240,7 +193,7 @@ pub fn run(cli: Cli) -> Result<(), HostError> {
     let max_write = scfg.max_write as usize;
     let max_payload = (max_write.div_ceil(4096) * page).max(max_write).max(8192);
     let disp = Arc::new(Dispatcher::new(fs, scfg));
-    let signals = stop_signals();
+    let signals = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     let opts = MountOptions {
         readonly: a.readonly,
         ..MountOptions::default()

@@ -188,3 +188,42 @@ fn setlkw_through_the_ring_parks_without_holding_the_queue() {
     }
     assert_eq!(m.fs().parked_locks(), 0);
 }
+
+#[test]
+fn getlk_names_the_pid_that_holds_the_lock() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(2));
+    let c = &m.client;
+    let (f, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    let rd = |start, end, pid| FileLock {
+        typ: libc::F_RDLCK as u32,
+        pid,
+        ..wr(start, end)
+    };
+    // Owner 1 (pid 111) holds a write lock on 0..=9, owners 2 and 3 read
+    // locks elsewhere: a third owner asking about 5..=5 is told pid 111.
+    c.setlk(
+        f.nodeid,
+        o.fh,
+        1,
+        FileLock {
+            pid: 111,
+            ..wr(0, 9)
+        },
+        false,
+    )
+    .unwrap();
+    c.setlk(f.nodeid, o.fh, 2, rd(20, 29, 222), false).unwrap();
+    c.setlk(f.nodeid, o.fh, 3, rd(25, 35, 333), false).unwrap();
+    let got = c.getlk(f.nodeid, o.fh, 9, wr(5, 5)).unwrap();
+    assert_eq!(
+        (got.typ, got.start, got.end, got.pid),
+        (libc::F_WRLCK as u32, 0, 9, 111)
+    );
+    // A read lock held by one owner names that owner.
+    let got = c.getlk(f.nodeid, o.fh, 9, wr(31, 31)).unwrap();
+    assert_eq!((got.typ, got.pid), (libc::F_RDLCK as u32, 333));
+    // Once owner 1 flushes (closes), the range is free.
+    c.flush(f.nodeid, o.fh, 1).unwrap();
+    let got = c.getlk(f.nodeid, o.fh, 9, wr(5, 5)).unwrap();
+    assert_eq!(got.typ, libc::F_UNLCK as u32);
+}

@@ -1,1 +1,13 @@
-//! The vhost-user-fs device (work in progress: see issue 5).
+//! The vhost-user-fs device: a guest's FUSE traffic, taken from its
+//! virtqueues, served through the fuse-core engine.
+//!
+//! [`FsDevice`] implements `vhost_user_backend::VhostUserBackend` around
+//! any `fuse_core::server::Filesystem`. See `docs/DESIGN.md` ("The
+//! virtio-fs device") for the queue layout, the request lifecycle and the
+//! lock order.
+
+pub mod chain;
+mod device;
+pub mod stats;
+
+pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, Vring, TAG_LEN};

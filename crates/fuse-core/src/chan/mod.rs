@@ -426,6 +426,24 @@ impl Drop for Owner {
     }
 }
 
+/// Why [`Chan::try_send_background`] did not send.
+pub enum TrySendError {
+    /// Admission is closed for now: the request and its end callback,
+    /// given back.
+    Full(Box<(Args, EndFn)>),
+    /// The connection is gone (or the request could not be queued).
+    Closed(Errno),
+}
+
+impl std::fmt::Debug for TrySendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrySendError::Full(b) => f.debug_tuple("Full").field(&b.0.opcode).finish(),
+            TrySendError::Closed(e) => f.debug_tuple("Closed").field(e).finish(),
+        }
+    }
+}
+
 /// A FUSE connection: the client side of the engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Chan {
@@ -541,14 +559,47 @@ impl Chan {
     /// An error here means the request was not sent and `end` will not run.
     pub fn send_background(&self, args: Args, end: EndFn) -> Result<(), Errno> {
         let core = self.core();
-        let force = args.force;
         core.add_waiting();
-        if !force {
+        if !args.force {
             if let Err(e) = core.get_req(true, &SigState::new(core.clone())) {
                 core.drop_waiting();
                 return Err(e);
             }
         }
+        self.send_admitted(args, end)
+    }
+
+    /// [`Chan::send_background`] that never waits: when background
+    /// admission is closed (max_background reached, or earlier background
+    /// requesters still parked) it gives the request back untouched, so a
+    /// transport can leave it where it came from (a virtqueue leaves the
+    /// descriptors in its avail ring) and retry once a slot frees.
+    pub fn try_send_background(&self, args: Args, end: EndFn) -> Result<(), TrySendError> {
+        let core = self.core();
+        core.add_waiting();
+        if !args.force {
+            let admitted = {
+                let mut bg = lock(&core.bg);
+                if !bg.connected {
+                    drop(bg);
+                    core.drop_waiting();
+                    return Err(TrySendError::Closed(Errno::ENOTCONN));
+                }
+                bg.try_admit(true)
+            };
+            if !admitted {
+                core.drop_waiting();
+                return Err(TrySendError::Full(Box::new((args, end))));
+            }
+        }
+        self.send_admitted(args, end).map_err(TrySendError::Closed)
+    }
+
+    /// The part of sending a background request after admission (the
+    /// caller has counted it as waiting and, unless FORCE, holds a slot).
+    fn send_admitted(&self, args: Args, end: EndFn) -> Result<(), Errno> {
+        let core = self.core();
+        let force = args.force;
         let mut flags = flag::ISREPLY | flag::WAITING | flag::BACKGROUND | flag::ASYNC;
         if force {
             flags |= flag::FORCE;

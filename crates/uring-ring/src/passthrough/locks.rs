@@ -17,7 +17,7 @@
 //! call then returns EINTR. An interrupt that arrives before its SETLKW is
 //! parked is remembered (the last `RECENT` of them).
 //!
-//! Lock order: `owners` and `waiters` are never held together.
+//! Lock order: `owners`, `pids` and `waiters` are never held together.
 
 use super::file::HandleData;
 use super::inode::CountedFd;
@@ -46,6 +46,9 @@ struct Waiter {
 }
 
 type Owners = Arc<Mutex<HashMap<(u64, u64), Arc<CountedFd>>>>;
+/// The pid that last took a lock for each (inode, owner): OFD locks carry
+/// no pid, and GETLK must name the holder as the client knows it.
+type Pids = Arc<Mutex<HashMap<(u64, u64), u32>>>;
 
 #[derive(Debug, Default)]
 struct Waiters {
@@ -58,6 +61,7 @@ struct Waiters {
 #[derive(Debug, Default)]
 pub struct Locks {
     owners: Owners,
+    pids: Pids,
     waiters: Arc<Mutex<Waiters>>,
 }
 
@@ -70,15 +74,17 @@ impl Locks {
     pub fn drop_owner(&self, nodeid: u64, owner: u64) {
         let fd = lock(&self.owners).remove(&(nodeid, owner));
         drop(fd);
+        lock(&self.pids).remove(&(nodeid, owner));
     }
     /// The inode's last handle is gone: every owner's description closes.
     pub fn drop_inode(&self, nodeid: u64) {
-        let mut owners = lock(&self.owners);
-        owners.retain(|&(n, _), _| n != nodeid);
+        lock(&self.owners).retain(|&(n, _), _| n != nodeid);
+        lock(&self.pids).retain(|&(n, _), _| n != nodeid);
     }
     /// DESTROY.
     pub fn clear(&self) {
         lock(&self.owners).clear();
+        lock(&self.pids).clear();
     }
     /// Parked waiters.
     pub fn parked(&self) -> usize {
@@ -164,6 +170,9 @@ enum LockCall {
         /// Where the description belongs once the lock is granted.
         key: (u64, u64),
         owners: Owners,
+        /// The requesting pid, recorded once the lock is granted.
+        pid: u32,
+        pids: Pids,
     },
 }
 
@@ -178,12 +187,17 @@ impl LockCall {
                 mut fl,
                 key,
                 owners,
+                pid,
+                pids,
             } => {
                 sys::fcntl_lock(fd.raw(), cmd, &mut fl)?;
                 if fl.l_type != libc::F_UNLCK as libc::c_short {
                     // A FLUSH while we waited took the description out of
                     // the table: the granted lock must stay reachable.
                     lock(&owners).entry(key).or_insert(fd);
+                    if pid != 0 {
+                        lock(&pids).insert(key, pid);
+                    }
                 }
                 Ok(())
             }
@@ -254,6 +268,7 @@ impl PassthroughFs {
             return Err(Errno::EINVAL);
         }
         let mut fl = to_flock(&req.lock);
+        let asked = fl;
         match self.owner_fd(&h, req.owner, false)? {
             Some(fd) => sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?,
             // An owner with no description holds no locks: a fresh one
@@ -263,7 +278,57 @@ impl PassthroughFs {
                 sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?;
             }
         }
+        if fl.l_type != libc::F_UNLCK as libc::c_short && fl.l_pid <= 0 {
+            // Probe only where the request and the conflict overlap.
+            let start = fl.l_start.max(asked.l_start);
+            let end = |f: &libc::flock| {
+                if f.l_len == 0 {
+                    libc::off_t::MAX
+                } else {
+                    f.l_start + f.l_len - 1
+                }
+            };
+            let last = end(&fl).min(end(&asked));
+            let mut probe = fl;
+            probe.l_start = start;
+            probe.l_len = if last == libc::off_t::MAX {
+                0
+            } else {
+                last - start + 1
+            };
+            fl.l_pid = self.lock_holder(h.inode.nodeid, req.owner, &probe) as libc::pid_t;
+        }
         Ok(from_flock(&fl))
+    }
+
+    /// The pid of the client's owner that holds `conflict` (0 if it is
+    /// not one of the client's, or cannot be told). An owner holds it when
+    /// the range looks free from its own description, which does not see
+    /// its own locks: probing with a read lock for a write conflict (so
+    /// other readers do not count) and with a write lock for a read one.
+    fn lock_holder(&self, nodeid: u64, requester: u64, conflict: &libc::flock) -> u32 {
+        let candidates: Vec<_> = lock(&self.locks.owners)
+            .iter()
+            .filter(|(&(n, o), _)| n == nodeid && o != requester)
+            .map(|(&k, fd)| (k, fd.clone()))
+            .collect();
+        for (key, fd) in candidates {
+            let mut probe = *conflict;
+            probe.l_pid = 0;
+            probe.l_type = if conflict.l_type == libc::F_WRLCK as libc::c_short {
+                libc::F_RDLCK as libc::c_short
+            } else {
+                libc::F_WRLCK as libc::c_short
+            };
+            let free = sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut probe).is_ok()
+                && probe.l_type == libc::F_UNLCK as libc::c_short;
+            if free {
+                if let Some(&pid) = lock(&self.locks.pids).get(&key) {
+                    return pid;
+                }
+            }
+        }
+        0
     }
 
     /// The blocking call a lock request makes, on fds it keeps alive.
@@ -287,6 +352,8 @@ impl PassthroughFs {
             fl: to_flock(&req.lock),
             key: (h.inode.nodeid, req.owner),
             owners: self.locks.owners.clone(),
+            pid: req.lock.pid,
+            pids: self.locks.pids.clone(),
         })
     }
 

@@ -1,0 +1,203 @@
+//! The command line: with no subcommand, fusebox is a vhost-user-fs
+//! device with virtiofsd's options; `fusebox mount` serves the host kernel.
+
+use crate::host::MountArgs;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use uring_ring::CachePolicy;
+
+const QEMU_EXAMPLE: &str = "\
+Example (QEMU; guest memory must be shared):
+  fusebox --socket-path /tmp/vfs.sock --shared-dir /srv/share &
+  qemu-system-x86_64 ... \\
+    -chardev socket,id=char0,path=/tmp/vfs.sock \\
+    -device vhost-user-fs-pci,chardev=char0,tag=share \\
+    -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem
+  (in the guest) mount -t virtiofs share /mnt";
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fusebox",
+    version,
+    about = "Share a host directory with a VM (vhost-user-fs), or mount it on the host",
+    after_help = QEMU_EXAMPLE,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// Host mount mode.
+    #[command(subcommand)]
+    pub cmd: Option<Cmd>,
+    /// vhost-user-fs mode (the default).
+    #[command(flatten)]
+    pub vhost: VhostArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Mount the shared directory on the host through /dev/fuse (root).
+    ///
+    /// Example: fusebox mount --shared-dir /srv/data /mnt/data
+    Mount(MountArgs),
+}
+
+/// Cache policy (as virtiofsd's --cache).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Cache {
+    /// No caching in the client.
+    Never,
+    /// Cache metadata only.
+    Metadata,
+    /// Cache until a change is seen (close-to-open for data).
+    Auto,
+    /// Cache everything for long.
+    Always,
+}
+
+impl Cache {
+    /// The passthrough filesystem's policy.
+    pub fn policy(self) -> CachePolicy {
+        match self {
+            Cache::Never => CachePolicy::Never,
+            Cache::Metadata => CachePolicy::Metadata,
+            Cache::Auto => CachePolicy::Auto,
+            Cache::Always => CachePolicy::Always,
+        }
+    }
+}
+
+/// --sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Sandbox {
+    /// Mount namespace with pivot_root into the shared directory, new pid
+    /// and net namespaces.
+    Namespace,
+    /// chroot into the shared directory.
+    Chroot,
+    /// No sandbox.
+    None,
+}
+
+/// --seccomp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Seccomp {
+    /// No filter.
+    None,
+    /// Kill the process on a syscall outside the allow-list.
+    Kill,
+    /// Log it.
+    Log,
+    /// Send SIGSYS.
+    Trap,
+}
+
+/// --inode-file-handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FileHandles {
+    /// Keep an O_PATH fd per inode.
+    Never,
+    /// Keep file handles (fall back to fds if the filesystem has none).
+    Prefer,
+    /// Keep file handles, or fail.
+    Mandatory,
+}
+
+/// --log-level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum LogLevel {
+    /// Nothing.
+    Off,
+    /// Errors.
+    Error,
+    /// Warnings.
+    Warn,
+    /// Start, stop, connection events.
+    Info,
+    /// More.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+/// vhost-user-fs device options (virtiofsd-compatible, plus fusebox's own).
+#[derive(Debug, clap::Args)]
+pub struct VhostArgs {
+    /// vhost-user socket to listen on.
+    #[arg(long, required_unless_present_any = ["fd", "print_capabilities"])]
+    pub socket_path: Option<PathBuf>,
+    /// A listening vhost-user socket inherited as this fd.
+    #[arg(long, conflicts_with = "socket_path")]
+    pub fd: Option<i32>,
+    /// Group to give the socket.
+    #[arg(long)]
+    pub socket_group: Option<String>,
+    /// Directory to share.
+    #[arg(long, required_unless_present = "print_capabilities")]
+    pub shared_dir: Option<PathBuf>,
+    /// Tag in the device's config space (offers the CONFIG protocol
+    /// feature; without it the VMM gives the tag).
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// Cache policy.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub cache: Cache,
+    /// Server threads per request queue (0: one).
+    #[arg(long, default_value_t = 4)]
+    pub thread_pool_size: usize,
+    /// Sandbox mode.
+    #[arg(long, value_enum, default_value = "none")]
+    pub sandbox: Sandbox,
+    /// Seccomp mode.
+    #[arg(long, value_enum, default_value = "none")]
+    pub seccomp: Seccomp,
+    /// Serve extended attributes.
+    #[arg(long)]
+    pub xattr: bool,
+    /// POSIX ACLs (needs --xattr).
+    #[arg(long)]
+    pub posix_acl: bool,
+    /// Refuse every change.
+    #[arg(long)]
+    pub readonly: bool,
+    /// Negotiate the writeback cache.
+    #[arg(long)]
+    pub writeback: bool,
+    /// Tell the guest about submounts (accepted; submounts are served as
+    /// part of the shared directory).
+    #[arg(long)]
+    pub announce_submounts: bool,
+    /// Keep file handles instead of an fd per inode.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "prefer", default_value = "never")]
+    pub inode_file_handles: FileHandles,
+    /// Cap on fds the daemon holds.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rlimit_nofile: usize,
+    /// Log level.
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: LogLevel,
+    /// Log to syslog instead of stderr.
+    #[arg(long)]
+    pub syslog: bool,
+    /// Print the vhost-user capabilities (JSON, for libvirt) and exit.
+    #[arg(long)]
+    pub print_capabilities: bool,
+    /// Request queues (the guest uses as many as it has CPUs, up to this).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub queues: u16,
+    /// Largest virtqueue the VMM may set up.
+    #[arg(long, default_value_t = 1024)]
+    pub queue_size: u16,
+    /// Guest requests the engine admits at once (all queues).
+    #[arg(long, default_value_t = 256)]
+    pub max_background: u16,
+    /// Where the engine reports congestion.
+    #[arg(long, default_value_t = 192)]
+    pub congestion_threshold: u16,
+    /// Answer a request with EIO after this many seconds (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub request_timeout: u64,
+    /// Data I/O with pread/pwrite only.
+    #[arg(long)]
+    pub no_io_uring: bool,
+}

@@ -1,0 +1,174 @@
+//! The default mode: a vhost-user-fs device serving the shared directory
+//! to one VMM connection, then exiting when the frontend disconnects.
+
+use crate::cli::{FileHandles, Sandbox, Seccomp, VhostArgs};
+use crate::log;
+use crate::signals;
+use std::os::fd::FromRawFd;
+use std::time::Duration;
+use uring_ring::passthrough::Groups;
+use uring_ring::{Config, PassthroughError, PassthroughFs};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use virtio_fs::{DeviceConfig, DeviceError, FsDevice};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+/// Errors of the device mode.
+#[derive(Debug, thiserror::Error)]
+pub enum VhostError {
+    /// The shared directory.
+    #[error("serving the shared directory")]
+    Share(#[source] PassthroughError),
+    /// The device.
+    #[error("starting the device")]
+    Device(#[source] DeviceError),
+    /// The vhost-user daemon (its error type is not a std error, so its
+    /// message is kept in this one's).
+    #[error("vhost-user: {0}")]
+    Daemon(vhost_user_backend::Error),
+    /// The socket.
+    #[error("vhost-user socket {0}")]
+    Socket(String, #[source] std::io::Error),
+    /// An option this build does not implement.
+    #[error("{0} is not supported yet (see issue 5); use {1}")]
+    Unsupported(&'static str, &'static str),
+    /// A missing option (clap enforces it; kept for a clean message).
+    #[error("--{0} is required")]
+    Missing(&'static str),
+}
+
+/// What `--print-capabilities` prints: the vhost-user backend JSON that
+/// libvirt reads (no migration features).
+const CAPABILITIES: &str = "{\n  \"type\": \"fs\"\n}";
+
+fn socket_group(path: &std::path::Path, group: &str) -> Result<(), VhostError> {
+    let err = |e| VhostError::Socket(path.display().to_string(), e);
+    let name = std::ffi::CString::new(group)
+        .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+    // SAFETY: `name` is NUL-terminated; getgrnam returns NULL or a pointer
+    // to a static struct that is read at once, before any other call.
+    let gid = unsafe {
+        let g = libc::getgrnam(name.as_ptr());
+        if g.is_null() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no group {group}"),
+            )));
+        }
+        (*g).gr_gid
+    };
+    std::os::unix::fs::chown(path, None, Some(gid)).map_err(err)?;
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o770);
+    std::fs::set_permissions(path, mode).map_err(err)
+}
+
+/// Runs the device until the frontend disconnects or a stop signal.
+pub fn run(a: VhostArgs) -> Result<(), VhostError> {
+    if a.print_capabilities {
+        println!("{CAPABILITIES}");
+        return Ok(());
+    }
+    log::init(a.log_level, a.syslog);
+    if a.sandbox != Sandbox::None {
+        return Err(VhostError::Unsupported(
+            "--sandbox namespace|chroot",
+            "--sandbox none",
+        ));
+    }
+    if a.seccomp != Seccomp::None {
+        return Err(VhostError::Unsupported(
+            "--seccomp kill|log|trap",
+            "--seccomp none",
+        ));
+    }
+    if a.posix_acl {
+        return Err(VhostError::Unsupported("--posix-acl", "no --posix-acl"));
+    }
+    let dir = a
+        .shared_dir
+        .clone()
+        .ok_or(VhostError::Missing("shared-dir"))?;
+    let cfg = Config {
+        cache: a.cache.policy(),
+        writeback: a.writeback,
+        readonly: a.readonly,
+        xattr: a.xattr,
+        inode_file_handles: a.inode_file_handles != FileHandles::Never,
+        max_fds: a.rlimit_nofile,
+        // Guest pids mean nothing on the host: no /proc groups.
+        groups: Groups::None,
+        io_uring: !a.no_io_uring,
+        ..Config::default()
+    };
+    let fs = PassthroughFs::new(&dir, cfg).map_err(VhostError::Share)?;
+    let dev = FsDevice::new(
+        fs,
+        DeviceConfig {
+            request_queues: a.queues,
+            queue_size: a.queue_size,
+            tag: a.tag.clone(),
+            request_timeout: Duration::from_secs(a.request_timeout),
+            workers_per_queue: a.thread_pool_size.max(1),
+            max_background: a.max_background,
+            congestion_threshold: a.congestion_threshold,
+            ..DeviceConfig::default()
+        },
+    )
+    .map_err(VhostError::Device)?;
+    let sigs = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1]);
+    let mut daemon = VhostUserDaemon::new(
+        "fusebox".into(),
+        dev.clone(),
+        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+    )
+    .map_err(VhostError::Daemon)?;
+    dev.register_listeners(&daemon.get_epoll_handlers())
+        .map_err(|e| VhostError::Device(DeviceError::Event(e)))?;
+    let mut listener = match (a.fd, &a.socket_path) {
+        // SAFETY: the caller passed this fd as a listening socket it no
+        // longer uses; it is owned by the Listener from here on.
+        (Some(fd), _) => unsafe { Listener::from_raw_fd(fd) },
+        (None, Some(p)) => {
+            let l = Listener::new(p, true)
+                .map_err(|e| VhostError::Socket(p.display().to_string(), e.into()))?;
+            if let Some(g) = &a.socket_group {
+                socket_group(p, g)?;
+            }
+            l
+        }
+        (None, None) => return Err(VhostError::Missing("socket-path")),
+    };
+    log::info(&format!(
+        "sharing {} ({} request queue(s)); waiting for the VMM",
+        dir.display(),
+        a.queues
+    ));
+    // Signals: SIGUSR1 dumps the counters; a stop signal exits (the VMM
+    // sees the device go away, as with virtiofsd).
+    let d2 = dev.clone();
+    std::thread::spawn(move || loop {
+        let sig = signals::wait(&sigs);
+        if sig == libc::SIGUSR1 {
+            log::info(&d2.report());
+        } else {
+            log::info(&format!("signal {sig}: exiting\n{}", d2.report()));
+            std::process::exit(0);
+        }
+    });
+    daemon.start(&mut listener).map_err(VhostError::Daemon)?;
+    log::info("frontend connected");
+    let r = daemon.wait();
+    log::info(&format!("frontend disconnected\n{}", dev.report()));
+    match r {
+        // The VMM closing its end (guest shut down, QEMU exited) is the
+        // normal way for a device to end.
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(
+            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+        )) => Ok(()),
+        Err(e) => {
+            log::error(&format!("{e}"));
+            Err(VhostError::Daemon(e))
+        }
+    }
+}

@@ -1,0 +1,717 @@
+//! The vhost-user-fs backend: virtqueues in, engine requests out.
+//!
+//! Queue 0 is the hiprio queue (FORGET, BATCH_FORGET, INTERRUPT); queues
+//! 1..=N are request queues, each served by its own vring thread and
+//! mapped to its own engine ring queue (request queue `i` is ring queue
+//! `i - 1`). A guest request becomes a background request of the engine
+//! (`Chan::try_send_background`): when admission is full the queue stops
+//! popping, leaves the chain in the avail ring, and resumes when a request
+//! ends (a per-queue eventfd wakes its vring thread).
+//!
+//! Request lifecycle (one [`Ticket`], state guarded by its `state` mutex):
+//! `InFlight` → `Answered` by exactly one of: the engine's end callback,
+//! the timeout scanner, or the submit path when the engine refuses it.
+
+use crate::chain::{Chain, ChainError};
+use crate::stats::DeviceStats;
+use fuse_core::abi::{BatchForgetIn, ForgetIn, ForgetOne, InHeader, Opcode, OutHeader, WriteIn};
+use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
+use fuse_core::embedded::{Embedded, Options};
+use fuse_core::server::{Filesystem, ServerConfig};
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use virtio_queue::{QueueOwnedT, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Guest memory as the device sees it.
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+/// One vring of the device.
+pub type Vring = VringRwLock<GuestMem>;
+
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
+const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+/// Size of the tag field of the virtio-fs config space.
+pub const TAG_LEN: usize = 36;
+const OUT_HEADER: usize = std::mem::size_of::<OutHeader>();
+const IN_HEADER: usize = std::mem::size_of::<InHeader>();
+
+/// Errors starting or running the device.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// The engine could not start (its INIT with the server failed).
+    #[error("starting the engine: {0}")]
+    Engine(Errno),
+    /// An eventfd could not be made or registered.
+    #[error("device event: {0}")]
+    Event(#[source] io::Error),
+    /// The tag does not fit the config space.
+    #[error("tag is longer than {TAG_LEN} bytes")]
+    TagTooLong,
+    /// A vring operation failed.
+    #[error("vring: {0}")]
+    Vring(#[source] virtio_queue::Error),
+}
+
+/// What the device offers and how it serves.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Request queues (not counting hiprio); more than one needs the MQ
+    /// protocol feature, which is always offered.
+    pub request_queues: u16,
+    /// Largest queue the frontend may set up.
+    pub queue_size: u16,
+    /// The tag for the config space; with `None` the CONFIG protocol
+    /// feature is not offered (QEMU 7.1 to 8.0 crash on it) and the VMM
+    /// supplies the tag.
+    pub tag: Option<String>,
+    /// A request unanswered this long is answered with EIO and counted
+    /// (zero: never).
+    pub request_timeout: Duration,
+    /// Engine server threads per request queue.
+    pub workers_per_queue: usize,
+    /// Background requests the engine admits at once (all queues).
+    pub max_background: u16,
+    /// Where the engine reports congestion.
+    pub congestion_threshold: u16,
+    /// Largest WRITE (and READ) payload.
+    pub max_write: u32,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            request_queues: 1,
+            queue_size: 1024,
+            tag: None,
+            request_timeout: Duration::ZERO,
+            workers_per_queue: 4,
+            max_background: 256,
+            congestion_threshold: 192,
+            max_write: 1 << 20,
+        }
+    }
+}
+
+/// A guest request in flight. `state` (its own mutex, a leaf lock)
+/// guards who answers it.
+struct Ticket {
+    unique: u64,
+    opcode: u32,
+    queue: usize,
+    started: Instant,
+    chain: Chain,
+    vring: Vring,
+    mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
+    state: Mutex<TicketState>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TicketState {
+    InFlight,
+    Answered,
+}
+
+impl Ticket {
+    /// Moves InFlight → Answered; false if someone else answered first.
+    fn claim(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let first = *s == TicketState::InFlight;
+        *s = TicketState::Answered;
+        first
+    }
+}
+
+struct Inner<F: Filesystem + 'static> {
+    engine: Embedded<F>,
+    cfg: DeviceConfig,
+    config_space: Vec<u8>,
+    mem: RwLock<Option<GuestMem>>,
+    event_idx: AtomicBool,
+    acked: AtomicU64,
+    /// Per request queue: set while it stopped popping for admission.
+    stalled: Vec<AtomicBool>,
+    /// Per request queue: written to resume a stalled queue.
+    resume: Vec<EventFd>,
+    stats: DeviceStats,
+    /// Tickets in submission order, for the timeout scanner (lock order:
+    /// `timeouts` before any ticket's `state`).
+    timeouts: Mutex<VecDeque<Arc<Ticket>>>,
+    stop: AtomicBool,
+}
+
+/// The virtio-fs device around a [`Filesystem`]. Cheap to clone.
+pub struct FsDevice<F: Filesystem + 'static> {
+    inner: Arc<Inner<F>>,
+}
+
+impl<F: Filesystem + 'static> Clone for FsDevice<F> {
+    fn clone(&self) -> Self {
+        FsDevice {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<F: Filesystem + 'static> std::fmt::Debug for FsDevice<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FsDevice")
+            .field("cfg", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Filesystem + 'static> FsDevice<F> {
+    /// Starts the engine around `fs` (INIT with the server, ring queues and
+    /// their workers) and makes the device.
+    pub fn new(fs: F, cfg: DeviceConfig) -> Result<Self, DeviceError> {
+        let mut config_space = vec![0u8; TAG_LEN + 4];
+        if let Some(tag) = &cfg.tag {
+            if tag.len() > TAG_LEN {
+                return Err(DeviceError::TagTooLong);
+            }
+            config_space[..tag.len()].copy_from_slice(tag.as_bytes());
+        }
+        config_space[TAG_LEN..].copy_from_slice(&u32::from(cfg.request_queues).to_le_bytes());
+        let queues = usize::from(cfg.request_queues.max(1));
+        let server = ServerConfig {
+            max_write: cfg.max_write,
+            ..ServerConfig::default()
+        };
+        let engine = Embedded::start(
+            fs,
+            Options {
+                max_background: cfg.max_background,
+                congestion_threshold: cfg.congestion_threshold,
+                ring_queues: queues as u16,
+                ring_workers: cfg.workers_per_queue.max(1),
+                offer_flags: fuse_core::abi::init::WRITEBACK_CACHE,
+                workers: 1,
+                server,
+                ..Options::default()
+            },
+        )
+        .map_err(DeviceError::Engine)?;
+        let resume = (0..queues)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DeviceError::Event)?;
+        let inner = Arc::new(Inner {
+            engine,
+            stalled: (0..queues).map(|_| AtomicBool::new(false)).collect(),
+            resume,
+            stats: DeviceStats::new(queues + 1),
+            config_space,
+            mem: RwLock::new(None),
+            event_idx: AtomicBool::new(false),
+            acked: AtomicU64::new(0),
+            timeouts: Mutex::new(VecDeque::new()),
+            stop: AtomicBool::new(false),
+            cfg,
+        });
+        if !inner.cfg.request_timeout.is_zero() {
+            let weak = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name("fusebox-timeouts".into())
+                .spawn(move || scan_timeouts(weak))
+                .map_err(DeviceError::Event)?;
+        }
+        Ok(FsDevice { inner })
+    }
+
+    /// The device's counters.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.inner.stats
+    }
+
+    /// The engine (its connection counters, the filesystem).
+    pub fn engine(&self) -> &Embedded<F> {
+        &self.inner.engine
+    }
+
+    /// Counters of the device and of the engine, as text.
+    pub fn report(&self) -> String {
+        let s = self.inner.engine.chan().stats();
+        format!(
+            "{}engine: waiting {} background {} active {} queued {}\n",
+            self.inner.stats.report(),
+            s.waiting,
+            s.background,
+            s.active,
+            s.bg_queued
+        )
+    }
+
+    /// Registers the per-queue resume eventfds with the daemon's vring
+    /// threads (call once, after the daemon is made, before serving).
+    pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Self>>]) -> io::Result<()> {
+        let base = self.num_queues() as u64;
+        for (i, fd) in self.inner.resume.iter().enumerate() {
+            // Request queue i (vring i + 1) runs on thread i + 1.
+            let h = handlers
+                .get(i + 1)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            h.register_listener(
+                std::os::fd::AsRawFd::as_raw_fd(fd),
+                EventSet::IN,
+                base + 1 + i as u64,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn memory(&self) -> Option<GuestMemoryLoadGuard<GuestMemoryMmap>> {
+        let m = self.inner.mem.read().unwrap_or_else(|e| e.into_inner());
+        m.as_ref().map(GuestAddressSpace::memory)
+    }
+
+    /// Serves queue `q` (0: hiprio) until it is empty or stalls.
+    fn serve_queue(&self, vring: &Vring, q: usize) -> Result<(), DeviceError> {
+        let event_idx = self.inner.event_idx.load(Ordering::Relaxed);
+        loop {
+            if event_idx {
+                vring.disable_notification().map_err(DeviceError::Vring)?;
+            }
+            let stalled = if q == 0 {
+                self.drain_hiprio(vring);
+                false
+            } else {
+                self.drain_requests(vring, q)
+            };
+            if stalled || !event_idx || !vring.enable_notification().map_err(DeviceError::Vring)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn pop(
+        &self,
+        vring: &Vring,
+        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+    ) -> Option<Result<Chain, (u16, ChainError)>> {
+        let chain = vring
+            .get_mut()
+            .get_queue_mut()
+            .pop_descriptor_chain(mem.clone())?;
+        let head = chain.head_index();
+        let max = u64::from(self.inner.cfg.max_write) + 64 * 1024;
+        Some(Chain::parse(chain, max).map_err(|e| (head, e)))
+    }
+
+    fn drain_hiprio(&self, vring: &Vring) {
+        let Some(mem) = self.memory() else { return };
+        let qs = &self.inner.stats.queues[0];
+        let mut used = false;
+        while let Some(popped) = self.pop(vring, &mem) {
+            used = true;
+            let chain = match popped {
+                Ok(c) => c,
+                Err((head, _)) => {
+                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    let _ = vring.add_used(head, 0);
+                    continue;
+                }
+            };
+            qs.submitted.fetch_add(1, Ordering::Relaxed);
+            self.forget(&mem, &chain);
+            qs.completed.fetch_add(1, Ordering::Relaxed);
+            let _ = vring.add_used(chain.head, 0);
+        }
+        if used {
+            notify(vring);
+        }
+    }
+
+    /// FORGET and BATCH_FORGET go to the engine; INTERRUPT is dropped
+    /// (Linux's virtio-fs never sends it); anything else is malformed.
+    fn forget(&self, mem: &GuestMemoryMmap, chain: &Chain) {
+        let len = chain.readable_len().min(1 << 20);
+        let mut buf = vec![0u8; len];
+        if chain.read_at(mem, 0, &mut buf).is_err() {
+            return;
+        }
+        let Ok((h, rest)) = InHeader::read_from_prefix(&buf) else {
+            return;
+        };
+        let chan = self.inner.engine.chan();
+        match Opcode::from_u32(h.opcode) {
+            Some(Opcode::Forget) => {
+                if let Ok((f, _)) = ForgetIn::read_from_prefix(rest) {
+                    chan.send_forget(h.nodeid, f.nlookup);
+                }
+            }
+            Some(Opcode::BatchForget) => {
+                let Ok((b, mut rest)) = BatchForgetIn::read_from_prefix(rest) else {
+                    return;
+                };
+                for _ in 0..b.count {
+                    let Ok((one, r)) = ForgetOne::read_from_prefix(rest) else {
+                        break;
+                    };
+                    chan.send_forget(one.nodeid, one.nlookup);
+                    rest = r;
+                }
+            }
+            _ => {
+                self.inner.stats.queues[0]
+                    .malformed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Pops and submits until the queue is empty (false) or admission is
+    /// full (true: the chain went back to the avail ring).
+    fn drain_requests(&self, vring: &Vring, q: usize) -> bool {
+        let Some(mem) = self.memory() else {
+            return false;
+        };
+        let qs = &self.inner.stats.queues[q];
+        loop {
+            let Some(popped) = self.pop(vring, &mem) else {
+                return false;
+            };
+            let chain = match popped {
+                Ok(c) => c,
+                Err((head, _)) => {
+                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    let _ = vring.add_used(head, 0);
+                    notify(vring);
+                    continue;
+                }
+            };
+            let (args, ticket) = match self.prepare(vring, &mem, chain, q) {
+                Ok(v) => v,
+                Err(t) => {
+                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(t) = t {
+                        self.answer(&t, Errno::EIO.to_wire(), &[]);
+                    }
+                    continue;
+                }
+            };
+            let weak = Arc::downgrade(&self.inner);
+            let t2 = ticket.clone();
+            let end = Box::new(move |r: ReqResult| {
+                if let Some(inner) = weak.upgrade() {
+                    FsDevice { inner }.finish(&t2, r);
+                }
+            });
+            match self.inner.engine.chan().try_send_background(args, end) {
+                Ok(()) => {
+                    qs.submitted.fetch_add(1, Ordering::Relaxed);
+                    if !self.inner.cfg.request_timeout.is_zero() {
+                        lock(&self.inner.timeouts).push_back(ticket);
+                    }
+                }
+                Err(TrySendError::Full(_)) => {
+                    vring.get_mut().get_queue_mut().go_to_previous_position();
+                    let stalled = &self.inner.stalled[q - 1];
+                    stalled.store(true, Ordering::SeqCst);
+                    qs.stalls.fetch_add(1, Ordering::Relaxed);
+                    // A slot freed between the refusal and the flag would
+                    // not wake us: look once more.
+                    let chan = self.inner.engine.chan();
+                    let max = chan.negotiated().map_or(1, |n| n.max_background);
+                    if chan.stats().background < max && stalled.swap(false, Ordering::SeqCst) {
+                        continue;
+                    }
+                    return true;
+                }
+                Err(TrySendError::Closed(e)) => {
+                    qs.submitted.fetch_add(1, Ordering::Relaxed);
+                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                    if ticket.claim() {
+                        self.answer(&ticket, e.to_wire(), &[]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads a request chain into engine arguments. Err(Some) for a chain
+    /// that can carry an error reply, Err(None) for one that cannot (it is
+    /// returned unused).
+    #[allow(clippy::type_complexity)]
+    fn prepare(
+        &self,
+        vring: &Vring,
+        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        chain: Chain,
+        q: usize,
+    ) -> Result<(Args, Arc<Ticket>), Option<Arc<Ticket>>> {
+        let total = chain.readable_len();
+        let mut hb = [0u8; IN_HEADER];
+        let header = if total >= IN_HEADER && chain.read_at(&**mem, 0, &mut hb).is_ok() {
+            InHeader::read_from_bytes(&hb).ok()
+        } else {
+            None
+        };
+        let ticket = Arc::new(Ticket {
+            unique: header.map_or(0, |h| h.unique),
+            opcode: header.map_or(0, |h| h.opcode),
+            queue: q,
+            started: Instant::now(),
+            chain,
+            vring: vring.clone(),
+            mem: mem.clone(),
+            state: Mutex::new(TicketState::InFlight),
+        });
+        let replyable = ticket.chain.writable_len() >= OUT_HEADER;
+        let fail = |t: Arc<Ticket>| {
+            if replyable {
+                Some(t)
+            } else {
+                let _ = t.vring.add_used(t.chain.head, 0);
+                notify(&t.vring);
+                None
+            }
+        };
+        let Some(h) = header else {
+            return Err(fail(ticket));
+        };
+        // The header's length must agree with the chain, and a request
+        // that wants a reply must have room for at least its header.
+        let opcode = Opcode::from_u32(h.opcode);
+        if h.len as usize != total
+            || !replyable
+            || matches!(
+                opcode,
+                None | Some(Opcode::Forget | Opcode::BatchForget | Opcode::Interrupt)
+            )
+        {
+            return Err(fail(ticket));
+        }
+        let mut body = vec![0u8; total - IN_HEADER];
+        if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
+            return Err(fail(ticket));
+        }
+        let Some(opcode) = opcode else {
+            return Err(fail(ticket));
+        };
+        let data = if opcode == Opcode::Write && body.len() >= std::mem::size_of::<WriteIn>() {
+            body.split_off(std::mem::size_of::<WriteIn>())
+        } else {
+            Vec::new()
+        };
+        let mut args = Args::new(opcode, h.nodeid)
+            .creds(h.uid, h.gid, h.pid)
+            .body(body)
+            .data(data)
+            .out(ticket.chain.writable_len() - OUT_HEADER, true)
+            .qid((q - 1) as u16);
+        args.total_extlen = h.total_extlen;
+        // INIT and DESTROY are the connection's own: never refused by
+        // admission (the kernel sends them FORCE too).
+        if matches!(opcode, Opcode::Init | Opcode::Destroy) {
+            args = args.force();
+        }
+        Ok((args, ticket))
+    }
+
+    /// The engine's answer to a request.
+    fn finish(&self, t: &Arc<Ticket>, r: ReqResult) {
+        self.resume_stalled();
+        if !t.claim() {
+            return;
+        }
+        match r {
+            Ok(reply) => self.answer(t, 0, &reply.data),
+            Err(e) => {
+                if e == Errno::ENOTCONN {
+                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                }
+                self.answer(t, e.to_wire(), &[])
+            }
+        }
+    }
+
+    /// Wakes every stalled queue: a background slot may have freed.
+    fn resume_stalled(&self) {
+        for (i, s) in self.inner.stalled.iter().enumerate() {
+            if s.swap(false, Ordering::SeqCst) {
+                let _ = self.inner.resume[i].write(1);
+            }
+        }
+    }
+
+    /// Writes the reply into the chain and returns it to the guest.
+    fn answer(&self, t: &Ticket, error: i32, payload: &[u8]) {
+        let (error, payload) = if OUT_HEADER + payload.len() > t.chain.writable_len() {
+            (Errno::ERANGE.to_wire(), &[][..])
+        } else {
+            (error, payload)
+        };
+        let h = OutHeader {
+            len: (OUT_HEADER + payload.len()) as u32,
+            error,
+            unique: t.unique,
+        };
+        let written = t
+            .chain
+            .write_all(&*t.mem, &[h.as_bytes(), payload])
+            .unwrap_or(0);
+        self.inner
+            .stats
+            .record(t.opcode, error, t.started.elapsed());
+        self.inner.stats.queues[t.queue]
+            .completed
+            .fetch_add(1, Ordering::Relaxed);
+        let _ = t.vring.add_used(t.chain.head, written);
+        notify(&t.vring);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Signals the guest if it wants to hear about used buffers now.
+fn notify(vring: &Vring) {
+    if vring.needs_notification().unwrap_or(true) {
+        let _ = vring.signal_used_queue();
+    }
+}
+
+/// Answers requests that outlived the timeout, oldest first.
+fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let timeout = inner.cfg.request_timeout;
+        let dev = FsDevice { inner };
+        let mut expired = Vec::new();
+        {
+            let mut q = lock(&dev.inner.timeouts);
+            while let Some(t) = q.front() {
+                let done = *lock(&t.state) == TicketState::Answered;
+                if done {
+                    q.pop_front();
+                } else if t.started.elapsed() >= timeout {
+                    if let Some(t) = q.pop_front() {
+                        expired.push(t);
+                    }
+                } else {
+                    break;
+                }
+            }
+        }
+        for t in expired {
+            if t.claim() {
+                dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                dev.answer(&t, Errno::EIO.to_wire(), &[]);
+            }
+        }
+        drop(dev);
+        std::thread::sleep((timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(1)));
+    }
+}
+
+impl<F: Filesystem + 'static> Drop for Inner<F> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        1 + usize::from(self.inner.cfg.request_queues.max(1))
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(self.inner.cfg.queue_size)
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1
+            | VIRTIO_RING_F_INDIRECT_DESC
+            | VIRTIO_RING_F_EVENT_IDX
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.inner.acked.store(features, Ordering::Relaxed);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let mut f = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if self.inner.cfg.tag.is_some() {
+            f |= VhostUserProtocolFeatures::CONFIG;
+        }
+        f
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.inner.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let cs = &self.inner.config_space;
+        let start = (offset as usize).min(cs.len());
+        let end = start.saturating_add(size as usize).min(cs.len());
+        cs[start..end].to_vec()
+    }
+
+    fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        *self.inner.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        // One vring thread per queue: request queues run in parallel.
+        (0..self.num_queues()).map(|q| 1u64 << q).collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // Each thread owns exactly one vring (`queues_per_thread`): queue
+        // `thread_id`, which the event loop hands over as `vrings[0]` with
+        // device_event 0. Events above num_queues are the resume eventfds
+        // (registered as num_queues + 1 + request queue index).
+        let n = self.num_queues();
+        let ev = usize::from(device_event);
+        if ev > n {
+            if let Some(fd) = self.inner.resume.get(ev - n - 1) {
+                let _ = fd.read();
+            }
+        } else if ev != 0 {
+            return Ok(());
+        }
+        let Some(vring) = vrings.first() else {
+            return Ok(());
+        };
+        self.serve_queue(vring, thread_id).map_err(io::Error::other)
+    }
+}

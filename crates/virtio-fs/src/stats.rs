@@ -1,0 +1,125 @@
+//! Counters a running device keeps, readable while it runs.
+
+use fuse_core::abi::Opcode;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Opcodes are below this (CUSE_INIT is counted as "other").
+const OPCODES: usize = 64;
+
+/// Per-queue counters.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    /// Chains popped and sent into the engine.
+    pub submitted: AtomicU64,
+    /// Replies written back to the guest.
+    pub completed: AtomicU64,
+    /// Times the queue stopped popping because admission was full.
+    pub stalls: AtomicU64,
+    /// Chains refused as malformed.
+    pub malformed: AtomicU64,
+}
+
+impl QueueStats {
+    /// Requests popped and not yet answered.
+    pub fn in_flight(&self) -> u64 {
+        let s = self.submitted.load(Ordering::Relaxed);
+        s.saturating_sub(self.completed.load(Ordering::Relaxed))
+    }
+}
+
+#[derive(Debug, Default)]
+struct OpStats {
+    count: AtomicU64,
+    errors: AtomicU64,
+    total_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+/// The device's counters.
+#[derive(Debug)]
+pub struct DeviceStats {
+    /// Index 0 is the hiprio queue, then the request queues.
+    pub queues: Vec<QueueStats>,
+    /// Requests answered with an error because they outlived the timeout.
+    pub timeouts: AtomicU64,
+    /// Requests that ended because the engine connection was aborted.
+    pub aborted: AtomicU64,
+    ops: Vec<OpStats>,
+}
+
+impl DeviceStats {
+    pub(crate) fn new(queues: usize) -> Self {
+        DeviceStats {
+            queues: (0..queues).map(|_| QueueStats::default()).collect(),
+            timeouts: AtomicU64::new(0),
+            aborted: AtomicU64::new(0),
+            ops: (0..OPCODES).map(|_| OpStats::default()).collect(),
+        }
+    }
+
+    pub(crate) fn record(&self, opcode: u32, error: i32, took: Duration) {
+        let op = &self.ops[(opcode as usize).min(OPCODES - 1)];
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        op.count.fetch_add(1, Ordering::Relaxed);
+        if error != 0 {
+            op.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        op.total_ns.fetch_add(ns, Ordering::Relaxed);
+        op.max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// Requests answered for `opcode` so far.
+    pub fn op_count(&self, opcode: Opcode) -> u64 {
+        self.ops[(opcode as usize).min(OPCODES - 1)]
+            .count
+            .load(Ordering::Relaxed)
+    }
+
+    /// A human-readable snapshot: per-queue depths and counts, timeouts,
+    /// aborts, and per-opcode count, errors, mean and max latency.
+    pub fn report(&self) -> String {
+        let mut s = String::new();
+        for (i, q) in self.queues.iter().enumerate() {
+            let name = if i == 0 {
+                "hiprio".to_string()
+            } else {
+                format!("request{}", i - 1)
+            };
+            let _ = writeln!(
+                s,
+                "queue {name}: submitted {} completed {} in-flight {} stalls {} malformed {}",
+                q.submitted.load(Ordering::Relaxed),
+                q.completed.load(Ordering::Relaxed),
+                q.in_flight(),
+                q.stalls.load(Ordering::Relaxed),
+                q.malformed.load(Ordering::Relaxed),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "timeouts {} aborted {}",
+            self.timeouts.load(Ordering::Relaxed),
+            self.aborted.load(Ordering::Relaxed)
+        );
+        for (code, op) in self.ops.iter().enumerate() {
+            let n = op.count.load(Ordering::Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let name = u32::try_from(code)
+                .ok()
+                .and_then(Opcode::from_u32)
+                .map_or_else(|| format!("op{code}"), |o| format!("{o:?}"));
+            let _ = writeln!(
+                s,
+                "{name:<16} count {n:>9} errors {:>7} mean {:>8} us max {:>8} us",
+                op.errors.load(Ordering::Relaxed),
+                op.total_ns.load(Ordering::Relaxed) / n / 1000,
+                op.max_ns.load(Ordering::Relaxed) / 1000,
+            );
+        }
+        s
+    }
+}

@@ -1,0 +1,145 @@
+/* guestcheck: the parts of the guest suite busybox has no applet for.
+ * Built statically on the host (tests/guest/setup.sh) and put in the
+ * initramfs. Each subcommand prints nothing and exits 0 on success, or
+ * prints what went wrong and exits 1.
+ *
+ *   guestcheck xattr FILE    set/get/list/remove a user.* attribute
+ *   guestcheck lock FILE     fcntl record locks and flock, against a child
+ *   guestcheck mmap FILE     shared writable mapping, read back with read()
+ *   guestcheck direct FILE   O_DIRECT write and read of 1 MiB
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, " (errno %d)\n", errno); exit(1); } while (0)
+
+static int do_xattr(const char *p) {
+	char buf[64];
+	if (setxattr(p, "user.fusebox", "hello", 5, 0)) FAIL("setxattr");
+	ssize_t n = getxattr(p, "user.fusebox", buf, sizeof buf);
+	if (n != 5 || memcmp(buf, "hello", 5)) FAIL("getxattr returned %zd", n);
+	if (setxattr(p, "user.fusebox", "x", 1, XATTR_CREATE) == 0 || errno != EEXIST)
+		FAIL("XATTR_CREATE on an existing attribute did not fail with EEXIST");
+	char list[256];
+	n = listxattr(p, list, sizeof list);
+	int found = 0;
+	for (ssize_t i = 0; i < n; i += strlen(list + i) + 1)
+		if (!strcmp(list + i, "user.fusebox")) found = 1;
+	if (!found) FAIL("listxattr does not show user.fusebox");
+	if (removexattr(p, "user.fusebox")) FAIL("removexattr");
+	if (getxattr(p, "user.fusebox", buf, sizeof buf) >= 0 || errno != ENODATA)
+		FAIL("getxattr after remove did not fail with ENODATA");
+	return 0;
+}
+
+static int child_status(pid_t pid) {
+	int st;
+	if (waitpid(pid, &st, 0) != pid) FAIL("waitpid");
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 99;
+}
+
+static int do_lock(const char *p) {
+	int fd = open(p, O_RDWR | O_CREAT, 0644);
+	if (fd < 0) FAIL("open");
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100 };
+	if (fcntl(fd, F_SETLK, &fl)) FAIL("F_SETLK");
+	pid_t parent = getpid();
+	pid_t c = fork();
+	if (c == 0) {
+		int f2 = open(p, O_RDWR);
+		struct flock t = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 50, .l_len = 10 };
+		if (fcntl(f2, F_SETLK, &t) == 0) _exit(2);          /* conflict not seen */
+		if (errno != EAGAIN && errno != EACCES) _exit(3);
+		t.l_type = F_WRLCK;
+		if (fcntl(f2, F_GETLK, &t)) _exit(4);
+		if (t.l_type != F_WRLCK || t.l_pid != parent) _exit(5); /* holder not reported */
+		t = (struct flock){ .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 200, .l_len = 10 };
+		if (fcntl(f2, F_SETLK, &t)) _exit(6);                /* disjoint range refused */
+		_exit(0);
+	}
+	int r = child_status(c);
+	if (r) { errno = 0; FAIL("fcntl child check %d failed", r); }
+	fl.l_type = F_UNLCK;
+	if (fcntl(fd, F_SETLK, &fl)) FAIL("F_UNLCK");
+	c = fork();
+	if (c == 0) {
+		int f2 = open(p, O_RDWR);
+		struct flock t = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 50, .l_len = 10 };
+		_exit(fcntl(f2, F_SETLK, &t) ? 7 : 0);
+	}
+	if ((r = child_status(c))) { errno = 0; FAIL("lock after unlock: child check %d failed", r); }
+	if (flock(fd, LOCK_EX)) FAIL("flock");
+	c = fork();
+	if (c == 0) {
+		int f2 = open(p, O_RDWR);
+		if (flock(f2, LOCK_EX | LOCK_NB) == 0) _exit(8);
+		_exit(errno == EWOULDBLOCK ? 0 : 9);
+	}
+	if ((r = child_status(c))) { errno = 0; FAIL("flock child check %d failed", r); }
+	if (flock(fd, LOCK_UN)) FAIL("flock unlock");
+	close(fd);
+	return 0;
+}
+
+static int do_mmap(const char *p) {
+	const size_t len = 1 << 20;
+	int fd = open(p, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	if (fd < 0) FAIL("open");
+	if (ftruncate(fd, len)) FAIL("ftruncate");
+	unsigned char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) FAIL("mmap");
+	for (size_t i = 0; i < len; i++) m[i] = (unsigned char)(i * 7 + 3);
+	if (msync(m, len, MS_SYNC)) FAIL("msync");
+	munmap(m, len);
+	close(fd);
+	fd = open(p, O_RDONLY);
+	unsigned char *b = malloc(len);
+	size_t got = 0;
+	while (got < len) {
+		ssize_t n = read(fd, b + got, len - got);
+		if (n <= 0) FAIL("read back");
+		got += n;
+	}
+	for (size_t i = 0; i < len; i++)
+		if (b[i] != (unsigned char)(i * 7 + 3)) { errno = 0; FAIL("byte %zu differs after mmap write", i); }
+	m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) FAIL("mmap read");
+	if (memcmp(m, b, len)) { errno = 0; FAIL("read mapping differs"); }
+	munmap(m, len);
+	close(fd);
+	return 0;
+}
+
+static int do_direct(const char *p) {
+	const size_t len = 1 << 20;
+	void *w, *r;
+	if (posix_memalign(&w, 4096, len) || posix_memalign(&r, 4096, len)) FAIL("memalign");
+	for (size_t i = 0; i < len; i++) ((unsigned char *)w)[i] = (unsigned char)(i ^ (i >> 8));
+	int fd = open(p, O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+	if (fd < 0) FAIL("open O_DIRECT");
+	if (pwrite(fd, w, len, 0) != (ssize_t)len) FAIL("O_DIRECT write");
+	if (pread(fd, r, len, 0) != (ssize_t)len) FAIL("O_DIRECT read");
+	if (memcmp(w, r, len)) { errno = 0; FAIL("O_DIRECT data differs"); }
+	close(fd);
+	return 0;
+}
+
+int main(int argc, char **argv) {
+	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct FILE\n"); return 2; }
+	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
+	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
+	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);
+	if (!strcmp(argv[1], "direct")) return do_direct(argv[2]);
+	fprintf(stderr, "unknown check %s\n", argv[1]);
+	return 2;
+}

@@ -1,0 +1,111 @@
+#!/bin/bash
+# Boots the test guest against fusebox and checks both sides.
+#
+#   tests/guest/run.sh [--backports] [--queues N] [--smp N] [--min-queues-used K]
+#
+# Sets up the guest (tests/guest/setup.sh), builds fusebox, shares a fresh
+# directory with `--queues N`, boots QEMU TCG with memfd shared memory and
+# `vhost-user-fs-pci,num-request-queues=N`, and runs tests/guest/suite.sh
+# in the guest. Passes when the guest reports no failure, the host sees
+# what the guest wrote (and the guest saw what the host wrote), and
+# fusebox's counters show at least K request queues carried requests.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+setup_args=() queues=1 smp=2 min_used=1
+while [ $# -gt 0 ]; do
+	case $1 in
+		--backports) setup_args+=(--backports) ;;
+		--queues) queues=$2; shift ;;
+		--smp) smp=$2; shift ;;
+		--min-queues-used) min_used=$2; shift ;;
+		*) echo "unknown argument $1" >&2; exit 2 ;;
+	esac
+	shift
+done
+gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
+qemu=$(cat "$gdir/qemu")
+(cd "$root" && cargo build --release -q -p fusebox)
+fusebox=$root/target/release/fusebox
+
+work=$(mktemp -d /tmp/fusebox-guest.XXXXXX)
+share=$work/share
+mkdir -p "$share"
+sock=$work/vfs.sock
+cleanup() {
+	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
+	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The host's half of the 64 MiB check.
+head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
+sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
+
+"$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
+	--cache auto 2> "$work/fusebox.log" &
+fpid=$!
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+[ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
+
+echo "guest-run: booting $("$qemu" --version | head -1), $queues request queue(s), $smp cpu(s)"
+start=$(date +%s)
+timeout 1500 "$qemu" -accel tcg,thread=multi -cpu max -smp "$smp" -m 1G \
+	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
+	-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
+	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share" \
+	-chardev socket,id=vfs,path="$sock" \
+	-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues",queue-size=1024 \
+	-display none -monitor none -serial file:"$work/console.log" -no-reboot &
+qpid=$!
+wait "$qpid" || echo "guest-run: qemu exited with $?"
+qpid=
+echo "guest-run: guest ran $(( $(date +%s) - start )) s"
+# fusebox exits when its frontend goes.
+for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$fpid" 2>/dev/null; then
+	echo "guest-run: FAIL fusebox still running after the VMM left"
+	kill "$fpid"; status=1
+else
+	wait "$fpid" && status=0 || { echo "guest-run: FAIL fusebox exited with $?"; status=1; }
+fi
+fpid=
+
+grep -E '^(PASS|FAIL|GUEST)' "$work/console.log" || true
+result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1)
+case $result in
+	*"failed=0"*) ;;
+	*) echo "guest-run: FAIL guest suite: ${result:-no result}"; tail -40 "$work/console.log"; status=1 ;;
+esac
+
+# The host's half: what the guest left in the shared directory.
+hfail=0
+hcheck() {
+	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; hfail=$((hfail + 1)); fi
+}
+w=$share/work
+hcheck content '[ "$(cat "$w/a")" = hello ] && [ "$(cat "$w/w")" = 012XY56789 ]'
+hcheck append '[ "$(cat "$w/ap")" = "$(printf "one\ntwo")" ]'
+hcheck truncate '[ "$(stat -c %s "$w/tr")" = 100 ] && [ "$(head -c 4 "$w/tr")" = 0123 ]'
+hcheck rename '[ ! -e "$w/r1" ] && [ "$(cat "$w/r2")" = r ] && [ "$(cat "$w/n2")" = new ] && [ ! -e "$w/n1" ]'
+hcheck links '[ "$(stat -c %h "$w/h2")" = 1 ] && [ "$(readlink "$w/sl")" = target ]'
+hcheck modes '[ "$(stat -c %a "$w/cm")" = 4755 ] && [ "$(stat -c %u:%g "$w/co")" = 1234:5678 ]'
+hcheck mtime '[ "$(stat -c %Y "$w/ut")" = "$(date -d "2001-02-03 04:05:06" +%s)" ]'
+hcheck mmap-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i*7+3)&255 for i in range(1<<20)))" "$w/mapped"'
+hcheck o-direct-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i^(i>>8))&255 for i in range(1<<20)))" "$w/direct"'
+hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)" = "$(cat "$share/guest64.sha256")" ]'
+hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'
+hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
+[ $hfail = 0 ] || status=1
+
+echo "guest-run: fusebox's counters:"
+sed -n '/frontend disconnected/,$p' "$work/fusebox.log"
+used=$(grep -cE '^fusebox: queue request[0-9]+: submitted [1-9]' "$work/fusebox.log" || true)
+echo "guest-run: $used of $queues request queue(s) carried requests"
+if [ "$used" -lt "$min_used" ]; then
+	echo "guest-run: FAIL expected at least $min_used request queues in use"
+	status=1
+fi
+[ $status = 0 ] && echo "guest-run: OK" || { echo "guest-run: FAILED"; tail -20 "$work/fusebox.log"; }
+exit $status

@@ -1,0 +1,82 @@
+#!/bin/sh
+# The guest half of the guest suite: runs inside the test VM (busybox sh)
+# on the virtiofs mount $1. Prints "PASS name" or "FAIL name: why" per
+# check and a last line "GUEST-SUITE passed=N failed=M". The host half
+# (tests/guest/run.sh) checks what this leaves in the shared directory.
+M=$1
+cd "$M" || { echo "GUEST-SUITE passed=0 failed=1"; exit 1; }
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "PASS $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
+check() { name=$1; shift; if out=$("$@" 2>&1); then ok "$name"; else bad "$name" "$out"; fi; }
+
+mkdir -p work && cd work || exit 1
+
+t_create() { echo hello > a && [ "$(cat a)" = hello ]; }
+t_write() { printf '0123456789' > w && printf 'XY' | dd of=w bs=1 seek=3 conv=notrunc 2>/dev/null && [ "$(cat w)" = 012XY56789 ]; }
+t_append() { echo one > ap && echo two >> ap && [ "$(cat ap)" = "$(printf 'one\ntwo')" ]; }
+t_truncate() { printf '0123456789' > tr && truncate -s 4 tr && [ "$(cat tr)" = 0123 ] && truncate -s 100 tr && [ "$(stat -c %s tr)" = 100 ]; }
+t_rename() { echo r > r1 && mv r1 r2 && [ ! -e r1 ] && [ "$(cat r2)" = r ]; }
+t_rename_over() { echo new > n1 && echo old > n2 && mv -f n1 n2 && [ "$(cat n2)" = new ] && [ ! -e n1 ]; }
+t_hardlink() { echo h > h1 && ln h1 h2 && [ "$(stat -c %h h1)" = 2 ] && [ "$(stat -c %i h1)" = "$(stat -c %i h2)" ] && rm h1 && [ "$(cat h2)" = h ]; }
+t_symlink() { echo s > target && ln -s target sl && [ "$(readlink sl)" = target ] && [ "$(cat sl)" = s ]; }
+t_chmod() { : > cm && chmod 0640 cm && [ "$(stat -c %a cm)" = 640 ] && chmod 4755 cm && [ "$(stat -c %a cm)" = 4755 ]; }
+t_chown() { : > co && chown 1234:5678 co && [ "$(stat -c %u:%g co)" = 1234:5678 ]; }
+t_utimens() { : > ut && touch -d '2001-02-03 04:05:06' ut && [ "$(stat -c %Y ut)" = "$(date -d '2001-02-03 04:05:06' +%s)" ]; }
+t_mkdir_rmdir() { mkdir dd && [ -d dd ] && ! rmdir /nonexistent/x 2>/dev/null && rmdir dd && [ ! -e dd ]; }
+t_unlink_open() { echo keep > uo && exec 3< uo && rm uo && [ "$(cat <&3)" = keep ]; r=$?; exec 3<&-; return $r; }
+t_errors() { ! cat nosuchfile 2>/dev/null && mkdir e1 && ! mkdir e1 2>/dev/null && : > e1/x && ! rmdir e1 2>/dev/null; }
+
+check create t_create
+check write t_write
+check append t_append
+check truncate t_truncate
+check rename t_rename
+check rename-over t_rename_over
+check hardlink t_hardlink
+check symlink t_symlink
+check chmod t_chmod
+check chown t_chown
+check utimens t_utimens
+check mkdir-rmdir t_mkdir_rmdir
+check unlink-while-open t_unlink_open
+check errnos t_errors
+check xattr /guestcheck xattr "$M/work/a"
+check locks /guestcheck lock "$M/work/lockfile"
+check mmap /guestcheck mmap "$M/work/mapped"
+check o-direct /guestcheck direct "$M/work/direct"
+
+# 64 MiB both ways: the host's file read here, this one read on the host.
+t_host64() { [ "$(sha256sum "$M/host64.bin" | cut -d' ' -f1)" = "$(cat "$M/host64.sha256")" ]; }
+t_guest64() {
+	dd if=/dev/urandom of="$M/guest64.bin" bs=1M count=64 2>/dev/null &&
+	sync && sha256sum "$M/guest64.bin" | cut -d' ' -f1 > "$M/guest64.sha256" &&
+	echo 3 > /proc/sys/vm/drop_caches &&
+	[ "$(sha256sum "$M/guest64.bin" | cut -d' ' -f1)" = "$(cat "$M/guest64.sha256")" ]
+}
+check 64MiB-host-to-guest t_host64
+check 64MiB-guest-to-host t_guest64
+
+# 10,000 entries made here, listed here, and counted again on the host.
+t_bigdir() {
+	mkdir big && i=0 &&
+	while [ $i -lt 10000 ]; do : > big/f$i || return 1; i=$((i + 1)); done &&
+	[ "$(ls big | wc -l)" = 10000 ] && [ -e big/f9999 ] && [ -e big/f0 ]
+}
+check dir-10000-entries t_bigdir
+
+# Two CPUs at once: with several request queues each CPU submits on its
+# own, and both streams must come back intact.
+t_parallel() {
+	[ "$(nproc)" -ge 2 ] || return 0
+	for c in 0 1; do
+		taskset -c $c sh -c "i=0; while [ \$i -lt 200 ]; do
+			echo $c.\$i > par$c.\$((i % 8)) && [ \"\$(cat par$c.\$((i % 8)))\" = $c.\$i ] || exit 1
+			i=\$((i + 1)); done" &
+	done
+	wait %1 && wait %2
+}
+check parallel-cpus t_parallel
+
+cd "$M" && sync
+echo "GUEST-SUITE passed=$pass failed=$fail"
