@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, unit/integration tests, loom models,
-# the decoder fuzz harness, pjdfstest and fsx through a host mount, and the
-# docs. Everything runs on stable Rust; the tests that mount need root.
+# the decoder and device fuzz harnesses, pjdfstest and fsx through a host
+# mount, the QEMU guest suite (one queue, then multiqueue), and the docs. Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -36,6 +36,15 @@ step "integrity: fsx, every operation, 100000 ops, fixed seeds, both modes"
 tests/conformance/fsx.sh 100000 1
 tests/conformance/fsx.sh 100000 1 --io-uring
 tests/conformance/fsx.sh 20000 2 --cache never
+
+step "device fuzz harness: hostile descriptor chains and FUSE bytes (${FUSEBOX_DEVICE_FUZZ_ITERS:=200000} rounds)"
+FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs --release --test device_fuzz -- --nocapture
+
+step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue)"
+tests/guest/run.sh
+
+step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs)"
+tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2
 
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps

@@ -43,16 +43,16 @@ EOF
 		apt_get install -t bookworm-backports qemu-system-x86
 	fi
 else
-	if ! command -v qemu-system-x86_64 >/dev/null; then
-		log "installing QEMU"
-		apt_get update || true
-		apt_get install qemu-system-x86
-	fi
+	command -v qemu-system-x86_64 >/dev/null || need="${need:-} qemu-system-x86"
 fi
 for p in busybox-static cpio xz-utils kmod; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need="${need:-} $p"
 done
-if [ -n "${need:-}" ]; then log "installing$need"; apt_get install $need; fi
+if [ -n "${need:-}" ]; then
+	log "installing$need"
+	apt_get update
+	apt_get install $need
+fi
 
 # The kernel: the package linux-image-amd64 points at, from the chosen suite.
 if [ $backports = 1 ]; then
@@ -82,8 +82,9 @@ rm -rf "$ird" && mkdir -p "$ird"/{bin,dev,proc,sys,mnt,lib/modules,tmp}
 cp /bin/busybox "$ird/bin/busybox"
 gcc -static -O2 -Wall -o "$ird/guestcheck" "$here/guestcheck.c"
 cp "$here/suite.sh" "$ird/suite.sh"
+cp "$here/demo.sh" "$ird/demo.sh"
 cp "$here/init" "$ird/init"
-chmod +x "$ird/init" "$ird/suite.sh"
+chmod +x "$ird/init" "$ird/suite.sh" "$ird/demo.sh"
 
 # Modules in load order: each after what it depends on (modules.dep),
 # built-in ones skipped, compressed ones unpacked (busybox insmod).
