@@ -212,6 +212,16 @@ impl<F: Filesystem + 'static> Embedded<F> {
                 }));
             }
         }
+        // Requests wait at the gate until every ring queue has an entry:
+        // return once it is open, so the first caller is admitted at once.
+        let t = std::time::Instant::now();
+        while !chan.stats().ready {
+            if t.elapsed() > Duration::from_secs(10) || !chan.is_connected() {
+                chan.abort();
+                return Err(Errno::ETIMEDOUT);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(Embedded {
             client: Client::new(chan),
             disp,

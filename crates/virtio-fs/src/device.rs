@@ -272,6 +272,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         Ok(())
     }
 
+    /// The eventfd that becomes readable when request queue `i` (0-based)
+    /// stalled on admission and may go on; `register_listeners` hands it
+    /// to the vring thread of that queue.
+    pub fn resume_fd(&self, i: usize) -> Option<std::os::fd::RawFd> {
+        self.inner
+            .resume
+            .get(i)
+            .map(std::os::fd::AsRawFd::as_raw_fd)
+    }
+
     fn memory(&self) -> Option<GuestMemoryLoadGuard<GuestMemoryMmap>> {
         let m = self.inner.mem.read().unwrap_or_else(|e| e.into_inner());
         m.as_ref().map(GuestAddressSpace::memory)
@@ -424,9 +434,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     qs.stalls.fetch_add(1, Ordering::Relaxed);
                     // A slot freed between the refusal and the flag would
                     // not wake us: look once more.
-                    let chan = self.inner.engine.chan();
-                    let max = chan.negotiated().map_or(1, |n| n.max_background);
-                    if chan.stats().background < max && stalled.swap(false, Ordering::SeqCst) {
+                    let s = self.inner.engine.chan().stats();
+                    if s.ready
+                        && !s.blocked
+                        && s.parked == 0
+                        && stalled.swap(false, Ordering::SeqCst)
+                    {
                         continue;
                     }
                     return true;

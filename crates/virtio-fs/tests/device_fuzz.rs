@@ -5,28 +5,19 @@
 //! must come back in the used ring or stay in the avail ring; valid seeds
 //! must reach the filesystem.
 //!
-//! `FUSEBOX_DEVICE_FUZZ_ITERS` sets the number of rounds (CI: 20000).
+//! `FUSEBOX_DEVICE_FUZZ_ITERS` sets the number of rounds (CI: 200000).
 
-use fuse_core::abi::{
-    CreateIn, ForgetIn, GetattrIn, InHeader, MkdirIn, Opcode, OutHeader, ReadIn, WriteIn,
-};
+mod common;
+
+use common::*;
+use fuse_core::abi::{CreateIn, ForgetIn, GetattrIn, MkdirIn, Opcode, OutHeader, ReadIn, WriteIn};
 use fuse_core::server::memfs::MemFs;
 use std::time::{Duration, Instant};
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_fs::{DeviceConfig, FsDevice, GuestMem};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_fs::DeviceConfig;
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
-
-const MEM: u64 = 1 << 20;
-const QSIZE: u16 = 64;
-const DESC: u64 = 0;
-const AVAIL: u64 = 0x1000;
-const USED: u64 = 0x2000;
-const DATA: u64 = 0x4000;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-const F_INDIRECT: u16 = 4;
 
 struct Rng(u64);
 impl Rng {
@@ -39,23 +30,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
-}
-
-fn request(op: Opcode, unique: u64, body: &[u8]) -> Vec<u8> {
-    let h = InHeader {
-        len: (40 + body.len()) as u32,
-        opcode: op as u32,
-        unique,
-        nodeid: 1,
-        uid: 0,
-        gid: 0,
-        pid: 7,
-        total_extlen: 0,
-        padding: 0,
-    };
-    let mut v = h.as_bytes().to_vec();
-    v.extend_from_slice(body);
-    v
 }
 
 fn cat(parts: &[&[u8]]) -> Vec<u8> {
@@ -116,78 +90,9 @@ fn seeds(unique: u64) -> Vec<(Vec<u8>, bool)> {
     ]
 }
 
-struct Harness {
-    mem: GuestMemoryMmap,
-    atomic: GuestMem,
-    dev: FsDevice<MemFs>,
-}
-
-impl Harness {
-    fn new() -> Harness {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
-        let atomic = GuestMemoryAtomic::new(mem.clone());
-        let dev = FsDevice::new(
-            MemFs::new(),
-            DeviceConfig {
-                request_queues: 1,
-                queue_size: QSIZE,
-                // Small, so that admission fills and queues stall.
-                max_background: 4,
-                congestion_threshold: 3,
-                workers_per_queue: 2,
-                max_write: 64 * 1024,
-                ..DeviceConfig::default()
-            },
-        )
-        .unwrap();
-        dev.update_memory(atomic.clone()).unwrap();
-        Harness { mem, atomic, dev }
-    }
-
-    fn vring(&self) -> VringRwLock<GuestMem> {
-        let v = VringRwLock::new(self.atomic.clone(), QSIZE).unwrap();
-        v.set_queue_size(QSIZE);
-        v.set_queue_info(DESC, AVAIL, USED).unwrap();
-        v.set_queue_ready(true);
-        v.set_enabled(true);
-        v
-    }
-
-    fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let a = GuestAddress(DESC + 16 * u64::from(i % QSIZE));
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&addr.to_le_bytes());
-        b[8..12].copy_from_slice(&len.to_le_bytes());
-        b[12..14].copy_from_slice(&flags.to_le_bytes());
-        b[14..].copy_from_slice(&next.to_le_bytes());
-        self.mem.write_slice(&b, a).unwrap();
-    }
-
-    fn publish(&self, heads: &[u16]) {
-        for (i, h) in heads.iter().enumerate() {
-            self.mem
-                .write_obj(*h, GuestAddress(AVAIL + 4 + 2 * i as u64))
-                .unwrap();
-        }
-        self.mem
-            .write_obj(heads.len() as u16, GuestAddress(AVAIL + 2))
-            .unwrap();
-    }
-
-    fn used_idx(&self) -> u16 {
-        self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
-    }
-
-    fn reset(&self) {
-        self.mem
-            .write_slice(&[0u8; 0x4000], GuestAddress(0))
-            .unwrap();
-    }
-}
-
 /// One round: a few chains, valid or mutated, on the hiprio or the
 /// request queue. Returns (chains published, replies with error 0).
-fn round(h: &Harness, rng: &mut Rng, unique: &mut u64) -> (usize, usize) {
+fn round(h: &Harness<MemFs>, rng: &mut Rng, unique: &mut u64) -> (usize, usize) {
     h.reset();
     let hiprio = rng.below(8) == 0;
     let n = 1 + rng.below(6) as u16;
@@ -325,7 +230,19 @@ fn hostile_chains_never_crash_the_device() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3000);
-    let h = Harness::new();
+    let h = Harness::new(
+        MemFs::new(),
+        DeviceConfig {
+            request_queues: 1,
+            queue_size: QSIZE,
+            // Small, so that admission fills and queues stall.
+            max_background: 4,
+            congestion_threshold: 3,
+            workers_per_queue: 2,
+            max_write: 64 * 1024,
+            ..DeviceConfig::default()
+        },
+    );
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut unique = 0;
     let (mut published, mut ok) = (0, 0);

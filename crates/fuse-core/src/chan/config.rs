@@ -132,4 +132,7 @@ pub struct Stats {
     pub connected: bool,
     /// INIT has been processed.
     pub initialized: bool,
+    /// Admission is open: INIT is done and, with a ring, every queue has
+    /// an entry.
+    pub ready: bool,
 }

@@ -761,6 +761,7 @@ impl Chan {
             no_interrupt: core.no_interrupt.load(Ordering::SeqCst),
             connected: core.connected.load(Ordering::SeqCst),
             initialized: core.initialized.load(Ordering::Acquire),
+            ready: bg.initialized && bg.ring_ready,
         }
     }
 

@@ -1,0 +1,162 @@
+//! A mock guest for device tests: one region of guest memory with a split
+//! virtqueue laid out at fixed addresses, and helpers to write descriptor
+//! tables, publish heads and read replies.
+#![allow(dead_code)]
+
+use fuse_core::abi::{InHeader, Opcode, OutHeader};
+use fuse_core::server::Filesystem;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_fs::{DeviceConfig, FsDevice, GuestMem};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use zerocopy::{FromBytes, IntoBytes};
+
+pub const MEM: u64 = 1 << 20;
+pub const QSIZE: u16 = 64;
+pub const DESC: u64 = 0;
+pub const AVAIL: u64 = 0x1000;
+pub const USED: u64 = 0x2000;
+pub const DATA: u64 = 0x4000;
+pub const F_NEXT: u16 = 1;
+pub const F_WRITE: u16 = 2;
+pub const F_INDIRECT: u16 = 4;
+
+/// A FUSE request from node 1 with credentials (0, 0, pid 7).
+pub fn request(op: Opcode, unique: u64, body: &[u8]) -> Vec<u8> {
+    let h = InHeader {
+        len: (40 + body.len()) as u32,
+        opcode: op as u32,
+        unique,
+        nodeid: 1,
+        uid: 0,
+        gid: 0,
+        pid: 7,
+        total_extlen: 0,
+        padding: 0,
+    };
+    let mut v = h.as_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// A guest with the device attached.
+pub struct Harness<F: Filesystem + 'static> {
+    pub mem: GuestMemoryMmap,
+    pub atomic: GuestMem,
+    pub dev: FsDevice<F>,
+}
+
+impl<F: Filesystem + 'static> Harness<F> {
+    pub fn new(fs: F, cfg: DeviceConfig) -> Harness<F> {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let atomic = GuestMemoryAtomic::new(mem.clone());
+        let dev = FsDevice::new(fs, cfg).unwrap();
+        dev.update_memory(atomic.clone()).unwrap();
+        Harness { mem, atomic, dev }
+    }
+
+    pub fn vring(&self) -> VringRwLock<GuestMem> {
+        let v = VringRwLock::new(self.atomic.clone(), QSIZE).unwrap();
+        v.set_queue_size(QSIZE);
+        v.set_queue_info(DESC, AVAIL, USED).unwrap();
+        v.set_queue_ready(true);
+        v.set_enabled(true);
+        v
+    }
+
+    pub fn desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let a = GuestAddress(DESC + 16 * u64::from(i % QSIZE));
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&addr.to_le_bytes());
+        b[8..12].copy_from_slice(&len.to_le_bytes());
+        b[12..14].copy_from_slice(&flags.to_le_bytes());
+        b[14..].copy_from_slice(&next.to_le_bytes());
+        self.mem.write_slice(&b, a).unwrap();
+    }
+
+    pub fn publish(&self, heads: &[u16]) {
+        for (i, h) in heads.iter().enumerate() {
+            self.mem
+                .write_obj(*h, GuestAddress(AVAIL + 4 + 2 * i as u64))
+                .unwrap();
+        }
+        self.mem
+            .write_obj(heads.len() as u16, GuestAddress(AVAIL + 2))
+            .unwrap();
+    }
+
+    pub fn used_idx(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+    }
+
+    pub fn reset(&self) {
+        self.mem
+            .write_slice(&[0u8; 0x4000], GuestAddress(0))
+            .unwrap();
+    }
+}
+
+impl<F: Filesystem + 'static> Harness<F> {
+    /// Writes a chain at descriptor `first`: the request in one readable
+    /// descriptor at `at`, a writable reply buffer of `reply` bytes after
+    /// it. Returns (head, reply address, next free descriptor, next free
+    /// address).
+    pub fn chain(&self, first: u16, at: u64, msg: &[u8], reply: u32) -> (u16, u64, u16, u64) {
+        self.mem.write_slice(msg, GuestAddress(at)).unwrap();
+        let rat = at + ((msg.len() as u64 + 63) & !63);
+        self.desc(first, at, msg.len() as u32, F_NEXT, first + 1);
+        self.desc(first + 1, rat, reply, F_WRITE, 0);
+        (first, rat, first + 2, rat + u64::from(reply))
+    }
+
+    /// The out header written at `at`.
+    pub fn reply(&self, at: u64) -> OutHeader {
+        let b: [u8; 16] = self.mem.read_obj(GuestAddress(at)).unwrap();
+        OutHeader::read_from_bytes(&b).unwrap()
+    }
+
+    /// Serves queue `queue` as its vring thread would on a kick.
+    pub fn kick(&self, vring: &VringRwLock<GuestMem>, queue: usize) {
+        self.dev
+            .handle_event(
+                0,
+                vmm_sys_util::epoll::EventSet::IN,
+                std::slice::from_ref(vring),
+                queue,
+            )
+            .unwrap();
+    }
+}
+
+impl<F: Filesystem + 'static> Harness<F> {
+    /// Asserts that request queue `queue` (1-based) was told to resume,
+    /// then serves it as its vring thread would on that event.
+    pub fn resume(&self, vring: &VringRwLock<GuestMem>, queue: usize) {
+        let fd = self.dev.resume_fd(queue - 1).unwrap();
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no timeout.
+        let ready = unsafe { libc::poll(&mut p, 1, 0) };
+        assert_eq!(ready, 1, "no resume signalled");
+        let ev = (self.dev.num_queues() + queue) as u16;
+        self.dev
+            .handle_event(
+                ev,
+                vmm_sys_util::epoll::EventSet::IN,
+                std::slice::from_ref(vring),
+                queue,
+            )
+            .unwrap();
+    }
+}
+
+/// `request` with other credentials.
+pub fn request_as(op: Opcode, unique: u64, uid: u32, body: &[u8]) -> Vec<u8> {
+    let mut v = request(op, unique, body);
+    let mut h = InHeader::read_from_prefix(&v).unwrap().0;
+    h.uid = uid;
+    v[..40].copy_from_slice(h.as_bytes());
+    v
+}

@@ -1,0 +1,154 @@
+//! The device against a backend that hangs: a request that outlives the
+//! timeout is answered EIO and counted while other requests go on being
+//! served; the late answer never reaches the guest; a queue that stalled
+//! on full admission resumes when the slot frees.
+
+mod common;
+
+use common::*;
+use fuse_core::abi::{Attr, GetattrIn, Opcode};
+use fuse_core::server::{Ctx, Filesystem, FsResult};
+use fuse_core::Errno;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vhost_user_backend::VringT;
+use virtio_fs::DeviceConfig;
+use zerocopy::{FromZeros, IntoBytes};
+
+/// GETATTR from uid 4242 hangs until released; others answer at once.
+#[derive(Clone, Default)]
+struct Hang {
+    release: Arc<AtomicBool>,
+    hung: Arc<AtomicUsize>,
+    finished: Arc<AtomicUsize>,
+}
+
+impl Filesystem for Hang {
+    type Inode = u64;
+    type Handle = u64;
+    fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
+        if ctx.uid == 4242 {
+            self.hung.fetch_add(1, Ordering::SeqCst);
+            while !self.release.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            self.finished.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok((
+            Attr {
+                ino,
+                mode: libc::S_IFDIR | 0o755,
+                nlink: 2,
+                ..Attr::new_zeroed()
+            },
+            Duration::ZERO,
+        ))
+    }
+}
+
+/// Releases the hang when dropped, before the harness (declared after it),
+/// so that a failing assertion does not leave the engine's workers hung
+/// in Drop.
+struct ReleaseOnDrop(Arc<AtomicBool>);
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+fn getattr(unique: u64, uid: u32) -> Vec<u8> {
+    request_as(
+        Opcode::Getattr,
+        unique,
+        uid,
+        GetattrIn::new_zeroed().as_bytes(),
+    )
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_hung_backend_times_out_and_the_queue_keeps_moving() {
+    let fs = Hang::default();
+    let h = Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            request_timeout: Duration::from_millis(300),
+            workers_per_queue: 2,
+            ..DeviceConfig::default()
+        },
+    );
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    let (b, rb, _, _) = h.chain(next, at, &getattr(2, 0), 4096);
+    h.publish(&[a, b]);
+    let t = Instant::now();
+    h.kick(&vring, 1);
+    // B is answered while A hangs.
+    wait_for("the second request", || h.used_idx() >= 1);
+    assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
+    assert_eq!(fs.hung.load(Ordering::SeqCst), 1);
+    // A is answered EIO once it outlives the timeout, and counted.
+    wait_for("the timeout", || h.used_idx() >= 2);
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(h.reply(ra).unique, 1);
+    assert_eq!(h.reply(ra).error, Errno::EIO.to_wire());
+    assert_eq!(h.dev.stats().timeouts.load(Ordering::SeqCst), 1);
+    // The backend finishes later: its answer is dropped, the used ring
+    // does not move and the guest's buffer keeps the EIO.
+    fs.release.store(true, Ordering::SeqCst);
+    wait_for("the hung call to return", || {
+        fs.finished.load(Ordering::SeqCst) == 1
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.used_idx(), 2);
+    assert_eq!(h.reply(ra).error, Errno::EIO.to_wire());
+    assert_eq!(h.dev.engine().chan().stats().background, 0);
+}
+
+#[test]
+fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
+    let fs = Hang::default();
+    let h = Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            max_background: 1,
+            congestion_threshold: 1,
+            workers_per_queue: 2,
+            ..DeviceConfig::default()
+        },
+    );
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    let (b, rb, _, _) = h.chain(next, at, &getattr(2, 0), 4096);
+    h.publish(&[a, b]);
+    h.kick(&vring, 1);
+    wait_for("the first request to reach the backend", || {
+        fs.hung.load(Ordering::SeqCst) == 1
+    });
+    // A holds the only slot: B stays in the avail ring.
+    assert_eq!(vring.queue_next_avail(), 1);
+    assert_eq!(h.dev.stats().queues[1].stalls.load(Ordering::SeqCst), 1);
+    assert_eq!(h.used_idx(), 0);
+    // A's end frees the slot and signals the queue's resume eventfd; the
+    // vring thread would then serve the queue again.
+    fs.release.store(true, Ordering::SeqCst);
+    wait_for("the first answer", || h.used_idx() == 1);
+    assert_eq!(h.reply(ra).error, 0);
+    h.resume(&vring, 1);
+    wait_for("the second answer", || h.used_idx() == 2);
+    assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
+    assert_eq!(h.dev.stats().queues[1].in_flight(), 0);
+}
