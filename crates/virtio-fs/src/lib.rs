@@ -8,6 +8,7 @@
 
 pub mod chain;
 mod device;
+pub mod frontend;
 pub mod stats;
 
 pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, Vring, TAG_LEN};

@@ -1,0 +1,272 @@
+//! `fusebox-load`: the engine as a guest, driving a workload against any
+//! vhost-user-fs backend (fusebox or virtiofsd) with no VM, and reporting
+//! ops/s, MB/s and latency percentiles.
+
+use clap::{Parser, ValueEnum};
+use fuse_core::abi::ROOT_ID;
+use fuse_core::client::Client;
+use fuse_core::Errno;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtio_fs::frontend::{FrontendConfig, FrontendError, VhostFrontend};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Workload {
+    /// 4 KiB reads at random aligned offsets.
+    Randread,
+    /// 4 KiB writes at random aligned offsets.
+    Randwrite,
+    /// 1 MiB sequential reads.
+    Seqread,
+    /// 1 MiB sequential writes.
+    Seqwrite,
+    /// create, stat and unlink of many files (one op = all three).
+    Meta,
+}
+
+/// Drive a vhost-user-fs backend with no VM.
+#[derive(Debug, Parser)]
+#[command(name = "fusebox-load", version)]
+struct Args {
+    /// The backend's vhost-user socket.
+    #[arg(long)]
+    socket_path: PathBuf,
+    /// Request queues to use.
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    /// What to run.
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// Requests in flight (one caller thread each).
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
+    /// How long to run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Size of the data file, MiB.
+    #[arg(long, default_value_t = 256)]
+    file_mib: u64,
+    /// Print one machine-readable line: workload depth ops_per_s mb_per_s p50_us p99_us.
+    #[arg(long)]
+    terse: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LoadError {
+    #[error("connecting")]
+    Connect(#[source] FrontendError),
+    #[error("{0}: {1}")]
+    Fs(&'static str, Errno),
+}
+
+fn fs(what: &'static str) -> impl Fn(Errno) -> LoadError {
+    move |e| LoadError::Fs(what, e)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// The data file, filled once (1 MiB writes, or what the server allows).
+fn data_file(c: &Client, mib: u64, max_write: u32) -> Result<(u64, u64), LoadError> {
+    let name = b"fusebox-load.dat";
+    let size = mib << 20;
+    let rw = libc::O_RDWR as u32;
+    if let Ok(e) = c.lookup(ROOT_ID, name) {
+        if e.attr.size == size {
+            let o = c.open(e.nodeid, rw).map_err(fs("open"))?;
+            return Ok((e.nodeid, o.fh));
+        }
+        c.unlink(ROOT_ID, name).map_err(fs("unlink"))?;
+    }
+    let (e, o) = c
+        .create(ROOT_ID, name, 0o644, rw, 0)
+        .map_err(fs("create"))?;
+    let chunk = (1u64 << 20).min(u64::from(max_write));
+    let buf = vec![0x5au8; chunk as usize];
+    let mut off = 0;
+    while off < size {
+        c.write(e.nodeid, o.fh, off, &buf, 0).map_err(fs("write"))?;
+        off += chunk;
+    }
+    Ok((e.nodeid, o.fh))
+}
+
+/// What every caller runs.
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    w: Workload,
+    depth: usize,
+    /// (node, fh) of the data file.
+    file: (u64, u64),
+    size: u64,
+    /// Sequential I/O size.
+    chunk: u32,
+}
+
+/// Caller `t`: runs until `stop`, returns per-op latencies in µs and bytes.
+fn caller(c: &Client, job: Job, t: usize, stop: &AtomicBool) -> Result<(Vec<u32>, u64), LoadError> {
+    let Job {
+        w,
+        depth,
+        file,
+        size,
+        chunk,
+    } = job;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) << 32));
+    let mut lat = Vec::new();
+    let mut bytes = 0u64;
+    let (node, fh) = file;
+    let big = vec![0xa5u8; chunk as usize];
+    let small = vec![0x3cu8; 4096];
+    // Sequential callers each stream their own share of the file.
+    let share = (size / depth as u64).max(u64::from(chunk));
+    let mut seq = share * t as u64 % size;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        match w {
+            Workload::Randread => {
+                let off = rng.next() % (size / 4096) * 4096;
+                bytes += c.read(node, fh, off, 4096).map_err(fs("read"))?.len() as u64;
+            }
+            Workload::Randwrite => {
+                let off = rng.next() % (size / 4096) * 4096;
+                bytes += u64::from(c.write(node, fh, off, &small, 0).map_err(fs("write"))?);
+            }
+            Workload::Seqread => {
+                bytes += c.read(node, fh, seq, chunk).map_err(fs("read"))?.len() as u64;
+                seq = (seq + u64::from(chunk)) % size;
+            }
+            Workload::Seqwrite => {
+                bytes += u64::from(c.write(node, fh, seq, &big, 0).map_err(fs("write"))?);
+                seq = (seq + u64::from(chunk)) % size;
+            }
+            Workload::Meta => {
+                let name = format!("m-{t}-{i}");
+                let (e, o) = c
+                    .create(ROOT_ID, name.as_bytes(), 0o644, libc::O_WRONLY as u32, 0)
+                    .map_err(fs("create"))?;
+                c.release(e.nodeid, o.fh, 0).map_err(fs("release"))?;
+                c.getattr(e.nodeid, None).map_err(fs("getattr"))?;
+                c.unlink(ROOT_ID, name.as_bytes()).map_err(fs("unlink"))?;
+                c.forget(e.nodeid, 1);
+                i += 1;
+            }
+        }
+        lat.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
+    }
+    Ok((lat, bytes))
+}
+
+fn run(a: &Args) -> Result<(), LoadError> {
+    let fe = VhostFrontend::connect(
+        &a.socket_path,
+        &FrontendConfig {
+            request_queues: a.queues,
+            max_background: 256,
+            ..FrontendConfig::default()
+        },
+    )
+    .map_err(LoadError::Connect)?;
+    let c = fe.client().clone();
+    let max_write = c
+        .chan()
+        .negotiated()
+        .map_or(128 * 1024, |n| n.max_write)
+        .max(4096);
+    let chunk = (1u32 << 20).min(max_write);
+    let size = a.file_mib.max(1) << 20;
+    let file = if a.workload == Workload::Meta {
+        (0, 0)
+    } else {
+        data_file(&c, a.file_mib.max(1), max_write)?
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let job = Job {
+        w: a.workload,
+        depth: a.depth.max(1),
+        file,
+        size,
+        chunk,
+    };
+    let handles: Vec<_> = (0..job.depth)
+        .map(|t| {
+            let (c, stop) = (c.clone(), stop.clone());
+            std::thread::spawn(move || caller(&c, job, t, &stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(a.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    let mut bytes = 0;
+    for h in handles {
+        match h.join() {
+            Ok(Ok((l, b))) => {
+                lat.extend(l);
+                bytes += b;
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(LoadError::Fs("caller thread", Errno::EIO)),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)));
+    let ops = lat.len() as f64 / secs;
+    let mbs = bytes as f64 / secs / 1e6;
+    let (p50, p99) = (
+        pct(0.50).copied().unwrap_or(0),
+        pct(0.99).copied().unwrap_or(0),
+    );
+    if a.terse {
+        println!(
+            "{:?} {} {:.0} {:.1} {} {}",
+            a.workload, a.depth, ops, mbs, p50, p99
+        );
+    } else {
+        println!(
+            "{:?} depth {}: {:.0} ops/s, {:.1} MB/s, latency p50 {} us, p90 {} us, p99 {} us \
+             ({} ops in {:.1} s; requests per queue {:?})",
+            a.workload,
+            a.depth,
+            ops,
+            mbs,
+            p50,
+            pct(0.90).copied().unwrap_or(0),
+            p99,
+            lat.len(),
+            secs,
+            fe.requests_per_queue()
+        );
+    }
+    if file.0 != 0 {
+        let _ = c.release(file.0, file.1, 0);
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let a = Args::parse();
+    match run(&a) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fusebox-load: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                eprintln!("  caused by: {s}");
+                src = s.source();
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! The engine as a guest: a vhost-user-fs frontend with no VM.
+//!
+//! [`VhostFrontend::connect`] connects to any vhost-user-fs socket (fusebox
+//! or virtiofsd), shares memfd "guest memory", sets up the hiprio queue and
+//! N request queues as a driver would, and puts a fuse-core [`Chan`] on
+//! top: its in-process device end is pumped into the virtqueues. So the
+//! guest's FUSE client is the engine itself, with its admission,
+//! interrupts and abort, and [`Client`] makes POSIX-like calls through it.
+//!
+//! Threads: one submitter reads requests from the engine's device end and
+//! places each in a free slot of a queue (FORGET and INTERRUPT on hiprio,
+//! the others round-robin over the request queues); one completer per
+//! queue waits on its call eventfd, reads the used ring and hands each
+//! reply back to the engine. Slot state is guarded by its queue's `state`
+//! mutex; a slot is `Free` or `InFlight` (the submitter claims it, the
+//! completer frees it).
+
+use fuse_core::abi::{InHeader, Opcode, OutHeader};
+use fuse_core::chan::{Chan, ChanConfig, Device, Errno};
+use fuse_core::client::Client;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use thiserror::Error;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+use zerocopy::FromBytes;
+
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const F_NEXT: u16 = 1;
+const F_WRITE: u16 = 2;
+/// Room for one queue's rings.
+const RING_AREA: u64 = 64 * 1024;
+
+/// Errors setting up or running the frontend.
+#[derive(Debug, Error)]
+pub enum FrontendError {
+    /// The vhost-user conversation failed.
+    #[error("vhost-user: {0}")]
+    Vhost(#[source] vhost::Error),
+    /// Guest memory could not be made.
+    #[error("guest memory")]
+    Memory(#[source] std::io::Error),
+    /// Guest memory could not be mapped.
+    #[error("mapping guest memory: {0}")]
+    Map(String),
+    /// An eventfd or a thread could not be made.
+    #[error("event or thread")]
+    Event(#[source] std::io::Error),
+    /// The backend has fewer queues than asked for.
+    #[error("the backend offers {offered} queues, {wanted} wanted")]
+    Queues {
+        /// Queues the backend has.
+        offered: u64,
+        /// Queues asked for (hiprio included).
+        wanted: u64,
+    },
+    /// INIT through the device failed.
+    #[error("FUSE INIT: {0}")]
+    Init(Errno),
+}
+
+/// How the frontend sets itself up.
+#[derive(Debug, Clone)]
+pub struct FrontendConfig {
+    /// Request queues to use (the backend must offer them).
+    pub request_queues: u16,
+    /// Descriptors per queue (two per request).
+    pub queue_size: u16,
+    /// Largest request or reply (max_write plus headers).
+    pub max_msg: usize,
+    /// max_background the engine starts with (the server's INIT may change
+    /// it).
+    pub max_background: u32,
+}
+
+impl Default for FrontendConfig {
+    fn default() -> Self {
+        FrontendConfig {
+            request_queues: 1,
+            queue_size: 128,
+            max_msg: (1 << 20) + 4096,
+            max_background: 64,
+        }
+    }
+}
+
+/// A slot's state: free, or carrying the request with this unique.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Free,
+    InFlight(u64),
+}
+
+/// Ring addresses and slot buffers of one queue, and its slot table.
+struct Queue {
+    size: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    bufs: u64,
+    slots: u16,
+    kick: EventFd,
+    call: EventFd,
+    /// Guarded by its own mutex (a leaf): slot states and the avail index.
+    state: Mutex<QueueState>,
+    freed: Condvar,
+    requests: AtomicU64,
+}
+
+struct QueueState {
+    slots: Vec<Slot>,
+    avail_idx: u16,
+}
+
+struct Shared {
+    mem: GuestMemoryMmap,
+    queues: Vec<Queue>,
+    max_msg: u64,
+    stop: AtomicBool,
+}
+
+impl Queue {
+    fn slot_in(&self, s: u16, max: u64) -> u64 {
+        self.bufs + u64::from(s) * 2 * max
+    }
+    fn slot_out(&self, s: u16, max: u64) -> u64 {
+        self.slot_in(s, max) + max
+    }
+}
+
+/// The engine connected to a vhost-user-fs backend as its guest.
+pub struct VhostFrontend {
+    client: Client,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    _frontend: Frontend,
+    _memfd: File,
+}
+
+impl std::fmt::Debug for VhostFrontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostFrontend")
+            .field("queues", &self.shared.queues.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn memfd(size: u64) -> Result<File, FrontendError> {
+    // SAFETY: the name is NUL-terminated; memfd_create returns a new fd
+    // or -1.
+    let fd = unsafe { libc::memfd_create(c"fusebox-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(FrontendError::Memory(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).map_err(FrontendError::Memory)?;
+    Ok(f)
+}
+
+impl VhostFrontend {
+    /// Connects to the backend at `socket`, sets up memory and queues, and
+    /// performs FUSE INIT through them.
+    pub fn connect(socket: &std::path::Path, cfg: &FrontendConfig) -> Result<Self, FrontendError> {
+        let nq = usize::from(cfg.request_queues.max(1)) + 1;
+        let size = cfg.queue_size.clamp(4, 1024);
+        let max = (cfg.max_msg as u64).next_multiple_of(4096);
+        // Hiprio only carries FORGETs and INTERRUPTs; request queues get one
+        // slot per two descriptors.
+        let slots_of = |q: usize| if q == 0 { 8 } else { size / 2 };
+        let mut layout = Vec::new();
+        let mut at = 0u64;
+        for q in 0..nq {
+            let rings = at;
+            at += RING_AREA;
+            layout.push((rings, at));
+            at += u64::from(slots_of(q)) * 2 * max;
+        }
+        let mem_size = at;
+        let file = memfd(mem_size)?;
+        let fo = FileOffset::new(file.try_clone().map_err(FrontendError::Memory)?, 0);
+        let mem = GuestMemoryMmap::from_ranges_with_files(&[(
+            GuestAddress(0),
+            mem_size as usize,
+            Some(fo),
+        )])
+        .map_err(|e| FrontendError::Map(format!("{e:?}")))?;
+        let host = mem
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| FrontendError::Map(format!("{e}")))? as u64;
+
+        let mut fe = Frontend::connect(socket, nq as u64).map_err(FrontendError::Vhost)?;
+        fe.set_owner().map_err(FrontendError::Vhost)?;
+        let offered = fe.get_features().map_err(FrontendError::Vhost)?;
+        let features =
+            offered & (VIRTIO_F_VERSION_1 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+        fe.set_features(features).map_err(FrontendError::Vhost)?;
+        if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            let pf = fe.get_protocol_features().map_err(FrontendError::Vhost)?;
+            fe.set_protocol_features(pf & VhostUserProtocolFeatures::MQ)
+                .map_err(FrontendError::Vhost)?;
+            let offered = fe.get_queue_num().map_err(FrontendError::Vhost)?;
+            if offered < nq as u64 {
+                return Err(FrontendError::Queues {
+                    offered,
+                    wanted: nq as u64,
+                });
+            }
+        }
+        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: mem_size,
+            userspace_addr: host,
+            mmap_offset: 0,
+            mmap_handle: file.as_raw_fd(),
+        }])
+        .map_err(FrontendError::Vhost)?;
+        let mut queues = Vec::new();
+        for (q, &(rings, bufs)) in layout.iter().enumerate() {
+            let (desc, avail, used) = (rings, rings + 16 * u64::from(size), rings + 32 * 1024);
+            let kick = EventFd::new(0).map_err(FrontendError::Event)?;
+            let call = EventFd::new(0).map_err(FrontendError::Event)?;
+            fe.set_vring_num(q, size).map_err(FrontendError::Vhost)?;
+            fe.set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: size,
+                    queue_size: size,
+                    flags: 0,
+                    desc_table_addr: host + desc,
+                    used_ring_addr: host + used,
+                    avail_ring_addr: host + avail,
+                    log_addr: None,
+                },
+            )
+            .map_err(FrontendError::Vhost)?;
+            fe.set_vring_base(q, 0).map_err(FrontendError::Vhost)?;
+            fe.set_vring_call(q, &call).map_err(FrontendError::Vhost)?;
+            fe.set_vring_kick(q, &kick).map_err(FrontendError::Vhost)?;
+            queues.push(Queue {
+                size,
+                desc,
+                avail,
+                used,
+                bufs,
+                slots: slots_of(q),
+                kick,
+                call,
+                state: Mutex::new(QueueState {
+                    slots: vec![Slot::Free; usize::from(slots_of(q))],
+                    avail_idx: 0,
+                }),
+                freed: Condvar::new(),
+                requests: AtomicU64::new(0),
+            });
+        }
+        if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            for q in 0..nq {
+                fe.set_vring_enable(q, true).map_err(FrontendError::Vhost)?;
+            }
+        }
+        let shared = Arc::new(Shared {
+            mem,
+            queues,
+            max_msg: max,
+            stop: AtomicBool::new(false),
+        });
+        let dflt = ChanConfig::default();
+        let chan = Chan::new(ChanConfig {
+            max_background: cfg.max_background,
+            congestion_threshold: cfg.max_background * 3 / 4,
+            spawn_scanner: false,
+            init_flags: dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE,
+            ..dflt
+        });
+        let dev = chan.device().ok_or(FrontendError::Init(Errno::ENODEV))?;
+        let mut threads = Vec::new();
+        for q in 0..nq {
+            let (s, d) = (shared.clone(), dev.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("vq{q}-complete"))
+                    .spawn(move || complete(&s, q, &d))
+                    .map_err(FrontendError::Event)?,
+            );
+        }
+        let (s, d) = (shared.clone(), dev);
+        threads.push(
+            std::thread::Builder::new()
+                .name("vq-submit".into())
+                .spawn(move || submit(&s, &d))
+                .map_err(FrontendError::Event)?,
+        );
+        let me = VhostFrontend {
+            client: Client::new(chan),
+            shared,
+            threads,
+            _frontend: fe,
+            _memfd: file,
+        };
+        me.client.chan().init().map_err(FrontendError::Init)?;
+        Ok(me)
+    }
+
+    /// The client whose calls travel through the engine and the queues.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Requests placed on each queue so far (0: hiprio).
+    pub fn requests_per_queue(&self) -> Vec<u64> {
+        self.shared
+            .queues
+            .iter()
+            .map(|q| q.requests.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+impl Drop for VhostFrontend {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.client.chan().abort();
+        for q in &self.shared.queues {
+            let _ = q.call.write(1);
+            q.freed.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Moves requests from the engine's device end into the queues.
+fn submit(s: &Shared, dev: &Device) {
+    let mut buf = vec![0u8; (s.max_msg as usize).max(dev.min_read_buffer())];
+    let nreq = s.queues.len() - 1;
+    let mut rr = 0usize;
+    while let Ok(n) = dev.read(&mut buf) {
+        let msg = &buf[..n];
+        let Ok((h, _)) = InHeader::read_from_prefix(msg) else {
+            continue;
+        };
+        let noreply = matches!(
+            Opcode::from_u32(h.opcode),
+            Some(Opcode::Forget | Opcode::BatchForget | Opcode::Interrupt)
+        );
+        let qi = if noreply {
+            0
+        } else {
+            rr = rr % nreq + 1;
+            rr
+        };
+        let q = &s.queues[qi];
+        let slot = {
+            let mut st = lock(&q.state);
+            loop {
+                if s.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Some(i) = st.slots.iter().position(|&x| x == Slot::Free) {
+                    st.slots[i] = Slot::InFlight(h.unique);
+                    break i as u16;
+                }
+                st = q.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let (din, dout) = (q.slot_in(slot, s.max_msg), q.slot_out(slot, s.max_msg));
+        if s.mem.write_slice(msg, GuestAddress(din)).is_err() {
+            continue;
+        }
+        let head = slot * 2;
+        let flags = if noreply { 0 } else { F_NEXT };
+        write_desc(s, q, head, din, n as u32, flags, head + 1);
+        if !noreply {
+            write_desc(s, q, head + 1, dout, s.max_msg as u32, F_WRITE, 0);
+        }
+        {
+            let mut st = lock(&q.state);
+            let idx = st.avail_idx;
+            let ring = GuestAddress(q.avail + 4 + 2 * u64::from(idx % q.size));
+            let _ = s.mem.write_obj(head, ring);
+            // The entry before the index that publishes it.
+            fence(Ordering::SeqCst);
+            st.avail_idx = idx.wrapping_add(1);
+            let _ = s.mem.write_obj(st.avail_idx, GuestAddress(q.avail + 2));
+        }
+        fence(Ordering::SeqCst);
+        q.requests.fetch_add(1, Ordering::Relaxed);
+        let _ = q.kick.write(1);
+    }
+}
+
+fn write_desc(s: &Shared, q: &Queue, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&addr.to_le_bytes());
+    b[8..12].copy_from_slice(&len.to_le_bytes());
+    b[12..14].copy_from_slice(&flags.to_le_bytes());
+    b[14..].copy_from_slice(&next.to_le_bytes());
+    let _ = s
+        .mem
+        .write_slice(&b, GuestAddress(q.desc + 16 * u64::from(i)));
+}
+
+/// Hands the replies of queue `qi` back to the engine.
+fn complete(s: &Shared, qi: usize, dev: &Device) {
+    let q = &s.queues[qi];
+    let mut last = 0u16;
+    loop {
+        if q.call.read().is_err() || s.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        loop {
+            let used: u16 = s.mem.read_obj(GuestAddress(q.used + 2)).unwrap_or(last);
+            fence(Ordering::SeqCst);
+            if used == last {
+                break;
+            }
+            while last != used {
+                let e = GuestAddress(q.used + 4 + 8 * u64::from(last % q.size));
+                let id: u32 = s.mem.read_obj(e).unwrap_or(u32::MAX);
+                let len: u32 = s.mem.read_obj(GuestAddress(e.0 + 4)).unwrap_or(0);
+                last = last.wrapping_add(1);
+                let slot = (id / 2) as u16;
+                if slot >= q.slots {
+                    continue;
+                }
+                let unique = match lock(&q.state).slots[usize::from(slot)] {
+                    Slot::InFlight(u) => u,
+                    Slot::Free => continue,
+                };
+                if qi != 0 && !deliver(s, q, slot, len as usize, unique, dev) {
+                    // A reply the backend garbled still ends the request.
+                    let _ = dev.write_with(unique, Errno::EIO.to_wire(), 0, |_| {});
+                }
+                lock(&q.state).slots[usize::from(slot)] = Slot::Free;
+                q.freed.notify_one();
+            }
+        }
+    }
+}
+
+/// Hands one reply to the engine; false if it is not a reply to `unique`
+/// that fits. A reply the engine refuses (the request was aborted or
+/// interrupted away) counts as delivered: the kernel drops those too.
+fn deliver(s: &Shared, q: &Queue, slot: u16, len: usize, unique: u64, dev: &Device) -> bool {
+    let oh_len = std::mem::size_of::<OutHeader>();
+    let out = q.slot_out(slot, s.max_msg);
+    let mut hb = [0u8; 16];
+    if len < oh_len || s.mem.read_slice(&mut hb, GuestAddress(out)).is_err() {
+        return false;
+    }
+    let Ok(oh) = OutHeader::read_from_bytes(&hb) else {
+        return false;
+    };
+    if oh.unique != unique || (oh.len as usize) < oh_len || oh.len as usize > len {
+        return false;
+    }
+    let plen = oh.len as usize - oh_len;
+    let src = GuestAddress(out + oh_len as u64);
+    let _ = dev.write_with(oh.unique, oh.error, plen, |dst| {
+        let _ = s.mem.read_slice(dst, src);
+    });
+    true
+}
