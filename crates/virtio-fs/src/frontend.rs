@@ -383,7 +383,8 @@ fn submit(s: &Shared, dev: &Device) {
         let flags = if noreply { 0 } else { F_NEXT };
         write_desc(s, q, head, din, n as u32, flags, head + 1);
         if !noreply {
-            write_desc(s, q, head + 1, dout, s.max_msg as u32, F_WRITE, 0);
+            let room = reply_room(msg, s.max_msg);
+            write_desc(s, q, head + 1, dout, room, F_WRITE, 0);
         }
         {
             let mut st = lock(&q.state);
@@ -464,12 +465,40 @@ fn deliver(s: &Shared, q: &Queue, slot: u16, len: usize, unique: u64, dev: &Devi
         return false;
     };
     if oh.unique != unique || (oh.len as usize) < oh_len || oh.len as usize > len {
+        if std::env::var_os("FUSEBOX_FRONTEND_DEBUG").is_some() {
+            eprintln!("bad reply: unique {} (want {unique}) len {} used {len}", oh.unique, oh.len);
+        }
         return false;
     }
     let plen = oh.len as usize - oh_len;
+    if oh.error != 0 && std::env::var_os("FUSEBOX_FRONTEND_DEBUG").is_some() {
+        eprintln!("reply: unique {unique} error {} len {} used {len}", oh.error, oh.len);
+    }
     let src = GuestAddress(out + oh_len as u64);
     let _ = dev.write_with(oh.unique, oh.error, plen, |dst| {
         let _ = s.mem.read_slice(dst, src);
     });
     true
+}
+
+/// The writable space a request gets, as a guest kernel gives it: exactly
+/// the out header plus the size asked for by the requests that ask for a
+/// size (READ, READDIR, READDIRPLUS, GETXATTR, LISTXATTR), the most any
+/// reply can need for the rest. Backends may fill all they are given.
+fn reply_room(msg: &[u8], max: u64) -> u32 {
+    let oh = std::mem::size_of::<OutHeader>() as u64;
+    let Ok((h, body)) = InHeader::read_from_prefix(msg) else {
+        return max as u32;
+    };
+    let at = match Opcode::from_u32(h.opcode) {
+        // fuse_read_in: fh, offset, then size.
+        Some(Opcode::Read | Opcode::Readdir | Opcode::Readdirplus) => 16,
+        // fuse_getxattr_in: size first (after the name for GETXATTR, which
+        // comes after the struct, so still at 0).
+        Some(Opcode::Getxattr | Opcode::Listxattr) => 0,
+        _ => return max as u32,
+    };
+    body.get(at..at + 4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(max, |b: [u8; 4]| (oh + u64::from(u32::from_le_bytes(b))).min(max)) as u32
 }
