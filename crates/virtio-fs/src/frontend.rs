@@ -466,13 +466,19 @@ fn deliver(s: &Shared, q: &Queue, slot: u16, len: usize, unique: u64, dev: &Devi
     };
     if oh.unique != unique || (oh.len as usize) < oh_len || oh.len as usize > len {
         if std::env::var_os("FUSEBOX_FRONTEND_DEBUG").is_some() {
-            eprintln!("bad reply: unique {} (want {unique}) len {} used {len}", oh.unique, oh.len);
+            eprintln!(
+                "bad reply: unique {} (want {unique}) len {} used {len}",
+                oh.unique, oh.len
+            );
         }
         return false;
     }
     let plen = oh.len as usize - oh_len;
     if oh.error != 0 && std::env::var_os("FUSEBOX_FRONTEND_DEBUG").is_some() {
-        eprintln!("reply: unique {unique} error {} len {} used {len}", oh.error, oh.len);
+        eprintln!(
+            "reply: unique {unique} error {} len {} used {len}",
+            oh.error, oh.len
+        );
     }
     let src = GuestAddress(out + oh_len as u64);
     let _ = dev.write_with(oh.unique, oh.error, plen, |dst| {
@@ -500,5 +506,7 @@ fn reply_room(msg: &[u8], max: u64) -> u32 {
     };
     body.get(at..at + 4)
         .and_then(|b| b.try_into().ok())
-        .map_or(max, |b: [u8; 4]| (oh + u64::from(u32::from_le_bytes(b))).min(max)) as u32
+        .map_or(max, |b: [u8; 4]| {
+            (oh + u64::from(u32::from_le_bytes(b))).min(max)
+        }) as u32
 }

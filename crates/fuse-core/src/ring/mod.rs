@@ -65,9 +65,29 @@ struct Queue {
     lent: usize,
     stopped: bool,
     enobufs: u64,
+    /// Threads asleep in `fetch_any`, each on its own condvar, with the
+    /// entries it waits for: a request handed to an entry wakes only its
+    /// owner (the queue-wide condvar would wake every server thread).
+    sleepers: Vec<(u32, Arc<Condvar>)>,
 }
 
 impl Queue {
+    /// Wakes the thread waiting for entry `id`, if one is.
+    fn wake_ent(&self, id: u32) {
+        for (e, cv) in &self.sleepers {
+            if *e == id {
+                cv.notify_one();
+            }
+        }
+    }
+
+    /// Wakes every thread asleep in `fetch_any`.
+    fn wake_sleepers(&self) {
+        for (_, cv) in &self.sleepers {
+            cv.notify_one();
+        }
+    }
+
     fn new() -> Queue {
         Queue {
             exists: false,
@@ -83,6 +103,7 @@ impl Queue {
             lent: 0,
             stopped: false,
             enobufs: 0,
+            sleepers: Vec::new(),
         }
     }
 
@@ -222,6 +243,7 @@ impl Ring {
                 e.req = Some(req);
                 e.pool_buf = buf;
             }
+            q.wake_ent(id);
             assigned = true;
         }
         if assigned {
@@ -400,6 +422,7 @@ impl Ring {
                     _ => {}
                 }
             }
+            q.wake_sleepers();
             self.cvs[qi].notify_all();
         }
         if let Some(core) = self.core.upgrade() {
@@ -488,6 +511,7 @@ impl Ring {
                 self.dispatch(&mut q, qi);
             }
             // Another thread may wait on this entry (copying is over).
+            q.wake_ent(h.ent);
             self.cvs[qi].notify_all();
             if q.stopped || req.flags.test(flag::ABORTED) {
                 match payload {

@@ -6,7 +6,7 @@
 
 use super::{lk, EntHandle, EntState, Fetched, Ring};
 use crate::chan::Errno;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar};
 
 impl Ring {
     /// Waits (guarded by the queue's lock) until one of `entries()` holds a
@@ -37,7 +37,7 @@ impl Ring {
                     }
                     return Err(Errno::ENOTCONN);
                 }
-                let hit = ents.into_iter().find(|h| {
+                let hit = ents.iter().copied().find(|h| {
                     h.qid == qid
                         && q.ents
                             .get(h.ent as usize)
@@ -46,7 +46,18 @@ impl Ring {
                 if let Some(h) = hit {
                     break h;
                 }
-                q = self.cvs[qi].wait(q).unwrap_or_else(|e| e.into_inner());
+                // Sleep on a condvar of our own, registered for our entries
+                // (and woken by `wake` and by the queue stopping).
+                let cv = Arc::new(Condvar::new());
+                let mine = ents.iter().filter(|h| h.qid == qid).map(|h| h.ent);
+                let base = q.sleepers.len();
+                q.sleepers.extend(mine.map(|e| (e, cv.clone())));
+                if q.sleepers.len() == base {
+                    // No entry of ours here: only `wake` or a stop helps.
+                    q.sleepers.push((u32::MAX, cv.clone()));
+                }
+                q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                q.sleepers.retain(|(_, c)| !Arc::ptr_eq(c, &cv));
             }
         };
         // Only the owner fetches its entries, so the request is still there.
@@ -56,7 +67,8 @@ impl Ring {
     /// Wakes every thread waiting on queue `qid` (to re-check `ready`).
     pub(super) fn wake(&self, qid: u16) {
         if let Ok(qi) = self.qidx(qid) {
-            let _q = lk(&self.queues[qi]);
+            let q = lk(&self.queues[qi]);
+            q.wake_sleepers();
             self.cvs[qi].notify_all();
         }
     }
