@@ -2,6 +2,7 @@
 # Boots the test guest against fusebox and checks both sides.
 #
 #   tests/guest/run.sh [--backports] [--queues N] [--smp N] [--min-queues-used K]
+#                      [--fusebox-args "ARGS"]
 #
 # Sets up the guest (tests/guest/setup.sh), builds fusebox, shares a fresh
 # directory with `--queues N`, boots QEMU TCG with memfd shared memory and
@@ -12,13 +13,14 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-setup_args=() queues=1 smp=2 min_used=1
+setup_args=() queues=1 smp=2 min_used=1 fb_args=""
 while [ $# -gt 0 ]; do
 	case $1 in
 		--backports) setup_args+=(--backports) ;;
 		--queues) queues=$2; shift ;;
 		--smp) smp=$2; shift ;;
 		--min-queues-used) min_used=$2; shift ;;
+		--fusebox-args) fb_args=$2; shift ;;
 		*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -43,8 +45,9 @@ trap cleanup EXIT
 head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
 sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
 
-"$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
-	--cache auto 2> "$work/fusebox.log" &
+# FUSEBOX_WRAP runs fusebox under a tool (for example "strace -f -c -o FILE").
+${FUSEBOX_WRAP:-} "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
+	--cache auto $fb_args 2> "$work/fusebox.log" &
 fpid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 [ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }

@@ -1,8 +1,9 @@
 //! The default mode: a vhost-user-fs device serving the shared directory
 //! to one VMM connection, then exiting when the frontend disconnects.
 
-use crate::cli::{FileHandles, Sandbox, Seccomp, VhostArgs};
+use crate::cli::{FileHandles, Sandbox, VhostArgs};
 use crate::log;
+use crate::seccomp;
 use crate::signals;
 use std::os::fd::FromRawFd;
 use std::time::Duration;
@@ -29,6 +30,9 @@ pub enum VhostError {
     /// The socket.
     #[error("vhost-user socket {0}")]
     Socket(String, #[source] std::io::Error),
+    /// The seccomp filter.
+    #[error("seccomp")]
+    Seccomp(#[source] crate::seccomp::SeccompError),
     /// An option this build does not implement.
     #[error("{0} is not supported yet (see issue 5); use {1}")]
     Unsupported(&'static str, &'static str),
@@ -73,12 +77,6 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         return Err(VhostError::Unsupported(
             "--sandbox namespace|chroot",
             "--sandbox none",
-        ));
-    }
-    if a.seccomp != Seccomp::None {
-        return Err(VhostError::Unsupported(
-            "--seccomp kill|log|trap",
-            "--seccomp none",
         ));
     }
     if a.posix_acl {
@@ -155,6 +153,8 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             std::process::exit(0);
         }
     });
+    // Every thread exists or inherits from one that does: filter them all.
+    seccomp::install(a.seccomp).map_err(VhostError::Seccomp)?;
     daemon.start(&mut listener).map_err(VhostError::Daemon)?;
     log::info("frontend connected");
     let r = daemon.wait();
