@@ -26,7 +26,7 @@ trap 'pkill -f "$work/sock" 2>/dev/null || true; umount "$work/share"; rm -rf "$
 start() {
 	rm -f "$work/sock"
 	case $1 in
-		fusebox) "$fb" --socket-path "$work/sock" --shared-dir "$work/share" --cache auto \
+		fusebox) "$fb" --socket-path "$work/sock" --shared-dir "$work/share" --cache auto --sandbox none --seccomp none \
 			--log-level warn 2>>"$work/fusebox.log" & ;;
 		virtiofsd) "$vfsd" --socket-path "$work/sock" --shared-dir "$work/share" --cache auto \
 			--sandbox none --seccomp none --log-level warn 2>>"$work/virtiofsd.log" & ;;

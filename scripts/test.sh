@@ -40,11 +40,11 @@ tests/conformance/fsx.sh 20000 2 --cache never
 step "device fuzz harness: hostile descriptor chains and FUSE bytes (${FUSEBOX_DEVICE_FUZZ_ITERS:=200000} rounds)"
 FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs --release --test device_fuzz -- --nocapture
 
-step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue, --seccomp kill)"
-tests/guest/run.sh --fusebox-args "--seccomp kill"
+step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
+tests/guest/run.sh
 
-step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs)"
-tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2
+step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none)"
+tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none"
 
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps

@@ -145,11 +145,11 @@ pub struct VhostArgs {
     /// Server threads per request queue (0: one).
     #[arg(long, default_value_t = 4)]
     pub thread_pool_size: usize,
-    /// Sandbox mode.
-    #[arg(long, value_enum, default_value = "none")]
+    /// Sandbox mode (as virtiofsd, namespace by default).
+    #[arg(long, value_enum, default_value = "namespace")]
     pub sandbox: Sandbox,
-    /// Seccomp mode.
-    #[arg(long, value_enum, default_value = "none")]
+    /// Seccomp mode (as virtiofsd, kill by default).
+    #[arg(long, value_enum, default_value = "kill")]
     pub seccomp: Seccomp,
     /// Serve extended attributes.
     #[arg(long)]

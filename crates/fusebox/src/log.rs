@@ -8,9 +8,16 @@ static SINK: OnceLock<(LogLevel, bool)> = OnceLock::new();
 /// Sets the level and the destination (once; later calls are ignored).
 pub fn init(level: LogLevel, syslog: bool) {
     if syslog {
+        // Connected now (LOG_NDELAY): a sandbox cannot reach /dev/log later.
         // SAFETY: the ident is a static NUL-terminated string that lives
         // for the whole process, as openlog requires.
-        unsafe { libc::openlog(c"fusebox".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
+        unsafe {
+            libc::openlog(
+                c"fusebox".as_ptr(),
+                libc::LOG_PID | libc::LOG_NDELAY,
+                libc::LOG_DAEMON,
+            )
+        };
     }
     let _ = SINK.set((level, syslog));
 }

@@ -4,6 +4,7 @@
 mod cli;
 mod host;
 mod log;
+mod sandbox;
 mod seccomp;
 mod signals;
 mod vhost;

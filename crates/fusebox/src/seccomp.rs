@@ -147,6 +147,12 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_removexattr,
     libc::SYS_lremovexattr,
     libc::SYS_fremovexattr,
+    // setxattrat, getxattrat, listxattrat, removexattrat (Linux 6.13;
+    // one number on every architecture; libc does not name them yet).
+    463,
+    464,
+    465,
+    466,
     // Per-request credentials.
     libc::SYS_getuid,
     libc::SYS_geteuid,

@@ -1,8 +1,9 @@
 //! The default mode: a vhost-user-fs device serving the shared directory
 //! to one VMM connection, then exiting when the frontend disconnects.
 
-use crate::cli::{FileHandles, Sandbox, VhostArgs};
+use crate::cli::{FileHandles, VhostArgs};
 use crate::log;
+use crate::sandbox;
 use crate::seccomp;
 use crate::signals;
 use std::os::fd::FromRawFd;
@@ -30,6 +31,9 @@ pub enum VhostError {
     /// The socket.
     #[error("vhost-user socket {0}")]
     Socket(String, #[source] std::io::Error),
+    /// The sandbox.
+    #[error("sandbox")]
+    Sandbox(#[source] crate::sandbox::SandboxError),
     /// The seccomp filter.
     #[error("seccomp")]
     Seccomp(#[source] crate::seccomp::SeccompError),
@@ -73,12 +77,6 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         return Ok(());
     }
     log::init(a.log_level, a.syslog);
-    if a.sandbox != Sandbox::None {
-        return Err(VhostError::Unsupported(
-            "--sandbox namespace|chroot",
-            "--sandbox none",
-        ));
-    }
     if a.posix_acl {
         return Err(VhostError::Unsupported("--posix-acl", "no --posix-acl"));
     }
@@ -86,6 +84,30 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         .shared_dir
         .clone()
         .ok_or(VhostError::Missing("shared-dir"))?;
+    let dir = std::fs::canonicalize(&dir).map_err(|source| {
+        VhostError::Share(PassthroughError::Open {
+            path: dir.display().to_string(),
+            source,
+        })
+    })?;
+    // The socket first: a sandbox cannot reach its path later.
+    let mut listener = match (a.fd, &a.socket_path) {
+        // SAFETY: the caller passed this fd as a listening socket it no
+        // longer uses; it is owned by the Listener from here on.
+        (Some(fd), _) => unsafe { Listener::from_raw_fd(fd) },
+        (None, Some(p)) => {
+            let l = Listener::new(p, true)
+                .map_err(|e| VhostError::Socket(p.display().to_string(), e.into()))?;
+            if let Some(g) = &a.socket_group {
+                socket_group(p, g)?;
+            }
+            l
+        }
+        (None, None) => return Err(VhostError::Missing("socket-path")),
+    };
+    // Namespaces while single-threaded; the root moves once the
+    // passthrough holds its fds, before any thread serves.
+    sandbox::enter(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
     let cfg = Config {
         cache: a.cache.policy(),
         writeback: a.writeback,
@@ -99,6 +121,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         ..Config::default()
     };
     let fs = PassthroughFs::new(&dir, cfg).map_err(VhostError::Share)?;
+    sandbox::confine(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
     let dev = FsDevice::new(
         fs,
         DeviceConfig {
@@ -122,20 +145,6 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     .map_err(VhostError::Daemon)?;
     dev.register_listeners(&daemon.get_epoll_handlers())
         .map_err(|e| VhostError::Device(DeviceError::Event(e)))?;
-    let mut listener = match (a.fd, &a.socket_path) {
-        // SAFETY: the caller passed this fd as a listening socket it no
-        // longer uses; it is owned by the Listener from here on.
-        (Some(fd), _) => unsafe { Listener::from_raw_fd(fd) },
-        (None, Some(p)) => {
-            let l = Listener::new(p, true)
-                .map_err(|e| VhostError::Socket(p.display().to_string(), e.into()))?;
-            if let Some(g) = &a.socket_group {
-                socket_group(p, g)?;
-            }
-            l
-        }
-        (None, None) => return Err(VhostError::Missing("socket-path")),
-    };
     log::info(&format!(
         "sharing {} ({} request queue(s)); waiting for the VMM",
         dir.display(),

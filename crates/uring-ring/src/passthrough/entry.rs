@@ -332,26 +332,30 @@ impl PassthroughFs {
         sys::faccessat_eaccess(proc, &name, mask)
     }
 
-    fn xattr_path(&self, ino: u64) -> Result<(std::sync::Arc<super::InodeData>, CString), Errno> {
+    fn xattr_path(
+        &self,
+        ino: u64,
+    ) -> Result<(std::sync::Arc<super::InodeData>, sys::FdName), Errno> {
         if !self.cfg.xattr {
             return Err(Errno::ENOSYS);
         }
         let data = self.inodes.get(ino)?;
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
         let path = match &data.source {
-            super::inode::Source::Fd(f) => sys::proc_path(f.raw()),
+            super::inode::Source::Fd(f) => sys::FdName::new(proc, f.raw()),
             // A handle-backed inode has no fd to name: open one for the call.
             super::inode::Source::Handle { .. } => return Err(Errno::EAGAIN),
         };
         Ok((data, path))
     }
 
-    /// Runs an xattr call on `ino` through its /proc/self/fd path. Special
+    /// Runs an xattr call on `ino` through its /proc/self/fd entry. Special
     /// files and symlinks are refused for user.* names as the host does.
     fn with_xattr<T>(
         &self,
         ctx: &Ctx,
         ino: u64,
-        f: impl FnOnce(&CStr) -> Result<T, Errno>,
+        f: impl FnOnce(&sys::FdName) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let _c = self.creds(ctx)?;
         match self.xattr_path(ino) {
@@ -359,7 +363,8 @@ impl PassthroughFs {
             Err(Errno::EAGAIN) => {
                 let data = self.inodes.get(ino)?;
                 let fd = data.fd(&self.budget)?;
-                f(&sys::proc_path(fd.raw()))
+                let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+                f(&sys::FdName::new(proc, fd.raw()))
             }
             Err(e) => Err(e),
         }

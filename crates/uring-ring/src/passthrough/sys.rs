@@ -240,52 +240,158 @@ pub fn faccessat_eaccess(dir: RawFd, name: &CStr, mask: u32) -> Result<(), Errno
     check_long(r).map(drop)
 }
 
-/// Path of an fd for the *xattr family: "/proc/self/fd/N".
-pub fn proc_path(fd: RawFd) -> CString {
-    // An integer never contains NUL.
-    CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default()
+/// One of the daemon's fds named through `/proc/self/fd`, for the xattr
+/// family (which has no fd-relative form before Linux 6.13): relative to
+/// the daemon's own `/proc/self/fd` directory fd, which keeps working
+/// inside a chroot or a pivoted mount namespace, and absolute, for
+/// kernels without the `*xattrat` calls.
+#[derive(Debug)]
+pub struct FdName {
+    dir: RawFd,
+    rel: CString,
+    abs: CString,
 }
 
-/// getxattr(2) on a path; `buf` empty asks for the size.
-pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
-    // SAFETY: strings are NUL-terminated; buffer valid for its length.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    usize::try_from(n).map_err(|_| errno())
+impl FdName {
+    /// `fd` as an entry of the `/proc/self/fd` directory open as `proc_dir`.
+    pub fn new(proc_dir: RawFd, fd: RawFd) -> FdName {
+        // Integers never contain NUL.
+        FdName {
+            dir: proc_dir,
+            rel: CString::new(fd.to_string()).unwrap_or_default(),
+            abs: CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default(),
+        }
+    }
 }
 
-/// listxattr(2) on a path.
-pub fn listxattr(path: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
-    // SAFETY: string NUL-terminated; buffer valid for its length.
-    let n = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    usize::try_from(n).map_err(|_| errno())
+/// `struct xattr_args` of the `*xattrat` calls.
+#[repr(C)]
+struct XattrArgs {
+    value: u64,
+    size: u32,
+    flags: u32,
+}
+const _: () = assert!(std::mem::size_of::<XattrArgs>() == 16);
+
+/// The `*xattrat` syscalls (Linux 6.13; the same numbers on every
+/// architecture, being past the unified table's start).
+const SYS_SETXATTRAT: libc::c_long = 463;
+const SYS_GETXATTRAT: libc::c_long = 464;
+const SYS_LISTXATTRAT: libc::c_long = 465;
+const SYS_REMOVEXATTRAT: libc::c_long = 466;
+
+/// Set once a `*xattrat` call said ENOSYS: use the absolute paths.
+static NO_XATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs the fd-relative form, or the path form on an older kernel.
+fn xattr_call(
+    at: impl FnOnce() -> libc::c_long,
+    path: impl FnOnce() -> libc::c_long,
+) -> Result<usize, Errno> {
+    use std::sync::atomic::Ordering;
+    if !NO_XATTRAT.load(Ordering::Relaxed) {
+        let r = at();
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = errno();
+        if e != Errno::ENOSYS {
+            return Err(e);
+        }
+        NO_XATTRAT.store(true, Ordering::Relaxed);
+    }
+    let r = path();
+    usize::try_from(r).map_err(|_| errno())
 }
 
-/// setxattr(2) on a path.
-pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> Result<(), Errno> {
-    // SAFETY: strings NUL-terminated; value valid for its length.
-    check(unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
-    })
+/// getxattr(2) on an fd's name; `buf` empty asks for the size.
+pub fn getxattr(f: &FdName, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    xattr_call(
+        || {
+            let mut args = XattrArgs {
+                value: ptr as u64,
+                size: len as u32,
+                flags: 0,
+            };
+            // SAFETY: strings are NUL-terminated; `args` names a buffer
+            // valid for `len` bytes and is itself valid for its size.
+            unsafe {
+                libc::syscall(
+                    SYS_GETXATTRAT,
+                    f.dir,
+                    f.rel.as_ptr(),
+                    0,
+                    name.as_ptr(),
+                    &mut args as *mut XattrArgs,
+                    std::mem::size_of::<XattrArgs>(),
+                )
+            }
+        },
+        // SAFETY: strings are NUL-terminated; buffer valid for its length.
+        || unsafe {
+            libc::getxattr(f.abs.as_ptr(), name.as_ptr(), ptr.cast(), len) as libc::c_long
+        },
+    )
+}
+
+/// listxattr(2) on an fd's name.
+pub fn listxattr(f: &FdName, buf: &mut [u8]) -> Result<usize, Errno> {
+    let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+    xattr_call(
+        // SAFETY: string NUL-terminated; buffer valid for its length.
+        || unsafe { libc::syscall(SYS_LISTXATTRAT, f.dir, f.rel.as_ptr(), 0, ptr, len) },
+        // SAFETY: string NUL-terminated; buffer valid for its length.
+        || unsafe { libc::listxattr(f.abs.as_ptr(), ptr.cast(), len) as libc::c_long },
+    )
+}
+
+/// setxattr(2) on an fd's name.
+pub fn setxattr(f: &FdName, name: &CStr, value: &[u8], flags: i32) -> Result<(), Errno> {
+    xattr_call(
+        || {
+            let args = XattrArgs {
+                value: value.as_ptr() as u64,
+                size: value.len() as u32,
+                flags: flags as u32,
+            };
+            // SAFETY: strings NUL-terminated; `args` names `value`, valid
+            // for its length, and is itself valid for its size.
+            unsafe {
+                libc::syscall(
+                    SYS_SETXATTRAT,
+                    f.dir,
+                    f.rel.as_ptr(),
+                    0,
+                    name.as_ptr(),
+                    &args as *const XattrArgs,
+                    std::mem::size_of::<XattrArgs>(),
+                )
+            }
+        },
+        // SAFETY: strings NUL-terminated; value valid for its length.
+        || unsafe {
+            libc::setxattr(
+                f.abs.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            ) as libc::c_long
+        },
+    )
     .map(drop)
 }
 
-/// removexattr(2) on a path.
-pub fn removexattr(path: &CStr, name: &CStr) -> Result<(), Errno> {
-    // SAFETY: strings NUL-terminated.
-    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+/// removexattr(2) on an fd's name.
+pub fn removexattr(f: &FdName, name: &CStr) -> Result<(), Errno> {
+    xattr_call(
+        // SAFETY: strings NUL-terminated.
+        || unsafe { libc::syscall(SYS_REMOVEXATTRAT, f.dir, f.rel.as_ptr(), 0, name.as_ptr()) },
+        // SAFETY: strings NUL-terminated.
+        || unsafe { libc::removexattr(f.abs.as_ptr(), name.as_ptr()) as libc::c_long },
+    )
+    .map(drop)
 }
 
 /// getdents64(2) into `buf`; returns the bytes filled.

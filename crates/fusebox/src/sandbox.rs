@@ -1,0 +1,161 @@
+//! --sandbox: confine the daemon to the shared directory.
+//!
+//! `namespace` (as virtiofsd's): new mount, pid and net namespaces; the
+//! process that was started stays outside, forwards stop signals and exits
+//! with the sandboxed child's status. In the child (pid 1 of its
+//! namespace) mounts stop propagating, the shared directory is bind-mounted
+//! onto itself and a fresh /proc is mounted; once the passthrough
+//! filesystem holds its fds (the root, /proc/self/fd), the shared
+//! directory becomes the root (pivot_root) and the old root is detached.
+//! `chroot`: chroot(2) into the shared directory at the same point.
+//! Everything the daemon does afterwards goes through those fds.
+
+use crate::cli::Sandbox;
+use std::ffi::CString;
+use std::io;
+use std::path::Path;
+
+/// Why the sandbox could not be entered.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A syscall of the set-up failed.
+    #[error("sandbox: {0}")]
+    Sys(&'static str, #[source] io::Error),
+    /// The shared directory's path cannot be a C string.
+    #[error("sandbox: the shared directory's path contains NUL")]
+    Path,
+}
+
+fn check(what: &'static str, r: libc::c_int) -> Result<(), SandboxError> {
+    if r < 0 {
+        Err(SandboxError::Sys(what, io::Error::last_os_error()))
+    } else {
+        Ok(())
+    }
+}
+
+fn cpath(p: &Path) -> Result<CString, SandboxError> {
+    CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_nul| SandboxError::Path)
+}
+
+/// First step, while the process has one thread: for `namespace`, enter
+/// the namespaces. Returns only in the process that goes on serving; the
+/// original process waits for it and exits with its status.
+pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
+    if mode != Sandbox::Namespace {
+        return Ok(());
+    }
+    let dir = cpath(shared)?;
+    // SAFETY: unshare has no memory arguments.
+    check("unshare", unsafe {
+        libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET)
+    })?;
+    // SAFETY: the process is single-threaded here (nothing has started a
+    // thread yet), so the child may go on running Rust code.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(SandboxError::Sys("fork", io::Error::last_os_error()));
+    }
+    if pid > 0 {
+        supervise(pid);
+    }
+    // The child: pid 1 of the new pid namespace.
+    // SAFETY: prctl with integer arguments: die with the supervisor.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    let none = std::ptr::null::<libc::c_char>();
+    // SAFETY: every pointer is null or a NUL-terminated string that lives
+    // across the call.
+    unsafe {
+        check(
+            "making mounts private",
+            libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_SLAVE | libc::MS_REC,
+                std::ptr::null(),
+            ),
+        )?;
+        check(
+            "bind-mounting the shared directory",
+            libc::mount(
+                dir.as_ptr(),
+                dir.as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ),
+        )?;
+        check(
+            "mounting /proc",
+            libc::mount(
+                c"proc".as_ptr(),
+                c"/proc".as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// The original process of `namespace` mode: forwards stop signals to the
+/// child and exits with its status. (After unshare(CLONE_NEWPID) this
+/// process may not start threads, so one sigwait loop does both.)
+fn supervise(child: libc::pid_t) -> ! {
+    let sigs = crate::signals::block(&[
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGUSR1,
+        libc::SIGCHLD,
+    ]);
+    loop {
+        let sig = crate::signals::wait(&sigs);
+        if sig != libc::SIGCHLD {
+            // SAFETY: kill with integer arguments.
+            unsafe { libc::kill(child, sig) };
+            continue;
+        }
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer.
+        if unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == child {
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
+            std::process::exit(code)
+        }
+    }
+}
+
+/// Second step, once the passthrough filesystem holds its fds and before
+/// any thread serves: make the shared directory the root.
+pub fn confine(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
+    if mode == Sandbox::None {
+        return Ok(());
+    }
+    let dir = cpath(shared)?;
+    // SAFETY: NUL-terminated strings that live across the calls.
+    unsafe {
+        check("chdir to the shared directory", libc::chdir(dir.as_ptr()))?;
+        match mode {
+            Sandbox::Namespace => {
+                check(
+                    "pivot_root",
+                    libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr())
+                        as libc::c_int,
+                )?;
+                check(
+                    "detaching the old root",
+                    libc::umount2(c".".as_ptr(), libc::MNT_DETACH),
+                )?;
+            }
+            Sandbox::Chroot => check("chroot", libc::chroot(c".".as_ptr()))?,
+            Sandbox::None => {}
+        }
+        check("chdir /", libc::chdir(c"/".as_ptr()))
+    }
+}
