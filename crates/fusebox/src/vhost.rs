@@ -31,6 +31,9 @@ pub enum VhostError {
     /// The socket.
     #[error("vhost-user socket {0}")]
     Socket(String, #[source] std::io::Error),
+    /// --inode-file-handles=mandatory on a filesystem without them.
+    #[error("--inode-file-handles=mandatory: {0} gives no file handles")]
+    NoFileHandles(String),
     /// The sandbox.
     #[error("sandbox")]
     Sandbox(#[source] crate::sandbox::SandboxError),
@@ -121,6 +124,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         ..Config::default()
     };
     let fs = PassthroughFs::new(&dir, cfg).map_err(VhostError::Share)?;
+    if a.inode_file_handles == FileHandles::Mandatory && !fs.file_handles_supported() {
+        return Err(VhostError::NoFileHandles(dir.display().to_string()));
+    }
     sandbox::confine(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
     let dev = FsDevice::new(
         fs,

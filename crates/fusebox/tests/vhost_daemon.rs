@@ -159,3 +159,25 @@ fn namespace_sandbox_with_seccomp() {
         true,
     );
 }
+
+#[test]
+fn mandatory_file_handles_refuse_a_filesystem_without_them() {
+    // procfs gives no file handles; tmp directories here do.
+    let dir = std::env::temp_dir().join(format!("fusebox-fh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _d = Dir(dir.clone());
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .args(["--socket-path"])
+        .arg(dir.join("s.sock"))
+        .args([
+            "--shared-dir",
+            "/proc/sys",
+            "--inode-file-handles=mandatory",
+        ])
+        .args(["--sandbox", "none"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gives no file handles"), "{err}");
+}

@@ -249,6 +249,18 @@ impl PassthroughFs {
         &self.cfg
     }
 
+    /// Whether the shared directory's filesystem gives file handles (what
+    /// [`Config::inode_file_handles`] uses where it can).
+    pub fn file_handles_supported(&self) -> bool {
+        let Ok(root) = self.inodes.get(fuse_core::abi::ROOT_ID) else {
+            return false;
+        };
+        let Ok(fd) = root.fd(&self.budget) else {
+            return false;
+        };
+        sys::name_to_handle(fd.raw()).is_ok()
+    }
+
     /// Fds the daemon holds now (counted against [`Config::max_fds`]).
     pub fn fds_in_use(&self) -> usize {
         self.budget.used()
