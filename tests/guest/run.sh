@@ -37,9 +37,15 @@ sock=$work/vfs.sock
 cleanup() {
 	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
 	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
+	umount "$share/submnt" 2>/dev/null || true
 	rm -rf "$work"
 }
 trap cleanup EXIT
+
+# A submount inside the share: announced, it gets its own st_dev in the guest.
+mkdir "$share/submnt"
+mount -t tmpfs -o size=16m tmpfs "$share/submnt"
+echo sub > "$share/submnt/marker"
 
 # The host's half of the 64 MiB check.
 head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
@@ -47,7 +53,7 @@ sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
 
 # FUSEBOX_WRAP runs fusebox under a tool (for example "strace -f -c -o FILE").
 ${FUSEBOX_WRAP:-} "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
-	--cache auto $fb_args 2> "$work/fusebox.log" &
+	--announce-submounts --cache auto $fb_args 2> "$work/fusebox.log" &
 fpid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 [ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
@@ -99,7 +105,7 @@ hcheck mmap-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys
 hcheck o-direct-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i^(i>>8))&255 for i in range(1<<20)))" "$w/direct"'
 hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)" = "$(cat "$share/guest64.sha256")" ]'
 hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'
-hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
+hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
 [ $hfail = 0 ] || status=1
 
 echo "guest-run: fusebox's counters:"

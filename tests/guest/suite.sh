@@ -10,6 +10,14 @@ ok() { pass=$((pass + 1)); echo "PASS $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
 check() { name=$1; shift; if out=$("$@" 2>&1); then ok "$name"; else bad "$name" "$out"; fi; }
 
+# First, before anything lists the root: the announced submount.
+t_submount() {
+	[ "$(cat "$M/submnt/marker")" = sub ] &&
+	[ "$(stat -c %d "$M/submnt")" != "$(stat -c %d "$M")" ] &&
+	[ "$(stat -c %d "$M/submnt/marker")" = "$(stat -c %d "$M/submnt")" ]
+}
+check submount-own-st_dev t_submount
+
 mkdir -p work && cd work || exit 1
 
 t_create() { echo hello > a && [ "$(cat a)" = hello ]; }

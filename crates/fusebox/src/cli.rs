@@ -163,8 +163,8 @@ pub struct VhostArgs {
     /// Negotiate the writeback cache.
     #[arg(long)]
     pub writeback: bool,
-    /// Tell the guest about submounts (accepted; submounts are served as
-    /// part of the shared directory).
+    /// Tell the guest about submounts (FUSE_ATTR_SUBMOUNT), so each
+    /// gets its own st_dev in the guest.
     #[arg(long)]
     pub announce_submounts: bool,
     /// Keep file handles instead of an fd per inode.

@@ -121,6 +121,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         // Guest pids mean nothing on the host: no /proc groups.
         groups: Groups::None,
         io_uring: !a.no_io_uring,
+        announce_submounts: a.announce_submounts,
         ..Config::default()
     };
     let fs = PassthroughFs::new(&dir, cfg).map_err(VhostError::Share)?;

@@ -112,6 +112,10 @@ pub struct Config {
     pub groups: Groups,
     /// Data I/O through io_uring (off: pread/pwrite).
     pub io_uring: bool,
+    /// Mark directories on another mount than their parent with
+    /// FUSE_ATTR_SUBMOUNT (when the client negotiates FUSE_SUBMOUNTS), so
+    /// the client gives them their own superblock and st_dev.
+    pub announce_submounts: bool,
 }
 
 impl Default for Config {
@@ -128,6 +132,7 @@ impl Default for Config {
             creds: unsafe { libc::geteuid() } == 0,
             groups: Groups::None,
             io_uring: true,
+            announce_submounts: false,
         }
     }
 }
@@ -142,6 +147,8 @@ pub struct PassthroughFs {
     /// `/proc/self/fd`, for reopening held O_PATH fds.
     proc_fd: OwnedFd,
     openat2: std::sync::atomic::AtomicBool,
+    /// FUSE_SUBMOUNTS was negotiated (and asked for).
+    submounts: std::sync::atomic::AtomicBool,
     /// Per device: whether its files do non-blocking I/O (see `io`).
     nowait: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
     io_stats: io::IoStats,
@@ -238,6 +245,7 @@ impl PassthroughFs {
             budget,
             proc_fd,
             openat2: std::sync::atomic::AtomicBool::new(true),
+            submounts: std::sync::atomic::AtomicBool::new(false),
             nowait: Default::default(),
             io_stats: Default::default(),
             cfg,
@@ -368,7 +376,14 @@ impl PassthroughFs {
         let found = self.open_beneath(parent, name)?;
         let st = found.st;
         let data = self.insert(found)?;
-        Ok(self.entry(&data, &st))
+        let mut e = self.entry(&data, &st);
+        if self.submounts.load(std::sync::atomic::Ordering::Relaxed)
+            && data.ftype == libc::S_IFDIR
+            && data.key.mnt != parent.key.mnt
+        {
+            e.attr.flags |= fuse_core::abi::flags::ATTR_SUBMOUNT;
+        }
+        Ok(e)
     }
 
     /// Enters what a lookup found in the inode table.
@@ -441,6 +456,13 @@ impl PassthroughFs {
             // clears setuid/setgid bits exactly as it would locally.
             f |= init::HANDLE_KILLPRIV_V2;
         }
+        if self.cfg.announce_submounts {
+            f |= init::SUBMOUNTS;
+        }
+        self.submounts.store(
+            f & capable & init::SUBMOUNTS != 0,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         f & capable
     }
 
