@@ -109,6 +109,8 @@ impl Default for DeviceConfig {
 /// guards who answers it.
 struct Ticket {
     unique: u64,
+    /// The unique the server sees (0 until sent).
+    engine_unique: AtomicU64,
     opcode: u32,
     queue: usize,
     started: Instant,
@@ -421,7 +423,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             });
             match self.inner.engine.chan().try_send_background(args, end) {
-                Ok(()) => {
+                Ok(unique) => {
+                    ticket.engine_unique.store(unique, Ordering::Relaxed);
                     qs.submitted.fetch_add(1, Ordering::Relaxed);
                     if !self.inner.cfg.request_timeout.is_zero() {
                         lock(&self.inner.timeouts).push_back(ticket);
@@ -475,6 +478,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         };
         let ticket = Arc::new(Ticket {
             unique: header.map_or(0, |h| h.unique),
+            engine_unique: AtomicU64::new(0),
             opcode: header.map_or(0, |h| h.opcode),
             queue: q,
             started: Instant::now(),
@@ -628,6 +632,13 @@ fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             if t.claim() {
                 dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 dev.answer(&t, Errno::EIO.to_wire(), &[]);
+                // Ask the backend to give up on it (the passthrough cancels
+                // its io_uring operation or lock wait); its late answer,
+                // if any, is dropped.
+                let unique = t.engine_unique.load(Ordering::Relaxed);
+                if unique != 0 {
+                    dev.inner.engine.fs().interrupt(unique);
+                }
             }
         }
         drop(dev);

@@ -1,6 +1,7 @@
 //! The device against a backend that hangs: a request that outlives the
-//! timeout is answered EIO and counted while other requests go on being
-//! served; the late answer never reaches the guest; a queue that stalled
+//! timeout is answered EIO and counted, and the backend is asked to give
+//! up on it, while other requests go on being served; the late answer
+//! never reaches the guest; a queue that stalled
 //! on full admission resumes when the slot frees.
 
 mod common;
@@ -22,6 +23,10 @@ struct Hang {
     release: Arc<AtomicBool>,
     hung: Arc<AtomicUsize>,
     finished: Arc<AtomicUsize>,
+    /// Uniques the device asked the backend to give up on; one ends the
+    /// hang.
+    interrupted: Arc<std::sync::Mutex<Vec<u64>>>,
+    hung_unique: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Filesystem for Hang {
@@ -29,6 +34,7 @@ impl Filesystem for Hang {
     type Handle = u64;
     fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
         if ctx.uid == 4242 {
+            self.hung_unique.store(ctx.unique, Ordering::SeqCst);
             self.hung.fetch_add(1, Ordering::SeqCst);
             while !self.release.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(2));
@@ -44,6 +50,10 @@ impl Filesystem for Hang {
             },
             Duration::ZERO,
         ))
+    }
+    fn interrupt(&self, unique: u64) {
+        self.interrupted.lock().unwrap().push(unique);
+        self.release.store(true, Ordering::SeqCst);
     }
 }
 
@@ -83,7 +93,7 @@ fn a_hung_backend_times_out_and_the_queue_keeps_moving() {
     let h = Harness::new(
         fs.clone(),
         DeviceConfig {
-            request_timeout: Duration::from_millis(300),
+            request_timeout: Duration::from_millis(1000),
             workers_per_queue: 2,
             ..DeviceConfig::default()
         },
@@ -98,19 +108,25 @@ fn a_hung_backend_times_out_and_the_queue_keeps_moving() {
     // B is answered while A hangs.
     wait_for("the second request", || h.used_idx() >= 1);
     assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
-    assert_eq!(fs.hung.load(Ordering::SeqCst), 1);
+    wait_for("the first request to reach the backend", || {
+        fs.hung.load(Ordering::SeqCst) == 1
+    });
     // A is answered EIO once it outlives the timeout, and counted.
     wait_for("the timeout", || h.used_idx() >= 2);
-    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert!(t.elapsed() >= Duration::from_millis(1000));
     assert_eq!(h.reply(ra).unique, 1);
     assert_eq!(h.reply(ra).error, Errno::EIO.to_wire());
     assert_eq!(h.dev.stats().timeouts.load(Ordering::SeqCst), 1);
-    // The backend finishes later: its answer is dropped, the used ring
-    // does not move and the guest's buffer keeps the EIO.
-    fs.release.store(true, Ordering::SeqCst);
+    // The backend was asked to give up on exactly that request (the
+    // passthrough cancels its io_uring op); it returns, its answer is
+    // dropped, the used ring does not move and the guest keeps the EIO.
     wait_for("the hung call to return", || {
         fs.finished.load(Ordering::SeqCst) == 1
     });
+    assert_eq!(
+        *fs.interrupted.lock().unwrap(),
+        vec![fs.hung_unique.load(Ordering::SeqCst)]
+    );
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(h.used_idx(), 2);
     assert_eq!(h.reply(ra).error, Errno::EIO.to_wire());

@@ -566,15 +566,16 @@ impl Chan {
                 return Err(e);
             }
         }
-        self.send_admitted(args, end)
+        self.send_admitted(args, end).map(drop)
     }
 
     /// [`Chan::send_background`] that never waits: when background
     /// admission is closed (max_background reached, or earlier background
     /// requesters still parked) it gives the request back untouched, so a
     /// transport can leave it where it came from (a virtqueue leaves the
-    /// descriptors in its avail ring) and retry once a slot frees.
-    pub fn try_send_background(&self, args: Args, end: EndFn) -> Result<(), TrySendError> {
+    /// descriptors in its avail ring) and retry once a slot frees. Returns
+    /// the unique the server will see (to interrupt it by).
+    pub fn try_send_background(&self, args: Args, end: EndFn) -> Result<u64, TrySendError> {
         let core = self.core();
         core.add_waiting();
         if !args.force {
@@ -597,21 +598,15 @@ impl Chan {
 
     /// The part of sending a background request after admission (the
     /// caller has counted it as waiting and, unless FORCE, holds a slot).
-    fn send_admitted(&self, args: Args, end: EndFn) -> Result<(), Errno> {
+    fn send_admitted(&self, args: Args, end: EndFn) -> Result<u64, Errno> {
         let core = self.core();
         let force = args.force;
         let mut flags = flag::ISREPLY | flag::WAITING | flag::BACKGROUND | flag::ASYNC;
         if force {
             flags |= flag::FORCE;
         }
-        let req = Request::new(
-            core,
-            core.next_unique(),
-            args,
-            flags,
-            core.clock.now(),
-            Some(end),
-        );
+        let unique = core.next_unique();
+        let req = Request::new(core, unique, args, flags, core.clock.now(), Some(end));
         let ring = core.route();
         let refused = {
             let mut bg = lock(&core.bg);
@@ -643,7 +638,7 @@ impl Chan {
             }
         }
         core.end_refused(refused);
-        Ok(())
+        Ok(unique)
     }
 
     /// Queues a FORGET for `nodeid` (no reply; dropped if disconnected).
