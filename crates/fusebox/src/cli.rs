@@ -183,7 +183,7 @@ pub struct VhostArgs {
     #[arg(long)]
     pub print_capabilities: bool,
     /// Request queues (the guest uses as many as it has CPUs, up to this).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=63))]
     pub queues: u16,
     /// Largest virtqueue the VMM may set up.
     #[arg(long, default_value_t = 1024)]

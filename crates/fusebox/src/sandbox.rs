@@ -3,12 +3,14 @@
 //! `namespace` (as virtiofsd's): new mount, pid and net namespaces; the
 //! process that was started stays outside, forwards stop signals and exits
 //! with the sandboxed child's status. In the child (pid 1 of its
-//! namespace) mounts stop propagating, the shared directory is bind-mounted
+//! namespace) mounts made inside stop propagating out (MS_SLAVE), the shared directory is bind-mounted
 //! onto itself and a fresh /proc is mounted; once the passthrough
 //! filesystem holds its fds (the root, /proc/self/fd), the shared
 //! directory becomes the root (pivot_root) and the old root is detached.
 //! `chroot`: chroot(2) into the shared directory at the same point.
-//! Everything the daemon does afterwards goes through those fds.
+//! Everything the daemon does afterwards goes through those fds (xattrs
+//! included, which needs the `*xattrat` calls of Linux 6.13: fusebox
+//! refuses `--xattr` in a sandbox without them).
 
 use crate::cli::Sandbox;
 use std::ffi::CString;
@@ -46,6 +48,15 @@ pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
         return Ok(());
     }
     let dir = cpath(shared)?;
+    // Blocked before the fork, so a child that dies at once is still seen
+    // (the child inherits the mask; its own later block adds to it).
+    let sigs = crate::signals::block(&[
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGUSR1,
+        libc::SIGCHLD,
+    ]);
     // SAFETY: unshare has no memory arguments.
     check("unshare", unsafe {
         libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET)
@@ -57,7 +68,7 @@ pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
         return Err(SandboxError::Sys("fork", io::Error::last_os_error()));
     }
     if pid > 0 {
-        supervise(pid);
+        supervise(pid, &sigs);
     }
     // The child: pid 1 of the new pid namespace.
     // SAFETY: prctl with integer arguments: die with the supervisor.
@@ -103,16 +114,9 @@ pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
 /// The original process of `namespace` mode: forwards stop signals to the
 /// child and exits with its status. (After unshare(CLONE_NEWPID) this
 /// process may not start threads, so one sigwait loop does both.)
-fn supervise(child: libc::pid_t) -> ! {
-    let sigs = crate::signals::block(&[
-        libc::SIGINT,
-        libc::SIGTERM,
-        libc::SIGHUP,
-        libc::SIGUSR1,
-        libc::SIGCHLD,
-    ]);
+fn supervise(child: libc::pid_t, sigs: &libc::sigset_t) -> ! {
     loop {
-        let sig = crate::signals::wait(&sigs);
+        let sig = crate::signals::wait(sigs);
         if sig != libc::SIGCHLD {
             // SAFETY: kill with integer arguments.
             unsafe { libc::kill(child, sig) };

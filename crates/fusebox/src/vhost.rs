@@ -80,6 +80,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         return Ok(());
     }
     log::init(a.log_level, a.syslog);
+    // Before any thread exists (the engine starts several), so that every
+    // thread inherits the mask and only the sigwait thread takes them.
+    let sigs = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1]);
     if a.posix_acl {
         return Err(VhostError::Unsupported("--posix-acl", "no --posix-acl"));
     }
@@ -124,6 +127,17 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         announce_submounts: a.announce_submounts,
         ..Config::default()
     };
+    if a.sandbox != crate::cli::Sandbox::None
+        && a.xattr
+        && !uring_ring::passthrough::xattrat_supported()
+    {
+        // Before 6.13 the xattr calls name fds by absolute /proc paths,
+        // which inside the sandbox would resolve in the shared directory.
+        return Err(VhostError::Unsupported(
+            "--xattr inside a sandbox on a kernel without getxattrat (Linux 6.13)",
+            "--sandbox none, or no --xattr",
+        ));
+    }
     let fs = PassthroughFs::new(&dir, cfg).map_err(VhostError::Share)?;
     if a.inode_file_handles == FileHandles::Mandatory && !fs.file_handles_supported() {
         return Err(VhostError::NoFileHandles(dir.display().to_string()));
@@ -143,7 +157,6 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         },
     )
     .map_err(VhostError::Device)?;
-    let sigs = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1]);
     let mut daemon = VhostUserDaemon::new(
         "fusebox".into(),
         dev.clone(),

@@ -60,6 +60,9 @@ pub enum DeviceError {
     /// The tag does not fit the config space.
     #[error("tag is longer than {TAG_LEN} bytes")]
     TagTooLong,
+    /// Request queues must number 1 to 63.
+    #[error("{0} request queues: 1 to 63 are possible")]
+    Queues(u16),
     /// A vring operation failed.
     #[error("vring: {0}")]
     Vring(#[source] virtio_queue::Error),
@@ -111,6 +114,9 @@ struct Ticket {
     unique: u64,
     /// The unique the server sees (0 until sent).
     engine_unique: AtomicU64,
+    /// The generation of its queue when popped: a reply for an older one
+    /// (the ring was stopped or reset since) is dropped.
+    gen: u64,
     opcode: u32,
     queue: usize,
     started: Instant,
@@ -151,6 +157,10 @@ struct Inner<F: Filesystem + 'static> {
     /// Tickets in submission order, for the timeout scanner (lock order:
     /// `timeouts` before any ticket's `state`).
     timeouts: Mutex<VecDeque<Arc<Ticket>>>,
+    /// Per queue: bumped when the frontend stops or resets the ring.
+    /// Replies are written under the read lock, so once `stop_vring` holds
+    /// the write lock no reply of the old ring can reach guest memory.
+    gens: Vec<RwLock<u64>>,
     stop: AtomicBool,
 }
 
@@ -187,7 +197,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             config_space[..tag.len()].copy_from_slice(tag.as_bytes());
         }
         config_space[TAG_LEN..].copy_from_slice(&u32::from(cfg.request_queues).to_le_bytes());
-        let queues = usize::from(cfg.request_queues.max(1));
+        // One vring thread per queue, named by a bit of a u64 mask.
+        if cfg.request_queues == 0 || cfg.request_queues > 63 {
+            return Err(DeviceError::Queues(cfg.request_queues));
+        }
+        let queues = usize::from(cfg.request_queues);
         let server = ServerConfig {
             max_write: cfg.max_write,
             ..ServerConfig::default()
@@ -220,6 +234,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             event_idx: AtomicBool::new(false),
             acked: AtomicU64::new(0),
             timeouts: Mutex::new(VecDeque::new()),
+            gens: (0..=queues).map(|_| RwLock::new(0)).collect(),
             stop: AtomicBool::new(false),
             cfg,
         });
@@ -296,6 +311,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             if event_idx {
                 vring.disable_notification().map_err(DeviceError::Vring)?;
             }
+            let before = vring.queue_next_avail();
             let stalled = if q == 0 {
                 self.drain_hiprio(vring);
                 false
@@ -303,6 +319,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 self.drain_requests(vring, q)
             };
             if stalled || !event_idx || !vring.enable_notification().map_err(DeviceError::Vring)? {
+                break;
+            }
+            if vring.queue_next_avail() == before {
+                // More is announced but nothing could be popped: an avail
+                // index the queue refuses (more than a ring ahead) or an
+                // unreadable head. Stop rather than spin; the next kick
+                // retries.
+                self.inner.stats.queues[q]
+                    .malformed
+                    .fetch_add(1, Ordering::Relaxed);
                 break;
             }
         }
@@ -416,6 +442,35 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             };
             let weak = Arc::downgrade(&self.inner);
+            if matches!(
+                Opcode::from_u32(ticket.opcode),
+                Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw)
+            ) {
+                // Lock calls are synchronous in the kernel, never background:
+                // a parked SETLKW must not hold a background slot (enough of
+                // them would keep out the unlock that frees them). They wait
+                // on a thread of their own, which only the gate holds.
+                qs.submitted.fetch_add(1, Ordering::Relaxed);
+                if !self.inner.cfg.request_timeout.is_zero() {
+                    lock(&self.inner.timeouts).push_back(ticket.clone());
+                }
+                let chan = self.inner.engine.chan().clone();
+                let mine = ticket.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("fusebox-lock".into())
+                    .spawn(move || {
+                        let r = chan.send(args);
+                        if let Some(inner) = weak.upgrade() {
+                            FsDevice { inner }.finish(&mine, r);
+                        }
+                    });
+                // No thread to wait on: the caller gets EAGAIN, as from a
+                // kernel out of resources.
+                if spawned.is_err() && ticket.claim() {
+                    self.answer(&ticket, Errno::EAGAIN.to_wire(), &[]);
+                }
+                continue;
+            }
             let t2 = ticket.clone();
             let end = Box::new(move |r: ReqResult| {
                 if let Some(inner) = weak.upgrade() {
@@ -479,6 +534,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let ticket = Arc::new(Ticket {
             unique: header.map_or(0, |h| h.unique),
             engine_unique: AtomicU64::new(0),
+            gen: *self.inner.gens[q].read().unwrap_or_else(|e| e.into_inner()),
             opcode: header.map_or(0, |h| h.opcode),
             queue: q,
             started: Instant::now(),
@@ -531,9 +587,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .out(ticket.chain.writable_len() - OUT_HEADER, true)
             .qid((q - 1) as u16);
         args.total_extlen = h.total_extlen;
-        // INIT and DESTROY are the connection's own: never refused by
-        // admission (the kernel sends them FORCE too).
-        if matches!(opcode, Opcode::Init | Opcode::Destroy) {
+        // Never held back by admission, as in the kernel: INIT and DESTROY
+        // (the connection's own), RELEASE and FLUSH (FORCE there). Lock
+        // calls go synchronously (see `drain_requests`).
+        if matches!(
+            opcode,
+            Opcode::Init | Opcode::Destroy | Opcode::Release | Opcode::Releasedir | Opcode::Flush
+        ) {
             args = args.force();
         }
         Ok((args, ticket))
@@ -565,8 +625,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// Writes the reply into the chain and returns it to the guest.
+    /// Writes the reply into the chain and returns it to the guest, unless
+    /// its ring was stopped or reset since the chain was popped.
     fn answer(&self, t: &Ticket, error: i32, payload: &[u8]) {
+        let gen = self.inner.gens[t.queue]
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        if *gen != t.gen {
+            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let (error, payload) = if OUT_HEADER + payload.len() > t.chain.writable_len() {
             (Errno::ERANGE.to_wire(), &[][..])
         } else {
@@ -627,6 +695,9 @@ fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                     break;
                 }
             }
+            // A long-lived request at the front must not keep every answered
+            // one behind it alive.
+            q.retain(|t| *lock(&t.state) == TicketState::InFlight);
         }
         for t in expired {
             if t.claim() {
@@ -696,6 +767,21 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         cs[start..end].to_vec()
     }
 
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // Requests still in flight on this ring will never be answered on
+        // it: the frontend has taken the ring back.
+        if let Some(g) = self.inner.gens.get(queue_index as usize) {
+            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
+        }
+        Ok(())
+    }
+
+    fn reset_device(&self) {
+        for g in &self.inner.gens {
+            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
+        }
+    }
+
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
         *self.inner.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
         Ok(())
@@ -717,8 +803,8 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
-        if evset != EventSet::IN {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        if !evset.contains(EventSet::IN) {
+            return Ok(());
         }
         // Each thread owns exactly one vring (`queues_per_thread`): queue
         // `thread_id`, which the event loop hands over as `vrings[0]` with
@@ -726,16 +812,27 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // (registered as num_queues + 1 + request queue index).
         let n = self.num_queues();
         let ev = usize::from(device_event);
+        let Some(vring) = vrings.first() else {
+            return Ok(());
+        };
         if ev > n {
             if let Some(fd) = self.inner.resume.get(ev - n - 1) {
                 let _ = fd.read();
             }
+            // The event loop checks a ring's state for kicks only.
+            if !vring.get_ref().is_enabled() {
+                return Ok(());
+            }
         } else if ev != 0 {
             return Ok(());
         }
-        let Some(vring) = vrings.first() else {
-            return Ok(());
-        };
-        self.serve_queue(vring, thread_id).map_err(io::Error::other)
+        // An error here would end this vring thread for good: count it and
+        // keep serving on the next event instead.
+        if self.serve_queue(vring, thread_id).is_err() {
+            if let Some(q) = self.inner.stats.queues.get(thread_id) {
+                q.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
     }
 }

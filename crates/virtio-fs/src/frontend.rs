@@ -169,7 +169,8 @@ impl VhostFrontend {
     /// performs FUSE INIT through them.
     pub fn connect(socket: &std::path::Path, cfg: &FrontendConfig) -> Result<Self, FrontendError> {
         let nq = usize::from(cfg.request_queues.max(1)) + 1;
-        let size = cfg.queue_size.clamp(4, 1024);
+        // A power of two (as the backend requires), room for hiprio's slots.
+        let size = cfg.queue_size.clamp(16, 1024).next_power_of_two();
         let max = (cfg.max_msg as u64).next_multiple_of(4096);
         // Hiprio only carries FORGETs and INTERRUPTs; request queues get one
         // slot per two descriptors.
@@ -496,17 +497,18 @@ fn reply_room(msg: &[u8], max: u64) -> u32 {
     let Ok((h, body)) = InHeader::read_from_prefix(msg) else {
         return max as u32;
     };
-    let at = match Opcode::from_u32(h.opcode) {
+    // (offset of the size field, smallest reply payload)
+    let (at, least) = match Opcode::from_u32(h.opcode) {
         // fuse_read_in: fh, offset, then size.
-        Some(Opcode::Read | Opcode::Readdir | Opcode::Readdirplus) => 16,
-        // fuse_getxattr_in: size first (after the name for GETXATTR, which
-        // comes after the struct, so still at 0).
-        Some(Opcode::Getxattr | Opcode::Listxattr) => 0,
+        Some(Opcode::Read | Opcode::Readdir | Opcode::Readdirplus) => (16, 0),
+        // fuse_getxattr_in: size first (the name comes after the struct);
+        // size 0 asks for the length, a fuse_getxattr_out.
+        Some(Opcode::Getxattr | Opcode::Listxattr) => (0, 8),
         _ => return max as u32,
     };
     body.get(at..at + 4)
         .and_then(|b| b.try_into().ok())
         .map_or(max, |b: [u8; 4]| {
-            (oh + u64::from(u32::from_le_bytes(b))).min(max)
+            (oh + u64::from(u32::from_le_bytes(b)).max(least)).min(max)
         }) as u32
 }

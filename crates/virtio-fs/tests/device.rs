@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_fs::DeviceConfig;
+use vm_memory::Bytes;
 use zerocopy::{FromZeros, IntoBytes};
 
 /// GETATTR from uid 4242 hangs until released; others answer at once.
@@ -167,4 +168,87 @@ fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
     wait_for("the second answer", || h.used_idx() == 2);
     assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
     assert_eq!(h.dev.stats().queues[1].in_flight(), 0);
+}
+
+#[test]
+fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
+    let h = Harness::new(Hang::default(), DeviceConfig::default());
+    vhost_user_backend::VhostUserBackend::set_event_idx(&h.dev, true);
+    let vring = h.vring();
+    vring.set_queue_event_idx(true);
+    // An index more than a ring ahead: nothing can be popped, yet the
+    // queue keeps announcing work.
+    h.mem
+        .write_obj(QSIZE + 5, vm_memory::GuestAddress(AVAIL + 2))
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dev = h.dev.clone();
+    let v2 = vring.clone();
+    std::thread::spawn(move || {
+        vhost_user_backend::VhostUserBackend::handle_event(
+            &dev,
+            0,
+            vmm_sys_util::epoll::EventSet::IN,
+            std::slice::from_ref(&v2),
+            1,
+        )
+        .unwrap();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the vring thread did not come back");
+    assert!(h.dev.stats().queues[1].malformed.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn lock_calls_and_releases_are_never_held_back_by_admission() {
+    let fs = Hang::default();
+    let h = Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            max_background: 1,
+            congestion_threshold: 1,
+            workers_per_queue: 2,
+            ..DeviceConfig::default()
+        },
+    );
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, _, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    let lk = fuse_core::abi::LkIn::new_zeroed();
+    let setlk = request_as(Opcode::Setlk, 2, 0, lk.as_bytes());
+    let (b, rb, _, _) = h.chain(next, at, &setlk, 4096);
+    h.publish(&[a, b]);
+    h.kick(&vring, 1);
+    // A holds the only background slot, yet the SETLK is served (this
+    // filesystem has no locks: ENOSYS), as the kernel never queues locks.
+    wait_for("the lock call", || h.used_idx() == 1);
+    assert_eq!(h.reply(rb).unique, 2);
+    assert_eq!(h.reply(rb).error, Errno::ENOSYS.to_wire());
+    assert_eq!(fs.hung.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn replies_of_a_stopped_ring_never_reach_the_guest() {
+    let fs = Hang::default();
+    let h = Harness::new(fs.clone(), DeviceConfig::default());
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, ra, _, _) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    h.publish(&[a]);
+    h.kick(&vring, 1);
+    wait_for("the request to reach the backend", || {
+        fs.hung.load(Ordering::SeqCst) == 1
+    });
+    // GET_VRING_BASE: the frontend takes the ring back.
+    vhost_user_backend::VhostUserBackend::stop_vring(&h.dev, 1).unwrap();
+    fs.release.store(true, Ordering::SeqCst);
+    wait_for("the backend to finish", || {
+        fs.finished.load(Ordering::SeqCst) == 1
+    });
+    wait_for("the dropped reply to be counted", || {
+        h.dev.stats().aborted.load(Ordering::SeqCst) == 1
+    });
+    assert_eq!(h.used_idx(), 0, "a reply reached the stopped ring");
+    assert_eq!(h.reply(ra).unique, 0, "the guest buffer was written");
 }

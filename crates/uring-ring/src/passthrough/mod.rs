@@ -32,6 +32,7 @@ mod sys;
 pub use creds::Groups;
 pub use inode::{FdBudget, InodeKey};
 pub use io::IoCounts;
+pub use sys::xattrat_supported;
 
 use creds::CredGuard;
 use file::Handles;

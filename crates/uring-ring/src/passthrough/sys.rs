@@ -283,6 +283,31 @@ const SYS_REMOVEXATTRAT: libc::c_long = 466;
 /// Set once a `*xattrat` call said ENOSYS: use the absolute paths.
 static NO_XATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether the kernel has the `*xattrat` calls (Linux 6.13): asks for an
+/// attribute of the current directory, which can fail in any way but
+/// ENOSYS when the calls exist.
+pub fn xattrat_supported() -> bool {
+    let mut args = XattrArgs {
+        value: 0,
+        size: 0,
+        flags: 0,
+    };
+    // SAFETY: strings are NUL-terminated; `args` names no buffer (size 0)
+    // and is valid for its size.
+    let r = unsafe {
+        libc::syscall(
+            SYS_GETXATTRAT,
+            libc::AT_FDCWD,
+            c".".as_ptr(),
+            0,
+            c"user.fusebox-probe".as_ptr(),
+            &mut args as *mut XattrArgs,
+            std::mem::size_of::<XattrArgs>(),
+        )
+    };
+    r >= 0 || errno() != Errno::ENOSYS
+}
+
 /// Runs the fd-relative form, or the path form on an older kernel.
 fn xattr_call(
     at: impl FnOnce() -> libc::c_long,
