@@ -5,7 +5,10 @@
 //! arguments, WRITE data) followed by device-writable ones (out header,
 //! reply payload). Every descriptor is checked against guest memory before
 //! anything is read; a chain that breaks the rules is refused with a
-//! [`ChainError`] and never half-served.
+//! [`ChainError`] and never half-served. A bad `next` index or a loop ends
+//! virtio-queue's walk early: what it yielded is judged as the whole chain
+//! (in practice the request then disagrees with its header length and is
+//! refused).
 
 use std::ops::Deref;
 use thiserror::Error;

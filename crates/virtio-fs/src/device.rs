@@ -373,8 +373,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// FORGET and BATCH_FORGET go to the engine; INTERRUPT is dropped
-    /// (Linux's virtio-fs never sends it); anything else is malformed.
+    /// FORGET and BATCH_FORGET go to the engine; anything else, INTERRUPT
+    /// included (Linux's virtio-fs never sends it), is dropped and counted
+    /// as malformed.
     fn forget(&self, mem: &GuestMemoryMmap, chain: &Chain) {
         let len = chain.readable_len().min(1 << 20);
         let mut buf = vec![0u8; len];
