@@ -68,6 +68,24 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
+/// A device whose engine admits one background request at a time, in
+/// front of a `Hang` that is released when the guard (dropped before the
+/// harness) goes.
+fn one_slot() -> (Hang, Harness<Hang>, ReleaseOnDrop) {
+    let fs = Hang::default();
+    let h = Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            max_background: 1,
+            congestion_threshold: 1,
+            workers_per_queue: 2,
+            ..DeviceConfig::default()
+        },
+    );
+    let release = ReleaseOnDrop(fs.release.clone());
+    (fs, h, release)
+}
+
 fn getattr(unique: u64, uid: u32) -> Vec<u8> {
     request_as(
         Opcode::Getattr,
@@ -136,17 +154,7 @@ fn a_hung_backend_times_out_and_the_queue_keeps_moving() {
 
 #[test]
 fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
-    let fs = Hang::default();
-    let h = Harness::new(
-        fs.clone(),
-        DeviceConfig {
-            max_background: 1,
-            congestion_threshold: 1,
-            workers_per_queue: 2,
-            ..DeviceConfig::default()
-        },
-    );
-    let _release = ReleaseOnDrop(fs.release.clone());
+    let (fs, h, _release) = one_slot();
     let vring = h.vring();
     let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
     let (b, rb, _, _) = h.chain(next, at, &getattr(2, 0), 4096);
@@ -202,17 +210,7 @@ fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
 
 #[test]
 fn lock_calls_and_releases_are_never_held_back_by_admission() {
-    let fs = Hang::default();
-    let h = Harness::new(
-        fs.clone(),
-        DeviceConfig {
-            max_background: 1,
-            congestion_threshold: 1,
-            workers_per_queue: 2,
-            ..DeviceConfig::default()
-        },
-    );
-    let _release = ReleaseOnDrop(fs.release.clone());
+    let (fs, h, _release) = one_slot();
     let vring = h.vring();
     let (a, _, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
     let lk = fuse_core::abi::LkIn::new_zeroed();
