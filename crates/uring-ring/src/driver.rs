@@ -16,6 +16,9 @@
 //!   cancels every op with that key (ASYNC_CANCEL); an op may carry a
 //!   deadline (a linked LINK_TIMEOUT).
 
+mod vectored;
+pub use vectored::{preadv_raw, pwritev_raw, MAX_IOVECS};
+
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 use std::io;
 use std::os::fd::RawFd;

@@ -13,6 +13,7 @@
 //! the timeout scanner, or the submit path when the engine refuses it.
 
 use crate::chain::{Chain, ChainError};
+use crate::guest_mem::GuestSpans;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{BatchForgetIn, ForgetIn, ForgetOne, InHeader, Opcode, OutHeader, WriteIn};
 use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
@@ -91,6 +92,10 @@ pub struct DeviceConfig {
     pub congestion_threshold: u16,
     /// Largest WRITE (and READ) payload.
     pub max_write: u32,
+    /// READ and WRITE data goes between guest RAM and the host file by
+    /// reference (no copy in this process); off, it is copied through the
+    /// engine's buffers.
+    pub zero_copy: bool,
 }
 
 impl Default for DeviceConfig {
@@ -104,6 +109,7 @@ impl Default for DeviceConfig {
             max_background: 256,
             congestion_threshold: 192,
             max_write: 1 << 20,
+            zero_copy: true,
         }
     }
 }
@@ -123,21 +129,31 @@ struct Ticket {
     chain: Chain,
     vring: Vring,
     mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
+    /// A READ's or WRITE's guest data buffers, lent to the engine.
+    client: Option<Arc<GuestSpans>>,
     state: Mutex<TicketState>,
 }
 
+/// Who answers a request. InFlight → Answered (the engine's reply, an
+/// error path, or the timeout scanner), or InFlight → Deferred (timed out
+/// while a server was doing host I/O on its guest buffers) → Answered with
+/// EIO by the last such I/O to end. Guarded by `Ticket::state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TicketState {
     InFlight,
+    Deferred,
     Answered,
 }
 
 impl Ticket {
-    /// Moves InFlight → Answered; false if someone else answered first.
+    /// Moves InFlight → Answered; false if it was answered, or its answer
+    /// deferred, already.
     fn claim(&self) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let first = *s == TicketState::InFlight;
-        *s = TicketState::Answered;
+        if first {
+            *s = TicketState::Answered;
+        }
         first
     }
 }
@@ -532,6 +548,18 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         } else {
             None
         };
+        // READ and WRITE data stays in the guest's buffers: the engine gets
+        // them by reference (copied only if the chain cannot be mapped).
+        let wi = std::mem::size_of::<WriteIn>();
+        let client = match header.map(|h| Opcode::from_u32(h.opcode)) {
+            _ if !self.inner.cfg.zero_copy => None,
+            Some(Some(Opcode::Read)) => GuestSpans::new(mem, &chain.writable, OUT_HEADER),
+            Some(Some(Opcode::Write)) if total >= IN_HEADER + wi => {
+                GuestSpans::new(mem, &chain.readable, IN_HEADER + wi)
+            }
+            _ => None,
+        }
+        .map(Arc::new);
         let ticket = Arc::new(Ticket {
             unique: header.map_or(0, |h| h.unique),
             engine_unique: AtomicU64::new(0),
@@ -542,8 +570,25 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             chain,
             vring: vring.clone(),
             mem: mem.clone(),
+            client: client.clone(),
             state: Mutex::new(TicketState::InFlight),
         });
+        if let Some(c) = &client {
+            // A timeout that found I/O running on the buffers answers here,
+            // when the last of it ends.
+            let (t, dev) = (Arc::downgrade(&ticket), Arc::downgrade(&self.inner));
+            c.on_idle(Box::new(move || {
+                let (Some(t), Some(inner)) = (t.upgrade(), dev.upgrade()) else {
+                    return;
+                };
+                let mut s = lock(&t.state);
+                if *s == TicketState::Deferred {
+                    *s = TicketState::Answered;
+                    drop(s);
+                    FsDevice { inner }.answer(&t, Errno::EIO.to_wire(), &[]);
+                }
+            }));
+        }
         let replyable = ticket.chain.writable_len() >= OUT_HEADER;
         let fail = |t: Arc<Ticket>| {
             if replyable {
@@ -569,24 +614,40 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         {
             return Err(fail(ticket));
         }
-        let mut body = vec![0u8; total - IN_HEADER];
-        if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
-            return Err(fail(ticket));
-        }
         let Some(opcode) = opcode else {
             return Err(fail(ticket));
         };
-        let data = if opcode == Opcode::Write && body.len() >= std::mem::size_of::<WriteIn>() {
-            body.split_off(std::mem::size_of::<WriteIn>())
+        // A WRITE's data goes apart from its arguments (by reference, or
+        // copied into its own buffer).
+        let body_len = if opcode == Opcode::Write && total >= IN_HEADER + wi {
+            wi
         } else {
-            Vec::new()
+            total - IN_HEADER
         };
+        let mut body = vec![0u8; body_len];
+        if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
+            return Err(fail(ticket));
+        }
+        let mut data = Vec::new();
+        if opcode == Opcode::Write && client.is_none() && body_len == wi {
+            data = vec![0u8; total - IN_HEADER - wi];
+            if ticket
+                .chain
+                .read_at(&**mem, IN_HEADER + wi, &mut data)
+                .is_err()
+            {
+                return Err(fail(ticket));
+            }
+        }
         let mut args = Args::new(opcode, h.nodeid)
             .creds(h.uid, h.gid, h.pid)
             .body(body)
             .data(data)
             .out(ticket.chain.writable_len() - OUT_HEADER, true)
             .qid((q - 1) as u16);
+        if let Some(c) = client {
+            args = args.client(c);
+        }
         args.total_extlen = h.total_extlen;
         // Never held back by admission, as in the kernel: INIT and DESTROY
         // (the connection's own), RELEASE and FLUSH (FORCE there). Lock
@@ -607,7 +668,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return;
         }
         match r {
-            Ok(reply) => self.answer(t, 0, &reply.data),
+            Ok(reply) => self.answer_with(t, 0, &reply.data, reply.in_client),
             Err(e) => {
                 if e == Errno::ENOTCONN {
                     self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
@@ -629,6 +690,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Writes the reply into the chain and returns it to the guest, unless
     /// its ring was stopped or reset since the chain was popped.
     fn answer(&self, t: &Ticket, error: i32, payload: &[u8]) {
+        self.answer_with(t, error, payload, 0);
+    }
+
+    /// [`FsDevice::answer`] for a reply whose last `in_guest` payload bytes
+    /// the server already put in the guest's buffers (a READ by reference).
+    fn answer_with(&self, t: &Ticket, error: i32, payload: &[u8], in_guest: usize) {
         let gen = self.inner.gens[t.queue]
             .read()
             .unwrap_or_else(|e| e.into_inner());
@@ -636,20 +703,22 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let (error, payload) = if OUT_HEADER + payload.len() > t.chain.writable_len() {
-            (Errno::ERANGE.to_wire(), &[][..])
+        let reply_len = OUT_HEADER + payload.len() + in_guest;
+        let (error, payload, reply_len) = if reply_len > t.chain.writable_len() {
+            (Errno::ERANGE.to_wire(), &[][..], OUT_HEADER)
         } else {
-            (error, payload)
+            (error, payload, reply_len)
         };
         let h = OutHeader {
-            len: (OUT_HEADER + payload.len()) as u32,
+            len: reply_len as u32,
             error,
             unique: t.unique,
         };
-        let written = t
-            .chain
-            .write_all(&*t.mem, &[h.as_bytes(), payload])
-            .unwrap_or(0);
+        let written = match t.chain.write_all(&*t.mem, &[h.as_bytes(), payload]) {
+            // The data the server put in the guest's buffers counts too.
+            Ok(_) => reply_len as u32,
+            Err(_) => 0,
+        };
         self.inner
             .stats
             .record(t.opcode, error, t.started.elapsed());
@@ -685,7 +754,7 @@ fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
         {
             let mut q = lock(&dev.inner.timeouts);
             while let Some(t) = q.front() {
-                let done = *lock(&t.state) == TicketState::Answered;
+                let done = *lock(&t.state) != TicketState::InFlight;
                 if done {
                     q.pop_front();
                 } else if t.started.elapsed() >= timeout {
@@ -701,16 +770,31 @@ fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             q.retain(|t| *lock(&t.state) == TicketState::InFlight);
         }
         for t in expired {
-            if t.claim() {
-                dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                dev.answer(&t, Errno::EIO.to_wire(), &[]);
-                // Ask the backend to give up on it (the passthrough cancels
-                // its io_uring operation or lock wait); its late answer,
-                // if any, is dropped.
-                let unique = t.engine_unique.load(Ordering::Relaxed);
-                if unique != 0 {
-                    dev.inner.engine.fs().interrupt(unique);
+            let now = {
+                let mut s = lock(&t.state);
+                if *s != TicketState::InFlight {
+                    continue;
                 }
+                // Guest buffers a server is doing I/O on cannot go back to
+                // the guest yet: the answer waits for that I/O to end.
+                let now = t.client.as_ref().is_none_or(|c| c.revoke());
+                *s = if now {
+                    TicketState::Answered
+                } else {
+                    TicketState::Deferred
+                };
+                now
+            };
+            dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            if now {
+                dev.answer(&t, Errno::EIO.to_wire(), &[]);
+            }
+            // Ask the backend to give up on it (the passthrough cancels its
+            // io_uring operation or lock wait); its late answer, if any, is
+            // dropped.
+            let unique = t.engine_unique.load(Ordering::Relaxed);
+            if unique != 0 {
+                dev.inner.engine.fs().interrupt(unique);
             }
         }
         drop(dev);

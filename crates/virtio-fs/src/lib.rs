@@ -9,6 +9,7 @@
 pub mod chain;
 mod device;
 pub mod frontend;
+mod guest_mem;
 pub mod stats;
 
 pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, Vring, TAG_LEN};

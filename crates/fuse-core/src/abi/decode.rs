@@ -357,6 +357,9 @@ pub struct DecodeOptions {
     pub minor: u32,
     /// Negotiated INIT flags (for SETXATTR_EXT).
     pub flags: u64,
+    /// A WRITE's data travels elsewhere (the client's memory, by
+    /// reference): decode it with empty `data`.
+    pub write_data_elsewhere: bool,
 }
 
 impl Default for DecodeOptions {
@@ -364,6 +367,7 @@ impl Default for DecodeOptions {
         DecodeOptions {
             minor: super::consts::KERNEL_MINOR_VERSION,
             flags: init::SETXATTR_EXT,
+            write_data_elsewhere: false,
         }
     }
 }
@@ -550,7 +554,11 @@ fn decode_op<'a>(
             } else {
                 c.read("fuse_write_in")?
             };
-            let data = c.bytes(arg.size as usize, "WRITE data")?;
+            let data = if opts.write_data_elsewhere {
+                &[][..]
+            } else {
+                c.bytes(arg.size as usize, "WRITE data")?
+            };
             O::Write { arg, data }
         }
         Opcode::Statfs => O::Statfs,

@@ -228,6 +228,7 @@ fn result(req: &Arc<Request>) -> ReqResult {
         Ok(Reply {
             data: std::mem::take(&mut d.out),
             pages: std::mem::take(&mut d.pages),
+            in_client: d.in_client,
         })
     }
 }

@@ -201,6 +201,14 @@ impl DevQueue {
                 let pl = d.pages.len().min(n - bl);
                 buf[bl..bl + pl].copy_from_slice(&d.pages[..pl]);
             }
+            // A WRITE whose data is the client's memory: this transport
+            // has no way to pass it by reference, so it is copied here.
+            let mut copy_err = None;
+            if let (Some(c), Opcode::Write) = (&req.args.client, req.args.opcode) {
+                if let Err(e) = c.read_at(0, &mut buf[bl..n]) {
+                    copy_err = Some(e);
+                }
+            }
 
             let mut pq = lock(&self.pq);
             req.flags.clear(flag::LOCKED);
@@ -209,6 +217,12 @@ impl DevQueue {
                 drop(pq);
                 core.request_end(&req);
                 return Err(core.dev_abort_errno());
+            }
+            if let Some(e) = copy_err {
+                drop(pq);
+                req.set_error(e.0);
+                core.request_end(&req);
+                continue;
             }
             if !req.flags.test(flag::ISREPLY) {
                 drop(pq);
@@ -339,6 +353,15 @@ impl DevQueue {
                 // its requester is not stranded, then let the panic go on.
                 self.finish_write(core, &req, out, Some(Errno::EIO), &oh);
                 std::panic::resume_unwind(payload);
+            }
+            // A READ into the client's memory: the reply lands there.
+            if let (Some(c), Opcode::Read) = (&req.args.client, req.args.opcode) {
+                if c.write_at(0, &out).is_err() {
+                    err = Some(Errno::EIO);
+                } else {
+                    lock(&req.data).in_client = out.len();
+                    out.clear();
+                }
             }
         }
 

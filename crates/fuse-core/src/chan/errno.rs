@@ -13,6 +13,7 @@ impl Errno {
     pub const EIO: Errno = Errno(5);
     pub const E2BIG: Errno = Errno(7);
     pub const EBADF: Errno = Errno(9);
+    pub const EFAULT: Errno = Errno(14);
     pub const EAGAIN: Errno = Errno(11);
     pub const ENOMEM: Errno = Errno(12);
     pub const EEXIST: Errno = Errno(17);

@@ -8,6 +8,7 @@
 
 pub mod bg;
 mod call;
+pub mod client_mem;
 mod config;
 mod dev;
 pub mod errno;
@@ -17,6 +18,7 @@ mod timeout;
 pub mod transport;
 
 pub use call::{Call, Signal};
+pub use client_mem::{ClientMem, HostSpan, IoGuard};
 pub use config::{ChanConfig, Negotiated, Stats};
 pub use dev::Device;
 pub use errno::Errno;
@@ -282,6 +284,7 @@ impl Core {
                     Ok(Reply {
                         data: std::mem::take(&mut d.out),
                         pages: std::mem::take(&mut d.pages),
+                        in_client: d.in_client,
                     })
                 };
                 (d.end.take(), result)

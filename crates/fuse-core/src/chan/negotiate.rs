@@ -139,6 +139,7 @@ impl Chan {
                 let opts = abi::DecodeOptions {
                     minor: neg.minor,
                     flags: neg.flags,
+                    write_data_elsewhere: false,
                 };
                 let ring = crate::ring::Ring::new(
                     Arc::downgrade(core),

@@ -1,7 +1,7 @@
 //! Requests: the kernel's flag set, the list a request sits on (an explicit
 //! state machine), its arguments and its reply.
 
-use super::{errno::Errno, Core};
+use super::{client_mem::ClientMem, errno::Errno, Core};
 use crate::abi::{InHeader, Opcode};
 use crate::sync::{
     lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Condvar, Mutex, Ordering, Weak,
@@ -163,6 +163,9 @@ pub struct Args {
     pub abort_on_kill: bool,
     /// Transport queue hint (ring queue, virtqueue index).
     pub qid: u16,
+    /// The client's own memory for a READ's data or a WRITE's data (then
+    /// `data` is empty), handed to the server by reference on the ring.
+    pub client: Option<std::sync::Arc<dyn ClientMem>>,
 }
 
 impl Args {
@@ -183,6 +186,7 @@ impl Args {
             force: false,
             abort_on_kill: false,
             qid: 0,
+            client: None,
         }
     }
     /// Sets the body.
@@ -229,6 +233,13 @@ impl Args {
         self.qid = qid;
         self
     }
+    /// Attaches the client's memory: a READ's destination (its length is
+    /// the most the READ returns) or a WRITE's data (its length must be the
+    /// WRITE's size). Other requests ignore it.
+    pub fn client(mut self, mem: std::sync::Arc<dyn ClientMem>) -> Self {
+        self.client = Some(mem);
+        self
+    }
 }
 
 /// A successful reply: the payload after `fuse_out_header`.
@@ -238,6 +249,9 @@ pub struct Reply {
     pub data: Vec<u8>,
     /// The client's data pages (`Args::data`), given back for reuse.
     pub pages: Vec<u8>,
+    /// Bytes of the reply payload that the server put straight into the
+    /// request's client memory (`Args::client`) instead of `data`.
+    pub in_client: usize,
 }
 
 impl Reply {
@@ -266,6 +280,8 @@ pub(crate) struct ReqData {
     /// The client's data pages (from `Args::data`). Moved to a zero-copy
     /// server while it works on them and moved back before the end.
     pub pages: Vec<u8>,
+    /// Reply bytes written straight into `Args::client`.
+    pub in_client: usize,
 }
 
 /// One request. Shared (`Arc`) between the requester and whichever list it
@@ -276,7 +292,8 @@ pub(crate) struct Request {
     pub flags: Flags,
     loc: AtomicU8,
     pub args: Args,
-    /// Length of the client's data pages.
+    /// Length of the client's data: its pages, or the client memory of a
+    /// WRITE sent by reference.
     pub data_len: usize,
     /// When it was allocated, on the connection's clock.
     pub create_time: Duration,
@@ -319,7 +336,10 @@ impl Request {
             unique: AtomicU64::new(unique),
             flags: Flags::new(flags),
             loc: AtomicU8::new(Location::New as u8),
-            data_len: pages.len(),
+            data_len: match &args.client {
+                Some(c) if args.opcode == Opcode::Write => c.len(),
+                _ => pages.len(),
+            },
             args,
             create_time,
             data: Mutex::new(ReqData {
@@ -327,6 +347,7 @@ impl Request {
                 out,
                 end,
                 pages,
+                in_client: 0,
             }),
             waitq: Condvar::new(),
             intr_queued: AtomicBool::new(false),

@@ -41,6 +41,8 @@ pub struct Fetched {
     /// must hold `fuse_out_header` on commit; `op_in` the op struct.
     pub header: Box<UringReqHeader>,
     pub(crate) payload: Payload,
+    /// The client memory of a READ or WRITE sent by reference.
+    pub(crate) client: Option<Arc<dyn crate::chan::ClientMem>>,
     pub(crate) done: bool,
 }
 
@@ -80,6 +82,12 @@ impl Fetched {
     /// The whole payload buffer, for writing the reply.
     pub fn payload_mut(&mut self) -> &mut [u8] {
         self.payload.slice_mut()
+    }
+    /// The client memory a READ's data goes to, or a WRITE's data comes
+    /// from (then the payload holds no data and the WRITE's size is this
+    /// memory's length).
+    pub fn client_mem(&self) -> Option<&Arc<dyn crate::chan::ClientMem>> {
+        self.client.as_ref()
     }
     /// Whether the payload is the client's own pages (ENT_ZERO_COPY).
     pub fn is_zero_copy(&self) -> bool {

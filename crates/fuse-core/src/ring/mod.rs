@@ -167,6 +167,15 @@ fn needs_payload(req: &Request, opts: DecodeOptions) -> bool {
     req.args.body.len() > k || req.data_len > 0 || req.args.out_size > 0
 }
 
+/// The client memory a READ or WRITE carries (`Args::client`): its data
+/// goes by reference, never through the entry's payload.
+fn client_mem(req: &Request) -> Option<&std::sync::Arc<dyn crate::chan::ClientMem>> {
+    req.args
+        .client
+        .as_ref()
+        .filter(|_| matches!(req.args.opcode, Opcode::Read | Opcode::Write))
+}
+
 fn read_fh(req: &Request) -> u64 {
     req.args
         .body
@@ -563,6 +572,7 @@ impl Ring {
                 handle: h,
                 header,
                 payload,
+                client: client_mem(&req).cloned(),
                 done: false,
             }));
         }
@@ -601,6 +611,7 @@ impl Ring {
         let rest = &body[k..];
         let op = req.args.opcode;
         let zc = zero_copy_queue
+            && client_mem(req).is_none()
             && matches!(op, Opcode::Read | Opcode::Write)
             && self
                 .zc_files
@@ -635,7 +646,13 @@ impl Ring {
         };
         let n = rest.len() + d.pages.len();
         let dst = payload.slice_mut();
-        if n > dst.len() || req.args.out_size > dst.len() {
+        // A READ into client memory needs no room for its reply here.
+        let out_here = if client_mem(req).is_some() {
+            0
+        } else {
+            req.args.out_size
+        };
+        if n > dst.len() || out_here > dst.len() {
             return (payload, 0, false, Some(Errno::EIO), None, None);
         }
         dst[..rest.len()].copy_from_slice(rest);
@@ -828,7 +845,9 @@ impl Ring {
             payload.slice()
         };
         let sz = if zc_write { req.args.out_size } else { sz };
-        let size_ok = sz <= src.len()
+        // A READ into client memory: its data is already there.
+        let client_read = req.args.opcode == Opcode::Read && client_mem(req).is_some();
+        let size_ok = (client_read || sz <= src.len())
             && sz <= req.args.out_size
             && (sz == req.args.out_size || req.args.out_var);
         let result = if stopped {
@@ -843,6 +862,13 @@ impl Ring {
             Ok(())
         };
         let ok = result.is_ok();
+        if client_read {
+            self.apply(req, result, &[]);
+            let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+            d.out.clear();
+            d.in_client = if ok { sz } else { 0 };
+            return payload;
+        }
         self.apply(req, result, if ok { &src[..sz] } else { &[] });
         let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
         match payload {

@@ -7,7 +7,7 @@ use crate::abi::{
     InHeader, InitIn, InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, StatfsOut, StatxOut,
     WriteOut,
 };
-use crate::chan::Errno;
+use crate::chan::{ClientMem, Errno};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 use zerocopy::{Immutable, IntoBytes};
@@ -227,6 +227,7 @@ impl<F: Filesystem> Dispatcher<F> {
         DecodeOptions {
             minor: self.minor.load(Ordering::Relaxed),
             flags: self.flags.load(Ordering::Relaxed),
+            write_data_elsewhere: false,
         }
     }
 
@@ -282,12 +283,35 @@ impl<F: Filesystem> Dispatcher<F> {
         out: &mut [u8],
         defer: Option<DeferFn<'_>>,
     ) -> Handled {
+        self.handle_client_with(req, out, defer, None)
+    }
+
+    /// [`Dispatcher::handle_with`] for a request whose data is the client's
+    /// memory `client`: a READ's destination, or a WRITE's data (decoded
+    /// with [`DecodeOptions::write_data_elsewhere`]). A READ's reply
+    /// payload (`Outcome::len` bytes) is then in `client`, not in `out`.
+    pub fn handle_client_with(
+        &self,
+        req: &Request<'_>,
+        out: &mut [u8],
+        defer: Option<DeferFn<'_>>,
+        client: Option<&dyn ClientMem>,
+    ) -> Handled {
         let h = &req.header;
         let ctx = Ctx {
             unique: h.unique,
             uid: h.uid,
             gid: h.gid,
             pid: h.pid,
+        };
+        let direct = match (client, &req.op) {
+            (Some(mem), Operation::Read { arg }) => {
+                Some(self.read_client(&ctx, h.nodeid, arg, mem, &mut *out))
+            }
+            (Some(mem), Operation::Write { arg, data }) => {
+                Some(self.write_client(&ctx, h.nodeid, arg, data, mem, &mut *out))
+            }
+            _ => None,
         };
         let result = match &req.op {
             Operation::Forget { arg } => {
@@ -307,6 +331,7 @@ impl<F: Filesystem> Dispatcher<F> {
                 return Handled::NoReply;
             }
             Operation::Setlkw { arg } => return self.setlkw(&ctx, h.nodeid, arg, defer),
+            _ if direct.is_some() => direct.unwrap_or(Err(Errno::EIO)),
             op => self.call(&ctx, h.nodeid, op, out),
         };
         Handled::Reply(match result {
@@ -321,6 +346,83 @@ impl<F: Filesystem> Dispatcher<F> {
                 len: 0,
             },
         })
+    }
+
+    /// READ into client memory; `out` is the buffer offered to a
+    /// filesystem that cannot use the client's memory itself.
+    fn read_client(
+        &self,
+        ctx: &Ctx,
+        nodeid: u64,
+        arg: &abi::ReadIn,
+        mem: &dyn ClientMem,
+        out: &mut [u8],
+    ) -> Result<usize, Errno> {
+        let n = (arg.size as usize).min(mem.len());
+        let mut sink = ClientSink {
+            mem,
+            out,
+            n,
+            spill: Vec::new(),
+            buffered: false,
+        };
+        let got = self.fs.read(
+            ctx,
+            F::Inode::from(nodeid),
+            F::Handle::from(arg.fh),
+            arg.offset,
+            &mut sink,
+        )?;
+        let got = got.min(n);
+        if sink.buffered {
+            let buf = if sink.spill.is_empty() {
+                &sink.out[..got]
+            } else {
+                &sink.spill[..got]
+            };
+            mem.write_at(0, buf)?;
+        }
+        Ok(got)
+    }
+
+    /// WRITE from client memory (the decoded `data` is empty; the client's
+    /// memory holds exactly `arg.size` bytes).
+    fn write_client(
+        &self,
+        ctx: &Ctx,
+        nodeid: u64,
+        arg: &abi::WriteIn,
+        data: &[u8],
+        mem: &dyn ClientMem,
+        out: &mut [u8],
+    ) -> Result<usize, Errno> {
+        if !data.is_empty() || arg.size as usize != mem.len() {
+            return Err(Errno::EINVAL);
+        }
+        let src = ClientSource {
+            mem,
+            copy: std::cell::OnceCell::new(),
+        };
+        let n = self.fs.write(
+            ctx,
+            F::Inode::from(nodeid),
+            F::Handle::from(arg.fh),
+            arg.offset,
+            &src,
+            arg.write_flags,
+        );
+        // A filesystem that asked for the bytes and got none because the
+        // client's memory could not be read must not report a short write.
+        if let Some(Err(e)) = src.copy.get() {
+            return Err(*e);
+        }
+        put(
+            out,
+            &WriteOut {
+                size: n?.min(mem.len()) as u32,
+                padding: 0,
+            },
+        )
     }
 
     fn setlkw(&self, ctx: &Ctx, nodeid: u64, arg: &LkIn, defer: Option<DeferFn<'_>>) -> Handled {
@@ -596,5 +698,51 @@ impl<F: Filesystem> Dispatcher<F> {
             }
             _ => Err(Errno::ENOSYS),
         }
+    }
+}
+
+/// READ sink over the client's memory, with a plain buffer for
+/// filesystems that want one (then copied to the client).
+struct ClientSink<'a> {
+    mem: &'a dyn ClientMem,
+    out: &'a mut [u8],
+    n: usize,
+    /// Used when `out` is smaller than the READ.
+    spill: Vec<u8>,
+    buffered: bool,
+}
+
+impl super::ReadSink for ClientSink<'_> {
+    fn buffer(&mut self) -> &mut [u8] {
+        self.buffered = true;
+        if self.out.len() >= self.n {
+            &mut self.out[..self.n]
+        } else {
+            self.spill.resize(self.n, 0);
+            &mut self.spill
+        }
+    }
+    fn client(&self) -> Option<(&dyn ClientMem, usize)> {
+        Some((self.mem, self.n))
+    }
+}
+
+/// WRITE source over the client's memory, copied out only if the
+/// filesystem asks for the bytes.
+struct ClientSource<'a> {
+    mem: &'a dyn ClientMem,
+    copy: std::cell::OnceCell<Result<Vec<u8>, Errno>>,
+}
+
+impl super::WriteSource for ClientSource<'_> {
+    fn data(&self) -> &[u8] {
+        let r = self.copy.get_or_init(|| {
+            let mut v = vec![0u8; self.mem.len()];
+            self.mem.read_at(0, &mut v).map(|()| v)
+        });
+        r.as_deref().unwrap_or(&[])
+    }
+    fn client(&self) -> Option<&dyn ClientMem> {
+        Some(self.mem)
     }
 }

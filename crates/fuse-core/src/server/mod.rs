@@ -25,7 +25,7 @@ pub use ring_worker::{answer as answer_ring, run_ring_worker, RingSlot, RingTran
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
 use crate::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
-use crate::chan::Errno;
+use crate::chan::{ClientMem, Errno};
 use std::time::Duration;
 
 /// Result of a filesystem operation.
@@ -155,16 +155,35 @@ pub struct LockReq {
 /// Where READ data goes: the request's own reply buffer (device scratch,
 /// ring payload buffer, or the client's pages on a zero-copy queue). The
 /// filesystem writes into it directly and returns how much it wrote.
+///
+/// When the transport passes the client's memory by reference (a guest's
+/// buffers), [`ReadSink::client`] offers it: a filesystem that can do host
+/// I/O reads straight into its spans and returns how much it read. One that
+/// calls [`ReadSink::buffer`] instead gets an ordinary buffer whose contents
+/// are then copied to the client.
 pub trait ReadSink {
     /// The buffer, exactly as large as the READ asked (or the transport's
     /// limit, whichever is smaller).
     fn buffer(&mut self) -> &mut [u8];
+    /// The client's memory and how many bytes to read into it at most
+    /// (what [`ReadSink::buffer`]'s length would be), when the data can go
+    /// there directly.
+    fn client(&self) -> Option<(&dyn ClientMem, usize)> {
+        None
+    }
 }
 
-/// Where WRITE data comes from, without an intermediate copy.
+/// Where WRITE data comes from, without an intermediate copy: the request's
+/// buffer, or the client's memory by reference ([`WriteSource::client`]).
 pub trait WriteSource {
-    /// The data.
+    /// The data (copied out of the client's memory when it lives there).
     fn data(&self) -> &[u8];
+    /// The client's memory holding the data, when the transport passed it
+    /// by reference: a filesystem that can do host I/O writes from it and
+    /// never needs [`WriteSource::data`].
+    fn client(&self) -> Option<&dyn ClientMem> {
+        None
+    }
 }
 
 impl ReadSink for &mut [u8] {

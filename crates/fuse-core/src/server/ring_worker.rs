@@ -6,7 +6,7 @@
 
 use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
-use crate::chan::Errno;
+use crate::chan::{ClientMem, Errno};
 use crate::ring::{EntHandle, EntryBufs, Fetched, RingEnd};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,8 +21,13 @@ pub trait RingSlot {
     fn is_zero_copy(&self) -> bool;
     /// The header and the payload buffer.
     fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]);
-    /// Records the reply (error, and payload bytes written).
+    /// Records the reply (error, and payload bytes written; for a READ
+    /// into client memory, the bytes written there).
     fn set_reply(&mut self, error: i32, len: usize);
+    /// The client memory a READ or WRITE passes by reference, if any.
+    fn client_mem(&self) -> Option<Arc<dyn ClientMem>> {
+        None
+    }
 }
 
 /// A ring a worker can serve.
@@ -65,6 +70,9 @@ impl RingSlot for Fetched {
     }
     fn set_reply(&mut self, error: i32, len: usize) {
         Fetched::set_reply(self, error, len)
+    }
+    fn client_mem(&self) -> Option<Arc<dyn ClientMem>> {
+        Fetched::client_mem(self).cloned()
     }
 }
 
@@ -121,7 +129,9 @@ pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
     let hdr = f.in_header();
     let sz = f.request_payload_len();
     let zc_write = f.is_zero_copy() && hdr.opcode == Opcode::Write as u32;
-    let opts = disp.decode_options();
+    let client = f.client_mem();
+    let mut opts = disp.decode_options();
+    opts.write_data_elsewhere = client.is_some() && hdr.opcode == Opcode::Write as u32;
     let (header, payload) = f.parts_mut();
     let (inp, outp) = payload.split_at_mut(sz.min(payload.len()));
     // The reply goes to the payload buffer after the request's own payload
@@ -134,7 +144,7 @@ pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
             } else {
                 &mut *outp
             };
-            match disp.handle_with(&req, out, defer) {
+            match disp.handle_client_with(&req, out, defer, client.as_deref()) {
                 Handled::Reply(o) => Some(o),
                 Handled::NoReply => None,
                 Handled::Parked => return true,

@@ -307,6 +307,18 @@ impl PassthroughFs {
             return Err(Errno::EINVAL);
         }
         let h = self.handles.get(fh)?;
+        if let Some((mem, len)) = sink.client() {
+            return super::client_io::read(
+                h.uring,
+                h.odirect,
+                h.fd.raw(),
+                mem,
+                len,
+                off,
+                ctx.unique,
+                &self.io_stats,
+            );
+        }
         let read = if h.odirect {
             io::read_direct
         } else {
@@ -353,6 +365,17 @@ impl PassthroughFs {
             } else {
                 super::CredGuard::none()
             };
+            if let Some(mem) = src.client() {
+                return super::client_io::write(
+                    h.uring && h.odirect,
+                    h.odirect,
+                    h.fd.raw(),
+                    mem,
+                    off,
+                    ctx.unique,
+                    &self.io_stats,
+                );
+            }
             let write = if h.odirect {
                 io::write_direct
             } else {

@@ -28,7 +28,7 @@ pub struct IoStats {
 }
 
 impl IoStats {
-    fn count(&self, write: bool, uring: bool) {
+    pub(super) fn count(&self, write: bool, uring: bool) {
         self.counts[usize::from(write)][usize::from(!uring)]
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -69,7 +69,11 @@ fn errno(e: std::io::Error) -> Errno {
 /// Runs `f` on this thread's driver, or returns None when there is none.
 /// Its ops are recorded in `io.cancels` (a thread serves one filesystem at
 /// a time; the registry is set again if that changes).
-fn with_driver<T>(uring: bool, io: &IoStats, f: impl FnOnce(&mut Driver) -> T) -> Option<T> {
+pub(super) fn with_driver<T>(
+    uring: bool,
+    io: &IoStats,
+    f: impl FnOnce(&mut Driver) -> T,
+) -> Option<T> {
     if !uring || NO_RING.with(|n| n.get()) {
         return None;
     }
@@ -117,7 +121,7 @@ pub fn read_full(
 
 /// Runs `op(done, offset)` until `len` bytes are done, end of file (0), or
 /// an error (returned only if nothing was done; EINTR is retried).
-fn repeat(
+pub(super) fn repeat(
     len: usize,
     off: u64,
     mut op: impl FnMut(usize, u64) -> std::io::Result<usize>,
@@ -169,7 +173,7 @@ pub fn fsync(uring: bool, fd: RawFd, datasync: bool, key: u64, io: &IoStats) -> 
 }
 
 /// Alignment O_DIRECT needs of memory (the largest logical block size).
-const DIO_ALIGN: usize = 4096;
+pub(super) const DIO_ALIGN: usize = 4096;
 
 /// A buffer of `len` bytes whose start is aligned for O_DIRECT.
 fn aligned(len: usize) -> (Vec<u8>, usize) {

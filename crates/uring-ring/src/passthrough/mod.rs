@@ -20,6 +20,7 @@
 //! operation that creates files or checks permissions runs under the
 //! caller's fsuid/fsgid and groups (see `creds.rs`).
 
+mod client_io;
 mod creds;
 mod entry;
 mod file;

@@ -1,0 +1,209 @@
+//! A guest request's data buffers, handed to the engine by reference.
+//!
+//! A READ's writable descriptors (after the out header) and a WRITE's
+//! readable ones (after `fuse_write_in`) become a [`GuestSpans`]: the host
+//! addresses of those guest pages, and the guest memory mapping they live
+//! in (kept mapped while the spans exist, even across a memory table
+//! update). The passthrough then reads or writes the host file straight
+//! from guest RAM.
+//!
+//! The guest gets its buffers back when its request is answered, and a
+//! request answered by the timeout scanner may still be in a server's
+//! hands. So host I/O happens under `begin_io`/`end_io`, and
+//! [`GuestSpans::revoke`] refuses new I/O: if none is running the timeout
+//! answer goes out at once, otherwise the last `end_io` sends it (the
+//! `on_idle` callback). The guest never sees a buffer answered and written
+//! afterwards.
+
+use crate::chain::Seg;
+use fuse_core::{ClientMem, Errno, HostSpan};
+use std::sync::Mutex;
+use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap};
+
+/// Access state (guarded by `GuestSpans::access`, a leaf lock).
+#[derive(Debug, Default)]
+struct Access {
+    /// Host I/O calls in progress.
+    busy: usize,
+    /// The guest's buffers are no longer ours to touch.
+    revoked: bool,
+}
+
+/// Guest buffers of one request (see the module docs).
+pub(crate) struct GuestSpans {
+    segs: Vec<Seg>,
+    spans: Vec<HostSpan>,
+    mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
+    access: Mutex<Access>,
+    /// Called once, by the `end_io` that leaves a revoked memory idle.
+    on_idle: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for GuestSpans {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestSpans")
+            .field("segs", &self.segs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuestSpans {
+    /// The bytes of `segs` from byte `skip` on. None if a descriptor does
+    /// not map to host memory (the chain was checked, so only a memory
+    /// table that changed under it).
+    pub(crate) fn new(
+        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        segs: &[Seg],
+        mut skip: usize,
+    ) -> Option<GuestSpans> {
+        let mut out_segs = Vec::with_capacity(segs.len());
+        let mut spans = Vec::with_capacity(segs.len());
+        for s in segs {
+            let len = s.len as usize;
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let seg = Seg {
+                addr: vm_memory::Address::unchecked_add(&s.addr, skip as u64),
+                len: (len - skip) as u32,
+            };
+            skip = 0;
+            // A descriptor may straddle two memory regions.
+            for slice in GuestMemoryBackend::get_slices(&**mem, seg.addr, seg.len as usize) {
+                let slice = slice.ok()?;
+                spans.push(HostSpan {
+                    addr: slice.ptr_guard_mut().as_ptr() as usize,
+                    len: slice.len(),
+                });
+            }
+            out_segs.push(seg);
+        }
+        Some(GuestSpans {
+            segs: out_segs,
+            spans,
+            mem: mem.clone(),
+            access: Mutex::new(Access::default()),
+            on_idle: Mutex::new(None),
+        })
+    }
+
+    /// Sets what to do when a revoke has to wait for I/O in progress.
+    pub(crate) fn on_idle(&self, f: Box<dyn FnOnce() + Send>) {
+        *lock(&self.on_idle) = Some(f);
+    }
+
+    /// Takes the buffers back: no host I/O may start on them after this.
+    /// True if none is running (the request may be answered now); false if
+    /// some is, and `on_idle` will run when the last one ends.
+    pub(crate) fn revoke(&self) -> bool {
+        let mut a = lock(&self.access);
+        a.revoked = true;
+        a.busy == 0
+    }
+
+    /// Walks the segments for bytes `off..off + len`, calling `f` with each
+    /// piece's guest address, its offset in the caller's buffer and length.
+    fn walk(
+        &self,
+        mut off: usize,
+        len: usize,
+        mut f: impl FnMut(vm_memory::GuestAddress, usize, usize) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
+        let mut done = 0;
+        for s in &self.segs {
+            let sl = s.len as usize;
+            if off >= sl {
+                off -= sl;
+                continue;
+            }
+            if done == len {
+                break;
+            }
+            let n = (sl - off).min(len - done);
+            f(
+                vm_memory::Address::unchecked_add(&s.addr, off as u64),
+                done,
+                n,
+            )?;
+            done += n;
+            off = 0;
+        }
+        if done == len {
+            Ok(())
+        } else {
+            Err(Errno::EFAULT)
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// SAFETY: every span comes from a `VolatileSlice` of `mem`, a mapping of
+// guest RAM (not a Rust object) that `self.mem` keeps mapped for as long as
+// `self` lives. The guest reuses the buffers only once its request is
+// answered, and the device answers a request only after `revoke` found no
+// I/O running, or from `on_idle` when the last one ended; `begin_io` fails
+// once revoked.
+#[allow(unsafe_code)]
+unsafe impl ClientMem for GuestSpans {
+    fn spans(&self) -> &[HostSpan] {
+        &self.spans
+    }
+
+    fn begin_io(&self) -> bool {
+        let mut a = lock(&self.access);
+        if a.revoked {
+            return false;
+        }
+        a.busy += 1;
+        true
+    }
+
+    fn end_io(&self) {
+        let idle = {
+            let mut a = lock(&self.access);
+            a.busy = a.busy.saturating_sub(1);
+            a.revoked && a.busy == 0
+        };
+        if idle {
+            if let Some(f) = lock(&self.on_idle).take() {
+                f();
+            }
+        }
+    }
+
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
+        if !self.begin_io() {
+            return Err(Errno::EIO);
+        }
+        let r = self.walk(off, buf.len(), |addr, at, n| {
+            self.mem
+                .read_slice(&mut buf[at..at + n], addr)
+                .map_err(|e| memory_errno(&e))
+        });
+        self.end_io();
+        r
+    }
+
+    fn write_at(&self, off: usize, buf: &[u8]) -> Result<(), Errno> {
+        if !self.begin_io() {
+            return Err(Errno::EIO);
+        }
+        let r = self.walk(off, buf.len(), |addr, at, n| {
+            self.mem
+                .write_slice(&buf[at..at + n], addr)
+                .map_err(|e| memory_errno(&e))
+        });
+        self.end_io();
+        r
+    }
+}
+
+/// The errno a failed guest memory access becomes (the chain was checked,
+/// so this means the memory table changed under the request).
+fn memory_errno(_e: &vm_memory::GuestMemoryError) -> Errno {
+    Errno::EFAULT
+}
