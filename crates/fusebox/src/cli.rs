@@ -142,8 +142,12 @@ pub struct VhostArgs {
     /// Cache policy.
     #[arg(long, value_enum, default_value = "auto")]
     pub cache: Cache,
-    /// Server threads per request queue (0: one).
-    #[arg(long, default_value_t = 4)]
+    /// Worker threads per request queue. 0 (the default, as in virtiofsd):
+    /// each queue's vring thread serves its requests itself, through the
+    /// engine, with one standby worker that takes over while a host call
+    /// hangs. N: the vring thread serves the first request of each batch
+    /// and N workers per queue serve the rest in parallel.
+    #[arg(long, default_value_t = 0)]
     pub thread_pool_size: usize,
     /// Sandbox mode (as virtiofsd, namespace by default).
     #[arg(long, value_enum, default_value = "namespace")]

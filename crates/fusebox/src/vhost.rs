@@ -151,6 +151,11 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             tag: a.tag.clone(),
             request_timeout: Duration::from_secs(a.request_timeout),
             workers_per_queue: a.thread_pool_size.max(1),
+            inline_per_batch: if a.thread_pool_size == 0 {
+                usize::MAX
+            } else {
+                1
+            },
             max_background: a.max_background,
             congestion_threshold: a.congestion_threshold,
             ..DeviceConfig::default()

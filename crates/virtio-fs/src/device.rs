@@ -14,6 +14,9 @@
 
 use crate::chain::{Chain, ChainError};
 use crate::guest_mem::GuestSpans;
+use inline::InlineSlot;
+
+mod inline;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{BatchForgetIn, ForgetIn, ForgetOne, InHeader, Opcode, OutHeader, WriteIn};
 use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
@@ -96,6 +99,12 @@ pub struct DeviceConfig {
     /// reference (no copy in this process); off, it is copied through the
     /// engine's buffers.
     pub zero_copy: bool,
+    /// Requests of each batch popped from a queue that its vring thread
+    /// serves itself, with no hand-off to a worker thread (0: none;
+    /// `usize::MAX`: all, as virtiofsd without a thread pool). A host call
+    /// that hangs there does not stall the queue: a watchdog drains it to
+    /// the workers meanwhile. See `device/inline.rs`.
+    pub inline_per_batch: usize,
 }
 
 impl Default for DeviceConfig {
@@ -110,6 +119,7 @@ impl Default for DeviceConfig {
             congestion_threshold: 192,
             max_write: 1 << 20,
             zero_copy: true,
+            inline_per_batch: 0,
         }
     }
 }
@@ -167,6 +177,19 @@ struct Inner<F: Filesystem + 'static> {
     acked: AtomicU64,
     /// Per request queue: set while it stopped popping for admission.
     stalled: Vec<AtomicBool>,
+    /// Per request queue: the vring thread's own ring entry (made on first
+    /// use; only that thread locks it).
+    inline: Vec<Mutex<Option<InlineSlot>>>,
+    /// Per request queue: when its vring thread started serving in line
+    /// (milliseconds on `epoch`, 0: not serving).
+    busy_since: Vec<AtomicU64>,
+    /// Per request queue: held from popping a chain until it is submitted
+    /// or put back, so the vring thread and the watchdog never interleave
+    /// a pop with another's rewind.
+    pop_lock: Vec<Mutex<()>>,
+    /// The vrings, as the vring threads last saw them (for the watchdog).
+    vrings: Mutex<Vec<Option<Vring>>>,
+    epoch: Instant,
     /// Per request queue: written to resume a stalled queue.
     resume: Vec<EventFd>,
     stats: DeviceStats,
@@ -243,6 +266,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let inner = Arc::new(Inner {
             engine,
             stalled: (0..queues).map(|_| AtomicBool::new(false)).collect(),
+            inline: (0..queues).map(|_| Mutex::new(None)).collect(),
+            busy_since: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            pop_lock: (0..queues).map(|_| Mutex::new(())).collect(),
+            vrings: Mutex::new(vec![None; queues + 1]),
+            epoch: Instant::now(),
             resume,
             stats: DeviceStats::new(queues + 1),
             config_space,
@@ -259,6 +287,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             std::thread::Builder::new()
                 .name("fusebox-timeouts".into())
                 .spawn(move || scan_timeouts(weak))
+                .map_err(DeviceError::Event)?;
+        }
+        if inner.cfg.inline_per_batch > 0 {
+            let weak = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name("fusebox-watchdog".into())
+                .spawn(move || inline::watchdog(weak))
                 .map_err(DeviceError::Event)?;
         }
         Ok(FsDevice { inner })
@@ -429,13 +464,59 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Pops and submits until the queue is empty (false) or admission is
-    /// full (true: the chain went back to the avail ring).
+    /// full (true: the chain went back to the avail ring); then serves the
+    /// batch's first request on this thread (`inline.rs`).
     fn drain_requests(&self, vring: &Vring, q: usize) -> bool {
+        let k = self.inner.cfg.inline_per_batch;
+        if k == 0 {
+            return self.submit_requests(vring, q, None);
+        }
+        let mut slot = lock(&self.inner.inline[q - 1]);
+        if slot.is_none() {
+            let payload = self.inner.cfg.max_write as usize + 4096;
+            *slot = InlineSlot::new(self.inner.engine.chan(), (q - 1) as u16, payload).ok();
+        }
+        let Some(s) = slot.as_mut() else {
+            return self.submit_requests(vring, q, None);
+        };
+        // The first request goes to this thread's entry and is served
+        // right away, and so on up to `k`; then the rest go to the workers
+        // and this thread serves its last one once the batch is in.
+        s.prefer(true);
+        let stalled = self.submit_requests(vring, q, Some((s, k)));
+        s.prefer(false);
+        self.serve_inline(s, q, usize::MAX);
+        stalled
+    }
+
+    /// Serves up to `budget` requests on this thread's entry, marking the
+    /// queue busy for the watchdog meanwhile.
+    fn serve_inline(&self, s: &mut InlineSlot, q: usize, budget: usize) -> usize {
+        let now = self.inner.epoch.elapsed().as_millis() as u64;
+        self.inner.busy_since[q - 1].store(now.max(1), Ordering::SeqCst);
+        let n = s.serve(self.inner.engine.dispatcher(), budget);
+        self.inner.busy_since[q - 1].store(0, Ordering::SeqCst);
+        self.inner.stats.queues[q]
+            .inline
+            .fetch_add(n as u64, Ordering::Relaxed);
+        n
+    }
+
+    /// Pops and submits (see [`FsDevice::drain_requests`]); with `inline`,
+    /// serves each submitted request on this thread until `k` were.
+    fn submit_requests(
+        &self,
+        vring: &Vring,
+        q: usize,
+        mut inline: Option<(&mut InlineSlot, usize)>,
+    ) -> bool {
+        let mut served = 0;
         let Some(mem) = self.memory() else {
             return false;
         };
         let qs = &self.inner.stats.queues[q];
         loop {
+            let pop_guard = lock(&self.inner.pop_lock[q - 1]);
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
             };
@@ -500,6 +581,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     qs.submitted.fetch_add(1, Ordering::Relaxed);
                     if !self.inner.cfg.request_timeout.is_zero() {
                         lock(&self.inner.timeouts).push_back(ticket);
+                    }
+                    drop(pop_guard);
+                    if let Some((s, k)) = inline.as_mut() {
+                        if served < *k {
+                            served += self.serve_inline(s, q, 1);
+                        }
                     }
                 }
                 Err(TrySendError::Full(_)) => {
@@ -910,6 +997,11 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             }
         } else if ev != 0 {
             return Ok(());
+        }
+        if let Some(slot) = lock(&self.inner.vrings).get_mut(thread_id) {
+            if slot.is_none() {
+                *slot = Some(vring.clone());
+            }
         }
         // An error here would end this vring thread for good: count it and
         // keep serving on the next event instead.

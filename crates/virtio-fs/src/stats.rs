@@ -19,6 +19,11 @@ pub struct QueueStats {
     pub stalls: AtomicU64,
     /// Chains refused as malformed.
     pub malformed: AtomicU64,
+    /// Rounds in which the watchdog drained the queue because its vring
+    /// thread was stuck serving a request in line.
+    pub takeovers: AtomicU64,
+    /// Requests the vring thread served itself (no hand-off).
+    pub inline: AtomicU64,
 }
 
 impl QueueStats {
@@ -89,12 +94,14 @@ impl DeviceStats {
             };
             let _ = writeln!(
                 s,
-                "queue {name}: submitted {} completed {} in-flight {} stalls {} malformed {}",
+                "queue {name}: submitted {} completed {} in-flight {} stalls {} malformed {} inline {} takeovers {}",
                 q.submitted.load(Ordering::Relaxed),
                 q.completed.load(Ordering::Relaxed),
                 q.in_flight(),
                 q.stalls.load(Ordering::Relaxed),
                 q.malformed.load(Ordering::Relaxed),
+                q.inline.load(Ordering::Relaxed),
+                q.takeovers.load(Ordering::Relaxed),
             );
         }
         let _ = writeln!(

@@ -250,3 +250,37 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
     assert_eq!(h.used_idx(), 0, "a reply reached the stopped ring");
     assert_eq!(h.reply(ra).unique, 0, "the guest buffer was written");
 }
+
+#[test]
+fn a_vring_thread_stuck_in_line_does_not_stall_its_queue() {
+    let fs = Hang::default();
+    let h = Arc::new(Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            inline_per_batch: usize::MAX,
+            workers_per_queue: 2,
+            ..DeviceConfig::default()
+        },
+    ));
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    let (b, rb, _, _) = h.chain(next, at, &getattr(2, 0), 4096);
+    h.publish(&[a]);
+    // The vring thread (here: this helper) serves A itself and hangs in it.
+    let (h2, v2) = (h.clone(), vring.clone());
+    let kicker = std::thread::spawn(move || h2.kick(&v2, 1));
+    wait_for("A to hang in line", || fs.hung.load(Ordering::SeqCst) == 1);
+    // The guest adds B; nobody is left to pop it but the watchdog.
+    h.publish(&[a, b]);
+    wait_for("B, served by a worker", || h.used_idx() >= 1);
+    assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
+    let q = &h.dev.stats().queues[1];
+    assert!(q.takeovers.load(Ordering::SeqCst) >= 1);
+    assert!(!kicker.is_finished(), "A should still hang");
+    fs.release.store(true, Ordering::SeqCst);
+    kicker.join().unwrap();
+    wait_for("A", || h.used_idx() == 2);
+    assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
+    assert_eq!(q.inline.load(Ordering::SeqCst), 1);
+}

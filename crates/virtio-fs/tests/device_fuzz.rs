@@ -240,6 +240,8 @@ fn hostile_chains_never_crash_the_device() {
             congestion_threshold: 3,
             workers_per_queue: 2,
             max_write: 64 * 1024,
+            // The first request of each batch in line, the rest on workers.
+            inline_per_batch: 1,
             ..DeviceConfig::default()
         },
     );

@@ -28,6 +28,9 @@ fn serve(name: &str, queues: u16) -> Served {
         fs,
         DeviceConfig {
             request_queues: queues,
+            // As the fusebox binary runs it by default: the vring threads
+            // serve in line.
+            inline_per_batch: usize::MAX,
             ..DeviceConfig::default()
         },
     )

@@ -265,6 +265,16 @@ impl RingEnd {
         ring.fetch(h, true)?.ok_or(Errno::EAGAIN)
     }
 
+    /// Makes entry `h` queue `qid`'s preferred entry (None: no entry is):
+    /// while available it
+    /// takes the next request before any other entry, except a SETLKW
+    /// (which may wait). A submitter that owns it can then serve its own
+    /// request with [`RingEnd::fetch`] (not blocking) without waking a
+    /// server thread.
+    pub fn prefer(&self, qid: u16, h: Option<EntHandle>) -> Result<(), Errno> {
+        self.ring()?.prefer(qid, h)
+    }
+
     /// Counters.
     pub fn stats(&self) -> Result<RingStats, Errno> {
         self.ring_any().map(|r| r.stats())

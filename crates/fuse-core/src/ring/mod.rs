@@ -69,6 +69,10 @@ struct Queue {
     /// entries it waits for: a request handed to an entry wakes only its
     /// owner (the queue-wide condvar would wake every server thread).
     sleepers: Vec<(u32, Arc<Condvar>)>,
+    /// An entry that takes a request before any other when it is
+    /// available: the submitter's own, which it serves without a hand-off
+    /// to another thread ([`RingEnd::prefer`](commands::RingEnd::prefer)).
+    preferred: Option<u32>,
 }
 
 impl Queue {
@@ -104,6 +108,7 @@ impl Queue {
             stopped: false,
             enobufs: 0,
             sleepers: Vec::new(),
+            preferred: None,
         }
     }
 
@@ -228,7 +233,22 @@ impl Ring {
     /// Assigns queued requests to available entries.
     fn dispatch(&self, q: &mut Queue, qi: usize) {
         let mut assigned = false;
-        while let (Some(&id), Some(req)) = (q.lists.avail.front(), q.reqs.front()) {
+        while let Some(req) = q.reqs.front() {
+            // The preferred entry first, but never with a request that may
+            // wait (its server serves it in line and must not block).
+            let preferred = q.preferred.filter(|&p| {
+                req.args.opcode != Opcode::Setlkw
+                    && q.ents.get(p as usize).map(|e| e.state) == Some(EntState::Available)
+            });
+            let Some(id) = preferred.or_else(|| {
+                q.lists
+                    .avail
+                    .iter()
+                    .copied()
+                    .find(|&a| Some(a) != q.preferred || req.args.opcode != Opcode::Setlkw)
+            }) else {
+                break;
+            };
             let zc = self.goes_zero_copy(q.zero_copy, req);
             let buf = if q.mode == Mode::Pool && !zc && needs_payload(req, self.opts) {
                 match q.pool.as_mut().and_then(Pool::claim) {
@@ -258,6 +278,16 @@ impl Ring {
         if assigned {
             self.cvs[qi].notify_all();
         }
+    }
+
+    pub(crate) fn prefer(&self, qid: u16, h: Option<EntHandle>) -> Result<(), Errno> {
+        let qi = self.qidx(qid)?;
+        let mut q = lk(&self.queues[qi]);
+        if h.is_some_and(|h| h.qid != qid || h.ent as usize >= q.ents.len()) {
+            return Err(Errno::EINVAL);
+        }
+        q.preferred = h.map(|h| h.ent);
+        Ok(())
     }
 
     fn max_background(&self) -> u32 {
