@@ -64,7 +64,9 @@ pub(crate) struct Core {
     /// `bg_lock`.
     bg: Mutex<BgState>,
     num_waiting: AtomicUsize,
-    waiting_mx: Mutex<()>,
+    /// Threads asleep in `wait_aborted` (a notify with none costs a
+    /// syscall per request at depth 1).
+    waiting_mx: Mutex<usize>,
     waiting_cv: Condvar,
     reqctr: AtomicU64,
     no_interrupt: AtomicBool,
@@ -186,8 +188,10 @@ impl Core {
 
     pub(crate) fn drop_waiting(&self) {
         if self.num_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
-            let _g = lock(&self.waiting_mx);
-            self.waiting_cv.notify_all();
+            let g = lock(&self.waiting_mx);
+            if *g > 0 {
+                self.waiting_cv.notify_all();
+            }
         }
     }
 
@@ -503,7 +507,7 @@ impl Chan {
             connected: AtomicBool::new(true),
             bg: Mutex::new(bg),
             num_waiting: AtomicUsize::new(0),
-            waiting_mx: Mutex::new(()),
+            waiting_mx: Mutex::new(0),
             waiting_cv: Condvar::new(),
             reqctr: AtomicU64::new(0),
             no_interrupt: AtomicBool::new(false),
@@ -717,7 +721,9 @@ impl Chan {
         }
         let mut g = lock(&core.waiting_mx);
         while core.num_waiting.load(Ordering::SeqCst) != 0 {
+            *g += 1;
             g = wait(&core.waiting_cv, g);
+            *g -= 1;
         }
     }
 

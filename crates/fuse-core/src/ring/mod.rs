@@ -73,9 +73,19 @@ struct Queue {
     /// available: the submitter's own, which it serves without a hand-off
     /// to another thread ([`RingEnd::prefer`](commands::RingEnd::prefer)).
     preferred: Option<u32>,
+    /// Threads asleep on the queue's condvar (blocking `fetch`).
+    cv_waiters: usize,
 }
 
 impl Queue {
+    /// Wakes the threads asleep on the queue's condvar `cv`, if any (a
+    /// notify with none would still cost a syscall per request).
+    fn notify_cv(&self, cv: &Condvar) {
+        if self.cv_waiters > 0 {
+            cv.notify_all();
+        }
+    }
+
     /// Wakes the thread waiting for entry `id`, if one is.
     fn wake_ent(&self, id: u32) {
         for (e, cv) in &self.sleepers {
@@ -109,6 +119,7 @@ impl Queue {
             enobufs: 0,
             sleepers: Vec::new(),
             preferred: None,
+            cv_waiters: 0,
         }
     }
 
@@ -276,7 +287,7 @@ impl Ring {
             assigned = true;
         }
         if assigned {
-            self.cvs[qi].notify_all();
+            q.notify_cv(&self.cvs[qi]);
         }
     }
 
@@ -462,7 +473,7 @@ impl Ring {
                 }
             }
             q.wake_sleepers();
-            self.cvs[qi].notify_all();
+            q.notify_cv(&self.cvs[qi]);
         }
         if let Some(core) = self.core.upgrade() {
             for r in to_end {
@@ -501,7 +512,9 @@ impl Ring {
                         if !block {
                             return Ok(None);
                         }
+                        q.cv_waiters += 1;
                         q = self.cvs[qi].wait(q).unwrap_or_else(|e| e.into_inner());
+                        q.cv_waiters -= 1;
                     }
                     EntState::Teardown | EntState::Released => return Err(Errno::ENOTCONN),
                     _ => return Err(Errno::EINVAL),
@@ -551,7 +564,7 @@ impl Ring {
             }
             // Another thread may wait on this entry (copying is over).
             q.wake_ent(h.ent);
-            self.cvs[qi].notify_all();
+            q.notify_cv(&self.cvs[qi]);
             if q.stopped || req.flags.test(flag::ABORTED) {
                 match payload {
                     Payload::Pool(b) => {
@@ -738,7 +751,7 @@ impl Ring {
             let _ = q.mv(h.ent, EntState::Available);
             self.dispatch(&mut q, qi);
         }
-        self.cvs[qi].notify_all();
+        q.notify_cv(&self.cvs[qi]);
         drop(q);
         if let Some(r) = req {
             self.end(

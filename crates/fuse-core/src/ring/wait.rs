@@ -69,7 +69,7 @@ impl Ring {
         if let Ok(qi) = self.qidx(qid) {
             let q = lk(&self.queues[qi]);
             q.wake_sleepers();
-            self.cvs[qi].notify_all();
+            q.notify_cv(&self.cvs[qi]);
         }
     }
 }

@@ -29,6 +29,8 @@ thread_local! {
     static UNSHARED: Cell<bool> = const { Cell::new(false) };
     /// Capabilities this thread had before a [`CredGuard`] lowered them.
     static LOWERED: Cell<Option<[u64; 3]>> = const { Cell::new(None) };
+    /// This thread's own supplementary groups (read on first use).
+    static OWN_GROUPS: std::cell::OnceCell<Vec<u32>> = const { std::cell::OnceCell::new() };
 }
 
 /// CAP_DAC_READ_SEARCH.
@@ -77,7 +79,8 @@ impl Drop for UmaskGuard {
 /// `trusted.*` xattrs, CAP_SYS_RESOURCE ignore quotas).
 #[derive(Debug)]
 pub struct CredGuard {
-    restore: Option<(u32, u32, Vec<u32>)>,
+    /// fsuid, fsgid, and the groups to set back if they were changed.
+    restore: Option<(u32, u32, Option<Vec<u32>>)>,
     caps: Option<[u64; 3]>,
 }
 
@@ -96,12 +99,19 @@ impl CredGuard {
             Groups::None => Vec::new(),
             Groups::Proc => proc_groups(ctx.pid).unwrap_or_default(),
         };
-        let old_groups = thread::getgroups();
-        thread::setgroups(&supp)?;
+        // Outside a guard a thread always has its own groups, so they are
+        // read once per thread, and set only when the caller's differ.
+        let own = OWN_GROUPS.with(|g| g.get_or_init(thread::getgroups).clone());
+        let restore_groups = if supp == own {
+            None
+        } else {
+            thread::setgroups(&supp)?;
+            Some(own)
+        };
         let old_gid = thread::setfsgid(ctx.gid);
         let old_uid = thread::setfsuid(ctx.uid);
         let mut g = CredGuard {
-            restore: Some((old_uid, old_gid, old_groups)),
+            restore: Some((old_uid, old_gid, restore_groups)),
             caps: None,
         };
         // setfsuid reports no errors: read the value back.
@@ -130,7 +140,9 @@ impl Drop for CredGuard {
             // capabilities.
             thread::setfsuid(uid);
             thread::setfsgid(gid);
-            let _ = thread::setgroups(&groups);
+            if let Some(groups) = groups {
+                let _ = thread::setgroups(&groups);
+            }
         }
     }
 }

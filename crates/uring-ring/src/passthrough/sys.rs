@@ -581,7 +581,9 @@ pub mod thread {
     }
     /// This thread's supplementary groups.
     pub fn getgroups() -> Vec<u32> {
-        let mut g = vec![0u32; 65536];
+        // SAFETY: size 0 only asks for the count; nothing is written.
+        let n = unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()) };
+        let mut g = vec![0u32; usize::try_from(n).unwrap_or(0)];
         // SAFETY: the buffer holds `len` gid_t values.
         let n = unsafe { libc::syscall(libc::SYS_getgroups, g.len(), g.as_mut_ptr()) };
         g.truncate(usize::try_from(n).unwrap_or(0));
