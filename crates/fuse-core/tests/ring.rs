@@ -836,3 +836,63 @@ fn zero_copy_requests_claim_no_pool_buffer() {
     assert!(other.join().unwrap().is_ok());
     end.check_invariants().unwrap();
 }
+
+#[test]
+fn a_preferred_entry_takes_requests_only_while_preferred_and_never_a_setlkw() {
+    let (chan, end) = ring_chan(1, 12);
+    let reg = || {
+        end.register(
+            &cmd_area(0, 0, 0),
+            EntryBufs::with_payload(MAX_WRITE as usize),
+            None,
+        )
+        .unwrap()
+    };
+    let worker = reg();
+    let mine = reg();
+    // Preferred: the request goes to `mine`, though `worker` came first.
+    end.prefer(0, Some(mine)).unwrap();
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(getattr(0)));
+    until("assigned", || {
+        end.entry_state(mine) == Some(EntState::FuseReq)
+    });
+    assert_eq!(end.entry_state(worker), Some(EntState::Available));
+    let f = end.fetch(mine, false).unwrap().unwrap();
+    reply_attr(&end, f);
+    assert!(t.join().unwrap().is_ok());
+    // A SETLKW never goes to it, even while preferred.
+    let lkw = Args::new(Opcode::Setlkw, 1)
+        .body(Body::new().push(&LkIn::default()).into_vec())
+        .qid(0);
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(lkw));
+    until("SETLKW assigned", || {
+        end.entry_state(worker) == Some(EntState::FuseReq)
+    });
+    assert_eq!(end.entry_state(mine), Some(EntState::Available));
+    reply_empty(&end, end.fetch(worker, false).unwrap().unwrap());
+    assert!(t.join().unwrap().is_ok());
+    // Not preferred any more: reserved, it takes nothing (the request
+    // waits for the worker's entry, busy here).
+    end.prefer(0, None).unwrap();
+    let held = end.fetch(worker, false).unwrap();
+    assert!(held.is_none());
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(getattr(0)));
+    until("assigned to the worker", || {
+        end.entry_state(worker) == Some(EntState::FuseReq)
+    });
+    let f = end.fetch(worker, false).unwrap().unwrap();
+    let c = chan.clone();
+    let t2 = std::thread::spawn(move || c.send(getattr(0)));
+    until("queued", || end.stats().unwrap().queued == 1);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(end.entry_state(mine), Some(EntState::Available));
+    // The worker's commit takes the queued one.
+    let h = reply_attr(&end, f);
+    assert_eq!(end.entry_state(h), Some(EntState::FuseReq));
+    reply_attr(&end, end.fetch(h, false).unwrap().unwrap());
+    assert!(t.join().unwrap().is_ok() && t2.join().unwrap().is_ok());
+    end.check_invariants().unwrap();
+}

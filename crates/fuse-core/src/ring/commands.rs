@@ -266,11 +266,12 @@ impl RingEnd {
     }
 
     /// Makes entry `h` queue `qid`'s preferred entry (None: no entry is):
-    /// while available it
-    /// takes the next request before any other entry, except a SETLKW
-    /// (which may wait). A submitter that owns it can then serve its own
-    /// request with [`RingEnd::fetch`] (not blocking) without waking a
-    /// server thread.
+    /// while available it takes the next request before any other entry,
+    /// except a SETLKW (which may wait). An entry once preferred is
+    /// reserved: it never takes a request while not preferred, except on
+    /// its own commit. A submitter that owns it marks it preferred while it
+    /// submits, then serves what it got with [`RingEnd::fetch`] (not
+    /// blocking) without waking a server thread.
     pub fn prefer(&self, qid: u16, h: Option<EntHandle>) -> Result<(), Errno> {
         self.ring()?.prefer(qid, h)
     }

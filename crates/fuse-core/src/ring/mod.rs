@@ -73,6 +73,9 @@ struct Queue {
     /// available: the submitter's own, which it serves without a hand-off
     /// to another thread ([`RingEnd::prefer`](commands::RingEnd::prefer)).
     preferred: Option<u32>,
+    /// Entries that take a request only while preferred (a submitter's
+    /// own, served only when it submits).
+    reserved: Vec<u32>,
     /// Threads asleep on the queue's condvar (blocking `fetch`).
     cv_waiters: usize,
 }
@@ -119,6 +122,7 @@ impl Queue {
             enobufs: 0,
             sleepers: Vec::new(),
             preferred: None,
+            reserved: Vec::new(),
             cv_waiters: 0,
         }
     }
@@ -256,7 +260,7 @@ impl Ring {
                     .avail
                     .iter()
                     .copied()
-                    .find(|&a| Some(a) != q.preferred || req.args.opcode != Opcode::Setlkw)
+                    .find(|a| !q.reserved.contains(a))
             }) else {
                 break;
             };
@@ -298,6 +302,11 @@ impl Ring {
             return Err(Errno::EINVAL);
         }
         q.preferred = h.map(|h| h.ent);
+        if let Some(h) = h {
+            if !q.reserved.contains(&h.ent) {
+                q.reserved.push(h.ent);
+            }
+        }
         Ok(())
     }
 
