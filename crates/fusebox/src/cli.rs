@@ -3,6 +3,7 @@
 
 use crate::host::MountArgs;
 use clap::{Parser, Subcommand, ValueEnum};
+use fuse_core::server::faults::{FaultPlan, PlanError};
 use std::path::PathBuf;
 use uring_ring::CachePolicy;
 
@@ -204,4 +205,33 @@ pub struct VhostArgs {
     /// Data I/O with pread/pwrite only.
     #[arg(long)]
     pub no_io_uring: bool,
+    /// Fault injection (tests).
+    #[command(flatten)]
+    pub faults: FaultArgs,
+}
+
+/// Fault injection into the filesystem, for testing what stands in front
+/// of it (`fuse_core::server::faults`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct FaultArgs {
+    /// Testing only: make filesystem operations misbehave. Comma-separated
+    /// rules OP:FAULT[:p=P][:after=N], OP a FUSE opcode name or *, FAULT
+    /// one of delay=DUR (5ms, 2s), hang (until interrupted), error=ERRNO,
+    /// short (READ/WRITE on part of the data). Example:
+    /// read:error=EIO:p=0.1,getattr:hang:after=100
+    #[arg(long, value_name = "RULES")]
+    pub inject_faults: Option<String>,
+    /// Seed of --inject-faults' draws.
+    #[arg(long, default_value_t = 1)]
+    pub fault_seed: u64,
+}
+
+impl FaultArgs {
+    /// The plan (empty without --inject-faults).
+    pub fn plan(&self) -> Result<FaultPlan, PlanError> {
+        match &self.inject_faults {
+            Some(spec) => FaultPlan::parse(spec, self.fault_seed),
+            None => Ok(FaultPlan::default()),
+        }
+    }
 }

@@ -2,9 +2,10 @@
 //! /dev/fuse, by the same dispatcher and device workers that serve the
 //! in-process engine.
 
-use crate::cli::Cache;
+use crate::cli::{Cache, FaultArgs};
 use crate::signals;
 use fuse_core::abi::init;
+use fuse_core::server::faults::{Faulty, PlanError};
 use fuse_core::server::{run_ring_worker, serve_device, Dispatcher, ServerConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +20,9 @@ pub enum HostError {
     /// The shared directory.
     #[error("serving the shared directory")]
     Share(#[source] PassthroughError),
+    /// --inject-faults.
+    #[error("--inject-faults")]
+    Faults(#[source] PlanError),
     /// Mounting.
     #[error("mounting")]
     Mount(#[source] MountError),
@@ -75,6 +79,9 @@ pub struct MountArgs {
     /// Sets /sys/module/fuse/parameters/enable_uring.
     #[arg(long)]
     io_uring: bool,
+    /// Fault injection (tests).
+    #[command(flatten)]
+    faults: FaultArgs,
 }
 
 /// Waits for the stop signals (blocked by [`signals::block`] before any
@@ -112,7 +119,7 @@ fn ring_failed(dev: &DevFuse, qid: u16, e: impl std::fmt::Display) {
 /// Starts one ring worker per kernel queue, once INIT is done.
 fn start_ring(
     dev: &DevFuse,
-    disp: &Arc<Dispatcher<PassthroughFs>>,
+    disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>,
     max_payload: usize,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, HostError> {
     // INIT is served over /dev/fuse by the device workers; the kernel then
@@ -192,7 +199,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let max_write = scfg.max_write as usize;
     let max_payload = (max_write.div_ceil(4096) * page).max(max_write).max(8192);
-    let disp = Arc::new(Dispatcher::new(fs, scfg));
+    let plan = a.faults.plan().map_err(HostError::Faults)?;
+    let disp = Arc::new(Dispatcher::new(Faulty::new(fs, plan), scfg));
     let signals = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     let opts = MountOptions {
         readonly: a.readonly,
@@ -210,6 +218,12 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     if a.io_uring {
         workers.extend(start_ring(&dev, &disp, max_payload)?);
     }
+    // The connection ends (unmount, abort) when a worker returns; a call
+    // hung by --inject-faults would keep its worker forever: release it.
+    while !workers.iter().any(|w| w.is_finished()) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    disp.fs().release_hangs();
     for w in workers {
         let _ = w.join();
     }

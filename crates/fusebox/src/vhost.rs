@@ -6,6 +6,7 @@ use crate::log;
 use crate::sandbox;
 use crate::seccomp;
 use crate::signals;
+use fuse_core::server::faults::{Faulty, PlanError};
 use std::os::fd::FromRawFd;
 use std::time::Duration;
 use uring_ring::passthrough::Groups;
@@ -21,6 +22,9 @@ pub enum VhostError {
     /// The shared directory.
     #[error("serving the shared directory")]
     Share(#[source] PassthroughError),
+    /// --inject-faults.
+    #[error("--inject-faults")]
+    Faults(#[source] PlanError),
     /// The device.
     #[error("starting the device")]
     Device(#[source] DeviceError),
@@ -142,9 +146,10 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     if a.inode_file_handles == FileHandles::Mandatory && !fs.file_handles_supported() {
         return Err(VhostError::NoFileHandles(dir.display().to_string()));
     }
+    let plan = a.faults.plan().map_err(VhostError::Faults)?;
     sandbox::confine(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
     let dev = FsDevice::new(
-        fs,
+        Faulty::new(fs, plan),
         DeviceConfig {
             request_queues: a.queues,
             queue_size: a.queue_size,

@@ -164,3 +164,73 @@ fn a_second_signal_aborts_a_busy_mount() {
     let err = std::os::unix::fs::FileExt::read_at(&held, &mut buf, 0).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
 }
+
+#[test]
+fn an_injected_error_reaches_the_caller_and_the_mount_goes_on() {
+    let d = Dirs::new("faults-eio");
+    let child = start_with(
+        &d,
+        &["--cache", "never", "--inject-faults", "read:error=EIO"],
+    );
+    std::fs::write(d.mnt().join("f"), b"hello").unwrap();
+    let err = std::fs::read(d.mnt().join("f")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    // Everything else is served.
+    assert_eq!(std::fs::metadata(d.mnt().join("f")).unwrap().len(), 5);
+    std::fs::rename(d.mnt().join("f"), d.mnt().join("g")).unwrap();
+    assert_eq!(std::fs::read(d.share().join("g")).unwrap(), b"hello");
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+}
+
+#[test]
+fn a_hung_backend_ends_in_the_kernels_connection_abort() {
+    let d = Dirs::new("faults-hang");
+    let mut child = start_with(
+        &d,
+        &[
+            "--cache",
+            "never",
+            "--request-timeout",
+            "1",
+            "--inject-faults",
+            "read:hang",
+        ],
+    );
+    std::fs::write(d.mnt().join("f"), b"hello").unwrap();
+    let p = d.mnt().join("f");
+    let t = Instant::now();
+    let reader = std::thread::spawn(move || std::fs::read(p));
+    // While the read hangs, other requests are served.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!reader.is_finished());
+    assert_eq!(std::fs::metadata(d.mnt().join("f")).unwrap().len(), 5);
+    std::fs::write(d.mnt().join("other"), b"x").unwrap();
+    // The kernel checks request timeouts every 15 s: within that of the
+    // 1 s timeout it aborts the connection, and the read fails.
+    let err = reader.join().unwrap().unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        matches!(
+            err.raw_os_error(),
+            Some(libc::ECONNABORTED | libc::ENOTCONN)
+        ),
+        "{err:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(25),
+        "{took:?}"
+    );
+    // Aborted, never hung: every access fails at once.
+    let t = Instant::now();
+    let err = std::fs::metadata(d.mnt().join("other")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // The daemon sees its connection go, releases the hung call and ends.
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "daemon did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.wait();
+}

@@ -16,6 +16,7 @@
 //! succeeded must not be sent; the dispatcher never does that.
 
 mod dispatch;
+pub mod faults;
 pub mod memfs;
 mod ring_worker;
 mod worker;
