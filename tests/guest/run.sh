@@ -47,6 +47,14 @@ mkdir "$share/submnt"
 mount -t tmpfs -o size=16m tmpfs "$share/submnt"
 echo sub > "$share/submnt/marker"
 
+# Confinement: a secret next to the share, and links in the share that
+# point at it (the guest must never reach or change it).
+secret="SECRET-$$-$(date +%s)"
+echo "$secret" > "$work/outside-secret"
+mkdir "$share/esc"
+ln -s ../../outside-secret "$share/esc/rel"
+ln -s "$work/outside-secret" "$share/esc/abs"
+
 # The host's half of the 64 MiB check.
 head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
 sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
@@ -105,7 +113,8 @@ hcheck mmap-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys
 hcheck o-direct-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i^(i>>8))&255 for i in range(1<<20)))" "$w/direct"'
 hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)" = "$(cat "$share/guest64.sha256")" ]'
 hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'
-hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
+hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|esc|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
+hcheck confinement '[ "$(cat "$work/outside-secret")" = "$secret" ] && [ -z "$(ls -A "$work" | grep -vxE "share|outside-secret|console.log|fusebox.log|vfs.sock")" ] && [ "$(readlink "$share/esc/rel")" = ../../outside-secret ]'
 [ $hfail = 0 ] || status=1
 
 echo "guest-run: fusebox's counters:"

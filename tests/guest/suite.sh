@@ -54,6 +54,22 @@ check locks /guestcheck lock "$M/work/lockfile"
 check mmap /guestcheck mmap "$M/work/mapped"
 check o-direct /guestcheck direct "$M/work/direct"
 
+# Confinement, from inside the guest: links in the share that point at a
+# host file outside it are followed here, in the guest's own tree, never
+# on the host; writing through them changes nothing on the host (the host
+# half checks); .. at the mount root stays in the guest; a hard link to a
+# guest file cannot cross into the share.
+t_confine() {
+	for l in rel abs; do
+		case $(cat "$M/esc/$l" 2>/dev/null) in SECRET*) echo "read the host's secret via $l"; return 1 ;; esac
+		echo pwned 2>/dev/null > "$M/esc/$l" || :
+	done
+	[ "$(cd "$M/.." && pwd)" = "$(cd "$(dirname "$M")" && pwd)" ] || { echo ".. left the guest"; return 1; }
+	! ln /init "$M/work/hl" 2>/dev/null || { echo "hard link across"; return 1; }
+	! grep -rqs SECRET "$M/esc" "$M/work" || { echo "secret visible"; return 1; }
+}
+check confinement t_confine
+
 # 64 MiB both ways: the host's file read here, this one read on the host.
 t_host64() { [ "$(sha256sum "$M/host64.bin" | cut -d' ' -f1)" = "$(cat "$M/host64.sha256")" ]; }
 t_guest64() {

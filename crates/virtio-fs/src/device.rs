@@ -16,6 +16,7 @@ use crate::chain::{Chain, ChainError};
 use crate::guest_mem::GuestSpans;
 use inline::InlineSlot;
 
+mod exit_fds;
 mod inline;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{BatchForgetIn, ForgetIn, ForgetOne, InHeader, Opcode, OutHeader, WriteIn};
@@ -190,6 +191,9 @@ struct Inner<F: Filesystem + 'static> {
     /// The vrings, as the vring threads last saw them (for the watchdog).
     vrings: Mutex<Vec<Option<Vring>>>,
     epoch: Instant,
+    /// Exit-event fds vhost-user-backend leaks (see `exit_event`), with
+    /// their eventfd ids.
+    exit_fds: Mutex<Vec<(i32, u64)>>,
     /// Per request queue: written to resume a stalled queue.
     resume: Vec<EventFd>,
     stats: DeviceStats,
@@ -271,6 +275,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             pop_lock: (0..queues).map(|_| Mutex::new(())).collect(),
             vrings: Mutex::new(vec![None; queues + 1]),
             epoch: Instant::now(),
+            exit_fds: Mutex::new(Vec::new()),
             resume,
             stats: DeviceStats::new(queues + 1),
             config_space,
@@ -892,6 +897,11 @@ fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
 impl<F: Filesystem + 'static> Drop for Inner<F> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // The device outlives the daemon's vring threads (each holds a
+        // clone): their exit eventfds are unused now.
+        for (fd, id) in lock(&self.exit_fds).drain(..) {
+            exit_fds::close_if(fd, id);
+        }
     }
 }
 
@@ -965,7 +975,16 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
+        // vhost-user-backend 0.24 registers the consumer with `into_raw_fd`
+        // and never closes it: one fd per vring thread per connection.
+        // Remember it (with its eventfd id, so that only that very eventfd
+        // is ever closed) and close it when the device goes.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&consumer);
+        if let Some(id) = exit_fds::eventfd_id(fd) {
+            lock(&self.inner.exit_fds).push((fd, id));
+        }
+        Some((consumer, notifier))
     }
 
     fn handle_event(

@@ -1,0 +1,25 @@
+//! Closing the exit-event fds vhost-user-backend 0.24 leaks, safely: an fd
+//! is closed only if it is still the very eventfd the device made (same
+//! `eventfd-id` in /proc/self/fdinfo), so a later version that closes them
+//! itself, or an fd number reused meanwhile, is left alone. Without /proc
+//! (a chroot sandbox) nothing is closed.
+
+/// The `eventfd-id` of `fd`, if it is an eventfd.
+pub(super) fn eventfd_id(fd: i32) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("eventfd-id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Closes `fd` if it is still the eventfd with id `id`.
+pub(super) fn close_if(fd: i32, id: u64) {
+    if eventfd_id(fd) == Some(id) {
+        // SAFETY: `fd` is the exit-event consumer this device created and
+        // vhost-user-backend registered with `into_raw_fd` and abandoned:
+        // its eventfd id shows it is still that same open file, which
+        // nothing else owns, and its vring thread (the only user) has
+        // ended, since the device it held is being dropped.
+        unsafe { libc::close(fd) };
+    }
+}
