@@ -40,6 +40,9 @@ tests/conformance/fsx.sh 20000 2 --cache never
 step "device fuzz harness: hostile descriptor chains and FUSE bytes (${FUSEBOX_DEVICE_FUZZ_ITERS:=200000} rounds)"
 FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs --release --test device_fuzz -- --nocapture
 
+step "ring command fuzz: hostile FUSE-over-io_uring command areas (${FUSEBOX_RING_FUZZ_ITERS:=20000} commands)"
+FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --release --test ring_cmd_fuzz -- --nocapture
+
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh
 
