@@ -37,6 +37,9 @@ tests/conformance/fsx.sh 100000 1
 tests/conformance/fsx.sh 100000 1 --io-uring
 tests/conformance/fsx.sh 20000 2 --cache never
 
+step "soak: fsx through the host mount, one run then 4 at once on distinct files (FUSEBOX_SOAK=1: 1,000,000 ops)"
+tests/soak/fsx-host.sh "${FUSEBOX_SOAK_OPS:-20000}"
+
 step "device fuzz harness: hostile descriptor chains and FUSE bytes (${FUSEBOX_DEVICE_FUZZ_ITERS:=200000} rounds)"
 FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs --release --test device_fuzz -- --nocapture
 

@@ -2,7 +2,7 @@
 # Boots the test guest against fusebox and checks both sides.
 #
 #   tests/guest/run.sh [--backports] [--queues N] [--smp N] [--min-queues-used K]
-#                      [--fusebox-args "ARGS"]
+#                      [--fusebox-args "ARGS"] [--fsx-ops N]
 #
 # Sets up the guest (tests/guest/setup.sh), builds fusebox, shares a fresh
 # directory with `--queues N`, boots QEMU TCG with memfd shared memory and
@@ -10,10 +10,13 @@
 # in the guest. Passes when the guest reports no failure, the host sees
 # what the guest wrote (and the guest saw what the host wrote), and
 # fusebox's counters show at least K request queues carried requests.
+# --fsx-ops sets the guest's fsx soak (default 4000 operations, then four
+# runs of a quarter of that at once); FUSEBOX_SOAK=1 makes it 1,000,000.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-setup_args=() queues=1 smp=2 min_used=1 fb_args=""
+setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000
+[ -n "${FUSEBOX_SOAK:-}" ] && fsx_ops=1000000
 while [ $# -gt 0 ]; do
 	case $1 in
 		--backports) setup_args+=(--backports) ;;
@@ -21,6 +24,7 @@ while [ $# -gt 0 ]; do
 		--smp) smp=$2; shift ;;
 		--min-queues-used) min_used=$2; shift ;;
 		--fusebox-args) fb_args=$2; shift ;;
+		--fsx-ops) fsx_ops=$2; shift ;;
 		*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -71,7 +75,7 @@ start=$(date +%s)
 timeout 1500 "$qemu" -accel tcg,thread=multi -cpu max -smp "$smp" -m 1G \
 	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
 	-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
-	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share" \
+	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.fsx_ops=$fsx_ops" \
 	-chardev socket,id=vfs,path="$sock" \
 	-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues",queue-size=1024 \
 	-display none -monitor none -serial file:"$work/console.log" -no-reboot &
@@ -114,6 +118,7 @@ hcheck o-direct-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read();
 hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)" = "$(cat "$share/guest64.sha256")" ]'
 hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'
 hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|esc|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
+hcheck fsx-files '[ "$(ls "$w" | grep -c "^fsx[0-4]$")" = 5 ]'
 hcheck confinement '[ "$(cat "$work/outside-secret")" = "$secret" ] && [ -z "$(ls -A "$work" | grep -vxE "share|outside-secret|console.log|fusebox.log|vfs.sock")" ] && [ "$(readlink "$share/esc/rel")" = ../../outside-secret ]'
 [ $hfail = 0 ] || status=1
 

@@ -89,6 +89,22 @@ t_bigdir() {
 }
 check dir-10000-entries t_bigdir
 
+# Soak: fsx (every operation on) through the device, one run of OPS
+# operations and four at once on distinct files (OPS/4 each); OPS is the
+# kernel argument fusebox.fsx_ops (tests/guest/run.sh --fsx-ops).
+ops=4000
+for a in $(cat /proc/cmdline); do case $a in fusebox.fsx_ops=*) ops=${a#fusebox.fsx_ops=} ;; esac; done
+t_fsx() {
+	mkdir -p /tmp/fsx && /bin/fsx -q -f /fsx.toml -N "$ops" -S 7 -P /tmp/fsx "$M/work/fsx0" > /tmp/fsx0.out 2>&1 ||
+		{ tail -5 /tmp/fsx0.out; return 1; }
+	for i in 1 2 3 4; do
+		mkdir -p /tmp/fsx$i && /bin/fsx -q -f /fsx.toml -N $((ops / 4)) -S $((7 + i)) -P /tmp/fsx$i "$M/work/fsx$i" > /tmp/fsx$i.out 2>&1 &
+	done
+	r=0; for j in 1 2 3 4; do wait %$j || r=1; done
+	[ $r = 0 ] || { tail -3 /tmp/fsx?.out; return 1; }
+}
+check "fsx-$ops-ops-then-4x$((ops / 4))-parallel" t_fsx
+
 # Two CPUs at once: with several request queues each CPU submits on its
 # own, and both streams must come back intact.
 t_parallel() {

@@ -42,6 +42,9 @@ struct Args {
     /// Requests in flight (one caller thread each).
     #[arg(long, default_value_t = 1)]
     depth: usize,
+    /// Descriptors per queue (a guest's queue-size; at most 1024).
+    #[arg(long, default_value_t = 128)]
+    queue_size: u16,
     /// How long to run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
@@ -172,7 +175,9 @@ fn run(a: &Args) -> Result<(), LoadError> {
         &a.socket_path,
         &FrontendConfig {
             request_queues: a.queues,
-            max_background: 256,
+            queue_size: a.queue_size,
+            // Never the limit: what stays in flight is up to the backend.
+            max_background: (u32::from(a.queues) * u32::from(a.queue_size)).max(256),
             ..FrontendConfig::default()
         },
     )
