@@ -6,6 +6,8 @@
 //! are kept for the caller: every call that returns an [`EntryOut`] hands
 //! the caller one reference, to be dropped with [`Client::forget`].
 
+pub mod fsx;
+
 use crate::abi::{self, encode::Body, *};
 use crate::chan::{Args, Call, Chan, Errno, Reply};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
