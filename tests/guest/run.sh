@@ -72,7 +72,7 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 
 echo "guest-run: booting $("$qemu" --version | head -1), $queues request queue(s), $smp cpu(s)"
 start=$(date +%s)
-timeout 1500 "$qemu" -accel tcg,thread=multi -cpu max -smp "$smp" -m 1G \
+timeout $((1500 + fsx_ops / 50)) "$qemu" -accel tcg,thread=multi -cpu max -smp "$smp" -m 1G \
 	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
 	-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
 	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.fsx_ops=$fsx_ops" \
