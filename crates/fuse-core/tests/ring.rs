@@ -894,5 +894,36 @@ fn a_preferred_entry_takes_requests_only_while_preferred_and_never_a_setlkw() {
     assert_eq!(end.entry_state(h), Some(EntState::FuseReq));
     reply_attr(&end, end.fetch(h, false).unwrap().unwrap());
     assert!(t.join().unwrap().is_ok() && t2.join().unwrap().is_ok());
+    // Its own commit never hands it a SETLKW either: `mine` serves a
+    // request while the worker is busy and a SETLKW queues behind.
+    end.prefer(0, Some(mine)).unwrap();
+    let c = chan.clone();
+    let t = std::thread::spawn(move || c.send(getattr(0)));
+    until("mine assigned", || {
+        end.entry_state(mine) == Some(EntState::FuseReq)
+    });
+    let fm = end.fetch(mine, false).unwrap().unwrap();
+    let c = chan.clone();
+    let t2 = std::thread::spawn(move || c.send(getattr(0)));
+    until("the worker assigned", || {
+        end.entry_state(worker) == Some(EntState::FuseReq)
+    });
+    let fw = end.fetch(worker, false).unwrap().unwrap();
+    let lkw = Args::new(Opcode::Setlkw, 1)
+        .body(Body::new().push(&LkIn::default()).into_vec())
+        .qid(0);
+    let c = chan.clone();
+    let t3 = std::thread::spawn(move || c.send(lkw));
+    until("SETLKW queued", || end.stats().unwrap().queued == 1);
+    let h = reply_attr(&end, fm);
+    assert_eq!(
+        end.entry_state(h),
+        Some(EntState::Available),
+        "mine took the SETLKW"
+    );
+    let h = reply_attr(&end, fw);
+    assert_eq!(end.entry_state(h), Some(EntState::FuseReq));
+    reply_empty(&end, end.fetch(h, false).unwrap().unwrap());
+    assert!(t.join().unwrap().is_ok() && t2.join().unwrap().is_ok() && t3.join().unwrap().is_ok());
     end.check_invariants().unwrap();
 }

@@ -198,6 +198,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     log::info("frontend connected");
     let r = daemon.wait();
     log::info(&format!("frontend disconnected\n{}", dev.report()));
+    // Calls hung by --inject-faults would keep the engine's workers, and
+    // the exit, waiting.
+    dev.engine().fs().release_hangs();
     match r {
         // The VMM closing its end (guest shut down, QEMU exited) is the
         // normal way for a device to end.

@@ -191,6 +191,11 @@ struct Inner<F: Filesystem + 'static> {
     /// The vrings, as the vring threads last saw them (for the watchdog).
     vrings: Mutex<Vec<Option<Vring>>>,
     epoch: Instant,
+    /// Per queue: requests whose guest buffers are lent to the engine
+    /// (pruned as they go), so a ring stop or reset can take them back.
+    lent: Vec<Mutex<Vec<Weak<Ticket>>>>,
+    /// Timed-out tickets whose answer waits for I/O on their buffers.
+    deferred: Mutex<Vec<Arc<Ticket>>>,
     /// Exit-event fds vhost-user-backend leaks (see `exit_event`), with
     /// their eventfd ids.
     exit_fds: Mutex<Vec<(i32, u64)>>,
@@ -276,6 +281,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             vrings: Mutex::new(vec![None; queues + 1]),
             epoch: Instant::now(),
             exit_fds: Mutex::new(Vec::new()),
+            lent: (0..=queues).map(|_| Mutex::new(Vec::new())).collect(),
+            deferred: Mutex::new(Vec::new()),
             resume,
             stats: DeviceStats::new(queues + 1),
             config_space,
@@ -353,6 +360,34 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .resume
             .get(i)
             .map(std::os::fd::AsRawFd::as_raw_fd)
+    }
+
+    /// The frontend took ring `q` back (stop or reset): its guests'
+    /// buffers may be reused at once, so no host I/O may run on them any
+    /// more. Every lent buffer is revoked, its request interrupted in the
+    /// backend (cancelling an io_uring operation), and the I/O already
+    /// running on it is waited for, as a device reset waits for DMA.
+    fn take_back_buffers(&self, q: usize) {
+        let Some(lent) = self.inner.lent.get(q) else {
+            return;
+        };
+        let tickets: Vec<Arc<Ticket>> = std::mem::take(&mut *lock(lent))
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for t in &tickets {
+            if let Some(c) = &t.client {
+                if !c.revoke() {
+                    let unique = t.engine_unique.load(Ordering::Relaxed);
+                    if unique != 0 {
+                        self.inner.engine.fs().interrupt(unique);
+                    }
+                }
+            }
+        }
+        for c in tickets.iter().filter_map(|t| t.client.as_ref()) {
+            c.wait_idle();
+        }
     }
 
     fn memory(&self) -> Option<GuestMemoryLoadGuard<GuestMemoryMmap>> {
@@ -516,11 +551,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         mut inline: Option<(&mut InlineSlot, usize)>,
     ) -> bool {
         let mut served = 0;
-        let Some(mem) = self.memory() else {
-            return false;
-        };
         let qs = &self.inner.stats.queues[q];
         loop {
+            // Each round: serving in line may have taken long, and the
+            // memory table may have changed meanwhile.
+            let Some(mem) = self.memory() else {
+                return false;
+            };
             let pop_guard = lock(&self.inner.pop_lock[q - 1]);
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
@@ -677,9 +714,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 if *s == TicketState::Deferred {
                     *s = TicketState::Answered;
                     drop(s);
+                    lock(&inner.deferred).retain(|d| !Arc::ptr_eq(d, &t));
                     FsDevice { inner }.answer(&t, Errno::EIO.to_wire(), &[]);
                 }
             }));
+            let mut lent = lock(&self.inner.lent[q]);
+            if lent.len() >= 64 && lent.len().is_power_of_two() {
+                lent.retain(|t| t.strong_count() > 0);
+            }
+            lent.push(Arc::downgrade(&ticket));
         }
         let replyable = ticket.chain.writable_len() >= OUT_HEADER;
         let fail = |t: Arc<Ticket>| {
@@ -873,6 +916,8 @@ fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 *s = if now {
                     TicketState::Answered
                 } else {
+                    // Kept alive until the I/O ends and answers it.
+                    lock(&dev.inner.deferred).push(t.clone());
                     TicketState::Deferred
                 };
                 now
@@ -955,12 +1000,16 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         if let Some(g) = self.inner.gens.get(queue_index as usize) {
             *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
         }
+        self.take_back_buffers(queue_index as usize);
         Ok(())
     }
 
     fn reset_device(&self) {
         for g in &self.inner.gens {
             *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
+        }
+        for q in 0..self.inner.lent.len() {
+            self.take_back_buffers(q);
         }
     }
 
@@ -975,7 +1024,8 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
+        let (consumer, notifier) =
+            new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
         // vhost-user-backend 0.24 registers the consumer with `into_raw_fd`
         // and never closes it: one fd per vring thread per connection.
         // Remember it (with its eventfd id, so that only that very eventfd

@@ -17,7 +17,7 @@
 
 use crate::chain::Seg;
 use fuse_core::{ClientMem, Errno, HostSpan};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap};
 
 /// Access state (guarded by `GuestSpans::access`, a leaf lock).
@@ -35,6 +35,8 @@ pub(crate) struct GuestSpans {
     spans: Vec<HostSpan>,
     mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
     access: Mutex<Access>,
+    /// Signalled when the last I/O ends (for `wait_idle`).
+    idle: Condvar,
     /// Called once, by the `end_io` that leaves a revoked memory idle.
     on_idle: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -84,6 +86,7 @@ impl GuestSpans {
             spans,
             mem: mem.clone(),
             access: Mutex::new(Access::default()),
+            idle: Condvar::new(),
             on_idle: Mutex::new(None),
         })
     }
@@ -100,6 +103,15 @@ impl GuestSpans {
         let mut a = lock(&self.access);
         a.revoked = true;
         a.busy == 0
+    }
+
+    /// Waits until no host I/O runs on the buffers (after `revoke`, none
+    /// can start again).
+    pub(crate) fn wait_idle(&self) {
+        let mut a = lock(&self.access);
+        while a.busy > 0 {
+            a = self.idle.wait(a).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Walks the segments for bytes `off..off + len`, calling `f` with each
@@ -166,10 +178,14 @@ unsafe impl ClientMem for GuestSpans {
         let idle = {
             let mut a = lock(&self.access);
             a.busy = a.busy.saturating_sub(1);
+            if a.busy == 0 {
+                self.idle.notify_all();
+            }
             a.revoked && a.busy == 0
         };
         if idle {
-            if let Some(f) = lock(&self.on_idle).take() {
+            let f = lock(&self.on_idle).take();
+            if let Some(f) = f {
                 f();
             }
         }

@@ -315,3 +315,86 @@ fn a_timed_out_read_without_io_is_answered_at_once_and_its_buffers_refused() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(h.used_idx(), 1);
 }
+
+#[test]
+fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
+    // Review finding: the reply's length was moved inside the ring entry's
+    // buffer, which a READ into guest memory may exceed.
+    let fs = Direct::default();
+    let h = Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            max_write: 64 * 1024,
+            inline_per_batch: usize::MAX,
+            ..DeviceConfig::default()
+        },
+    );
+    let vring = h.vring();
+    let n = 100 * 1024u32;
+    let mut msg = request(Opcode::Read, 11, &read_in(BY_REF, n));
+    msg.extend_from_slice(&[0xAA; 8]);
+    let len = msg.len() as u32;
+    msg[..4].copy_from_slice(&len.to_le_bytes());
+    h.mem.write_slice(&msg, GuestAddress(DATA)).unwrap();
+    h.desc(0, DATA, len, F_NEXT, 1);
+    h.desc(1, 0x10000, 16 + n, F_WRITE, 0);
+    h.publish(&[0]);
+    h.kick(&vring, 1);
+    wait_for("the READ", || h.used_idx() == 1);
+    let r = h.reply(0x10000);
+    assert_eq!((r.unique, r.error, r.len), (11, 0, 16 + n));
+    let mut back = vec![0u8; n as usize];
+    h.mem.read_slice(&mut back, GuestAddress(0x10010)).unwrap();
+    assert!(back == pattern(n as usize));
+}
+
+#[test]
+fn an_abort_waits_for_io_on_the_guests_buffers() {
+    // Review finding: an engine abort ended a request whose buffers a
+    // server was still writing, and the guest got them back.
+    let fs = Direct::default();
+    let h = device(&fs, 0);
+    let _release = fs.guard();
+    let vring = h.vring();
+    read_chain(&h, 12, HOLD_IO);
+    h.kick(&vring, 1);
+    wait_for("the read to start its I/O", || {
+        fs.holding.load(Ordering::SeqCst) == 1
+    });
+    h.dev.engine().abort();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        h.used_idx(),
+        0,
+        "answered while the guest's buffers were in use"
+    );
+    fs.release.store(true, Ordering::SeqCst);
+    wait_for("the answer", || h.used_idx() == 1);
+    assert_ne!(h.reply(PIECES[0].0).error, 0);
+}
+
+#[test]
+fn stopping_the_ring_waits_for_io_on_its_buffers() {
+    // Review finding: a ring stop (GET_VRING_BASE, a guest reboot) only
+    // dropped late replies; a READ still in the host could write into
+    // pages the guest had reused.
+    use vhost_user_backend::VhostUserBackend;
+    let fs = Direct::default();
+    let h = std::sync::Arc::new(device(&fs, 0));
+    let _release = fs.guard();
+    let vring = h.vring();
+    read_chain(&h, 13, HOLD_IO);
+    h.kick(&vring, 1);
+    wait_for("the read to start its I/O", || {
+        fs.holding.load(Ordering::SeqCst) == 1
+    });
+    let h2 = h.clone();
+    let stop = std::thread::spawn(move || h2.dev.stop_vring(1).unwrap());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!stop.is_finished(), "the stop did not wait for the I/O");
+    fs.release.store(true, Ordering::SeqCst);
+    stop.join().unwrap();
+    // The reply of the stopped ring never reaches the guest.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.used_idx(), 0);
+}

@@ -335,6 +335,7 @@ impl Ring {
     /// opened with FOPEN_IO_URING_ZERO_COPY, on a zero-copy queue.
     fn goes_zero_copy(&self, zero_copy_queue: bool, req: &Request) -> bool {
         zero_copy_queue
+            && client_mem(req).is_none()
             && matches!(req.args.opcode, Opcode::Read | Opcode::Write)
             && self
                 .zc_files
@@ -471,9 +472,10 @@ impl Ring {
                         let e = &q.ents[id as usize];
                         if let Some(r) = e.req.clone() {
                             r.flags.set(flag::ABORTED);
-                            // A server holding the client's pages gives them
-                            // back first; that request ends then.
-                            if !e.client_pages {
+                            // A server holding the client's pages, or doing
+                            // I/O on the client's memory, gives them back
+                            // first (commit or drop); that request ends then.
+                            if !e.client_pages && client_mem(&r).is_none() {
                                 to_end.push(r);
                             }
                         }
@@ -842,9 +844,13 @@ impl Ring {
         q.ents[h.ent as usize].header = Some(header);
         // Fetch in the same call: the next request goes straight to this
         // entry, reusing its pool buffer when it needs one.
+        // (A reserved entry never takes a SETLKW: its owner serves in line
+        // and must not block; `dispatch` gives it to another entry.)
+        let reserved = q.reserved.contains(&h.ent);
         let next_needs = q
             .reqs
             .front()
+            .filter(|r| !(reserved && r.args.opcode == Opcode::Setlkw))
             .map(|r| q.mode == Mode::Pool && needs_payload(r, self.opts));
         match next_needs {
             Some(needs) => {

@@ -156,7 +156,10 @@ pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
         Some(o) => (o.error, o.len),
         None => (Errno::EIO.to_wire(), 0),
     };
-    if error == 0 && len > 0 {
+    // A READ into client memory: its data is there, nothing to move here
+    // (and `len` may exceed this entry's buffer).
+    let in_client = client.is_some() && hdr.opcode == Opcode::Read as u32;
+    if error == 0 && len > 0 && !in_client {
         if zc_write {
             let n = len.min(URING_OP_IN_OUT_SZ);
             header.op_in[..n].copy_from_slice(&scratch[..n]);

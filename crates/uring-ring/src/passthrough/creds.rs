@@ -31,6 +31,9 @@ thread_local! {
     static LOWERED: Cell<Option<[u64; 3]>> = const { Cell::new(None) };
     /// This thread's own supplementary groups (read on first use).
     static OWN_GROUPS: std::cell::OnceCell<Vec<u32>> = const { std::cell::OnceCell::new() };
+    /// Set when giving the thread its own groups back failed: until a
+    /// setgroups succeeds, its groups are unknown and always set.
+    static GROUPS_UNKNOWN: Cell<bool> = const { Cell::new(false) };
 }
 
 /// CAP_DAC_READ_SEARCH.
@@ -102,10 +105,11 @@ impl CredGuard {
         // Outside a guard a thread always has its own groups, so they are
         // read once per thread, and set only when the caller's differ.
         let own = OWN_GROUPS.with(|g| g.get_or_init(thread::getgroups).clone());
-        let restore_groups = if supp == own {
+        let restore_groups = if supp == own && !GROUPS_UNKNOWN.with(Cell::get) {
             None
         } else {
             thread::setgroups(&supp)?;
+            GROUPS_UNKNOWN.with(|u| u.set(false));
             Some(own)
         };
         let old_gid = thread::setfsgid(ctx.gid);
@@ -141,7 +145,11 @@ impl Drop for CredGuard {
             thread::setfsuid(uid);
             thread::setfsgid(gid);
             if let Some(groups) = groups {
-                let _ = thread::setgroups(&groups);
+                if thread::setgroups(&groups).is_err() {
+                    // Fail closed: the next switch sets groups even when
+                    // the caller's look like the thread's own.
+                    GROUPS_UNKNOWN.with(|u| u.set(true));
+                }
             }
         }
     }

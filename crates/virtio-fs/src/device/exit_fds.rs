@@ -1,8 +1,11 @@
-//! Closing the exit-event fds vhost-user-backend 0.24 leaks, safely: an fd
-//! is closed only if it is still the very eventfd the device made (same
-//! `eventfd-id` in /proc/self/fdinfo), so a later version that closes them
-//! itself, or an fd number reused meanwhile, is left alone. Without /proc
-//! (a chroot sandbox) nothing is closed.
+//! Closing the exit-event fds vhost-user-backend 0.24 leaks: it registers
+//! each consumer with `into_raw_fd` and never closes it, so nothing else
+//! can close that fd number before the device does (the workspace pins
+//! vhost-user-backend to exactly 0.24.0 for this; a version that closes
+//! them must drop this module). As a sanity check an fd is closed only if
+//! it is still an eventfd with the `eventfd-id` recorded when it was made
+//! (/proc/self/fdinfo); without /proc (a chroot sandbox) nothing is
+//! closed.
 
 /// The `eventfd-id` of `fd`, if it is an eventfd.
 pub(super) fn eventfd_id(fd: i32) -> Option<u64> {
