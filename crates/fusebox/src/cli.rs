@@ -215,7 +215,7 @@ pub struct VhostArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct FaultArgs {
     /// Testing only: make filesystem operations misbehave. Comma-separated
-    /// rules OP:FAULT[:p=P][:after=N], OP a FUSE opcode name or *, FAULT
+    /// rules `OP:FAULT[:p=P][:after=N]`, OP a FUSE opcode name or *, FAULT
     /// one of delay=DUR (5ms, 2s), hang (until interrupted), error=ERRNO,
     /// short (READ/WRITE on part of the data). Example:
     /// read:error=EIO:p=0.1,getattr:hang:after=100

@@ -33,7 +33,7 @@ pub struct HostSpan {
 /// The client may take its memory back while a server still holds the
 /// request (a guest request answered by a timeout returns its buffers to
 /// the guest). So host I/O on the spans happens only under an [`IoGuard`]
-/// from [`ClientMem::io`]: the provider refuses new guards once the memory
+/// from `io()` (on `dyn ClientMem`): the provider refuses new guards once the memory
 /// is taken back, and waits for the guards held to be dropped before it
 /// gives the memory back.
 ///
@@ -61,7 +61,7 @@ pub unsafe trait ClientMem: Send + Sync + std::fmt::Debug {
     }
 
     /// Starts host I/O on the spans; false once the client took the
-    /// memory back. Pair with [`ClientMem::end_io`] (use [`ClientMem::io`]).
+    /// memory back. Pair with [`ClientMem::end_io`], or use `io()` on `dyn ClientMem`.
     fn begin_io(&self) -> bool;
 
     /// Ends host I/O started by [`ClientMem::begin_io`].
@@ -83,7 +83,7 @@ impl dyn ClientMem + '_ {
     }
 }
 
-/// Host I/O in progress on a [`ClientMem`] (see [`ClientMem::io`]).
+/// Host I/O in progress on a [`ClientMem`], from `io()` on `dyn ClientMem`.
 #[derive(Debug)]
 pub struct IoGuard<'a> {
     mem: &'a dyn ClientMem,
