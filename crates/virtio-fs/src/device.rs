@@ -16,8 +16,10 @@ use crate::chain::{Chain, ChainError};
 use crate::guest_mem::GuestSpans;
 use inline::InlineSlot;
 
+mod backend;
 mod exit_fds;
 mod inline;
+mod timeouts;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{BatchForgetIn, ForgetIn, ForgetOne, InHeader, Opcode, OutHeader, WriteIn};
 use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
@@ -298,7 +300,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let weak = Arc::downgrade(&inner);
             std::thread::Builder::new()
                 .name("fusebox-timeouts".into())
-                .spawn(move || scan_timeouts(weak))
+                .spawn(move || timeouts::scan_timeouts(weak))
                 .map_err(DeviceError::Event)?;
         }
         if inner.cfg.inline_per_batch > 0 {
@@ -876,69 +878,6 @@ fn notify(vring: &Vring) {
     }
 }
 
-/// Answers requests that outlived the timeout, oldest first.
-fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
-    loop {
-        let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let timeout = inner.cfg.request_timeout;
-        let dev = FsDevice { inner };
-        let mut expired = Vec::new();
-        {
-            let mut q = lock(&dev.inner.timeouts);
-            while let Some(t) = q.front() {
-                let done = *lock(&t.state) != TicketState::InFlight;
-                if done {
-                    q.pop_front();
-                } else if t.started.elapsed() >= timeout {
-                    if let Some(t) = q.pop_front() {
-                        expired.push(t);
-                    }
-                } else {
-                    break;
-                }
-            }
-            // A long-lived request at the front must not keep every answered
-            // one behind it alive.
-            q.retain(|t| *lock(&t.state) == TicketState::InFlight);
-        }
-        for t in expired {
-            let now = {
-                let mut s = lock(&t.state);
-                if *s != TicketState::InFlight {
-                    continue;
-                }
-                // Guest buffers a server is doing I/O on cannot go back to
-                // the guest yet: the answer waits for that I/O to end.
-                let now = t.client.as_ref().is_none_or(|c| c.revoke());
-                *s = if now {
-                    TicketState::Answered
-                } else {
-                    // Kept alive until the I/O ends and answers it.
-                    lock(&dev.inner.deferred).push(t.clone());
-                    TicketState::Deferred
-                };
-                now
-            };
-            dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-            if now {
-                dev.answer(&t, Errno::EIO.to_wire(), &[]);
-            }
-            // Ask the backend to give up on it (the passthrough cancels its
-            // io_uring operation or lock wait); its late answer, if any, is
-            // dropped.
-            let unique = t.engine_unique.load(Ordering::Relaxed);
-            if unique != 0 {
-                dev.inner.engine.fs().interrupt(unique);
-            }
-        }
-        drop(dev);
-        std::thread::sleep((timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(1)));
-    }
-}
-
 impl<F: Filesystem + 'static> Drop for Inner<F> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -947,138 +886,5 @@ impl<F: Filesystem + 'static> Drop for Inner<F> {
         for (fd, id) in lock(&self.exit_fds).drain(..) {
             exit_fds::close_if(fd, id);
         }
-    }
-}
-
-impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
-    type Bitmap = ();
-    type Vring = Vring;
-
-    fn num_queues(&self) -> usize {
-        1 + usize::from(self.inner.cfg.request_queues.max(1))
-    }
-
-    fn max_queue_size(&self) -> usize {
-        usize::from(self.inner.cfg.queue_size)
-    }
-
-    fn features(&self) -> u64 {
-        VIRTIO_F_VERSION_1
-            | VIRTIO_RING_F_INDIRECT_DESC
-            | VIRTIO_RING_F_EVENT_IDX
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-    }
-
-    fn acked_features(&self, features: u64) {
-        self.inner.acked.store(features, Ordering::Relaxed);
-    }
-
-    fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        let mut f = VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
-        if self.inner.cfg.tag.is_some() {
-            f |= VhostUserProtocolFeatures::CONFIG;
-        }
-        f
-    }
-
-    fn set_event_idx(&self, enabled: bool) {
-        self.inner.event_idx.store(enabled, Ordering::Relaxed);
-    }
-
-    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let cs = &self.inner.config_space;
-        let start = (offset as usize).min(cs.len());
-        let end = start.saturating_add(size as usize).min(cs.len());
-        cs[start..end].to_vec()
-    }
-
-    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        // Requests still in flight on this ring will never be answered on
-        // it: the frontend has taken the ring back.
-        if let Some(g) = self.inner.gens.get(queue_index as usize) {
-            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
-        }
-        self.take_back_buffers(queue_index as usize);
-        Ok(())
-    }
-
-    fn reset_device(&self) {
-        for g in &self.inner.gens {
-            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
-        }
-        for q in 0..self.inner.lent.len() {
-            self.take_back_buffers(q);
-        }
-    }
-
-    fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
-        *self.inner.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
-        Ok(())
-    }
-
-    fn queues_per_thread(&self) -> Vec<u64> {
-        // One vring thread per queue: request queues run in parallel.
-        (0..self.num_queues()).map(|q| 1u64 << q).collect()
-    }
-
-    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        let (consumer, notifier) =
-            new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
-        // vhost-user-backend 0.24 registers the consumer with `into_raw_fd`
-        // and never closes it: one fd per vring thread per connection.
-        // Remember it (with its eventfd id, so that only that very eventfd
-        // is ever closed) and close it when the device goes.
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&consumer);
-        if let Some(id) = exit_fds::eventfd_id(fd) {
-            lock(&self.inner.exit_fds).push((fd, id));
-        }
-        Some((consumer, notifier))
-    }
-
-    fn handle_event(
-        &self,
-        device_event: u16,
-        evset: EventSet,
-        vrings: &[Vring],
-        thread_id: usize,
-    ) -> io::Result<()> {
-        if !evset.contains(EventSet::IN) {
-            return Ok(());
-        }
-        // Each thread owns exactly one vring (`queues_per_thread`): queue
-        // `thread_id`, which the event loop hands over as `vrings[0]` with
-        // device_event 0. Events above num_queues are the resume eventfds
-        // (registered as num_queues + 1 + request queue index).
-        let n = self.num_queues();
-        let ev = usize::from(device_event);
-        let Some(vring) = vrings.first() else {
-            return Ok(());
-        };
-        if ev > n {
-            if let Some(fd) = self.inner.resume.get(ev - n - 1) {
-                let _ = fd.read();
-            }
-            // The event loop checks a ring's state for kicks only.
-            if !vring.get_ref().is_enabled() {
-                return Ok(());
-            }
-        } else if ev != 0 {
-            return Ok(());
-        }
-        if let Some(slot) = lock(&self.inner.vrings).get_mut(thread_id) {
-            if slot.is_none() {
-                *slot = Some(vring.clone());
-            }
-        }
-        // An error here would end this vring thread for good: count it and
-        // keep serving on the next event instead.
-        if self.serve_queue(vring, thread_id).is_err() {
-            if let Some(q) = self.inner.stats.queues.get(thread_id) {
-                q.malformed.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        Ok(())
     }
 }

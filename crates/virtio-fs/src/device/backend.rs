@@ -1,0 +1,138 @@
+//! The vhost-user side of the device: what the frontend asks of a
+//! `VhostUserBackend` (features, config space, ring stop and reset, memory
+//! table, events), split from `device.rs`.
+
+use super::*;
+
+impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        1 + usize::from(self.inner.cfg.request_queues.max(1))
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(self.inner.cfg.queue_size)
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1
+            | VIRTIO_RING_F_INDIRECT_DESC
+            | VIRTIO_RING_F_EVENT_IDX
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.inner.acked.store(features, Ordering::Relaxed);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let mut f = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if self.inner.cfg.tag.is_some() {
+            f |= VhostUserProtocolFeatures::CONFIG;
+        }
+        f
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.inner.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let cs = &self.inner.config_space;
+        let start = (offset as usize).min(cs.len());
+        let end = start.saturating_add(size as usize).min(cs.len());
+        cs[start..end].to_vec()
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // Requests still in flight on this ring will never be answered on
+        // it: the frontend has taken the ring back.
+        if let Some(g) = self.inner.gens.get(queue_index as usize) {
+            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
+        }
+        self.take_back_buffers(queue_index as usize);
+        Ok(())
+    }
+
+    fn reset_device(&self) {
+        for g in &self.inner.gens {
+            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
+        }
+        for q in 0..self.inner.lent.len() {
+            self.take_back_buffers(q);
+        }
+    }
+
+    fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        *self.inner.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        // One vring thread per queue: request queues run in parallel.
+        (0..self.num_queues()).map(|q| 1u64 << q).collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (consumer, notifier) =
+            new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
+        // vhost-user-backend 0.24 registers the consumer with `into_raw_fd`
+        // and never closes it: one fd per vring thread per connection.
+        // Remember it (with its eventfd id, so that only that very eventfd
+        // is ever closed) and close it when the device goes.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&consumer);
+        if let Some(id) = exit_fds::eventfd_id(fd) {
+            lock(&self.inner.exit_fds).push((fd, id));
+        }
+        Some((consumer, notifier))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if !evset.contains(EventSet::IN) {
+            return Ok(());
+        }
+        // Each thread owns exactly one vring (`queues_per_thread`): queue
+        // `thread_id`, which the event loop hands over as `vrings[0]` with
+        // device_event 0. Events above num_queues are the resume eventfds
+        // (registered as num_queues + 1 + request queue index).
+        let n = self.num_queues();
+        let ev = usize::from(device_event);
+        let Some(vring) = vrings.first() else {
+            return Ok(());
+        };
+        if ev > n {
+            if let Some(fd) = self.inner.resume.get(ev - n - 1) {
+                let _ = fd.read();
+            }
+            // The event loop checks a ring's state for kicks only.
+            if !vring.get_ref().is_enabled() {
+                return Ok(());
+            }
+        } else if ev != 0 {
+            return Ok(());
+        }
+        if let Some(slot) = lock(&self.inner.vrings).get_mut(thread_id) {
+            if slot.is_none() {
+                *slot = Some(vring.clone());
+            }
+        }
+        // An error here would end this vring thread for good: count it and
+        // keep serving on the next event instead.
+        if self.serve_queue(vring, thread_id).is_err() {
+            if let Some(q) = self.inner.stats.queues.get(thread_id) {
+                q.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}

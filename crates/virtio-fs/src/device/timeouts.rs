@@ -1,0 +1,68 @@
+//! The timeout scanner: answers requests that outlived
+//! `DeviceConfig::request_timeout` (see the ticket lifecycle in
+//! `device.rs`).
+
+use super::*;
+
+/// Answers requests that outlived the timeout, oldest first.
+pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let timeout = inner.cfg.request_timeout;
+        let dev = FsDevice { inner };
+        let mut expired = Vec::new();
+        {
+            let mut q = lock(&dev.inner.timeouts);
+            while let Some(t) = q.front() {
+                let done = *lock(&t.state) != TicketState::InFlight;
+                if done {
+                    q.pop_front();
+                } else if t.started.elapsed() >= timeout {
+                    if let Some(t) = q.pop_front() {
+                        expired.push(t);
+                    }
+                } else {
+                    break;
+                }
+            }
+            // A long-lived request at the front must not keep every answered
+            // one behind it alive.
+            q.retain(|t| *lock(&t.state) == TicketState::InFlight);
+        }
+        for t in expired {
+            let now = {
+                let mut s = lock(&t.state);
+                if *s != TicketState::InFlight {
+                    continue;
+                }
+                // Guest buffers a server is doing I/O on cannot go back to
+                // the guest yet: the answer waits for that I/O to end.
+                let now = t.client.as_ref().is_none_or(|c| c.revoke());
+                *s = if now {
+                    TicketState::Answered
+                } else {
+                    // Kept alive until the I/O ends and answers it.
+                    lock(&dev.inner.deferred).push(t.clone());
+                    TicketState::Deferred
+                };
+                now
+            };
+            dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            if now {
+                dev.answer(&t, Errno::EIO.to_wire(), &[]);
+            }
+            // Ask the backend to give up on it (the passthrough cancels its
+            // io_uring operation or lock wait); its late answer, if any, is
+            // dropped.
+            let unique = t.engine_unique.load(Ordering::Relaxed);
+            if unique != 0 {
+                dev.inner.engine.fs().interrupt(unique);
+            }
+        }
+        drop(dev);
+        std::thread::sleep((timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(1)));
+    }
+}
