@@ -6,15 +6,16 @@
 //! `device/exit_fds.rs`). One test per file, so no other test's fds or
 //! threads are counted.
 
+mod common;
+
+use uring_ring::Config;
+use virtio_fs::DeviceConfig;
+
 use fuse_core::abi::ROOT_ID;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uring_ring::{Config, PassthroughFs};
-use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
-use virtio_fs::{DeviceConfig, FsDevice};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).unwrap().count()
@@ -37,31 +38,17 @@ fn a_frontend_gone_mid_io_leaks_no_fds_or_threads() {
     };
     let before = show();
     for round in 0..3 {
-        let fs = PassthroughFs::new(&dir, Config::default()).unwrap();
-        let dev = FsDevice::new(
-            fs,
+        let (dev, served) = common::serve_passthrough(
+            &dir,
+            &sock,
+            Config::default(),
             DeviceConfig {
                 request_queues: 2,
                 inline_per_batch: if round == 1 { 1 } else { usize::MAX },
                 request_timeout: Duration::from_secs(if round == 2 { 5 } else { 0 }),
                 ..DeviceConfig::default()
             },
-        )
-        .unwrap();
-        let mut daemon = VhostUserDaemon::new(
-            "fusebox-test".into(),
-            dev.clone(),
-            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-        )
-        .unwrap();
-        dev.register_listeners(&daemon.get_epoll_handlers())
-            .unwrap();
-        let _ = std::fs::remove_file(&sock);
-        let mut listener = vhost::vhost_user::Listener::new(&sock, true).unwrap();
-        let served = std::thread::spawn(move || {
-            daemon.start(&mut listener).unwrap();
-            let _ = daemon.wait();
-        });
+        );
         let fe = VhostFrontend::connect(
             &sock,
             &FrontendConfig {

@@ -3,13 +3,14 @@
 //! clean EMFILE errors, the daemon keeps serving, and everything works
 //! again once the guest closes and forgets them.
 
+mod common;
+
+use uring_ring::Config;
+use virtio_fs::DeviceConfig;
+
 use fuse_core::abi::ROOT_ID;
 use fuse_core::Errno;
-use uring_ring::{Config, PassthroughFs};
-use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
-use virtio_fs::{DeviceConfig, FsDevice};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 #[test]
 fn ten_thousand_open_files_against_a_1024_fd_cap() {
@@ -18,35 +19,18 @@ fn ten_thousand_open_files_against_a_1024_fd_cap() {
     let dir = base.join("share");
     std::fs::create_dir_all(&dir).unwrap();
     let sock = base.join("vfs.sock");
-    let fs = PassthroughFs::new(
+    let (dev, served) = common::serve_passthrough(
         &dir,
+        &sock,
         Config {
             max_fds: 1024,
             ..Config::default()
         },
-    )
-    .unwrap();
-    let dev = FsDevice::new(
-        fs,
         DeviceConfig {
             inline_per_batch: usize::MAX,
             ..DeviceConfig::default()
         },
-    )
-    .unwrap();
-    let mut daemon = VhostUserDaemon::new(
-        "fusebox-test".into(),
-        dev.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-    )
-    .unwrap();
-    dev.register_listeners(&daemon.get_epoll_handlers())
-        .unwrap();
-    let mut listener = vhost::vhost_user::Listener::new(&sock, true).unwrap();
-    let served = std::thread::spawn(move || {
-        daemon.start(&mut listener).unwrap();
-        let _ = daemon.wait();
-    });
+    );
     let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
     let c = fe.client();
 

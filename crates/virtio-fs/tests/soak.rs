@@ -7,13 +7,14 @@
 //! operations, then 4 x 1,000, in the debug test run; 20,000 in release);
 //! FUSEBOX_SOAK=1 runs 1,000,000.
 
+mod common;
+
+use uring_ring::Config;
+use virtio_fs::DeviceConfig;
+
 use fuse_core::abi::ROOT_ID;
 use fuse_core::client::fsx::{self, FsxConfig};
-use uring_ring::{Config, PassthroughFs};
-use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
-use virtio_fs::{DeviceConfig, FsDevice};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 #[test]
 fn fsx_through_the_device() {
@@ -29,28 +30,16 @@ fn fsx_through_the_device() {
     let dir = base.join("share");
     std::fs::create_dir_all(&dir).unwrap();
     let sock = base.join("vfs.sock");
-    let dev = FsDevice::new(
-        PassthroughFs::new(&dir, Config::default()).unwrap(),
+    let (_dev, served) = common::serve_passthrough(
+        &dir,
+        &sock,
+        Config::default(),
         DeviceConfig {
             request_queues: 2,
             inline_per_batch: usize::MAX,
             ..DeviceConfig::default()
         },
-    )
-    .unwrap();
-    let mut daemon = VhostUserDaemon::new(
-        "fusebox-test".into(),
-        dev.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-    )
-    .unwrap();
-    dev.register_listeners(&daemon.get_epoll_handlers())
-        .unwrap();
-    let mut listener = vhost::vhost_user::Listener::new(&sock, true).unwrap();
-    let served = std::thread::spawn(move || {
-        daemon.start(&mut listener).unwrap();
-        let _ = daemon.wait();
-    });
+    );
     let fe = VhostFrontend::connect(
         &sock,
         &FrontendConfig {

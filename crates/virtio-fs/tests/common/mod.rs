@@ -160,3 +160,34 @@ pub fn request_as(op: Opcode, unique: u64, uid: u32, body: &[u8]) -> Vec<u8> {
     v[..40].copy_from_slice(h.as_bytes());
     v
 }
+
+/// fusebox's device over the passthrough of `dir`, served on a real
+/// vhost-user socket `sock` (removed first); the thread ends when the
+/// frontend goes.
+pub fn serve_passthrough(
+    dir: &std::path::Path,
+    sock: &std::path::Path,
+    fs_cfg: uring_ring::Config,
+    cfg: DeviceConfig,
+) -> (
+    FsDevice<uring_ring::PassthroughFs>,
+    std::thread::JoinHandle<()>,
+) {
+    let dev = FsDevice::new(uring_ring::PassthroughFs::new(dir, fs_cfg).unwrap(), cfg).unwrap();
+    let mut daemon = vhost_user_backend::VhostUserDaemon::new(
+        "fusebox-test".into(),
+        dev.clone(),
+        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+    )
+    .unwrap();
+    dev.register_listeners(&daemon.get_epoll_handlers())
+        .unwrap();
+    let _ = std::fs::remove_file(sock);
+    let mut listener = vhost::vhost_user::Listener::new(sock, true).unwrap();
+    let served = std::thread::spawn(move || {
+        daemon.start(&mut listener).unwrap();
+        // The frontend going away ends the connection.
+        let _ = daemon.wait();
+    });
+    (dev, served)
+}
