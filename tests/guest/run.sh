@@ -2,7 +2,7 @@
 # Boots the test guest against fusebox and checks both sides.
 #
 #   tests/guest/run.sh [--backports] [--queues N] [--smp N] [--min-queues-used K]
-#                      [--fusebox-args "ARGS"] [--fsx-ops N]
+#                      [--fusebox-args "ARGS"] [--fsx-ops N] [--fsx-parallel-ops P]
 #
 # Sets up the guest (tests/guest/setup.sh), builds fusebox, shares a fresh
 # directory with `--queues N`, boots QEMU TCG with memfd shared memory and
@@ -10,13 +10,15 @@
 # in the guest. Passes when the guest reports no failure, the host sees
 # what the guest wrote (and the guest saw what the host wrote), and
 # fusebox's counters show at least K request queues carried requests.
-# --fsx-ops sets the guest's fsx soak (default 4000 operations, then four
-# runs of a quarter of that at once); FUSEBOX_SOAK=1 makes it 1,000,000.
+# --fsx-ops sets the guest's fsx soak (default 4000 operations), then four
+# runs of P operations at once on distinct files (default a quarter of N).
+# FUSEBOX_SOAK=1 makes it 1,000,000 then 4 x 100,000: fsx runs at about
+# 300 operations/s in the TCG guest here, so that takes over an hour.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000
-[ -n "${FUSEBOX_SOAK:-}" ] && fsx_ops=1000000
+setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par=
+[ -n "${FUSEBOX_SOAK:-}" ] && fsx_ops=1000000 fsx_par=100000
 while [ $# -gt 0 ]; do
 	case $1 in
 		--backports) setup_args+=(--backports) ;;
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
 		--min-queues-used) min_used=$2; shift ;;
 		--fusebox-args) fb_args=$2; shift ;;
 		--fsx-ops) fsx_ops=$2; shift ;;
+		--fsx-parallel-ops) fsx_par=$2; shift ;;
 		*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -72,10 +75,11 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 
 echo "guest-run: booting $("$qemu" --version | head -1), $queues request queue(s), $smp cpu(s)"
 start=$(date +%s)
-timeout $((1500 + fsx_ops / 50)) "$qemu" -accel tcg,thread=multi -cpu max -smp "$smp" -m 1G \
+fsx_par=${fsx_par:-$((fsx_ops / 4))}
+timeout $((1500 + (fsx_ops + 4 * fsx_par) / 50)) "$qemu" -accel tcg,thread=multi -cpu max -smp "$smp" -m 1G \
 	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
 	-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
-	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.fsx_ops=$fsx_ops" \
+	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.fsx_ops=$fsx_ops fusebox.fsx_par=$fsx_par" \
 	-chardev socket,id=vfs,path="$sock" \
 	-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues",queue-size=1024 \
 	-display none -monitor none -serial file:"$work/console.log" -no-reboot &
