@@ -7,6 +7,8 @@
  *   guestcheck lock FILE     fcntl record locks and flock, against a child
  *   guestcheck mmap FILE     shared writable mapping, read back with read()
  *   guestcheck direct FILE   O_DIRECT write and read of 1 MiB
+ *   guestcheck acl FILE      an access ACL (fusebox --posix-acl) lets one
+ *                            other user read a 0600 file, and only that one
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -46,6 +49,46 @@ static int child_status(pid_t pid) {
 	int st;
 	if (waitpid(pid, &st, 0) != pid) FAIL("waitpid");
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 99;
+}
+
+/* Reads p as uid:gid in a child: 0 if it got "secret", else the errno. */
+static int read_as(const char *p, unsigned id) {
+	pid_t c = fork();
+	if (c == 0) {
+		char buf[16] = { 0 };
+		if (setgroups(0, NULL) || setgid(id) || setuid(id)) _exit(98);
+		int fd = open(p, O_RDONLY);
+		if (fd < 0) _exit(errno);
+		_exit(read(fd, buf, sizeof buf) == 6 && !memcmp(buf, "secret", 6) ? 0 : 97);
+	}
+	return child_status(c);
+}
+
+static int do_acl(const char *p) {
+	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0 || write(fd, "secret", 6) != 6 || close(fd)) FAIL("write");
+	if (chmod(p, 0600)) FAIL("chmod");
+	int r = read_as(p, 1234);
+	if (r != EACCES) FAIL("uid 1234 read a 0600 file before the ACL: %d", r);
+	/* posix_acl_xattr: version 2, then {tag, perm, id}: u::rw- u:1234:r--
+	 * g::--- m::r-- o::--- */
+	struct { unsigned short tag, perm; unsigned id; } e[] = {
+		{ 0x01, 6, ~0u }, { 0x02, 4, 1234 }, { 0x04, 0, ~0u }, { 0x10, 4, ~0u }, { 0x20, 0, ~0u },
+	};
+	char acl[4 + sizeof e];
+	unsigned version = 2;
+	memcpy(acl, &version, 4);
+	memcpy(acl + 4, e, sizeof e);
+	if (setxattr(p, "system.posix_acl_access", acl, sizeof acl, 0)) FAIL("set the ACL");
+	char back[sizeof acl + 8];
+	if (getxattr(p, "system.posix_acl_access", back, sizeof back) != (ssize_t)sizeof acl ||
+	    memcmp(back, acl, sizeof acl))
+		FAIL("the ACL read back differs");
+	struct stat st;
+	if (stat(p, &st) || (st.st_mode & 0777) != 0640) FAIL("mode %o after the ACL, not 640", st.st_mode & 0777);
+	if ((r = read_as(p, 1234))) FAIL("uid 1234, named in the ACL, could not read: %d", r);
+	if ((r = read_as(p, 1235)) != EACCES) FAIL("uid 1235 got %d, not EACCES", r);
+	return 0;
 }
 
 static int do_lock(const char *p) {
@@ -140,6 +183,7 @@ int main(int argc, char **argv) {
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
 	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);
 	if (!strcmp(argv[1], "direct")) return do_direct(argv[2]);
+	if (!strcmp(argv[1], "acl")) return do_acl(argv[2]);
 	fprintf(stderr, "unknown check %s\n", argv[1]);
 	return 2;
 }

@@ -67,7 +67,7 @@ head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
 sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
 
 # FUSEBOX_WRAP runs fusebox under a tool (for example "strace -f -c -o FILE").
-${FUSEBOX_WRAP:-} "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
+${FUSEBOX_WRAP:-} "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr --posix-acl \
 	--announce-submounts --cache auto $fb_args 2> "$work/fusebox.log" &
 fpid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
@@ -118,6 +118,7 @@ hcheck links '[ "$(stat -c %h "$w/h2")" = 1 ] && [ "$(readlink "$w/sl")" = targe
 hcheck modes '[ "$(stat -c %a "$w/cm")" = 4755 ] && [ "$(stat -c %u:%g "$w/co")" = 1234:5678 ]'
 hcheck mtime '[ "$(stat -c %Y "$w/ut")" = "$(date -d "2001-02-03 04:05:06" +%s)" ]'
 hcheck mmap-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i*7+3)&255 for i in range(1<<20)))" "$w/mapped"'
+hcheck posix-acl '[ "$(stat -c %a "$w/acl")" = 640 ] && python3 -c "import os, sys; sys.exit(len(os.getxattr(sys.argv[1], \"system.posix_acl_access\")) != 44)" "$w/acl"'
 hcheck o-direct-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i^(i>>8))&255 for i in range(1<<20)))" "$w/direct"'
 hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)" = "$(cat "$share/guest64.sha256")" ]'
 hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'

@@ -50,6 +50,7 @@ check mkdir-rmdir t_mkdir_rmdir
 check unlink-while-open t_unlink_open
 check errnos t_errors
 check xattr /guestcheck xattr "$M/work/a"
+check posix-acl /guestcheck acl "$M/work/acl"
 check locks /guestcheck lock "$M/work/lockfile"
 check mmap /guestcheck mmap "$M/work/mapped"
 check o-direct /guestcheck direct "$M/work/direct"

@@ -482,9 +482,22 @@ impl Client {
     }
     /// SETXATTR.
     pub fn setxattr(&self, node: u64, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        self.setxattr_ext(node, name, value, flags, 0)
+    }
+    /// SETXATTR with FUSE_SETXATTR_* bits (`ext_flags`), which travel only
+    /// when SETXATTR_EXT was negotiated.
+    pub fn setxattr_ext(
+        &self,
+        node: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        ext_flags: u32,
+    ) -> Result<(), Errno> {
         let arg = SetxattrIn {
             size: value.len() as u32,
             flags,
+            setxattr_flags: ext_flags,
             ..Default::default()
         };
         let body = if self.negotiated_flags() & init::SETXATTR_EXT != 0 {

@@ -159,7 +159,8 @@ pub struct VhostArgs {
     /// Serve extended attributes.
     #[arg(long)]
     pub xattr: bool,
-    /// POSIX ACLs (needs --xattr).
+    /// POSIX ACLs, enforced by the guest kernel (implies --xattr; a guest
+    /// that cannot negotiate them gets no connection).
     #[arg(long)]
     pub posix_acl: bool,
     /// Refuse every change.

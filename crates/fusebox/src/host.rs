@@ -50,6 +50,10 @@ pub struct MountArgs {
     /// Serve extended attributes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     xattr: bool,
+    /// POSIX ACLs, enforced by the kernel (implies --xattr). Without it
+    /// the ACL xattrs are refused with EOPNOTSUPP.
+    #[arg(long)]
+    posix_acl: bool,
     /// Refuse every change.
     #[arg(long)]
     readonly: bool,
@@ -173,7 +177,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         cache: a.cache.policy(),
         writeback: a.writeback,
         readonly: a.readonly,
-        xattr: a.xattr,
+        xattr: a.xattr || a.posix_acl,
+        posix_acl: a.posix_acl,
         inode_file_handles: a.inode_file_handles,
         max_fds: a.rlimit_nofile,
         // Callers are host processes: their groups are in /proc.

@@ -87,9 +87,6 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     // Before any thread exists (the engine starts several), so that every
     // thread inherits the mask and only the sigwait thread takes them.
     let sigs = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1]);
-    if a.posix_acl {
-        return Err(VhostError::Unsupported("--posix-acl", "no --posix-acl"));
-    }
     let dir = a
         .shared_dir
         .clone()
@@ -122,7 +119,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         cache: a.cache.policy(),
         writeback: a.writeback,
         readonly: a.readonly,
-        xattr: a.xattr,
+        // As virtiofsd: --posix-acl implies --xattr.
+        xattr: a.xattr || a.posix_acl,
+        posix_acl: a.posix_acl,
         inode_file_handles: a.inode_file_handles != FileHandles::Never,
         max_fds: a.rlimit_nofile,
         // Guest pids mean nothing on the host: no /proc groups.
@@ -132,13 +131,13 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         ..Config::default()
     };
     if a.sandbox != crate::cli::Sandbox::None
-        && a.xattr
+        && cfg.xattr
         && !uring_ring::passthrough::xattrat_supported()
     {
         // Before 6.13 the xattr calls name fds by absolute /proc paths,
         // which inside the sandbox would resolve in the shared directory.
         return Err(VhostError::Unsupported(
-            "--xattr inside a sandbox on a kernel without getxattrat (Linux 6.13)",
+            "--xattr or --posix-acl inside a sandbox on a kernel without getxattrat (Linux 6.13)",
             "--sandbox none, or no --xattr",
         ));
     }

@@ -2,85 +2,11 @@
 //! and leaves cleanly on SIGINT/SIGTERM or an outside unmount; a killed
 //! daemon leaves an aborted connection (ENOTCONN), never a hung one.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{exits_cleanly, mounted, signal, start, start_with, Dirs};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Dirs {
-    base: PathBuf,
-}
-
-impl Dirs {
-    fn new(tag: &str) -> Dirs {
-        let base = std::env::temp_dir().join(format!("fusebox-host-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(base.join("share")).unwrap();
-        std::fs::create_dir_all(base.join("mnt")).unwrap();
-        Dirs { base }
-    }
-    fn share(&self) -> PathBuf {
-        self.base.join("share")
-    }
-    fn mnt(&self) -> PathBuf {
-        self.base.join("mnt")
-    }
-}
-
-impl Drop for Dirs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.mnt()).status();
-        let _ = std::fs::remove_dir_all(&self.base);
-    }
-}
-
-fn mounted(mnt: &Path) -> bool {
-    let m = std::fs::read_to_string("/proc/mounts").unwrap();
-    let want = format!(" {} fuse.fusebox ", mnt.display());
-    m.contains(&want)
-}
-
-fn wait(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(10), "{what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn start(d: &Dirs) -> Child {
-    start_with(d, &[])
-}
-
-fn start_with(d: &Dirs, extra: &[&str]) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
-        .arg("mount")
-        .args(extra)
-        .arg("--shared-dir")
-        .arg(d.share())
-        .arg(d.mnt())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait("mounted", || mounted(&d.mnt()));
-    child
-}
-
-fn exits_cleanly(mut child: Child) {
-    let t = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            assert!(st.success(), "{st:?}");
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "daemon did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
-}
 
 #[test]
 fn serves_files_and_unmounts_on_sigterm_and_sigint() {

@@ -263,7 +263,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 congestion_threshold: cfg.congestion_threshold,
                 ring_queues: queues as u16,
                 ring_workers: cfg.workers_per_queue.max(1),
-                offer_flags: fuse_core::abi::init::WRITEBACK_CACHE,
+                // What a guest kernel offers beyond the engine's set: the
+                // server may insist on them (--posix-acl does). The guest's
+                // own INIT, forwarded later, decides what is in force.
+                offer_flags: fuse_core::abi::init::WRITEBACK_CACHE
+                    | fuse_core::abi::init::POSIX_ACL,
                 workers: 1,
                 server,
                 ..Options::default()

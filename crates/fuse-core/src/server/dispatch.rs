@@ -611,9 +611,9 @@ impl<F: Filesystem> Dispatcher<F> {
                     st: fs.statfs(ctx, ino)?,
                 },
             ),
-            O::Setxattr { arg, name, value } => {
-                fs.setxattr(ctx, ino, name, value, arg.flags).map(|()| 0)
-            }
+            O::Setxattr { arg, name, value } => fs
+                .setxattr(ctx, ino, name, value, arg.flags, arg.setxattr_flags)
+                .map(|()| 0),
             O::Getxattr { arg, name } => {
                 Self::xattr(fs.getxattr(ctx, ino, name, arg.size)?, arg.size, out)
             }

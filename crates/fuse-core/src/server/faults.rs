@@ -553,9 +553,11 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         name: &[u8],
         value: &[u8],
         flags: u32,
+        ext_flags: u32,
     ) -> FsResult<()> {
         self.gate(Opcode::Setxattr, ctx, || {
-            self.inner.setxattr(ctx, inode, name, value, flags)
+            self.inner
+                .setxattr(ctx, inode, name, value, flags, ext_flags)
         })
     }
     fn getxattr(&self, ctx: &Ctx, inode: F::Inode, name: &[u8], size: u32) -> FsResult<Xattr> {

@@ -484,6 +484,7 @@ impl Filesystem for MemFs {
         name: &[u8],
         value: &[u8],
         _flags: u32,
+        _ext_flags: u32,
     ) -> FsResult<()> {
         self.st()
             .node(ino)?

@@ -396,7 +396,9 @@ pub trait Filesystem: Send + Sync {
     fn statfs(&self, ctx: &Ctx, inode: Self::Inode) -> FsResult<Kstatfs> {
         Err(Errno::ENOSYS)
     }
-    /// SETXATTR.
+    /// SETXATTR. `flags` are setxattr(2)'s (XATTR_CREATE, XATTR_REPLACE);
+    /// `ext_flags` the FUSE_SETXATTR_* bits of a SETXATTR_EXT connection
+    /// (0 otherwise), such as `SETXATTR_ACL_KILL_SGID`.
     fn setxattr(
         &self,
         ctx: &Ctx,
@@ -404,6 +406,7 @@ pub trait Filesystem: Send + Sync {
         name: &[u8],
         value: &[u8],
         flags: u32,
+        ext_flags: u32,
     ) -> FsResult<()> {
         Err(Errno::ENOSYS)
     }

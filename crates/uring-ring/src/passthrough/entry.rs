@@ -20,6 +20,9 @@ fn cstr(b: &[u8]) -> Result<CString, Errno> {
     CString::new(b).map_err(|_nul| Errno::EINVAL)
 }
 
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
 fn ts(sec: u64, nsec: u32, now: bool, set: bool) -> libc::timespec {
     libc::timespec {
         tv_sec: sec as libc::time_t,
@@ -377,10 +380,40 @@ impl PassthroughFs {
         name: &[u8],
         value: &[u8],
         flags: u32,
+        ext_flags: u32,
     ) -> FsResult<()> {
         self.writable()?;
+        self.acl_gate(name)?;
+        if name == ACL_ACCESS && ext_flags & fuse_core::abi::flags::SETXATTR_ACL_KILL_SGID != 0 {
+            self.kill_sgid(ctx, ino)?;
+        }
         let name = cstr(name)?;
         self.with_xattr(ctx, ino, |p| sys::setxattr(p, &name, value, flags as i32))
+    }
+
+    /// The ACL xattrs exist only while FUSE_POSIX_ACL is in force.
+    fn acl_gate(&self, name: &[u8]) -> Result<(), Errno> {
+        if (name == ACL_ACCESS || name == ACL_DEFAULT) && !self.posix_acl() {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        Ok(())
+    }
+
+    /// Clears S_ISGID before a new access ACL, as the client asked: its
+    /// caller is outside the file's group and lacks CAP_FSETID, which the
+    /// host cannot know when that caller is root (we keep CAP_FSETID then).
+    fn kill_sgid(&self, ctx: &Ctx, ino: u64) -> Result<(), Errno> {
+        let data = self.inodes.get(ino)?;
+        let _c = self.creds(ctx)?;
+        let st = self.stat(&data)?;
+        let mode = u32::from(st.stx_mode);
+        if mode & libc::S_ISGID == 0 {
+            return Ok(());
+        }
+        let fd = data.fd(&self.budget)?;
+        let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
+        let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+        sys::fchmodat(proc, &name, mode & 0o7777 & !libc::S_ISGID)
     }
 
     pub(super) fn op_getxattr(
@@ -390,6 +423,7 @@ impl PassthroughFs {
         name: &[u8],
         size: u32,
     ) -> FsResult<Xattr> {
+        self.acl_gate(name)?;
         let name = cstr(name)?;
         self.with_xattr(ctx, ino, |p| {
             if size == 0 {
@@ -416,6 +450,7 @@ impl PassthroughFs {
 
     pub(super) fn op_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> FsResult<()> {
         self.writable()?;
+        self.acl_gate(name)?;
         let name = cstr(name)?;
         self.with_xattr(ctx, ino, |p| sys::removexattr(p, &name))
     }

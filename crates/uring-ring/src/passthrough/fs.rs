@@ -14,7 +14,7 @@ impl Filesystem for PassthroughFs {
     type Handle = u64;
 
     fn init(&self, capable: u64) -> FsResult<u64> {
-        Ok(self.init_flags(capable))
+        self.init_flags(capable)
     }
     fn destroy(&self) {
         self.op_destroy();
@@ -150,8 +150,9 @@ impl Filesystem for PassthroughFs {
         name: &[u8],
         value: &[u8],
         flags: u32,
+        ext_flags: u32,
     ) -> FsResult<()> {
-        self.op_setxattr(ctx, inode, name, value, flags)
+        self.op_setxattr(ctx, inode, name, value, flags, ext_flags)
     }
     fn getxattr(&self, ctx: &Ctx, inode: u64, name: &[u8], size: u32) -> FsResult<Xattr> {
         self.op_getxattr(ctx, inode, name, size)

@@ -99,6 +99,13 @@ pub struct Config {
     pub readonly: bool,
     /// Serve extended attributes (off: ENOSYS, and the client stops asking).
     pub xattr: bool,
+    /// POSIX ACLs: INIT must agree on FUSE_POSIX_ACL (the client then
+    /// enforces ACLs and default permissions itself), DONT_MASK and
+    /// SETXATTR_EXT, or fails with EPROTO. Needs `xattr`. Off, the ACL
+    /// xattrs (`system.posix_acl_access`, `system.posix_acl_default`) are
+    /// refused with EOPNOTSUPP, as a client that does not enforce them
+    /// must not set them.
+    pub posix_acl: bool,
     /// Direct-I/O opens get FOPEN_PARALLEL_DIRECT_WRITES; such writers hold
     /// the inode lock shared.
     pub parallel_direct_writes: bool,
@@ -127,6 +134,7 @@ impl Default for Config {
             writeback: false,
             readonly: false,
             xattr: true,
+            posix_acl: false,
             parallel_direct_writes: true,
             inode_file_handles: false,
             max_fds: 65536,
@@ -151,6 +159,8 @@ pub struct PassthroughFs {
     openat2: std::sync::atomic::AtomicBool,
     /// FUSE_SUBMOUNTS was negotiated (and asked for).
     submounts: std::sync::atomic::AtomicBool,
+    /// FUSE_POSIX_ACL was negotiated.
+    posix_acl: std::sync::atomic::AtomicBool,
     /// Per device: whether its files do non-blocking I/O (see `io`).
     nowait: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
     io_stats: io::IoStats,
@@ -248,6 +258,7 @@ impl PassthroughFs {
             proc_fd,
             openat2: std::sync::atomic::AtomicBool::new(true),
             submounts: std::sync::atomic::AtomicBool::new(false),
+            posix_acl: std::sync::atomic::AtomicBool::new(false),
             nowait: Default::default(),
             io_stats: Default::default(),
             cfg,
@@ -439,7 +450,7 @@ impl PassthroughFs {
         )
     }
 
-    fn init_flags(&self, capable: u64) -> u64 {
+    fn init_flags(&self, capable: u64) -> Result<u64, Errno> {
         let mut f = init::DONT_MASK
             | init::POSIX_LOCKS
             | init::FLOCK_LOCKS
@@ -461,11 +472,29 @@ impl PassthroughFs {
         if self.cfg.announce_submounts {
             f |= init::SUBMOUNTS;
         }
+        let acl = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
+        if self.cfg.posix_acl {
+            if capable & acl != acl {
+                // --posix-acl promises ACLs the client enforces; a
+                // client that cannot gets no connection.
+                return Err(Errno(libc::EPROTO));
+            }
+            f |= acl;
+        }
+        self.posix_acl.store(
+            f & init::POSIX_ACL != 0,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.submounts.store(
             f & capable & init::SUBMOUNTS != 0,
             std::sync::atomic::Ordering::Relaxed,
         );
-        f & capable
+        Ok(f & capable)
+    }
+
+    /// FUSE_POSIX_ACL is in force.
+    fn posix_acl(&self) -> bool {
+        self.posix_acl.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn open_flags(&self, direct: bool, dir: bool) -> u32 {

@@ -116,6 +116,18 @@ impl Mount {
 
     /// Serves `share`, a directory inside `host`.
     pub fn sharing(host: HostDir, share: &Path, cfg: Config, via: Via) -> Mount {
+        Self::offering(host, share, cfg, via, 0).unwrap()
+    }
+
+    /// As [`Mount::sharing`], with the client offering `extra` INIT flags
+    /// beyond the engine's defaults; INIT's error if the server refuses.
+    pub fn offering(
+        host: HostDir,
+        share: &Path,
+        cfg: Config,
+        via: Via,
+        extra: u64,
+    ) -> Result<Mount, fuse_core::Errno> {
         let fs = PassthroughFs::new(share, cfg).unwrap();
         let queues = match via {
             Via::Ring(q) => q,
@@ -132,7 +144,7 @@ impl Mount {
             ring_queues: queues,
             // The kernel offers the writeback cache; the engine's default
             // set leaves it out because it has no page cache of its own.
-            init_flags: dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE,
+            init_flags: dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE | extra,
             ..dflt
         });
         let mut workers = match via {
@@ -142,20 +154,26 @@ impl Mount {
                 vec![std::thread::spawn(move || run_device_worker(&dev, &d))]
             }
         };
-        chan.init().unwrap();
+        if let Err(e) = chan.init() {
+            chan.abort();
+            for w in workers {
+                let _ = w.join();
+            }
+            return Err(e);
+        }
         for q in 0..queues {
             let (end, d) = (chan.ring_end(false), disp.clone());
             workers.push(std::thread::spawn(move || {
                 run_ring_worker(&end, q, 1 << 20, None, &d).unwrap()
             }));
         }
-        Mount {
+        Ok(Mount {
             client: Client::new(chan),
             disp,
             share: share.to_path_buf(),
             host,
             workers,
-        }
+        })
     }
 
     pub fn fs(&self) -> &PassthroughFs {

@@ -1,0 +1,213 @@
+//! `fusebox mount --posix-acl` against the host kernel: the kernel enforces
+//! ACLs stored on the host, a default ACL decides a new file's mode where
+//! the umask would, and a caller without CAP_FSETID loses the setgid bit
+//! when it sets an ACL. Without the option the ACL xattrs are refused.
+
+mod common;
+
+use common::{exits_cleanly, signal, start, start_with, Dirs};
+use std::ffi::CString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+const ACCESS: &str = "system.posix_acl_access";
+const DEFAULT: &str = "system.posix_acl_default";
+const USER_OBJ: u16 = 0x01;
+const USER: u16 = 0x02;
+const GROUP_OBJ: u16 = 0x04;
+const MASK: u16 = 0x10;
+const OTHER: u16 = 0x20;
+const NONE: u32 = u32::MAX;
+
+/// The xattr form of an ACL: version 2, then `{tag, perm, id}` entries.
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+fn c(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+fn setxattr(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    let (p, n) = (c(p), CString::new(name).unwrap());
+    // SAFETY: NUL-terminated names; value is readable for its length.
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+fn getxattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let (p, n) = (c(p), CString::new(name).unwrap());
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated names; buf is writable for its length.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| {
+        buf.truncate(r as usize);
+        buf
+    })
+}
+
+/// `cat FILE` as uid:gid (no supplementary groups): its output, or None.
+fn cat_as(uid: u32, file: &Path) -> Option<Vec<u8>> {
+    let out = Command::new("cat")
+        .arg(file)
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap();
+    out.status.success().then_some(out.stdout)
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().mode()
+}
+
+#[test]
+fn the_kernel_enforces_acls_that_live_on_the_host() {
+    let d = Dirs::new("acl");
+    let child = start_with(&d, &["--posix-acl"]);
+    let f = d.mnt().join("f");
+    std::fs::write(&f, b"secret").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(cat_as(1234, &f), None, "mode 0600 keeps uid 1234 out");
+    let a = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, 1234),
+        (GROUP_OBJ, 0, NONE),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    setxattr(&f, ACCESS, &a).unwrap();
+    assert_eq!(getxattr(&d.share().join("f"), ACCESS).unwrap(), a);
+    assert_eq!(mode(&f) & 0o777, 0o640, "the mask became the group bits");
+    assert_eq!(cat_as(1234, &f).as_deref(), Some(&b"secret"[..]));
+    assert_eq!(cat_as(1235, &f), None);
+
+    // A default ACL: new files take their ACL from it, not the umask.
+    let dir = d.mnt().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    let dflt = acl(&[
+        (USER_OBJ, 7, NONE),
+        (USER, 7, 1234),
+        (GROUP_OBJ, 5, NONE),
+        (MASK, 7, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    setxattr(&dir, DEFAULT, &dflt).unwrap();
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg("umask 077 && echo x > d/f && mkdir d/sub && echo y > plain")
+        .current_dir(d.mnt())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(mode(&d.share().join("d/f")) & 0o777, 0o660);
+    assert!(getxattr(&d.share().join("d/f"), ACCESS).is_some());
+    assert_eq!(getxattr(&d.share().join("d/sub"), DEFAULT).unwrap(), dflt);
+    assert_eq!(
+        cat_as(1234, &d.mnt().join("d/f")).as_deref(),
+        Some(&b"x\n"[..])
+    );
+    assert_eq!(
+        mode(&d.share().join("plain")) & 0o777,
+        0o600,
+        "no default ACL: the umask"
+    );
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+}
+
+/// Drops CAP_FSETID from this thread's effective set (capabilities are
+/// per thread); the test's other threads keep theirs.
+fn drop_fsetid_in_this_thread() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const _: () = assert!(std::mem::size_of::<Header>() == 8);
+    const _: () = assert!(std::mem::size_of::<Data>() == 12);
+    let mut h = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget fills two Data for version 3; both live here.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, data.as_mut_ptr()) };
+    assert_eq!(r, 0);
+    const CAP_FSETID: u32 = 4;
+    data[0].effective &= !(1 << CAP_FSETID);
+    // SAFETY: as above; capset only reads them.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut h, data.as_ptr()) };
+    assert_eq!(r, 0);
+}
+
+#[test]
+fn an_acl_set_without_cap_fsetid_clears_the_setgid_bit() {
+    let d = Dirs::new("aclsgid");
+    let child = start_with(&d, &["--posix-acl"]);
+    let a = acl(&[(USER_OBJ, 7, NONE), (GROUP_OBJ, 5, NONE), (OTHER, 0, NONE)]);
+    for (name, fsetid) in [("keep", true), ("kill", false)] {
+        let f = d.mnt().join(name);
+        std::fs::write(&f, b"x").unwrap();
+        // A group we are not in, and the setgid bit.
+        std::os::unix::fs::chown(&f, Some(0), Some(4321)).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o2755)).unwrap();
+        let a = a.clone();
+        let f2 = f.clone();
+        std::thread::spawn(move || {
+            if !fsetid {
+                drop_fsetid_in_this_thread();
+            }
+            setxattr(&f2, ACCESS, &a).unwrap();
+        })
+        .join()
+        .unwrap();
+        let m = mode(&d.share().join(name));
+        assert_eq!(m & libc::S_ISGID != 0, fsetid, "{name}: {m:o}");
+        assert_eq!(m & 0o777, 0o750, "{name}: {m:o}");
+    }
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+}
+
+#[test]
+fn without_posix_acl_the_acl_xattrs_are_refused() {
+    let d = Dirs::new("noacl");
+    let child = start(&d);
+    let f = d.mnt().join("f");
+    std::fs::write(&f, b"x").unwrap();
+    let a = acl(&[(USER_OBJ, 6, NONE), (GROUP_OBJ, 4, NONE), (OTHER, 4, NONE)]);
+    assert_eq!(setxattr(&f, ACCESS, &a), Err(libc::EOPNOTSUPP));
+    assert_eq!(getxattr(&d.share().join("f"), ACCESS), None);
+    setxattr(&f, "user.k", b"v").unwrap();
+    assert_eq!(getxattr(&d.share().join("f"), "user.k").unwrap(), b"v");
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+}
