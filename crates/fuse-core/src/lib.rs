@@ -22,6 +22,6 @@ pub mod server;
 mod sync;
 
 pub use chan::{
-    Args, Call, Chan, ChanConfig, ClientMem, Clock, Device, Errno, HostSpan, InFlight, IoGuard,
-    ManualClock, MonotonicClock, Negotiated, Reply, ReqResult, Signal, Stats, Transport,
+    Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, Errno, HostSpan, InFlight,
+    IoGuard, ManualClock, MonotonicClock, Negotiated, Reply, ReqResult, Signal, Stats, Transport,
 };

@@ -206,6 +206,11 @@ pub struct VhostArgs {
     /// Data I/O with pread/pwrite only.
     #[arg(long)]
     pub no_io_uring: bool,
+    /// Register guest RAM as io_uring fixed buffers, so data I/O through
+    /// the ring is READ_FIXED/WRITE_FIXED at the guest address. This pins
+    /// all of guest RAM in host memory (no ballooning or overcommit).
+    #[arg(long, conflicts_with = "no_io_uring")]
+    pub fixed_guest_memory: bool,
     /// Fault injection (tests).
     #[command(flatten)]
     pub faults: FaultArgs,

@@ -11,7 +11,9 @@
 //! - At start-up the driver probes the opcodes it uses and falls back to
 //!   the plain syscall (pread/pwrite) where one is missing.
 //! - Fixed buffers: memory regions owned by the driver are registered once
-//!   (in pieces of at most 1 GiB) for READ_FIXED/WRITE_FIXED; fixed files.
+//!   (in pieces of at most 1 GiB) for READ_FIXED/WRITE_FIXED; or a
+//!   client's memory map (guest RAM), for READ(V)_FIXED/WRITE(V)_FIXED
+//!   straight into it; fixed files.
 //! - An op carries a key (the FUSE request's unique): [`Driver::cancel`]
 //!   cancels every op with that key (ASYNC_CANCEL); an op may carry a
 //!   deadline (a linked LINK_TIMEOUT).
@@ -67,6 +69,10 @@ pub struct Supported {
     pub read_fixed: bool,
     /// IORING_OP_WRITE_FIXED.
     pub write_fixed: bool,
+    /// IORING_OP_READV_FIXED (Linux 6.15).
+    pub readv_fixed: bool,
+    /// IORING_OP_WRITEV_FIXED (Linux 6.15).
+    pub writev_fixed: bool,
     /// IORING_OP_ASYNC_CANCEL.
     pub cancel: bool,
     /// IORING_OP_LINK_TIMEOUT.
@@ -124,6 +130,8 @@ pub struct Driver {
     queued: usize,
     supported: Supported,
     regions: Vec<Box<[u8]>>,
+    /// The client map registered instead of `regions` (see `vectored`).
+    client_map: Option<vectored::ClientPieces>,
     cancels: Option<std::sync::Arc<crate::cancel::CancelRegistry>>,
 }
 
@@ -147,6 +155,8 @@ impl Driver {
                 write: probe.is_supported(opcode::Write::CODE),
                 read_fixed: probe.is_supported(opcode::ReadFixed::CODE),
                 write_fixed: probe.is_supported(opcode::WriteFixed::CODE),
+                readv_fixed: probe.is_supported(opcode::ReadvFixed::CODE),
+                writev_fixed: probe.is_supported(opcode::WritevFixed::CODE),
                 cancel: probe.is_supported(opcode::AsyncCancel::CODE),
                 link_timeout: probe.is_supported(opcode::LinkTimeout::CODE),
             },
@@ -161,6 +171,7 @@ impl Driver {
             queued: 0,
             supported,
             regions: Vec::new(),
+            client_map: None,
             cancels: None,
         })
     }
@@ -362,6 +373,7 @@ impl Driver {
             )));
         }
         let _ = self.ring.submitter().unregister_buffers();
+        self.client_map = None;
         let mut regions = Vec::new();
         let mut firsts = Vec::new();
         for &size in sizes {

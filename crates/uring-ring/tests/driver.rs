@@ -269,3 +269,115 @@ fn another_thread_cancels_a_waiting_op_by_key() {
     assert_eq!(registry.in_flight(), 0);
     drop(r);
 }
+
+/// An anonymous shared mapping of `len` bytes (client memory stand-in).
+struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize) -> Mapping {
+        // SAFETY: a fresh anonymous mapping; checked for failure below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Mapping {
+            addr: p as usize,
+            len,
+        }
+    }
+    fn span(&self) -> fuse_core::HostSpan {
+        fuse_core::HostSpan {
+            addr: self.addr,
+            len: self.len,
+        }
+    }
+    fn iov(&self, off: usize, len: usize) -> libc::iovec {
+        assert!(off + len <= self.len);
+        libc::iovec {
+            iov_base: (self.addr + off) as *mut libc::c_void,
+            iov_len: len,
+        }
+    }
+    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        // SAFETY: the range is inside the mapping, which no Rust object uses.
+        unsafe {
+            std::ptr::copy_nonoverlapping((self.addr + off) as *const u8, v.as_mut_ptr(), len)
+        };
+        v
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+#[test]
+fn a_client_map_is_registered_once_and_replaced_when_the_memory_changes() {
+    let (mut f, _path) = temp_file("client-map");
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 253) as u8).collect();
+    f.write_all(&data).unwrap();
+    let fd = f.as_raw_fd();
+    let mut d = Driver::new(8).unwrap();
+    let (a, b) = (Mapping::new(1 << 20), Mapping::new(1 << 20));
+    let (map_a, map_b) = (
+        fuse_core::ClientMap::new(vec![a.span()]),
+        fuse_core::ClientMap::new(vec![b.span()]),
+    );
+    assert_ne!(map_a.id(), map_b.id());
+    // SAFETY: both mappings live until the end of the test.
+    unsafe { d.register_client_map(&map_a) }.unwrap();
+    assert_eq!(d.client_map_id(), Some(map_a.id()));
+    // Again: a no-op.
+    // SAFETY: as above.
+    unsafe { d.register_client_map(&map_a) }.unwrap();
+    // One iovec: READ_FIXED; two: READV_FIXED.
+    let one = [a.iov(4096, 8192)];
+    // SAFETY: the iovecs are inside mapping A, registered now.
+    let r = unsafe { d.readv_client_fixed(Target::Fd(fd), &one, 100, 1) };
+    assert_eq!(r.unwrap().unwrap(), 8192);
+    assert_eq!(a.bytes(4096, 8192), &data[100..8292]);
+    let two = [a.iov(0x20000, 1000), a.iov(0x30000, 3000)];
+    // SAFETY: as above.
+    let r = unsafe { d.readv_client_fixed(Target::Fd(fd), &two, 0, 1) };
+    assert_eq!(r.unwrap().unwrap(), 4000);
+    assert_eq!(a.bytes(0x20000, 1000), &data[..1000]);
+    assert_eq!(a.bytes(0x30000, 3000), &data[1000..4000]);
+    // Memory outside the registered map is not done as fixed.
+    // SAFETY: nothing is submitted for memory outside the map.
+    assert!(unsafe { d.readv_client_fixed(Target::Fd(fd), &[b.iov(0, 10)], 0, 1) }.is_none());
+    // A new memory table: the new map replaces the old, and data lands in
+    // the new memory, not in the pages of the old registration.
+    // SAFETY: as above.
+    unsafe { d.register_client_map(&map_b) }.unwrap();
+    assert_eq!(d.client_map_id(), Some(map_b.id()));
+    let before = a.bytes(0, 8192);
+    // SAFETY: as above.
+    let r = unsafe { d.readv_client_fixed(Target::Fd(fd), &[b.iov(0, 8192)], 500, 1) };
+    assert_eq!(r.unwrap().unwrap(), 8192);
+    assert_eq!(b.bytes(0, 8192), &data[500..8692]);
+    assert_eq!(a.bytes(0, 8192), before);
+    // A write from the registered memory.
+    let fill: Vec<u8> = (0..5000u32).map(|i| (i % 7) as u8 + 1).collect();
+    // SAFETY: the range is inside mapping B, which no Rust object uses.
+    unsafe { std::ptr::copy_nonoverlapping(fill.as_ptr(), (b.addr + 0x40000) as *mut u8, 5000) };
+    // SAFETY: the iovec is inside mapping B, registered now.
+    let r = unsafe { d.writev_client_fixed(Target::Fd(fd), &[b.iov(0x40000, 5000)], 10, 1) };
+    assert_eq!(r.unwrap().unwrap(), 5000);
+    let mut back = vec![0u8; 5000];
+    assert_eq!(uring_ring::pread(fd, &mut back, 10).unwrap(), 5000);
+    assert_eq!(back, fill);
+}

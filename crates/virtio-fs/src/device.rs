@@ -13,7 +13,7 @@
 //! the timeout scanner, or the submit path when the engine refuses it.
 
 use crate::chain::{Chain, ChainError};
-use crate::guest_mem::GuestSpans;
+use crate::guest_mem::{GuestSpans, MapCache};
 use inline::InlineSlot;
 
 mod backend;
@@ -108,6 +108,14 @@ pub struct DeviceConfig {
     /// that hangs there does not stall the queue: a watchdog drains it to
     /// the workers meanwhile. See `device/inline.rs`.
     pub inline_per_batch: usize,
+    /// With `zero_copy`: the guest's RAM regions are registered as io_uring
+    /// fixed buffers of each serving thread's ring on first use (again when
+    /// the memory table changes), so data I/O through the ring goes as
+    /// READ_FIXED/WRITE_FIXED (or the vectored forms) at the guest address.
+    /// Registration pins all of guest RAM in host memory for as long as
+    /// the device runs, which defeats ballooning and overcommit: off by
+    /// default.
+    pub fixed_guest_memory: bool,
 }
 
 impl Default for DeviceConfig {
@@ -123,6 +131,7 @@ impl Default for DeviceConfig {
             max_write: 1 << 20,
             zero_copy: true,
             inline_per_batch: 0,
+            fixed_guest_memory: false,
         }
     }
 }
@@ -176,6 +185,8 @@ struct Inner<F: Filesystem + 'static> {
     cfg: DeviceConfig,
     config_space: Vec<u8>,
     mem: RwLock<Option<GuestMem>>,
+    /// Guest RAM as a client map (with `cfg.fixed_guest_memory`).
+    maps: MapCache,
     event_idx: AtomicBool,
     acked: AtomicU64,
     /// Per request queue: set while it stopped popping for admission.
@@ -293,6 +304,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             stats: DeviceStats::new(queues + 1),
             config_space,
             mem: RwLock::new(None),
+            maps: MapCache::default(),
             event_idx: AtomicBool::new(false),
             acked: AtomicU64::new(0),
             timeouts: Mutex::new(VecDeque::new()),
@@ -686,11 +698,18 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // READ and WRITE data stays in the guest's buffers: the engine gets
         // them by reference (copied only if the chain cannot be mapped).
         let wi = std::mem::size_of::<WriteIn>();
+        let map = || {
+            self.inner
+                .cfg
+                .fixed_guest_memory
+                .then(|| self.inner.maps.get(mem))
+                .flatten()
+        };
         let client = match header.map(|h| Opcode::from_u32(h.opcode)) {
             _ if !self.inner.cfg.zero_copy => None,
-            Some(Some(Opcode::Read)) => GuestSpans::new(mem, &chain.writable, OUT_HEADER),
+            Some(Some(Opcode::Read)) => GuestSpans::new(mem, map(), &chain.writable, OUT_HEADER),
             Some(Some(Opcode::Write)) if total >= IN_HEADER + wi => {
-                GuestSpans::new(mem, &chain.readable, IN_HEADER + wi)
+                GuestSpans::new(mem, map(), &chain.readable, IN_HEADER + wi)
             }
             _ => None,
         }

@@ -36,6 +36,12 @@ const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
 /// Room for one queue's rings.
 const RING_AREA: u64 = 64 * 1024;
+/// Where a reply's out header goes in its slot: its data then starts on a
+/// page, as a guest kernel's READ pages do (so a backend can do O_DIRECT
+/// straight into them). Each slot has a page to spare for this.
+const OUT_PAD: u64 = 4096 - std::mem::size_of::<OutHeader>() as u64;
+/// The same for a WRITE's data after its two headers.
+const WRITE_PAD: u64 = 4096 - 80;
 
 /// Errors setting up or running the frontend.
 #[derive(Debug, Error)]
@@ -171,7 +177,8 @@ impl VhostFrontend {
         let nq = usize::from(cfg.request_queues.max(1)) + 1;
         // A power of two (as the backend requires), room for hiprio's slots.
         let size = cfg.queue_size.clamp(16, 1024).next_power_of_two();
-        let max = (cfg.max_msg as u64).next_multiple_of(4096);
+        // Each slot half has a page to spare: see OUT_PAD and WRITE_PAD.
+        let max = (cfg.max_msg as u64 + 4096).next_multiple_of(4096);
         // Hiprio only carries FORGETs and INTERRUPTs; request queues get one
         // slot per two descriptors.
         let slots_of = |q: usize| if q == 0 { 8 } else { size / 2 };
@@ -376,7 +383,14 @@ fn submit(s: &Shared, dev: &Device) {
                 st = q.freed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let (din, dout) = (q.slot_in(slot, s.max_msg), q.slot_out(slot, s.max_msg));
+        let write = Opcode::from_u32(h.opcode) == Some(Opcode::Write);
+        let pad = if write && n as u64 + WRITE_PAD <= s.max_msg {
+            WRITE_PAD
+        } else {
+            0
+        };
+        let din = q.slot_in(slot, s.max_msg) + pad;
+        let dout = q.slot_out(slot, s.max_msg) + OUT_PAD;
         if s.mem.write_slice(msg, GuestAddress(din)).is_err() {
             continue;
         }
@@ -384,7 +398,7 @@ fn submit(s: &Shared, dev: &Device) {
         let flags = if noreply { 0 } else { F_NEXT };
         write_desc(s, q, head, din, n as u32, flags, head + 1);
         if !noreply {
-            let room = reply_room(msg, s.max_msg);
+            let room = reply_room(msg, s.max_msg - OUT_PAD);
             write_desc(s, q, head + 1, dout, room, F_WRITE, 0);
         }
         {
@@ -457,7 +471,7 @@ fn complete(s: &Shared, qi: usize, dev: &Device) {
 /// interrupted away) counts as delivered: the kernel drops those too.
 fn deliver(s: &Shared, q: &Queue, slot: u16, len: usize, unique: u64, dev: &Device) -> bool {
     let oh_len = std::mem::size_of::<OutHeader>();
-    let out = q.slot_out(slot, s.max_msg);
+    let out = q.slot_out(slot, s.max_msg) + OUT_PAD;
     let mut hb = [0u8; 16];
     if len < oh_len || s.mem.read_slice(&mut hb, GuestAddress(out)).is_err() {
         return false;

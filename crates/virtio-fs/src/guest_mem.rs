@@ -16,9 +16,52 @@
 //! afterwards.
 
 use crate::chain::Seg;
-use fuse_core::{ClientMem, Errno, HostSpan};
-use std::sync::{Condvar, Mutex};
-use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap};
+use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use vm_memory::{
+    Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
+};
+
+type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
+
+/// The guest's RAM as a [`ClientMap`], made once per memory table, for
+/// servers that register it with io_uring as fixed buffers
+/// (`DeviceConfig::fixed_guest_memory`). The memory it was made from is
+/// kept with it, so a new table can never be taken for the old one.
+#[derive(Default)]
+pub(crate) struct MapCache(RwLock<Option<(Mem, Arc<ClientMap>)>>);
+
+impl MapCache {
+    /// The map of `mem`'s regions (None if one has no host address).
+    pub(crate) fn get(&self, mem: &Mem) -> Option<Arc<ClientMap>> {
+        let same = |c: &Option<(Mem, Arc<ClientMap>)>| {
+            c.as_ref()
+                .filter(|(m, _)| std::ptr::eq::<GuestMemoryMmap>(&**m, &**mem))
+                .map(|(_, map)| map.clone())
+        };
+        if let Some(map) = same(&self.0.read().unwrap_or_else(|e| e.into_inner())) {
+            return Some(map);
+        }
+        let mut c = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(map) = same(&c) {
+            return Some(map);
+        }
+        let regions = mem
+            .iter()
+            .map(|r| {
+                let p = r.get_host_address(MemoryRegionAddress(0)).ok()?;
+                Some(HostSpan {
+                    addr: p as usize,
+                    len: usize::try_from(r.len()).ok()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let map = Arc::new(ClientMap::new(regions));
+        *c = Some((mem.clone(), map.clone()));
+        Some(map)
+    }
+}
 
 /// Access state (guarded by `GuestSpans::access`, a leaf lock).
 #[derive(Debug, Default)]
@@ -34,6 +77,8 @@ pub(crate) struct GuestSpans {
     segs: Vec<Seg>,
     spans: Vec<HostSpan>,
     mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
+    /// The map of `mem`, when the device registers guest RAM.
+    map: Option<Arc<ClientMap>>,
     access: Mutex<Access>,
     /// Signalled when the last I/O ends (for `wait_idle`).
     idle: Condvar,
@@ -55,6 +100,7 @@ impl GuestSpans {
     /// table that changed under it).
     pub(crate) fn new(
         mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        map: Option<Arc<ClientMap>>,
         segs: &[Seg],
         mut skip: usize,
     ) -> Option<GuestSpans> {
@@ -85,6 +131,7 @@ impl GuestSpans {
             segs: out_segs,
             spans,
             mem: mem.clone(),
+            map,
             access: Mutex::new(Access::default()),
             idle: Condvar::new(),
             on_idle: Mutex::new(None),
@@ -163,6 +210,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 unsafe impl ClientMem for GuestSpans {
     fn spans(&self) -> &[HostSpan] {
         &self.spans
+    }
+
+    // The map was made from `mem`'s regions (`MapCache`), which hold every
+    // span, and `mem` keeps them mapped while this exists.
+    fn map(&self) -> Option<Arc<ClientMap>> {
+        self.map.clone()
     }
 
     fn begin_io(&self) -> bool {

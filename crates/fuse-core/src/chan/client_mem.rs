@@ -23,6 +23,35 @@ pub struct HostSpan {
     pub len: usize,
 }
 
+/// The client's whole memory as mapped in this process (a guest's RAM
+/// regions), for host I/O layers that register it once instead of per
+/// request (io_uring fixed buffers). Each map has an identity of its own:
+/// a new memory table is a new map, never an old one changed.
+#[derive(Debug)]
+pub struct ClientMap {
+    id: u64,
+    regions: Vec<HostSpan>,
+}
+
+impl ClientMap {
+    /// A map of `regions`, with a fresh identity.
+    pub fn new(regions: Vec<HostSpan>) -> ClientMap {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ClientMap {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            regions,
+        }
+    }
+    /// The identity: equal ids are the same regions.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    /// The regions.
+    pub fn regions(&self) -> &[HostSpan] {
+        &self.regions
+    }
+}
+
 /// Client memory that a request's data lives in, as a list of mapped spans
 /// (in order: byte `k` of the data is found by walking the spans).
 ///
@@ -44,7 +73,9 @@ pub struct HostSpan {
 /// object, and that while [`ClientMem::begin_io`] has returned true more
 /// often than [`ClientMem::end_io`] was called, the spans stay mapped and
 /// are not reused by the client. Servers pass the spans to system calls
-/// relying on exactly this.
+/// relying on exactly this. If [`ClientMem::map`] returns a map, every
+/// span lies inside one of its regions, and the regions are mapped memory
+/// of this process (not Rust objects) while this `ClientMem` exists.
 #[allow(unsafe_code)] // Declares the contract; fuse-core implements none.
 pub unsafe trait ClientMem: Send + Sync + std::fmt::Debug {
     /// The spans, in data order (addresses only: use them under a guard).
@@ -73,6 +104,12 @@ pub unsafe trait ClientMem: Send + Sync + std::fmt::Debug {
 
     /// Copies `buf` to offset `off` (EIO once the memory was taken back).
     fn write_at(&self, off: usize, buf: &[u8]) -> Result<(), Errno>;
+
+    /// The client's whole memory, which the spans lie in, when the
+    /// provider knows it (for registering it once with the host I/O layer).
+    fn map(&self) -> Option<std::sync::Arc<ClientMap>> {
+        None
+    }
 }
 
 impl dyn ClientMem + '_ {

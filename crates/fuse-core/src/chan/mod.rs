@@ -18,7 +18,7 @@ mod timeout;
 pub mod transport;
 
 pub use call::{Call, Signal};
-pub use client_mem::{ClientMem, HostSpan, IoGuard};
+pub use client_mem::{ClientMap, ClientMem, HostSpan, IoGuard};
 pub use config::{ChanConfig, Negotiated, Stats};
 pub use dev::Device;
 pub use errno::Errno;

@@ -10,7 +10,7 @@
 use super::io::{self, IoStats};
 use crate::driver::{preadv_raw, pwritev_raw, MAX_IOVECS};
 use crate::Target;
-use fuse_core::{ClientMem, Errno, HostSpan};
+use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use std::os::fd::RawFd;
 
 /// The iovecs of bytes `skip..len` of `spans` (at most [`MAX_IOVECS`]).
@@ -32,6 +32,31 @@ fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Vec<libc::iovec> {
         at += s.len;
     }
     v
+}
+
+/// Whether `map` is this thread's ring's fixed buffers now (registering it
+/// if it is new). A map the kernel refused (RLIMIT_MEMLOCK, for one) is not
+/// tried again: its ops go as plain READV/WRITEV.
+///
+/// # Safety
+///
+/// The regions of `map` are mapped memory of this process, no Rust object.
+unsafe fn registered(d: &mut crate::Driver, map: &ClientMap) -> bool {
+    thread_local! {
+        static REFUSED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    if d.client_map_id() == Some(map.id()) {
+        return true;
+    }
+    if REFUSED.with(|r| r.get()) == map.id() {
+        return false;
+    }
+    // SAFETY: the caller's contract.
+    let ok = unsafe { d.register_client_map(map) }.is_ok();
+    if !ok {
+        REFUSED.with(|r| r.set(map.id()));
+    }
+    ok
 }
 
 /// Whether O_DIRECT can use the spans as they are.
@@ -64,13 +89,24 @@ pub fn read(
     }
     // The client may have taken its memory back (a timed-out request).
     let guard = mem.io().ok_or(Errno::EIO)?;
+    let map = mem.map();
     io::repeat(len, off, |done, at| {
         let iovs = iovecs(guard.spans(), done, len);
-        // SAFETY: `ClientMem`'s contract: while `guard` lives every span is
-        // mapped, writable memory that is no Rust object and that the
-        // client does not reuse; the iovecs stay inside the spans.
-        match io::with_driver(uring, stats, |d| unsafe {
-            d.readv_raw(Target::Fd(fd), &iovs, at, key)
+        match io::with_driver(uring, stats, |d| {
+            // SAFETY: `ClientMem`'s contract: the map's regions are mapped
+            // while `mem` lives, and the spans lie in them.
+            if map.as_ref().is_some_and(|m| unsafe { registered(d, m) }) {
+                // SAFETY: as below, and the spans are in the map just
+                // registered.
+                if let Some(r) = unsafe { d.readv_client_fixed(Target::Fd(fd), &iovs, at, key) } {
+                    stats.count_fixed(false);
+                    return r;
+                }
+            }
+            // SAFETY: `ClientMem`'s contract: while `guard` lives every span
+            // is mapped, writable memory that is no Rust object and that
+            // the client does not reuse; the iovecs stay inside the spans.
+            unsafe { d.readv_raw(Target::Fd(fd), &iovs, at, key) }
         }) {
             Some(r) => {
                 stats.count(false, true);
@@ -102,12 +138,23 @@ pub fn write(
         return io::write_direct(uring, fd, &buf, off, key, stats);
     }
     let guard = mem.io().ok_or(Errno::EIO)?;
+    let map = mem.map();
     io::repeat(len, off, |done, at| {
         let iovs = iovecs(guard.spans(), done, len);
-        // SAFETY: `ClientMem`'s contract: while `guard` lives every span is
-        // mapped memory the client does not reuse; a write only reads it.
-        match io::with_driver(uring, stats, |d| unsafe {
-            d.writev_raw(Target::Fd(fd), &iovs, at, key)
+        match io::with_driver(uring, stats, |d| {
+            // SAFETY: as in `read`.
+            if map.as_ref().is_some_and(|m| unsafe { registered(d, m) }) {
+                // SAFETY: as below, and the spans are in the map just
+                // registered.
+                if let Some(r) = unsafe { d.writev_client_fixed(Target::Fd(fd), &iovs, at, key) } {
+                    stats.count_fixed(true);
+                    return r;
+                }
+            }
+            // SAFETY: `ClientMem`'s contract: while `guard` lives every span
+            // is mapped memory the client does not reuse; a write only
+            // reads it.
+            unsafe { d.writev_raw(Target::Fd(fd), &iovs, at, key) }
         }) {
             Some(r) => {
                 stats.count(true, true);

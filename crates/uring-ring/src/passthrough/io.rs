@@ -23,6 +23,8 @@ thread_local! {
 #[derive(Debug, Default)]
 pub struct IoStats {
     counts: [[std::sync::atomic::AtomicU64; 2]; 2],
+    /// [read, write] through the client's registered memory map.
+    fixed: [std::sync::atomic::AtomicU64; 2],
     /// Ops in flight on the workers' rings, by request unique.
     pub cancels: std::sync::Arc<crate::CancelRegistry>,
 }
@@ -32,14 +34,20 @@ impl IoStats {
         self.counts[usize::from(write)][usize::from(!uring)]
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+    pub(super) fn count_fixed(&self, write: bool) {
+        self.fixed[usize::from(write)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     /// A snapshot.
     pub fn get(&self) -> IoCounts {
         let g = |w: usize, u: usize| self.counts[w][u].load(std::sync::atomic::Ordering::Relaxed);
+        let f = |w: usize| self.fixed[w].load(std::sync::atomic::Ordering::Relaxed);
         IoCounts {
             read_uring: g(0, 0),
             read_syscall: g(0, 1),
             write_uring: g(1, 0),
             write_syscall: g(1, 1),
+            read_fixed: f(0),
+            write_fixed: f(1),
         }
     }
 }
@@ -55,6 +63,12 @@ pub struct IoCounts {
     pub write_uring: u64,
     /// Writes through pwrite.
     pub write_syscall: u64,
+    /// Of the reads through io_uring, those straight into the client's
+    /// registered memory (READ_FIXED, READV_FIXED).
+    pub read_fixed: u64,
+    /// Of the writes through io_uring, those from the client's registered
+    /// memory (WRITE_FIXED, WRITEV_FIXED).
+    pub write_fixed: u64,
 }
 
 fn errno(e: std::io::Error) -> Errno {
