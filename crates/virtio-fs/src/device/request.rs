@@ -1,0 +1,151 @@
+//! A guest request chain read into engine arguments and its ticket: the
+//! headers copied out, READ and WRITE data left in guest memory by
+//! reference (see `guest_mem.rs`), malformed chains refused.
+
+use super::*;
+
+impl<F: Filesystem + 'static> FsDevice<F> {
+    /// Reads a request chain into engine arguments. Err(Some) for a chain
+    /// that can carry an error reply, Err(None) for one that cannot (it is
+    /// returned unused).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn prepare(
+        &self,
+        vring: &Vring,
+        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        chain: Chain,
+        q: usize,
+    ) -> Result<(Args, Arc<Ticket>), Option<Arc<Ticket>>> {
+        let total = chain.readable_len();
+        let mut hb = [0u8; IN_HEADER];
+        let header = if total >= IN_HEADER && chain.read_at(&**mem, 0, &mut hb).is_ok() {
+            InHeader::read_from_bytes(&hb).ok()
+        } else {
+            None
+        };
+        // READ and WRITE data stays in the guest's buffers: the engine gets
+        // them by reference (copied only if the chain cannot be mapped).
+        let wi = std::mem::size_of::<WriteIn>();
+        let map = || {
+            self.inner
+                .cfg
+                .fixed_guest_memory
+                .then(|| self.inner.maps.get(mem))
+                .flatten()
+        };
+        let client = match header.map(|h| Opcode::from_u32(h.opcode)) {
+            _ if !self.inner.cfg.zero_copy => None,
+            Some(Some(Opcode::Read)) => GuestSpans::new(mem, map(), &chain.writable, OUT_HEADER),
+            Some(Some(Opcode::Write)) if total >= IN_HEADER + wi => {
+                GuestSpans::new(mem, map(), &chain.readable, IN_HEADER + wi)
+            }
+            _ => None,
+        }
+        .map(Arc::new);
+        let ticket = Arc::new(Ticket {
+            unique: header.map_or(0, |h| h.unique),
+            engine_unique: AtomicU64::new(0),
+            gen: *self.inner.gens[q].read().unwrap_or_else(|e| e.into_inner()),
+            opcode: header.map_or(0, |h| h.opcode),
+            queue: q,
+            started: Instant::now(),
+            chain,
+            vring: vring.clone(),
+            mem: mem.clone(),
+            client: client.clone(),
+            state: Mutex::new(TicketState::InFlight),
+        });
+        if let Some(c) = &client {
+            // A timeout that found I/O running on the buffers answers here,
+            // when the last of it ends.
+            let (t, dev) = (Arc::downgrade(&ticket), Arc::downgrade(&self.inner));
+            c.on_idle(Box::new(move || {
+                let (Some(t), Some(inner)) = (t.upgrade(), dev.upgrade()) else {
+                    return;
+                };
+                let mut s = lock(&t.state);
+                if *s == TicketState::Deferred {
+                    *s = TicketState::Answered;
+                    drop(s);
+                    lock(&inner.deferred).retain(|d| !Arc::ptr_eq(d, &t));
+                    FsDevice { inner }.answer(&t, Errno::EIO.to_wire(), &[]);
+                }
+            }));
+            let mut lent = lock(&self.inner.lent[q]);
+            if lent.len() >= 64 && lent.len().is_power_of_two() {
+                lent.retain(|t| t.strong_count() > 0);
+            }
+            lent.push(Arc::downgrade(&ticket));
+        }
+        let replyable = ticket.chain.writable_len() >= OUT_HEADER;
+        let fail = |t: Arc<Ticket>| {
+            if replyable {
+                Some(t)
+            } else {
+                let _ = t.vring.add_used(t.chain.head, 0);
+                notify(&t.vring);
+                None
+            }
+        };
+        let Some(h) = header else {
+            return Err(fail(ticket));
+        };
+        // The header's length must agree with the chain, and a request
+        // that wants a reply must have room for at least its header.
+        let opcode = Opcode::from_u32(h.opcode);
+        if h.len as usize != total
+            || !replyable
+            || matches!(
+                opcode,
+                None | Some(Opcode::Forget | Opcode::BatchForget | Opcode::Interrupt)
+            )
+        {
+            return Err(fail(ticket));
+        }
+        let Some(opcode) = opcode else {
+            return Err(fail(ticket));
+        };
+        // A WRITE's data goes apart from its arguments (by reference, or
+        // copied into its own buffer).
+        let body_len = if opcode == Opcode::Write && total >= IN_HEADER + wi {
+            wi
+        } else {
+            total - IN_HEADER
+        };
+        let mut body = vec![0u8; body_len];
+        if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
+            return Err(fail(ticket));
+        }
+        let mut data = Vec::new();
+        if opcode == Opcode::Write && client.is_none() && body_len == wi {
+            data = vec![0u8; total - IN_HEADER - wi];
+            if ticket
+                .chain
+                .read_at(&**mem, IN_HEADER + wi, &mut data)
+                .is_err()
+            {
+                return Err(fail(ticket));
+            }
+        }
+        let mut args = Args::new(opcode, h.nodeid)
+            .creds(h.uid, h.gid, h.pid)
+            .body(body)
+            .data(data)
+            .out(ticket.chain.writable_len() - OUT_HEADER, true)
+            .qid((q - 1) as u16);
+        if let Some(c) = client {
+            args = args.client(c);
+        }
+        args.total_extlen = h.total_extlen;
+        // Never held back by admission, as in the kernel: INIT and DESTROY
+        // (the connection's own), RELEASE and FLUSH (FORCE there). Lock
+        // calls go synchronously (see `drain_requests`).
+        if matches!(
+            opcode,
+            Opcode::Init | Opcode::Destroy | Opcode::Release | Opcode::Releasedir | Opcode::Flush
+        ) {
+            args = args.force();
+        }
+        Ok((args, ticket))
+    }
+}
