@@ -49,8 +49,8 @@ FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --rel
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh
 
-step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none)"
-tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none"
+step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none, POSIX ACLs, guest RAM as fixed buffers)"
+tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none --posix-acl --fixed-guest-memory"
 
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps

@@ -50,7 +50,8 @@ check mkdir-rmdir t_mkdir_rmdir
 check unlink-while-open t_unlink_open
 check errnos t_errors
 check xattr /guestcheck xattr "$M/work/a"
-check posix-acl /guestcheck acl "$M/work/acl"
+# ACLs, when fusebox serves them (--posix-acl: kernel argument fusebox.acl=1).
+grep -q "fusebox.acl=1" /proc/cmdline && check posix-acl /guestcheck acl "$M/work/acl"
 check locks /guestcheck lock "$M/work/lockfile"
 check mmap /guestcheck mmap "$M/work/mapped"
 check o-direct /guestcheck direct "$M/work/direct"

@@ -208,7 +208,9 @@ pub struct VhostArgs {
     pub no_io_uring: bool,
     /// Register guest RAM as io_uring fixed buffers, so data I/O through
     /// the ring is READ_FIXED/WRITE_FIXED at the guest address. This pins
-    /// all of guest RAM in host memory (no ballooning or overcommit).
+    /// all of guest RAM in host memory, and the VMM must not discard guest
+    /// pages (no virtio-balloon, free page reporting, virtio-mem or postcopy
+    /// migration): I/O would go to the old, pinned pages.
     #[arg(long, conflicts_with = "no_io_uring")]
     pub fixed_guest_memory: bool,
     /// Fault injection (tests).

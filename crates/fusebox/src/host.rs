@@ -50,8 +50,8 @@ pub struct MountArgs {
     /// Serve extended attributes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     xattr: bool,
-    /// POSIX ACLs, enforced by the kernel (implies --xattr). Without it
-    /// the ACL xattrs are refused with EOPNOTSUPP.
+    /// POSIX ACLs, enforced by the kernel too (implies --xattr). Without
+    /// it the ACL xattrs still pass through and the host enforces them.
     #[arg(long)]
     posix_acl: bool,
     /// Refuse every change.
@@ -179,6 +179,9 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         readonly: a.readonly,
         xattr: a.xattr || a.posix_acl,
         posix_acl: a.posix_acl,
+        // Calls run as the caller with its groups from /proc: the host
+        // enforces ACLs even when the kernel does not.
+        pass_acl_xattrs: true,
         inode_file_handles: a.inode_file_handles,
         max_fds: a.rlimit_nofile,
         // Callers are host processes: their groups are in /proc.

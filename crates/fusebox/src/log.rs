@@ -55,6 +55,11 @@ pub fn info(msg: &str) {
     log(LogLevel::Info, msg);
 }
 
+/// Logs at warn.
+pub fn warn(msg: &str) {
+    log(LogLevel::Warn, msg);
+}
+
 /// Logs at error.
 pub fn error(msg: &str) {
     log(LogLevel::Error, msg);

@@ -77,6 +77,22 @@ fn socket_group(path: &std::path::Path, group: &str) -> Result<(), VhostError> {
     std::fs::set_permissions(path, mode).map_err(err)
 }
 
+/// The device's counters and how the passthrough did its data I/O.
+fn report(dev: &FsDevice<Faulty<PassthroughFs>>) -> String {
+    let n = dev.engine().fs().inner().io_counts();
+    format!(
+        "{}host I/O: reads {} through io_uring ({} into fixed guest memory), {} by syscall; \
+         writes {} through io_uring ({} from fixed guest memory), {} by syscall",
+        dev.report(),
+        n.read_uring,
+        n.read_fixed,
+        n.read_syscall,
+        n.write_uring,
+        n.write_fixed,
+        n.write_syscall
+    )
+}
+
 /// Runs the device until the frontend disconnects or a stop signal.
 pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     if a.print_capabilities {
@@ -175,6 +191,13 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     .map_err(VhostError::Daemon)?;
     dev.register_listeners(&daemon.get_epoll_handlers())
         .map_err(|e| VhostError::Device(DeviceError::Event(e)))?;
+    if a.fixed_guest_memory {
+        log::warn(
+            "--fixed-guest-memory pins guest RAM: the VMM must not discard guest pages \
+             (virtio-balloon, free page reporting, virtio-mem, postcopy migration), or reads \
+             and writes through the pinned pages would miss the guest's new ones",
+        );
+    }
     log::info(&format!(
         "sharing {} ({} request queue(s)); waiting for the VMM",
         dir.display(),
@@ -186,9 +209,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     std::thread::spawn(move || loop {
         let sig = signals::wait(&sigs);
         if sig == libc::SIGUSR1 {
-            log::info(&d2.report());
+            log::info(&report(&d2));
         } else {
-            log::info(&format!("signal {sig}: exiting\n{}", d2.report()));
+            log::info(&format!("signal {sig}: exiting\n{}", report(&d2)));
             std::process::exit(0);
         }
     });
@@ -197,7 +220,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     daemon.start(&mut listener).map_err(VhostError::Daemon)?;
     log::info("frontend connected");
     let r = daemon.wait();
-    log::info(&format!("frontend disconnected\n{}", dev.report()));
+    log::info(&format!("frontend disconnected\n{}", report(&dev)));
     // Calls hung by --inject-faults would keep the engine's workers, and
     // the exit, waiting.
     dev.engine().fs().release_hangs();

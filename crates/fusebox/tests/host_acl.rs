@@ -1,7 +1,8 @@
-//! `fusebox mount --posix-acl` against the host kernel: the kernel enforces
-//! ACLs stored on the host, a default ACL decides a new file's mode where
-//! the umask would, and a caller without CAP_FSETID loses the setgid bit
-//! when it sets an ACL. Without the option the ACL xattrs are refused.
+//! `fusebox mount --posix-acl` against the host kernel: the kernel itself
+//! checks permissions and ACLs stored on the host, a default ACL decides a
+//! new file's mode where the umask would, and a caller without CAP_FSETID
+//! loses the setgid bit when it sets an ACL. Without the option the ACL
+//! xattrs pass through and the host enforces them.
 
 mod common;
 
@@ -136,9 +137,13 @@ fn the_kernel_enforces_acls_that_live_on_the_host() {
     exits_cleanly(child);
 }
 
-/// Drops CAP_FSETID from this thread's effective set (capabilities are
-/// per thread); the test's other threads keep theirs.
-fn drop_fsetid_in_this_thread() {
+const CAP_DAC_OVERRIDE: u32 = 1;
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_FSETID: u32 = 4;
+
+/// Drops `caps` from this thread's effective set (capabilities are per
+/// thread); the test's other threads keep theirs.
+fn drop_caps_in_this_thread(caps: &[u32]) {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -161,8 +166,9 @@ fn drop_fsetid_in_this_thread() {
     // SAFETY: capget fills two Data for version 3; both live here.
     let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, data.as_mut_ptr()) };
     assert_eq!(r, 0);
-    const CAP_FSETID: u32 = 4;
-    data[0].effective &= !(1 << CAP_FSETID);
+    for c in caps {
+        data[0].effective &= !(1 << c);
+    }
     // SAFETY: as above; capset only reads them.
     let r = unsafe { libc::syscall(libc::SYS_capset, &mut h, data.as_ptr()) };
     assert_eq!(r, 0);
@@ -183,7 +189,7 @@ fn an_acl_set_without_cap_fsetid_clears_the_setgid_bit() {
         let f2 = f.clone();
         std::thread::spawn(move || {
             if !fsetid {
-                drop_fsetid_in_this_thread();
+                drop_caps_in_this_thread(&[CAP_FSETID]);
             }
             setxattr(&f2, ACCESS, &a).unwrap();
         })
@@ -197,17 +203,68 @@ fn an_acl_set_without_cap_fsetid_clears_the_setgid_bit() {
     exits_cleanly(child);
 }
 
+/// Reads `f` as root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH.
+/// The daemon serves a root caller with all its capabilities, so the host
+/// always lets it read: only the kernel's own check can refuse.
+fn read_without_dac_caps(f: &Path) -> Result<Vec<u8>, Option<i32>> {
+    let f = f.to_path_buf();
+    std::thread::spawn(move || {
+        drop_caps_in_this_thread(&[CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH]);
+        std::fs::read(&f).map_err(|e| e.raw_os_error())
+    })
+    .join()
+    .unwrap()
+}
+
 #[test]
-fn without_posix_acl_the_acl_xattrs_are_refused() {
+fn with_posix_acl_the_kernel_itself_checks_modes_and_acls() {
+    for posix_acl in [true, false] {
+        let d = Dirs::new(if posix_acl { "kcheck" } else { "nokcheck" });
+        let child = start_with(&d, if posix_acl { &["--posix-acl"] } else { &[] });
+        let f = d.mnt().join("f");
+        std::fs::write(&f, b"data").unwrap();
+        std::os::unix::fs::chown(&f, Some(5), Some(5)).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if posix_acl {
+            assert_eq!(read_without_dac_caps(&f), Err(Some(libc::EACCES)));
+            // An entry for uid 0: the kernel reads the ACL and lets it in.
+            let a = acl(&[
+                (USER_OBJ, 6, NONE),
+                (USER, 4, 0),
+                (GROUP_OBJ, 0, NONE),
+                (MASK, 4, NONE),
+                (OTHER, 0, NONE),
+            ]);
+            setxattr(&f, ACCESS, &a).unwrap();
+            assert_eq!(read_without_dac_caps(&f).as_deref(), Ok(&b"data"[..]));
+        } else {
+            // No kernel check: the host, as root, allows it.
+            assert_eq!(read_without_dac_caps(&f).as_deref(), Ok(&b"data"[..]));
+        }
+        signal(&child, libc::SIGTERM);
+        exits_cleanly(child);
+    }
+}
+
+#[test]
+fn without_posix_acl_acls_pass_through_and_the_host_enforces_them() {
     let d = Dirs::new("noacl");
     let child = start(&d);
     let f = d.mnt().join("f");
-    std::fs::write(&f, b"x").unwrap();
-    let a = acl(&[(USER_OBJ, 6, NONE), (GROUP_OBJ, 4, NONE), (OTHER, 4, NONE)]);
-    assert_eq!(setxattr(&f, ACCESS, &a), Err(libc::EOPNOTSUPP));
-    assert_eq!(getxattr(&d.share().join("f"), ACCESS), None);
-    setxattr(&f, "user.k", b"v").unwrap();
-    assert_eq!(getxattr(&d.share().join("f"), "user.k").unwrap(), b"v");
+    std::fs::write(&f, b"secret").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let a = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, 1234),
+        (GROUP_OBJ, 0, NONE),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    setxattr(&f, ACCESS, &a).unwrap();
+    assert_eq!(getxattr(&d.share().join("f"), ACCESS).unwrap(), a);
+    assert_eq!(getxattr(&f, ACCESS).unwrap(), a);
+    assert_eq!(cat_as(1234, &f).as_deref(), Some(&b"secret"[..]));
+    assert_eq!(cat_as(1235, &f), None);
     signal(&child, libc::SIGTERM);
     exits_cleanly(child);
 }

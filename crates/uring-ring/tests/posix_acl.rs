@@ -35,14 +35,49 @@ const MASK: u16 = 0x10;
 const OTHER: u16 = 0x20;
 const NONE: u32 = u32::MAX;
 
-fn acl_mount(extra: u64) -> Result<Mount, Errno> {
+fn acl_mount(add: u64) -> Result<Mount, Errno> {
+    acl_mount_without(add, 0)
+}
+
+fn acl_mount_without(add: u64, drop: u64) -> Result<Mount, Errno> {
     let host = HostDir::new(Kind::Tmpfs);
     let share = host.path.clone();
     let cfg = Config {
         posix_acl: true,
         ..Config::default()
     };
-    Mount::offering(host, &share, cfg, Via::Device(2), extra)
+    Mount::offering(host, &share, cfg, Via::Device(2), add, drop)
+}
+
+fn host_setxattr(path: &std::path::Path, name: &[u8], value: &[u8]) {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: both names are NUL-terminated; value is readable for its length.
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// The names of a listxattr reply, and that its size query agrees.
+fn names(c: &fuse_core::client::Client, node: u64) -> Vec<Vec<u8>> {
+    let XattrReply::Size(n) = c.listxattr(node, 0).unwrap() else {
+        panic!("no size")
+    };
+    let XattrReply::Data(d) = c.listxattr(node, 4096).unwrap() else {
+        panic!("no data")
+    };
+    assert_eq!(n as usize, d.len());
+    d.split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 fn host_xattr(path: &std::path::Path, name: &[u8]) -> Option<Vec<u8>> {
@@ -64,6 +99,13 @@ fn posix_acl_needs_a_client_that_enforces_acls() {
         Some(Errno(libc::EPROTO)),
         "a client that does not offer FUSE_POSIX_ACL gets no connection"
     );
+    for missing in [init::DONT_MASK, init::SETXATTR_EXT] {
+        assert_eq!(
+            acl_mount_without(init::POSIX_ACL, missing).err(),
+            Some(Errno(libc::EPROTO)),
+            "without {missing:#x}"
+        );
+    }
     let m = acl_mount(init::POSIX_ACL).unwrap();
     let want = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
     let got = m.client.chan().negotiated().unwrap().flags;
@@ -94,6 +136,41 @@ fn without_posix_acl_the_acl_xattrs_are_refused() {
     // Other xattrs are served as before.
     c.setxattr(e.nodeid, b"user.k", b"v", 0).unwrap();
     assert_eq!(host_xattr(&m.path("f"), b"user.k").unwrap(), b"v");
+    // An ACL the host file has anyway is left out of the list too.
+    host_setxattr(&m.path("f"), ACCESS, &a);
+    assert_eq!(names(c, e.nodeid), [b"user.k".to_vec()]);
+    assert_eq!(c.getxattr(e.nodeid, ACCESS, 0).unwrap_err(), eopnotsupp);
+}
+
+#[test]
+fn pass_acl_xattrs_serves_them_without_posix_acl() {
+    // Host mounts: the host enforces the ACLs, as the caller with its groups.
+    let cfg = Config {
+        pass_acl_xattrs: true,
+        ..Config::default()
+    };
+    let m = Mount::new(Kind::Tmpfs, cfg, Via::Device(2));
+    let c = &m.client;
+    let (e, _) = c.create(ROOT_ID, b"f", 0o600, RW, 0).unwrap();
+    let a = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, 1234),
+        (GROUP_OBJ, 0, NONE),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    c.setxattr(e.nodeid, ACCESS, &a, 0).unwrap();
+    assert_eq!(host_xattr(&m.path("f"), ACCESS).unwrap(), a);
+    assert_eq!(names(c, e.nodeid), [ACCESS.to_vec()]);
+    c.as_user(1234, 1234)
+        .open(e.nodeid, libc::O_RDONLY as u32)
+        .unwrap();
+    assert_eq!(
+        c.as_user(1235, 1235)
+            .open(e.nodeid, libc::O_RDONLY as u32)
+            .unwrap_err(),
+        Errno(libc::EACCES)
+    );
 }
 
 #[test]
@@ -156,6 +233,15 @@ fn the_clients_kill_sgid_flag_clears_setgid_before_the_acl() {
         assert_eq!(mode & 0o777, 0o770, "{name}: the ACL set the mode");
         assert_eq!(host_xattr(&m.path(name), ACCESS).unwrap(), a);
     }
+    // A refused ACL leaves the setgid bit where it was.
+    let (e, _) = c.create(ROOT_ID, b"bad", 0o644, RW, 0).unwrap();
+    std::os::unix::fs::chown(m.path("bad"), Some(0), Some(4321)).unwrap();
+    std::fs::set_permissions(m.path("bad"), std::fs::Permissions::from_mode(0o2750)).unwrap();
+    let kill = flags::SETXATTR_ACL_KILL_SGID;
+    let bad = c.setxattr_ext(e.nodeid, ACCESS, b"not an acl", 0, kill);
+    assert!(bad.is_err(), "{bad:?}");
+    let mode = std::fs::metadata(m.path("bad")).unwrap().mode();
+    assert_eq!(mode & 0o7777, 0o2750, "{mode:o}");
 }
 
 #[test]

@@ -370,6 +370,14 @@ fn submit(s: &Shared, dev: &Device) {
             rr
         };
         let q = &s.queues[qi];
+        if n as u64 > s.max_msg {
+            // Larger than a slot (max_msg below max_write): it would spill
+            // into the next one. Refused here, as a kernel would not build it.
+            if !noreply {
+                let _ = dev.write_with(h.unique, Errno::EIO.to_wire(), 0, |_| {});
+            }
+            continue;
+        }
         let slot = {
             let mut st = lock(&q.state);
             loop {

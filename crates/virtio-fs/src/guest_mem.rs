@@ -33,6 +33,11 @@ type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
 pub(crate) struct MapCache(RwLock<Option<(Mem, Arc<ClientMap>)>>);
 
 impl MapCache {
+    /// Forgets the map (a new memory table: the old one may be unmapped).
+    pub(crate) fn clear(&self) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// The map of `mem`'s regions (None if one has no host address).
     pub(crate) fn get(&self, mem: &Mem) -> Option<Arc<ClientMap>> {
         let same = |c: &Option<(Mem, Arc<ClientMap>)>| {

@@ -51,6 +51,10 @@ struct Args {
     /// Size of the data file, MiB.
     #[arg(long, default_value_t = 256)]
     file_mib: u64,
+    /// Open the data file O_DIRECT (as `fio --direct=1` in a guest): the
+    /// backend does the host I/O straight from and into the guest pages.
+    #[arg(long)]
+    direct: bool,
     /// Print one machine-readable line: workload depth ops_per_s mb_per_s p50_us p99_us.
     #[arg(long)]
     terse: bool,
@@ -193,7 +197,13 @@ fn run(a: &Args) -> Result<(), LoadError> {
     let file = if a.workload == Workload::Meta {
         (0, 0)
     } else {
-        data_file(&c, a.file_mib.max(1), max_write)?
+        let (node, fh) = data_file(&c, a.file_mib.max(1), max_write)?;
+        if a.direct {
+            let flags = (libc::O_RDWR | libc::O_DIRECT) as u32;
+            (node, c.open(node, flags).map_err(fs("open O_DIRECT"))?.fh)
+        } else {
+            (node, fh)
+        }
     };
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();

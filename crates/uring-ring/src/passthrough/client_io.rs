@@ -36,7 +36,8 @@ fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Vec<libc::iovec> {
 
 /// Whether `map` is this thread's ring's fixed buffers now (registering it
 /// if it is new). A map the kernel refused (RLIMIT_MEMLOCK, for one) is not
-/// tried again: its ops go as plain READV/WRITEV.
+/// tried again on this thread: its ops go as plain READV/WRITEV. A driver
+/// busy with other ops (EBUSY) tries again next time.
 ///
 /// # Safety
 ///
@@ -52,11 +53,14 @@ unsafe fn registered(d: &mut crate::Driver, map: &ClientMap) -> bool {
         return false;
     }
     // SAFETY: the caller's contract.
-    let ok = unsafe { d.register_client_map(map) }.is_ok();
-    if !ok {
-        REFUSED.with(|r| r.set(map.id()));
+    match unsafe { d.register_client_map(map) } {
+        Ok(()) => true,
+        Err(crate::DriverError::Register(e)) if e.raw_os_error() == Some(libc::EBUSY) => false,
+        Err(_) => {
+            REFUSED.with(|r| r.set(map.id()));
+            false
+        }
     }
-    ok
 }
 
 /// Whether O_DIRECT can use the spans as they are.

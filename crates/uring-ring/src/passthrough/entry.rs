@@ -23,6 +23,33 @@ fn cstr(b: &[u8]) -> Result<CString, Errno> {
 const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
+/// The xattr names of `p` without the ACL ones (NUL-terminated, in order).
+fn list_without_acls(p: &sys::FdName) -> Result<Vec<u8>, Errno> {
+    let mut buf = Vec::new();
+    // The list may grow between the size query and the read: ask again.
+    for _ in 0..8 {
+        let n = sys::listxattr(p, &mut [])?;
+        buf.resize(n.min(XATTR_MAX), 0);
+        match sys::listxattr(p, &mut buf) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf
+                    .split_inclusive(|&b| b == 0)
+                    .filter(|n| {
+                        let name = n.strip_suffix(&[0]).unwrap_or(n);
+                        name != ACL_ACCESS && name != ACL_DEFAULT
+                    })
+                    .flatten()
+                    .copied()
+                    .collect());
+            }
+            Err(Errno(libc::ERANGE)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Errno(libc::ERANGE))
+}
+
 fn ts(sec: u64, nsec: u32, now: bool, set: bool) -> libc::timespec {
     libc::timespec {
         tv_sec: sec as libc::time_t,
@@ -384,36 +411,52 @@ impl PassthroughFs {
     ) -> FsResult<()> {
         self.writable()?;
         self.acl_gate(name)?;
-        if name == ACL_ACCESS && ext_flags & fuse_core::abi::flags::SETXATTR_ACL_KILL_SGID != 0 {
-            self.kill_sgid(ctx, ino)?;
-        }
+        let killed = if name == ACL_ACCESS
+            && ext_flags & fuse_core::abi::flags::SETXATTR_ACL_KILL_SGID != 0
+        {
+            self.set_mode(ctx, ino, |m| m & !libc::S_ISGID)?
+        } else {
+            None
+        };
         let name = cstr(name)?;
-        self.with_xattr(ctx, ino, |p| sys::setxattr(p, &name, value, flags as i32))
+        let r = self.with_xattr(ctx, ino, |p| sys::setxattr(p, &name, value, flags as i32));
+        if let (Err(_), Some(old)) = (&r, killed) {
+            // No ACL was set: the setgid bit comes back (best effort).
+            let _ = self.set_mode(ctx, ino, |_| old);
+        }
+        r
     }
 
-    /// The ACL xattrs exist only while FUSE_POSIX_ACL is in force.
+    /// Without FUSE_POSIX_ACL, the ACL xattrs are hidden unless
+    /// `Config::pass_acl_xattrs`.
+    fn acls_hidden(&self) -> bool {
+        !self.posix_acl() && !self.cfg.pass_acl_xattrs
+    }
+
     fn acl_gate(&self, name: &[u8]) -> Result<(), Errno> {
-        if (name == ACL_ACCESS || name == ACL_DEFAULT) && !self.posix_acl() {
+        if (name == ACL_ACCESS || name == ACL_DEFAULT) && self.acls_hidden() {
             return Err(Errno(libc::EOPNOTSUPP));
         }
         Ok(())
     }
 
-    /// Clears S_ISGID before a new access ACL, as the client asked: its
-    /// caller is outside the file's group and lacks CAP_FSETID, which the
-    /// host cannot know when that caller is root (we keep CAP_FSETID then).
-    fn kill_sgid(&self, ctx: &Ctx, ino: u64) -> Result<(), Errno> {
+    /// Changes the permission bits of `ino` to `f(mode)` as the caller, if
+    /// that changes them; returns the mode before. SETXATTR_ACL_KILL_SGID
+    /// uses it to clear S_ISGID before a new access ACL: the client found
+    /// its caller outside the file's group and without CAP_FSETID, which
+    /// the host cannot know when that caller is root (we keep CAP_FSETID).
+    fn set_mode(&self, ctx: &Ctx, ino: u64, f: impl Fn(u32) -> u32) -> Result<Option<u32>, Errno> {
         let data = self.inodes.get(ino)?;
         let _c = self.creds(ctx)?;
-        let st = self.stat(&data)?;
-        let mode = u32::from(st.stx_mode);
-        if mode & libc::S_ISGID == 0 {
-            return Ok(());
+        let mode = u32::from(self.stat(&data)?.stx_mode) & 0o7777;
+        if f(mode) == mode {
+            return Ok(None);
         }
         let fd = data.fd(&self.budget)?;
         let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
         let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
-        sys::fchmodat(proc, &name, mode & 0o7777 & !libc::S_ISGID)
+        sys::fchmodat(proc, &name, f(mode))?;
+        Ok(Some(mode))
     }
 
     pub(super) fn op_getxattr(
@@ -437,6 +480,16 @@ impl PassthroughFs {
     }
 
     pub(super) fn op_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> FsResult<Xattr> {
+        if self.acls_hidden() {
+            return self.with_xattr(ctx, ino, |p| {
+                let names = list_without_acls(p)?;
+                match size {
+                    0 => Ok(Xattr::Size(names.len() as u32)),
+                    s if (s as usize) < names.len() => Err(Errno(libc::ERANGE)),
+                    _ => Ok(Xattr::Data(names)),
+                }
+            });
+        }
         self.with_xattr(ctx, ino, |p| {
             if size == 0 {
                 return sys::listxattr(p, &mut []).map(|n| Xattr::Size(n as u32));

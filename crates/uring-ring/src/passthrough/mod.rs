@@ -101,11 +101,15 @@ pub struct Config {
     pub xattr: bool,
     /// POSIX ACLs: INIT must agree on FUSE_POSIX_ACL (the client then
     /// enforces ACLs and default permissions itself), DONT_MASK and
-    /// SETXATTR_EXT, or fails with EPROTO. Needs `xattr`. Off, the ACL
-    /// xattrs (`system.posix_acl_access`, `system.posix_acl_default`) are
-    /// refused with EOPNOTSUPP, as a client that does not enforce them
-    /// must not set them.
+    /// SETXATTR_EXT, or fails with EPROTO. Needs `xattr`.
     pub posix_acl: bool,
+    /// Without `posix_acl`: pass the ACL xattrs (`system.posix_acl_access`,
+    /// `system.posix_acl_default`) through as any other. Right for host
+    /// mounts: every call runs as the caller with its real groups, so the
+    /// host enforces the ACLs. Off (guests, whose groups the host does not
+    /// know), they are refused with EOPNOTSUPP and left out of listxattr,
+    /// as virtiofsd does.
+    pub pass_acl_xattrs: bool,
     /// Direct-I/O opens get FOPEN_PARALLEL_DIRECT_WRITES; such writers hold
     /// the inode lock shared.
     pub parallel_direct_writes: bool,
@@ -135,6 +139,7 @@ impl Default for Config {
             readonly: false,
             xattr: true,
             posix_acl: false,
+            pass_acl_xattrs: false,
             parallel_direct_writes: true,
             inode_file_handles: false,
             max_fds: 65536,

@@ -116,17 +116,19 @@ impl Mount {
 
     /// Serves `share`, a directory inside `host`.
     pub fn sharing(host: HostDir, share: &Path, cfg: Config, via: Via) -> Mount {
-        Self::offering(host, share, cfg, via, 0).unwrap()
+        Self::offering(host, share, cfg, via, 0, 0).unwrap()
     }
 
-    /// As [`Mount::sharing`], with the client offering `extra` INIT flags
-    /// beyond the engine's defaults; INIT's error if the server refuses.
+    /// As [`Mount::sharing`], with the client offering `add` INIT flags
+    /// beyond the engine's defaults and not offering `drop`; INIT's error
+    /// if the server refuses.
     pub fn offering(
         host: HostDir,
         share: &Path,
         cfg: Config,
         via: Via,
-        extra: u64,
+        add: u64,
+        drop: u64,
     ) -> Result<Mount, fuse_core::Errno> {
         let fs = PassthroughFs::new(share, cfg).unwrap();
         let queues = match via {
@@ -144,7 +146,7 @@ impl Mount {
             ring_queues: queues,
             // The kernel offers the writeback cache; the engine's default
             // set leaves it out because it has no page cache of its own.
-            init_flags: dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE | extra,
+            init_flags: (dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE | add) & !drop,
             ..dflt
         });
         let mut workers = match via {

@@ -69,6 +69,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
         *self.inner.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        self.inner.maps.clear();
         Ok(())
     }
 
