@@ -46,8 +46,29 @@ pub enum KringError {
 struct Ent {
     id: u64,
     header: UringReqHeader,
-    payload: Vec<u8>,
+    payload: PageBuf,
     iov: [libc::iovec; 2],
+}
+
+/// A payload buffer that starts on a page, so that a file opened O_DIRECT
+/// (fio --direct=1 asks for one) reads and writes it in place instead of
+/// through a bounce buffer. Never resized, so its address is stable.
+struct PageBuf {
+    mem: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl PageBuf {
+    const PAGE: usize = 4096;
+    fn new(len: usize) -> PageBuf {
+        let mem = vec![0u8; len + Self::PAGE];
+        let off = mem.as_ptr().align_offset(Self::PAGE).min(Self::PAGE);
+        PageBuf { mem, off, len }
+    }
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.mem[self.off..self.off + self.len]
+    }
 }
 
 // SAFETY: the raw pointers in `iov` point into the same Box (header and
@@ -204,8 +225,8 @@ impl KernelQueue {
                 iov_len: std::mem::size_of::<UringReqHeader>(),
             },
             libc::iovec {
-                iov_base: ent.payload.as_mut_ptr().cast(),
-                iov_len: ent.payload.len(),
+                iov_base: ent.payload.get_mut().as_mut_ptr().cast(),
+                iov_len: ent.payload.len,
             },
         ];
         let sqe = opcode::UringCmd80::new(types::Fd(self.shared.dev.raw_fd()), cmd_op)
@@ -286,14 +307,14 @@ impl RingSlot for KernelSlot {
             .unwrap_or_default()
     }
     fn request_payload_len(&self) -> usize {
-        (self.ent.header.ring_ent_in_out.payload_sz as usize).min(self.ent.payload.len())
+        (self.ent.header.ring_ent_in_out.payload_sz as usize).min(self.ent.payload.len)
     }
     fn is_zero_copy(&self) -> bool {
         self.ent.header.ring_ent_in_out.flags & uring::ENT_ZERO_COPY != 0
     }
     fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
         let e = &mut *self.ent;
-        (&mut e.header, &mut e.payload)
+        (&mut e.header, e.payload.get_mut())
     }
     fn set_reply(&mut self, error: i32, len: usize) {
         let unique = self.in_header().unique;
@@ -324,7 +345,7 @@ impl RingTransport for KernelQueue {
         let ent = Box::new(Ent {
             id,
             header: UringReqHeader::default(),
-            payload: vec![0u8; payload.max(self.shared.max_payload)],
+            payload: PageBuf::new(payload.max(self.shared.max_payload)),
             iov: [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
@@ -421,6 +442,21 @@ impl Drop for Shared {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         for (_, ent) in st.inflight.drain() {
             Box::leak(ent);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageBuf;
+
+    #[test]
+    fn payload_buffers_start_on_a_page() {
+        for len in [1, 4096, 8192, 1 << 20, (1 << 20) + 4096] {
+            let mut b = PageBuf::new(len);
+            let p = b.get_mut();
+            assert_eq!(p.len(), len);
+            assert_eq!(p.as_ptr() as usize % PageBuf::PAGE, 0, "{len}");
         }
     }
 }
