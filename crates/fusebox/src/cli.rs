@@ -104,6 +104,17 @@ pub enum FileHandles {
     Mandatory,
 }
 
+/// --posix-acl (as virtiofsd's negotiation mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AclMode {
+    /// No ACLs (the ACL xattrs are refused).
+    Never,
+    /// ACLs if the guest kernel can negotiate them, else none.
+    Auto,
+    /// ACLs, or no connection.
+    Always,
+}
+
 /// --log-level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum LogLevel {
@@ -159,10 +170,11 @@ pub struct VhostArgs {
     /// Serve extended attributes.
     #[arg(long)]
     pub xattr: bool,
-    /// POSIX ACLs, enforced by the guest kernel (implies --xattr; a guest
-    /// that cannot negotiate them gets no connection).
-    #[arg(long)]
-    pub posix_acl: bool,
+    /// POSIX ACLs, enforced by the guest kernel (implies --xattr unless
+    /// never). `--posix-acl` alone is `always`: a guest that cannot
+    /// negotiate them gets no connection; `auto` serves it without.
+    #[arg(long, value_enum, require_equals = true, num_args = 0..=1, default_missing_value = "always", default_value = "never")]
+    pub posix_acl: AclMode,
     /// Refuse every change.
     #[arg(long)]
     pub readonly: bool,

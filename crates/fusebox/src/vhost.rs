@@ -1,7 +1,7 @@
 //! The default mode: a vhost-user-fs device serving the shared directory
 //! to one VMM connection, then exiting when the frontend disconnects.
 
-use crate::cli::{FileHandles, VhostArgs};
+use crate::cli::{AclMode, FileHandles, VhostArgs};
 use crate::log;
 use crate::sandbox;
 use crate::seccomp;
@@ -54,7 +54,8 @@ pub enum VhostError {
 
 /// What `--print-capabilities` prints: the vhost-user backend JSON that
 /// libvirt reads (no migration features).
-const CAPABILITIES: &str = "{\n  \"type\": \"fs\"\n}";
+const CAPABILITIES: &str =
+    "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"posix-acl-negotiation-mode\"\n  ]\n}";
 
 fn socket_group(path: &std::path::Path, group: &str) -> Result<(), VhostError> {
     let err = |e| VhostError::Socket(path.display().to_string(), e);
@@ -136,8 +137,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         writeback: a.writeback,
         readonly: a.readonly,
         // As virtiofsd: --posix-acl implies --xattr.
-        xattr: a.xattr || a.posix_acl,
-        posix_acl: a.posix_acl,
+        xattr: a.xattr || a.posix_acl != AclMode::Never,
+        posix_acl: a.posix_acl != AclMode::Never,
+        posix_acl_optional: a.posix_acl == AclMode::Auto,
         inode_file_handles: a.inode_file_handles != FileHandles::Never,
         max_fds: a.rlimit_nofile,
         // Guest pids mean nothing on the host: no /proc groups.

@@ -181,3 +181,25 @@ fn mandatory_file_handles_refuse_a_filesystem_without_them() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gives no file handles"), "{err}");
 }
+
+#[test]
+fn posix_acl_modes_as_virtiofsd() {
+    let caps = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("--print-capabilities")
+        .output()
+        .unwrap();
+    let caps = String::from_utf8(caps.stdout).unwrap();
+    assert!(caps.contains("\"posix-acl-negotiation-mode\""), "{caps}");
+    // fusebox-load's engine, like a guest kernel without ACL support, does
+    // not offer FUSE_POSIX_ACL: `always` refuses it, `auto` serves it.
+    let quiet = ["--sandbox", "none", "--seccomp", "none"];
+    for (mode, served) in [("--posix-acl", false), ("--posix-acl=auto", true)] {
+        let tag = if served { "aclauto" } else { "aclalways" };
+        let (_d, _share, sock, mut child) = start(tag, &[&[mode][..], &quiet[..]].concat());
+        let fe = VhostFrontend::connect(&sock, &FrontendConfig::default());
+        assert_eq!(fe.is_ok(), served, "{mode}: {:?}", fe.as_ref().err());
+        drop(fe);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -113,6 +113,34 @@ fn posix_acl_needs_a_client_that_enforces_acls() {
 }
 
 #[test]
+fn optional_posix_acl_serves_a_client_without_them() {
+    // `--posix-acl=auto`: no FUSE_POSIX_ACL from the client, a connection
+    // without ACLs (their xattrs refused, as with ACLs off).
+    let host = HostDir::new(Kind::Tmpfs);
+    let share = host.path.clone();
+    let cfg = Config {
+        posix_acl: true,
+        posix_acl_optional: true,
+        ..Config::default()
+    };
+    let m = Mount::offering(host, &share, cfg.clone(), Via::Device(2), 0, 0).unwrap();
+    let got = m.client.chan().negotiated().unwrap().flags;
+    assert_eq!(got & init::POSIX_ACL, 0, "negotiated {got:#x}");
+    let (e, _) = m.client.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    let a = acl(&[(USER_OBJ, 6, NONE), (GROUP_OBJ, 4, NONE), (OTHER, 4, NONE)]);
+    assert_eq!(
+        m.client.setxattr(e.nodeid, ACCESS, &a, 0).unwrap_err(),
+        Errno(libc::EOPNOTSUPP)
+    );
+    // A client that can gets them.
+    let host = HostDir::new(Kind::Tmpfs);
+    let share = host.path.clone();
+    let m = Mount::offering(host, &share, cfg, Via::Device(2), init::POSIX_ACL, 0).unwrap();
+    let got = m.client.chan().negotiated().unwrap().flags;
+    assert_ne!(got & init::POSIX_ACL, 0, "negotiated {got:#x}");
+}
+
+#[test]
 fn without_posix_acl_the_acl_xattrs_are_refused() {
     let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(2));
     let c = &m.client;

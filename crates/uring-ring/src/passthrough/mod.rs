@@ -103,6 +103,9 @@ pub struct Config {
     /// enforces ACLs and default permissions itself), DONT_MASK and
     /// SETXATTR_EXT, or fails with EPROTO. Needs `xattr`.
     pub posix_acl: bool,
+    /// With `posix_acl`: a client that cannot negotiate ACLs is served
+    /// without them (as if `posix_acl` were off) instead of refused.
+    pub posix_acl_optional: bool,
     /// Without `posix_acl`: pass the ACL xattrs (`system.posix_acl_access`,
     /// `system.posix_acl_default`) through as any other. Right for host
     /// mounts: every call runs as the caller with its real groups, so the
@@ -139,6 +142,7 @@ impl Default for Config {
             readonly: false,
             xattr: true,
             posix_acl: false,
+            posix_acl_optional: false,
             pass_acl_xattrs: false,
             parallel_direct_writes: true,
             inode_file_handles: false,
@@ -478,7 +482,7 @@ impl PassthroughFs {
             f |= init::SUBMOUNTS;
         }
         let acl = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
-        if self.cfg.posix_acl {
+        if self.cfg.posix_acl && (capable & acl == acl || !self.cfg.posix_acl_optional) {
             if capable & acl != acl {
                 // --posix-acl promises ACLs the client enforces; a
                 // client that cannot gets no connection.
