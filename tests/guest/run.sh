@@ -13,7 +13,7 @@
 # --fsx-ops sets the guest's fsx soak (default 4000 operations), then four
 # runs of P operations at once on distinct files (default a quarter of N).
 # FUSEBOX_SOAK=1 makes it 1,000,000 then 4 x 100,000: fsx runs at about
-# 300 operations/s in the TCG guest here, so that takes over an hour.
+# 100 operations/s in the TCG guest here, so that takes about 3 hours.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
