@@ -10,7 +10,7 @@
 use super::io::{self, IoStats};
 use crate::driver::{preadv_raw, pwritev_raw, MAX_IOVECS};
 use crate::Target;
-use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
+use fuse_core::{ClientMap, ClientMem, Errno, HostSpan, IoGuard};
 use std::os::fd::RawFd;
 
 /// The iovecs of bytes `skip..len` of `spans` (at most [`MAX_IOVECS`]).
@@ -93,36 +93,17 @@ pub fn read(
     }
     // The client may have taken its memory back (a timed-out request).
     let guard = mem.io().ok_or(Errno::EIO)?;
-    let map = mem.map();
-    io::repeat(len, off, |done, at| {
-        let iovs = iovecs(guard.spans(), done, len);
-        match io::with_driver(uring, stats, |d| {
-            // SAFETY: `ClientMem`'s contract: the map's regions are mapped
-            // while `mem` lives, and the spans lie in them.
-            if map.as_ref().is_some_and(|m| unsafe { registered(d, m) }) {
-                // SAFETY: as below, and the spans are in the map just
-                // registered.
-                if let Some(r) = unsafe { d.readv_client_fixed(Target::Fd(fd), &iovs, at, key) } {
-                    stats.count_fixed(false);
-                    return r;
-                }
-            }
-            // SAFETY: `ClientMem`'s contract: while `guard` lives every span
-            // is mapped, writable memory that is no Rust object and that
-            // the client does not reuse; the iovecs stay inside the spans.
-            unsafe { d.readv_raw(Target::Fd(fd), &iovs, at, key) }
-        }) {
-            Some(r) => {
-                stats.count(false, true);
-                r
-            }
-            None => {
-                stats.count(false, false);
-                // SAFETY: as above.
-                unsafe { preadv_raw(fd, &iovs, at) }
-            }
-        }
-    })
+    transfer(
+        false,
+        uring,
+        fd,
+        &guard,
+        mem.map().as_deref(),
+        len,
+        off,
+        key,
+        stats,
+    )
 }
 
 /// Writes all of `mem` at `off` (a short count only if the host stops).
@@ -142,32 +123,81 @@ pub fn write(
         return io::write_direct(uring, fd, &buf, off, key, stats);
     }
     let guard = mem.io().ok_or(Errno::EIO)?;
-    let map = mem.map();
+    transfer(
+        true,
+        uring,
+        fd,
+        &guard,
+        mem.map().as_deref(),
+        len,
+        off,
+        key,
+        stats,
+    )
+}
+
+/// Moves `len` bytes between the guarded spans and the file at `off`, one
+/// vectored host call per step: through this thread's ring (as fixed-buffer
+/// ops when `map` is registered there) or preadv/pwritev.
+#[allow(clippy::too_many_arguments)]
+fn transfer(
+    write: bool,
+    uring: bool,
+    fd: RawFd,
+    guard: &IoGuard<'_>,
+    map: Option<&ClientMap>,
+    len: usize,
+    off: u64,
+    key: u64,
+    stats: &IoStats,
+) -> Result<usize, Errno> {
+    let t = Target::Fd(fd);
     io::repeat(len, off, |done, at| {
         let iovs = iovecs(guard.spans(), done, len);
         match io::with_driver(uring, stats, |d| {
-            // SAFETY: as in `read`.
-            if map.as_ref().is_some_and(|m| unsafe { registered(d, m) }) {
+            // SAFETY: `ClientMem`'s contract: the map's regions are mapped
+            // while the memory (borrowed by `guard`) lives, and the spans
+            // lie in them.
+            if map.is_some_and(|m| unsafe { registered(d, m) }) {
                 // SAFETY: as below, and the spans are in the map just
                 // registered.
-                if let Some(r) = unsafe { d.writev_client_fixed(Target::Fd(fd), &iovs, at, key) } {
-                    stats.count_fixed(true);
+                let fixed = unsafe {
+                    if write {
+                        d.writev_client_fixed(t, &iovs, at, key)
+                    } else {
+                        d.readv_client_fixed(t, &iovs, at, key)
+                    }
+                };
+                if let Some(r) = fixed {
+                    stats.count_fixed(write);
                     return r;
                 }
             }
             // SAFETY: `ClientMem`'s contract: while `guard` lives every span
-            // is mapped memory the client does not reuse; a write only
-            // reads it.
-            unsafe { d.writev_raw(Target::Fd(fd), &iovs, at, key) }
+            // is mapped, writable memory that is no Rust object and that
+            // the client does not reuse; the iovecs stay inside the spans.
+            unsafe {
+                if write {
+                    d.writev_raw(t, &iovs, at, key)
+                } else {
+                    d.readv_raw(t, &iovs, at, key)
+                }
+            }
         }) {
             Some(r) => {
-                stats.count(true, true);
+                stats.count(write, true);
                 r
             }
             None => {
-                stats.count(true, false);
+                stats.count(write, false);
                 // SAFETY: as above.
-                unsafe { pwritev_raw(fd, &iovs, at) }
+                unsafe {
+                    if write {
+                        pwritev_raw(fd, &iovs, at)
+                    } else {
+                        preadv_raw(fd, &iovs, at)
+                    }
+                }
             }
         }
     })
