@@ -33,6 +33,17 @@ fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     v
 }
 
+/// u::rw- u:UID:r-- g::--- m::r-- o::---: the owner and `uid` may read.
+fn reader_acl(uid: u32) -> Vec<u8> {
+    acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, uid),
+        (GROUP_OBJ, 0, NONE),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ])
+}
+
 fn c(p: &Path) -> CString {
     CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
 }
@@ -90,13 +101,7 @@ fn the_kernel_enforces_acls_that_live_on_the_host() {
     std::fs::write(&f, b"secret").unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
     assert_eq!(cat_as(1234, &f), None, "mode 0600 keeps uid 1234 out");
-    let a = acl(&[
-        (USER_OBJ, 6, NONE),
-        (USER, 4, 1234),
-        (GROUP_OBJ, 0, NONE),
-        (MASK, 4, NONE),
-        (OTHER, 0, NONE),
-    ]);
+    let a = reader_acl(1234);
     setxattr(&f, ACCESS, &a).unwrap();
     assert_eq!(getxattr(&d.share().join("f"), ACCESS).unwrap(), a);
     assert_eq!(mode(&f) & 0o777, 0o640, "the mask became the group bits");
@@ -228,13 +233,7 @@ fn with_posix_acl_the_kernel_itself_checks_modes_and_acls() {
         if posix_acl {
             assert_eq!(read_without_dac_caps(&f), Err(Some(libc::EACCES)));
             // An entry for uid 0: the kernel reads the ACL and lets it in.
-            let a = acl(&[
-                (USER_OBJ, 6, NONE),
-                (USER, 4, 0),
-                (GROUP_OBJ, 0, NONE),
-                (MASK, 4, NONE),
-                (OTHER, 0, NONE),
-            ]);
+            let a = reader_acl(0);
             setxattr(&f, ACCESS, &a).unwrap();
             assert_eq!(read_without_dac_caps(&f).as_deref(), Ok(&b"data"[..]));
         } else {
@@ -253,13 +252,7 @@ fn without_posix_acl_acls_pass_through_and_the_host_enforces_them() {
     let f = d.mnt().join("f");
     std::fs::write(&f, b"secret").unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let a = acl(&[
-        (USER_OBJ, 6, NONE),
-        (USER, 4, 1234),
-        (GROUP_OBJ, 0, NONE),
-        (MASK, 4, NONE),
-        (OTHER, 0, NONE),
-    ]);
+    let a = reader_acl(1234);
     setxattr(&f, ACCESS, &a).unwrap();
     assert_eq!(getxattr(&d.share().join("f"), ACCESS).unwrap(), a);
     assert_eq!(getxattr(&f, ACCESS).unwrap(), a);

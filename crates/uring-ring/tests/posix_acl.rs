@@ -28,6 +28,17 @@ fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     }
     v
 }
+
+/// u::rw- u:UID:r-- g::--- m::r-- o::---: the owner and `uid` may read.
+fn reader_acl(uid: u32) -> Vec<u8> {
+    acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, uid),
+        (GROUP_OBJ, 0, NONE),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ])
+}
 const USER_OBJ: u16 = 0x01;
 const USER: u16 = 0x02;
 const GROUP_OBJ: u16 = 0x04;
@@ -180,13 +191,7 @@ fn pass_acl_xattrs_serves_them_without_posix_acl() {
     let m = Mount::new(Kind::Tmpfs, cfg, Via::Device(2));
     let c = &m.client;
     let (e, _) = c.create(ROOT_ID, b"f", 0o600, RW, 0).unwrap();
-    let a = acl(&[
-        (USER_OBJ, 6, NONE),
-        (USER, 4, 1234),
-        (GROUP_OBJ, 0, NONE),
-        (MASK, 4, NONE),
-        (OTHER, 0, NONE),
-    ]);
+    let a = reader_acl(1234);
     c.setxattr(e.nodeid, ACCESS, &a, 0).unwrap();
     assert_eq!(host_xattr(&m.path("f"), ACCESS).unwrap(), a);
     assert_eq!(names(c, e.nodeid), [ACCESS.to_vec()]);
@@ -206,13 +211,7 @@ fn an_acl_is_stored_on_the_host_and_sets_the_mode() {
     let m = acl_mount(init::POSIX_ACL).unwrap();
     let c = &m.client;
     let (e, _) = c.create(ROOT_ID, b"f", 0o600, RW, 0).unwrap();
-    let a = acl(&[
-        (USER_OBJ, 6, NONE),
-        (USER, 4, 1234),
-        (GROUP_OBJ, 0, NONE),
-        (MASK, 4, NONE),
-        (OTHER, 0, NONE),
-    ]);
+    let a = reader_acl(1234);
     c.setxattr(e.nodeid, ACCESS, &a, 0).unwrap();
     assert_eq!(host_xattr(&m.path("f"), ACCESS).unwrap(), a);
     // The group class bits are now the mask's.
