@@ -223,7 +223,12 @@ fn lock_calls_and_releases_are_never_held_back_by_admission() {
     wait_for("the lock call", || h.used_idx() == 1);
     assert_eq!(h.reply(rb).unique, 2);
     assert_eq!(h.reply(rb).error, Errno::ENOSYS.to_wire());
-    assert_eq!(fs.hung.load(Ordering::SeqCst), 1);
+    // A went to a worker and may reach the backend after the lock call
+    // was answered; it must get there and stay there.
+    wait_for("the first request to reach the backend", || {
+        fs.hung.load(Ordering::SeqCst) == 1
+    });
+    assert_eq!(h.used_idx(), 1, "A was answered while its backend hangs");
 }
 
 #[test]
