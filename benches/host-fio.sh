@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Host-mount benchmark, side by side in one run: fio (psync, O_DIRECT) on
 #   raw tmpfs · fusebox mount (/dev/fuse) · fusebox mount --io-uring ·
-#   libfuse 3.14 passthrough_hp (Debian's fuse3 source, built with g++)
+#   fusebox mount --io-uring --kernel-passthrough (the kernel does the data
+#   I/O of open files on the host files) ·
+#   libfuse 3.14 passthrough_hp (Debian's fuse3 source, built with g++; 3.14
+#   predates kernel passthrough, so it serves every read and write)
 # for 4 KiB random read and write and 1 MiB sequential read and write.
 # Prints a table of IOPS and MiB/s and the ratios to libfuse and to tmpfs.
 # Usage (root): benches/host-fio.sh [seconds per job, default 10]
@@ -104,6 +107,13 @@ pids+=($!); wait_mount
 bench_target fusebox-iouring "$work/mnt"
 kill -INT "${pids[-1]}"; wait "${pids[-1]}" || true
 
+target/release/fusebox mount --io-uring --kernel-passthrough --shared-dir "$work/tmpfs" \
+  "$work/mnt" >"$work/log4" 2>&1 &
+pids+=($!); wait_mount
+bench_target fusebox-iouring-kpt "$work/mnt"
+kill -INT "${pids[-1]}"; wait "${pids[-1]}" || true
+grep -q "kernel passthrough on" "$work/log4" || { echo "kernel passthrough was not on:" >&2; cat "$work/log4" >&2; exit 1; }
+
 "$hp" --foreground "$work/tmpfs" "$work/mnt" >"$work/log3" 2>&1 &
 pids+=($!); wait_mount
 bench_target libfuse-passthrough_hp "$work/mnt"
@@ -111,13 +121,13 @@ umount "$work/mnt"; wait "${pids[-1]}" || true
 
 printf '\nfio psync O_DIRECT, %ss per job, tmpfs backing (%s)\n' "$secs" "$(date -u +%F)"
 printf '%-24s %14s %14s %14s %14s\n' target "4k randread" "4k randwrite" "1M read MiB/s" "1M write MiB/s"
-for t in tmpfs fusebox-devfuse fusebox-iouring libfuse-passthrough_hp; do
+for t in tmpfs fusebox-devfuse fusebox-iouring fusebox-iouring-kpt libfuse-passthrough_hp; do
   set -- ${res[$t,randread4k]} ${res[$t,randwrite4k]} ${res[$t,seqread1m]} ${res[$t,seqwrite1m]}
   printf '%-24s %14s %14s %14s %14s\n' "$t" "$1" "$3" "$6" "$8"
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 echo
-for t in fusebox-devfuse fusebox-iouring; do
+for t in fusebox-devfuse fusebox-iouring fusebox-iouring-kpt; do
   for j in randread4k randwrite4k; do
     set -- ${res[$t,$j]}; mine=$1
     set -- ${res[libfuse-passthrough_hp,$j]}; lf=$1

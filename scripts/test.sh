@@ -26,15 +26,17 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 step "decoder fuzz harness (${FUSEBOX_FUZZ_ITERS:=5000000} inputs)"
 FUSEBOX_FUZZ_ITERS="$FUSEBOX_FUZZ_ITERS" cargo test -p fuse-core --release --test decode_fuzz
 
-step "conformance: pjdfstest through the host mount (/dev/fuse and io_uring; cache=never; file handles)"
+step "conformance: pjdfstest through the host mount (/dev/fuse and io_uring; kernel passthrough; cache=never; file handles)"
 tests/conformance/pjdfstest.sh
 tests/conformance/pjdfstest.sh --io-uring
+tests/conformance/pjdfstest.sh --io-uring --kernel-passthrough
 tests/conformance/pjdfstest.sh --cache never
 tests/conformance/pjdfstest.sh --inode-file-handles
 
-step "integrity: fsx, every operation, 100000 ops, fixed seeds, both modes"
+step "integrity: fsx, every operation, 100000 ops, fixed seeds, both modes and kernel passthrough"
 tests/conformance/fsx.sh 100000 1
 tests/conformance/fsx.sh 100000 1 --io-uring
+tests/conformance/fsx.sh 100000 1 --io-uring --kernel-passthrough
 tests/conformance/fsx.sh 20000 2 --cache never
 
 step "soak: fsx through the host mount, one run then 4 at once on distinct files (FUSEBOX_SOAK=1: 1,000,000 ops)"

@@ -22,3 +22,13 @@ for _ in $(seq 100); do
   sleep 0.05
 done
 grep -q " $work/mnt fuse.fusebox " /proc/mounts || { cat "$work/log"; exit 1; }
+# With --kernel-passthrough the suite must really run on it: the first
+# access waits for INIT, after which the daemon says whether it took.
+if [[ " $* " == *" --kernel-passthrough "* ]]; then
+  stat "$work/mnt" >/dev/null
+  for _ in $(seq 100); do
+    grep -q "kernel passthrough on" "$work/log" && break
+    sleep 0.05
+  done
+  grep -q "kernel passthrough on" "$work/log" || { echo "kernel passthrough is not on:"; cat "$work/log"; exit 1; }
+fi

@@ -46,6 +46,7 @@ impl Filesystem for NullFs {
         Ok(Opened {
             handle: 9,
             open_flags,
+            backing_id: 0,
         })
     }
     fn read(&self, _: &Ctx, _: u64, _: u64, _: u64, sink: &mut dyn ReadSink) -> FsResult<usize> {

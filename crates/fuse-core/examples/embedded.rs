@@ -61,6 +61,7 @@ impl Filesystem for SmallFs {
         Ok(Opened {
             handle: ino,
             open_flags: 0,
+            backing_id: 0,
         })
     }
     fn read(

@@ -58,8 +58,15 @@ pub struct MountArgs {
     #[arg(long)]
     readonly: bool,
     /// Negotiate the writeback cache.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kernel_passthrough")]
     writeback: bool,
+    /// Kernel FUSE passthrough (Linux 6.9+, CAP_SYS_ADMIN): the kernel
+    /// reads, writes and maps open files on the host files itself, and
+    /// those calls never reach the daemon. Opens, attributes and
+    /// everything else are still served. Files the kernel cannot stack on
+    /// (a share on overlayfs, say) are served as without it.
+    #[arg(long)]
+    kernel_passthrough: bool,
     /// Keep file handles instead of an fd per inode.
     #[arg(long)]
     inode_file_handles: bool,
@@ -171,6 +178,28 @@ fn start_ring(
     Ok(out)
 }
 
+/// Says whether the kernel took FUSE_PASSTHROUGH, once INIT is done.
+fn report_passthrough(disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>) {
+    let disp = disp.clone();
+    std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        while !disp.init_done() {
+            if t.elapsed() > std::time::Duration::from_secs(30) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if disp.fs().inner().kernel_passthrough() {
+            eprintln!("fusebox: kernel passthrough on");
+        } else {
+            eprintln!(
+                "fusebox: the kernel did not negotiate FUSE_PASSTHROUGH \
+                 (CONFIG_FUSE_PASSTHROUGH, Linux 6.9+); serving file data in the daemon"
+            );
+        }
+    });
+}
+
 /// Runs `fusebox mount`.
 pub fn run(a: MountArgs) -> Result<(), HostError> {
     let cfg = Config {
@@ -187,6 +216,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         // Callers are host processes: their groups are in /proc.
         groups: Groups::Proc,
         io_uring: !a.no_io_uring,
+        kernel_passthrough: a.kernel_passthrough,
         ..Config::default()
     };
     let fs = PassthroughFs::new(&a.shared_dir, cfg).map_err(HostError::Share)?;
@@ -215,6 +245,9 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         ..MountOptions::default()
     };
     let dev = DevFuse::mount(&a.mountpoint, &opts).map_err(HostError::Mount)?;
+    // Before any worker reads INIT: the filesystem offers FUSE_PASSTHROUGH
+    // only with a connection to register backing files on.
+    disp.fs().inner().attach_device(dev.clone());
     on_signals(signals, a.mountpoint.clone(), dev.clone());
     eprintln!(
         "fusebox: serving {} on {}",
@@ -225,6 +258,9 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let mut workers = serve_device(dev.clone(), disp.clone(), a.thread_pool_size);
     if a.io_uring {
         workers.extend(start_ring(&dev, &disp, max_payload)?);
+    }
+    if a.kernel_passthrough {
+        report_passthrough(&disp);
     }
     // The connection ends (unmount, abort) when a worker returns; a call
     // hung by --inject-faults would keep its worker forever: release it.

@@ -154,7 +154,46 @@ impl DevFuse {
     pub fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }
+
+    /// FUSE_DEV_IOC_BACKING_OPEN: makes the regular file open on `fd` a
+    /// backing file of this connection and returns its id (> 0), for
+    /// `fuse_open_out.backing_id` with FOPEN_PASSTHROUGH. The kernel keeps
+    /// the calling thread's credentials and does every passthrough read,
+    /// write and mmap on that file with them. Needs CAP_SYS_ADMIN and a
+    /// connection that negotiated FUSE_PASSTHROUGH (EPERM otherwise);
+    /// ELOOP when the file's filesystem stacks too deep.
+    pub fn backing_open(&self, fd: i32) -> Result<u32, Errno> {
+        let map = fuse_core::abi::structs::BackingMap {
+            fd,
+            flags: 0,
+            padding: 0,
+        };
+        // SAFETY: the ioctl reads one fuse_backing_map, which `map` is and
+        // which outlives the call.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), BACKING_OPEN, &raw const map) };
+        if r < 0 {
+            return Err(last_errno());
+        }
+        u32::try_from(r).map_err(|_negative| Errno::EIO)
+    }
+
+    /// FUSE_DEV_IOC_BACKING_CLOSE: forgets backing id `id`. Files the
+    /// kernel already opened on it keep working until they close.
+    pub fn backing_close(&self, id: u32) -> Result<(), Errno> {
+        // SAFETY: the ioctl reads one u32, which `id` is and which outlives
+        // the call.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), BACKING_CLOSE, &raw const id) };
+        if r < 0 {
+            return Err(last_errno());
+        }
+        Ok(())
+    }
 }
+
+/// `_IOW(229, 1, struct fuse_backing_map)`.
+const BACKING_OPEN: libc::c_ulong = 0x4010_E501;
+/// `_IOW(229, 2, uint32_t)`.
+const BACKING_CLOSE: libc::c_ulong = 0x4004_E502;
 
 /// The FUSE connection number of the mount on `mountpoint` (its device
 /// minor, from /proc/self/mountinfo: no access to the mount itself, which

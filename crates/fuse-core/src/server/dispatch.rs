@@ -129,7 +129,7 @@ fn open_out<H: Into<u64>>(o: Opened<H>) -> OpenOut {
     OpenOut {
         fh: o.handle.into(),
         open_flags: o.open_flags,
-        backing_id: 0,
+        backing_id: i32::try_from(o.backing_id).unwrap_or(0),
     }
 }
 
@@ -479,6 +479,13 @@ impl<F: Filesystem> Dispatcher<F> {
             ((self.cfg.max_write as usize).div_ceil(4096)).min(u16::MAX as usize) as u16;
         reply.time_gran = 1;
         reply.request_timeout = self.cfg.request_timeout;
+        if flags & init::PASSTHROUGH != 0 {
+            // Backing files may sit on a filesystem that stacks on nothing
+            // (depth 0); the mount itself then counts as depth 1. A share
+            // on overlayfs gets no passthrough (its backing opens fail
+            // with ELOOP and the server falls back to serving the data).
+            reply.max_stack_depth = 1;
+        }
         let n = put(out, &reply)?;
         self.inited.store(true, Ordering::Release);
         Ok(n)

@@ -364,6 +364,7 @@ impl Filesystem for MemFs {
             _ => Ok(Opened {
                 handle: ino,
                 open_flags: 0,
+                backing_id: 0,
             }),
         }
     }
@@ -429,6 +430,7 @@ impl Filesystem for MemFs {
         Ok(Opened {
             handle: ino,
             open_flags: 0,
+            backing_id: 0,
         })
     }
 
@@ -546,6 +548,7 @@ impl Filesystem for MemFs {
             Opened {
                 handle: e.inode,
                 open_flags: 0,
+                backing_id: 0,
             },
         ))
     }

@@ -67,6 +67,10 @@ pub struct Opened<H> {
     pub handle: H,
     /// `fopen` flags for the kernel.
     pub open_flags: u32,
+    /// With `fopen::PASSTHROUGH`: the backing id (from the kernel's
+    /// FUSE_DEV_IOC_BACKING_OPEN) the kernel does this file's reads,
+    /// writes and mmaps on. 0 otherwise.
+    pub backing_id: u32,
 }
 
 /// What CREATE returns: the new entry and its open handle.

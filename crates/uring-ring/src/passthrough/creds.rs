@@ -57,6 +57,20 @@ pub fn with_dac_read_search<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Runs `f` with the capabilities in `mask` out of this thread's
+/// effective set (they stay permitted and are raised again after). Err if
+/// they could not be lowered; `f` has not run then.
+pub fn with_caps_lowered<T>(mask: u64, f: impl FnOnce() -> T) -> Result<T, Errno> {
+    let now = thread::capget()?;
+    if now[0] & mask == 0 {
+        return Ok(f());
+    }
+    thread::capset([now[0] & !mask, now[1], now[2]])?;
+    let r = f();
+    let _ = thread::capset(now);
+    Ok(r)
+}
+
 /// Gives the calling thread its own umask (once per thread).
 pub fn private_umask(mask: u32) -> Result<UmaskGuard, Errno> {
     if !UNSHARED.with(Cell::get) {

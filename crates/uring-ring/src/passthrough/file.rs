@@ -1,6 +1,7 @@
 //! Open files and directories: the handle table, OPEN/CREATE/TMPFILE,
 //! READ/WRITE through io_uring, directory listing, and the small file ops.
 
+use super::backing::Grant;
 use super::creds::private_umask;
 use super::inode::{CountedFd, InodeData};
 use super::{component, io, sys, PassthroughFs};
@@ -27,6 +28,9 @@ pub struct HandleData {
     pub uring: bool,
     /// Opened O_DIRECT on the host (writes then go through the ring too).
     pub odirect: bool,
+    /// Holds a use of its inode's backing state (kernel passthrough
+    /// configured: see `backing.rs`), given back at RELEASE.
+    backing: bool,
     /// Serialises seek + getdents on a directory handle.
     dir: Mutex<()>,
 }
@@ -136,7 +140,7 @@ impl PassthroughFs {
         if self.cfg.readonly && (f & libc::O_ACCMODE != libc::O_RDONLY || f & libc::O_TRUNC != 0) {
             return Err(Errno(libc::EROFS));
         }
-        if self.cfg.writeback && self.cfg.cache != super::CachePolicy::Never {
+        if self.writeback() {
             // The client's page cache may read a page of a file opened
             // write-only, and it does appends itself.
             if f & libc::O_ACCMODE == libc::O_WRONLY {
@@ -155,9 +159,19 @@ impl PassthroughFs {
         dir: bool,
     ) -> Opened<u64> {
         let direct = flags & libc::O_DIRECT != 0;
-        let open_flags = self.open_flags(direct, dir);
+        let mut open_flags = self.open_flags(direct, dir);
         let direct = direct || open_flags & fuse_core::abi::fopen::DIRECT_IO != 0;
         let uring = !dir && self.uring_for(&fd, inode.key.dev);
+        let backing = !dir && self.offers_passthrough();
+        let mut backing_id = 0;
+        if backing {
+            if let Grant::Passthrough(id) = self.backing.acquire(&inode.backing, fd.raw()) {
+                // The kernel refuses FOPEN_KEEP_CACHE and the cache flags
+                // with passthrough; the page cache is the host file's.
+                open_flags = fuse_core::abi::fopen::PASSTHROUGH;
+                backing_id = id;
+            }
+        }
         inode.handles.fetch_add(1, Ordering::AcqRel);
         let handle = self.handles.insert(HandleData {
             fd,
@@ -165,9 +179,14 @@ impl PassthroughFs {
             direct,
             uring,
             odirect: flags & libc::O_DIRECT != 0,
+            backing,
             dir: Mutex::new(()),
         });
-        Opened { handle, open_flags }
+        Opened {
+            handle,
+            open_flags,
+            backing_id,
+        }
     }
 
     pub(super) fn op_open(
@@ -405,6 +424,9 @@ impl PassthroughFs {
         // Closing the description drops its flock locks; the inode's last
         // handle takes its owners' POSIX lock descriptions along.
         if let Some(h) = self.handles.remove(fh) {
+            if h.backing {
+                self.backing.release(&h.inode.backing);
+            }
             if h.inode.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
                 self.locks.drop_inode(h.inode.nodeid);
             }

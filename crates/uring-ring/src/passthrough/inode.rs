@@ -8,6 +8,7 @@
 //! Locking: the table's `RwLock` guards both maps and every refcount change
 //! that may reach zero (so a lookup never revives an inode being removed).
 
+use super::backing::BackingState;
 use super::sys;
 use fuse_core::Errno;
 use std::collections::HashMap;
@@ -167,6 +168,8 @@ pub struct InodeData {
     pub writers: AtomicUsize,
     /// Open handles on this inode.
     pub handles: AtomicUsize,
+    /// Kernel passthrough of its open handles (a leaf lock).
+    pub backing: Mutex<BackingState>,
     /// Lookup references (guarded by the table's lock when it may reach 0).
     refs: Mutex<u64>,
 }
@@ -236,6 +239,7 @@ impl InodeTable {
             io_lock: RwLock::new(()),
             writers: AtomicUsize::new(0),
             handles: AtomicUsize::new(0),
+            backing: Mutex::new(BackingState::Idle),
             refs: Mutex::new(1),
         });
         let mut maps = Maps {
@@ -334,6 +338,7 @@ impl InodeTable {
             io_lock: RwLock::new(()),
             writers: AtomicUsize::new(0),
             handles: AtomicUsize::new(0),
+            backing: Mutex::new(BackingState::Idle),
             refs: Mutex::new(1),
         });
         maps.by_key.insert(key, id);

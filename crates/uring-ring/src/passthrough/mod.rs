@@ -20,6 +20,7 @@
 //! operation that creates files or checks permissions runs under the
 //! caller's fsuid/fsgid and groups (see `creds.rs`).
 
+mod backing;
 mod client_io;
 mod creds;
 mod entry;
@@ -132,6 +133,11 @@ pub struct Config {
     /// FUSE_ATTR_SUBMOUNT (when the client negotiates FUSE_SUBMOUNTS), so
     /// the client gives them their own superblock and st_dev.
     pub announce_submounts: bool,
+    /// Host mounts: negotiate FUSE_PASSTHROUGH and let the kernel do the
+    /// reads, writes and mmaps of open files on the host files itself
+    /// (see `backing.rs`). Needs [`PassthroughFs::attach_device`] before
+    /// INIT and CAP_SYS_ADMIN; excludes the writeback cache.
+    pub kernel_passthrough: bool,
 }
 
 impl Default for Config {
@@ -152,6 +158,7 @@ impl Default for Config {
             groups: Groups::None,
             io_uring: true,
             announce_submounts: false,
+            kernel_passthrough: false,
         }
     }
 }
@@ -173,6 +180,8 @@ pub struct PassthroughFs {
     /// Per device: whether its files do non-blocking I/O (see `io`).
     nowait: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
     io_stats: io::IoStats,
+    /// Kernel passthrough (host mounts).
+    backing: backing::Backing,
 }
 
 impl std::fmt::Debug for PassthroughFs {
@@ -270,6 +279,7 @@ impl PassthroughFs {
             posix_acl: std::sync::atomic::AtomicBool::new(false),
             nowait: Default::default(),
             io_stats: Default::default(),
+            backing: Default::default(),
             cfg,
         })
     }
@@ -299,6 +309,25 @@ impl PassthroughFs {
     /// Inodes known (the root included).
     pub fn inode_count(&self) -> usize {
         self.inodes.len()
+    }
+
+    /// Gives the filesystem the /dev/fuse connection it serves, for kernel
+    /// passthrough ([`Config::kernel_passthrough`]); call it before INIT.
+    /// False if a connection was attached already.
+    pub fn attach_device(&self, dev: crate::devfuse::DevFuse) -> bool {
+        self.backing.attach(dev)
+    }
+
+    /// Whether kernel passthrough is in force (negotiated, and not turned
+    /// off since by an EPERM from the kernel).
+    pub fn kernel_passthrough(&self) -> bool {
+        self.backing.active()
+    }
+
+    /// Backing files registered with the kernel now (one per inode with
+    /// passthrough opens).
+    pub fn backing_ids_open(&self) -> usize {
+        self.backing.open_ids()
     }
 
     /// Open file and directory handles.
@@ -470,7 +499,9 @@ impl PassthroughFs {
             // Shared mmap of files opened with FOPEN_DIRECT_IO (cache
             // never/metadata); without it the client refuses with ENODEV.
             | init::DIRECT_IO_ALLOW_MMAP;
-        if self.cfg.writeback && self.cfg.cache != CachePolicy::Never {
+        if self.offers_passthrough() {
+            f |= init::PASSTHROUGH;
+        } else if self.writeback() {
             f |= init::WRITEBACK_CACHE;
         }
         if self.cfg.creds {
@@ -498,7 +529,20 @@ impl PassthroughFs {
             f & capable & init::SUBMOUNTS != 0,
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.backing
+            .set_active(f & capable & init::PASSTHROUGH != 0);
         Ok(f & capable)
+    }
+
+    /// Kernel passthrough is configured and has its connection.
+    fn offers_passthrough(&self) -> bool {
+        self.cfg.kernel_passthrough && self.backing.attached()
+    }
+
+    /// The writeback cache is asked for (never with kernel passthrough,
+    /// which the kernel turns off when both are negotiated).
+    fn writeback(&self) -> bool {
+        self.cfg.writeback && self.cfg.cache != CachePolicy::Never && !self.offers_passthrough()
     }
 
     /// FUSE_POSIX_ACL is in force.

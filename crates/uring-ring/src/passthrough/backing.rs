@@ -1,0 +1,201 @@
+//! Kernel FUSE passthrough for host mounts (`Config::kernel_passthrough`):
+//! the kernel reads, writes and maps an open file straight on the host
+//! file, and those calls never reach the daemon.
+//!
+//! The daemon still serves OPEN and CREATE: it opens the host file as the
+//! caller (that open is the permission check, and does O_TRUNC), then
+//! registers the file with FUSE_DEV_IOC_BACKING_OPEN and answers with
+//! FOPEN_PASSTHROUGH and the backing id. The kernel opens its own file on
+//! the same path with the client file's flags, under the credentials of
+//! the thread that made the ioctl, and does all passthrough I/O with them.
+//!
+//! # Credentials of passthrough I/O
+//!
+//! The ioctl is made outside any [`super::creds::CredGuard`] (it needs
+//! CAP_SYS_ADMIN), so those credentials are the daemon's: root. Two of
+//! root's capabilities would change what a write does, so they are lowered
+//! around the ioctl and the kernel never stores them:
+//! - CAP_FSETID: a write by a caller without it must clear setuid and
+//!   setgid. With HANDLE_KILLPRIV_V2 the FUSE client leaves that to the
+//!   host file's own write path, which clears them only if the writer
+//!   lacks CAP_FSETID. Kept, a user could write into another user's
+//!   setuid program and keep it setuid.
+//! - CAP_SYS_RESOURCE: quota limits and the filesystem's reserved blocks.
+//!
+//! # One backing file per inode
+//!
+//! The kernel wants every open of an inode that has a passthrough open to
+//! be a passthrough open on the same backing file, and refuses a
+//! passthrough open while cached opens of the inode exist. Each inode
+//! therefore has one [`BackingState`] (guarded by `InodeData::backing`, a
+//! leaf lock: nothing else is taken while it is held):
+//!
+//! ```text
+//! Idle --open, BACKING_OPEN ok--> Passthrough { id, users: 1 }
+//! Idle --open, BACKING_OPEN fails--> Cached { users: 1 }
+//! Passthrough { users: n } --open--> Passthrough { users: n + 1 }
+//! Cached { users: n } --open--> Cached { users: n + 1 }
+//! Passthrough { users: 1 } --RELEASE, BACKING_CLOSE--> Idle
+//! Cached { users: 1 } --RELEASE--> Idle
+//! ```
+//!
+//! The id is closed at the last RELEASE, never earlier: the kernel looks
+//! the id up when the opener's thread handles the reply, after the reply
+//! was written, so an id closed right after the reply could be gone.
+
+use super::creds::with_caps_lowered;
+use crate::devfuse::DevFuse;
+use fuse_core::Errno;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// CAP_FSETID.
+const CAP_FSETID: u64 = 1 << 4;
+/// CAP_SYS_RESOURCE.
+const CAP_SYS_RESOURCE: u64 = 1 << 24;
+
+/// One inode's backing file (see the module docs for the transitions).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum BackingState {
+    /// No open handle.
+    #[default]
+    Idle,
+    /// Open handles do passthrough on backing id `id`.
+    Passthrough {
+        /// The backing id.
+        id: u32,
+        /// Open handles using it.
+        users: usize,
+    },
+    /// Open handles are served by the daemon (BACKING_OPEN failed for the
+    /// first of them).
+    Cached {
+        /// Open handles.
+        users: usize,
+    },
+}
+
+/// What an open got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// FOPEN_PASSTHROUGH with this backing id.
+    Passthrough(u32),
+    /// Served by the daemon.
+    Cached,
+}
+
+/// The connection's side of kernel passthrough.
+#[derive(Debug, Default)]
+pub struct Backing {
+    /// The /dev/fuse connection the ioctls go to (set once, before INIT).
+    dev: OnceLock<DevFuse>,
+    /// FUSE_PASSTHROUGH was negotiated and not found unusable since.
+    active: AtomicBool,
+    /// Backing ids open now.
+    open_ids: AtomicUsize,
+}
+
+impl Backing {
+    /// Sets the connection; false if one was set already.
+    pub fn attach(&self, dev: DevFuse) -> bool {
+        self.dev.set(dev).is_ok()
+    }
+
+    /// Whether a connection is attached (so FUSE_PASSTHROUGH may be
+    /// offered).
+    pub fn attached(&self) -> bool {
+        self.dev.get().is_some()
+    }
+
+    /// Records INIT's outcome.
+    pub fn set_active(&self, on: bool) {
+        self.active.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether opens get passthrough now.
+    pub fn active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Backing ids open now.
+    pub fn open_ids(&self) -> usize {
+        self.open_ids.load(Ordering::Relaxed)
+    }
+
+    /// An open of the inode whose state is `state`, on the host file `fd`
+    /// just opened for the caller.
+    pub fn acquire(&self, state: &Mutex<BackingState>, fd: i32) -> Grant {
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        match *st {
+            BackingState::Passthrough { id, users } => {
+                *st = BackingState::Passthrough {
+                    id,
+                    users: users + 1,
+                };
+                return Grant::Passthrough(id);
+            }
+            BackingState::Cached { users } => {
+                *st = BackingState::Cached { users: users + 1 };
+                return Grant::Cached;
+            }
+            BackingState::Idle => {}
+        }
+        let opened = match self.dev.get() {
+            Some(dev) if self.active() => {
+                Some(with_caps_lowered(CAP_FSETID | CAP_SYS_RESOURCE, || {
+                    dev.backing_open(fd)
+                }))
+            }
+            _ => None,
+        };
+        match opened {
+            Some(Ok(Ok(id))) => {
+                self.open_ids.fetch_add(1, Ordering::Relaxed);
+                *st = BackingState::Passthrough { id, users: 1 };
+                Grant::Passthrough(id)
+            }
+            other => {
+                if let Some(Ok(Err(e))) = other {
+                    if e == Errno::EPERM && self.active.swap(false, Ordering::Relaxed) {
+                        // Not CAP_SYS_ADMIN (or the kernel says no): every
+                        // open from now on is served by the daemon.
+                        eprintln!(
+                            "fusebox: kernel passthrough refused (EPERM: needs \
+                             CAP_SYS_ADMIN); serving file data in the daemon"
+                        );
+                    }
+                } else if let Some(Err(e)) = other {
+                    // The capabilities could not be lowered: never hand the
+                    // kernel root's full set.
+                    if self.active.swap(false, Ordering::Relaxed) {
+                        eprintln!("fusebox: kernel passthrough off: capset failed: {e}");
+                    }
+                }
+                *st = BackingState::Cached { users: 1 };
+                Grant::Cached
+            }
+        }
+    }
+
+    /// The RELEASE of an open that got `grant` from [`Backing::acquire`].
+    pub fn release(&self, state: &Mutex<BackingState>) {
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        *st = match *st {
+            BackingState::Passthrough { id, users: 1 } => {
+                if let Some(dev) = self.dev.get() {
+                    // ENOENT after an abort or unmount: the id is gone
+                    // with the connection anyway.
+                    let _ = dev.backing_close(id);
+                }
+                self.open_ids.fetch_sub(1, Ordering::Relaxed);
+                BackingState::Idle
+            }
+            BackingState::Passthrough { id, users } => BackingState::Passthrough {
+                id,
+                users: users - 1,
+            },
+            BackingState::Cached { users: 0 | 1 } | BackingState::Idle => BackingState::Idle,
+            BackingState::Cached { users } => BackingState::Cached { users: users - 1 },
+        };
+    }
+}
