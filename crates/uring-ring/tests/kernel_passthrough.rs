@@ -196,30 +196,157 @@ fn a_users_write_clears_setuid_as_a_local_write_does() {
     let path = m.path("prog");
     // A thread with another fsuid has no CAP_FSETID: a local write of
     // such a caller clears setuid.
-    std::thread::spawn(move || {
-        // SAFETY: setfsuid/setfsgid change only this thread's credentials.
-        unsafe {
-            libc::setfsgid(65534);
-            libc::setfsuid(65534);
-        }
+    as_nobody(move || {
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .unwrap();
         f.write_all(b"echo owned\n").unwrap();
-    })
-    .join()
-    .unwrap();
+    });
     assert!(m.fs().kernel_passthrough());
     assert_eq!(m.daemon_data_ops(), 0, "the write did not pass through");
     let mode = std::fs::metadata(&share_file).unwrap().permissions().mode();
     assert_eq!(mode & 0o7777, 0o777, "setuid survived a user's write");
 }
 
+/// Runs `f` on a thread whose fsuid and fsgid are 65534 (so without the
+/// file-system capabilities).
+fn as_nobody<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: setfsuid/setfsgid change only this thread's credentials.
+        unsafe {
+            libc::setfsgid(65534);
+            libc::setfsuid(65534);
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Mounts `what` (a `mount` argument list) on `base/share`, made world
+/// writable.
+fn mounted_share(base: &Path, args: &[&str]) -> (PathBuf, Vec<PathBuf>) {
+    let share = base.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let st = Command::new("mount")
+        .args(args)
+        .arg(&share)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount {args:?}");
+    std::fs::set_permissions(&share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    (share.clone(), vec![share])
+}
+
+fn statvfs(p: &Path) -> libc::statvfs {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a zeroed statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st
+}
+
 #[test]
-fn files_the_kernel_cannot_stack_on_are_served_by_the_daemon() {
-    // The share is an overlayfs (stack depth 1): BACKING_OPEN fails with
-    // ELOOP and the opens of that inode are served as without passthrough.
+fn a_user_cannot_write_into_root_reserved_blocks() {
+    // Half of this ext4 is reserved for root (resuid 0). A local write by
+    // an ordinary user stops at the other half; passthrough writes must
+    // too, so the kernel must not do them as fsuid 0.
+    let m = Mount::new("reserved", |base| {
+        let img = base.join("img");
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(64 << 20).unwrap();
+        let st = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "50"])
+            .arg(&img)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mkfs.ext4");
+        mounted_share(base, &["-o", "loop", img.to_str().unwrap()])
+    });
+    let v = statvfs(&m.base.join("share"));
+    let for_users = v.f_bavail * v.f_frsize;
+    let path = m.path("fill");
+    let written = as_nobody(move || {
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0x5Au8; 1 << 20];
+        let mut n = 0u64;
+        while let Ok(k) = f.write(&chunk) {
+            if k == 0 {
+                break;
+            }
+            n += k as u64;
+        }
+        n
+    });
+    assert!(m.fs().kernel_passthrough());
+    assert_eq!(m.daemon_data_ops(), 0, "the writes did not pass through");
+    assert!(
+        written <= for_users + (1 << 20),
+        "a user wrote {written} bytes where {for_users} were free for users"
+    );
+}
+
+#[test]
+fn the_last_close_lets_the_host_file_go() {
+    // A backing id pins its file: after the last close and an unlink the
+    // host filesystem must get the space back, which it only does if the
+    // id was really closed.
+    let m = Mount::new("close", |base| {
+        mounted_share(base, &["-t", "tmpfs", "-o", "size=64m", "fusebox-kp"])
+    });
+    let share = m.base.join("share");
+    let before = statvfs(&share).f_bfree;
+    std::fs::write(m.path("big"), pattern(16 << 20, 1)).unwrap();
+    let held = std::fs::File::open(m.path("big")).unwrap();
+    assert_eq!(m.fs().backing_ids_open(), 1);
+    assert!(statvfs(&share).f_bfree < before);
+    std::fs::remove_file(m.path("big")).unwrap();
+    drop(held);
+    wait("the backing id to be closed", || {
+        m.fs().backing_ids_open() == 0
+    });
+    wait("tmpfs to free the unlinked file", || {
+        statvfs(&share).f_bfree >= before
+    });
+    assert_eq!(m.daemon_data_ops(), 0);
+}
+
+#[test]
+fn append_only_files_are_served_by_the_daemon() {
+    // The kernel takes the flags of an asynchronous passthrough write from
+    // the client's file, whose O_APPEND the caller may clear: an
+    // append-only host file must never become a backing file.
+    let m = Mount::plain("append");
+    let host = m.base.join("share/log");
+    std::fs::write(&host, b"AAAA").unwrap();
+    let st = Command::new("chattr")
+        .arg("+a")
+        .arg(&host)
+        .status()
+        .unwrap();
+    assert!(st.success(), "chattr +a");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("log"))
+        .unwrap();
+    f.write_all(b"BB").unwrap();
+    assert_eq!(m.fs().backing_ids_open(), 0);
+    assert!(
+        m.daemon_data_ops() > 0,
+        "the write did not reach the daemon"
+    );
+    drop(f);
+    let _ = Command::new("chattr").arg("-a").arg(&host).status();
+    assert_eq!(std::fs::read(&host).unwrap(), b"AAAABB");
+}
+
+#[test]
+fn files_on_a_stacking_filesystem_are_served_by_the_daemon() {
+    // The share is an overlayfs: not a local leaf filesystem (and one the
+    // kernel would refuse with ELOOP at depth 1), so the opens of its
+    // files are served as without passthrough.
     let m = Mount::new("overlay", |base| {
         for d in ["lower", "upper", "work", "share"] {
             std::fs::create_dir_all(base.join(d)).unwrap();

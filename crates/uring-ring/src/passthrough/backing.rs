@@ -11,16 +11,29 @@
 //!
 //! # Credentials of passthrough I/O
 //!
-//! The ioctl is made outside any [`super::creds::CredGuard`] (it needs
-//! CAP_SYS_ADMIN), so those credentials are the daemon's: root. Two of
-//! root's capabilities would change what a write does, so they are lowered
-//! around the ioctl and the kernel never stores them:
-//! - CAP_FSETID: a write by a caller without it must clear setuid and
-//!   setgid. With HANDLE_KILLPRIV_V2 the FUSE client leaves that to the
-//!   host file's own write path, which clears them only if the writer
-//!   lacks CAP_FSETID. Kept, a user could write into another user's
-//!   setuid program and keep it setuid.
-//! - CAP_SYS_RESOURCE: quota limits and the filesystem's reserved blocks.
+//! The kernel stores the ioctl caller's credentials with the backing file
+//! and does every passthrough call of every open of the inode with them,
+//! whoever the caller is. The daemon's own (fsuid 0, every capability)
+//! would change what a write does, so the ioctl runs as a delegate
+//! (`creds::as_io_delegate`): fsuid and fsgid 65534, no groups, and only
+//! CAP_SYS_ADMIN (the ioctl), CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (the
+//! kernel's own open of the backing file, which the daemon's open as the
+//! caller already allowed) and CAP_FOWNER (that open may carry O_NOATIME).
+//! Without CAP_FSETID a write clears setuid and setgid: with
+//! HANDLE_KILLPRIV_V2 the FUSE client leaves that to the host file's write
+//! path, which skips it for a writer with CAP_FSETID, so a user could
+//! otherwise write into another user's setuid program and keep it setuid.
+//! Without CAP_SYS_RESOURCE quota limits bind, and without fsuid 0 so do
+//! ext4's and f2fs's root-reserved blocks. One credential serves every
+//! writer: a root writer's write clears setuid too, where a local one
+//! keeps it (the safe side; the daemon cannot tell writers apart).
+//!
+//! Only files on local leaf filesystems become backing files (a network
+//! filesystem decides by the fsuid, and the delegate's is nobody's), and
+//! never append-only or immutable ones: the kernel takes the flags of an
+//! asynchronous passthrough write from the client's file, whose O_APPEND
+//! the caller may clear with fcntl, so the host's append-only rule would
+//! not hold. Those files are served by the daemon as the caller.
 //!
 //! # One backing file per inode
 //!
@@ -32,7 +45,7 @@
 //!
 //! ```text
 //! Idle --open, BACKING_OPEN ok--> Passthrough { id, users: 1 }
-//! Idle --open, BACKING_OPEN fails--> Cached { users: 1 }
+//! Idle --open, not backable or BACKING_OPEN fails--> Cached { users: 1 }
 //! Passthrough { users: n } --open--> Passthrough { users: n + 1 }
 //! Cached { users: n } --open--> Cached { users: n + 1 }
 //! Passthrough { users: 1 } --RELEASE, BACKING_CLOSE--> Idle
@@ -43,16 +56,38 @@
 //! the id up when the opener's thread handles the reply, after the reply
 //! was written, so an id closed right after the reply could be gone.
 
-use super::creds::with_caps_lowered;
+use super::creds::as_io_delegate;
+use super::sys;
 use crate::devfuse::DevFuse;
 use fuse_core::Errno;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// CAP_FSETID.
-const CAP_FSETID: u64 = 1 << 4;
-/// CAP_SYS_RESOURCE.
-const CAP_SYS_RESOURCE: u64 = 1 << 24;
+/// Local filesystems whose files may be backing files (`f_type`): ext2/3/4,
+/// xfs, btrfs, tmpfs, f2fs, bcachefs. A network filesystem would see every
+/// passthrough call from the delegate's fsuid (an NFS server with
+/// root_squash, or a FUSE server below, decides by it), so those files are
+/// served by the daemon as the caller.
+const LOCAL_FS: [i64; 6] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0xF2F5_2010,
+    0xCA45_1A4E,
+];
+
+/// Whether the host file open on `fd` may become a backing file: on a
+/// local filesystem, and neither append-only nor immutable (the kernel
+/// takes the flags of asynchronous passthrough writes from the client's
+/// file, whose O_APPEND a caller may clear with fcntl: the host's
+/// append-only rule would not hold).
+fn may_back(fd: i32) -> bool {
+    let local = sys::fs_magic(fd).is_ok_and(|m| LOCAL_FS.contains(&m));
+    let attrs = sys::statx(fd, c"", libc::AT_EMPTY_PATH, 0).map(|st| st.stx_attributes);
+    let pinned = (libc::STATX_ATTR_APPEND | libc::STATX_ATTR_IMMUTABLE) as u64;
+    local && attrs.is_ok_and(|a| a & pinned == 0)
+}
 
 /// One inode's backing file (see the module docs for the transitions).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -141,10 +176,8 @@ impl Backing {
             BackingState::Idle => {}
         }
         let opened = match self.dev.get() {
-            Some(dev) if self.active() => {
-                Some(with_caps_lowered(CAP_FSETID | CAP_SYS_RESOURCE, || {
-                    dev.backing_open(fd)
-                }))
+            Some(dev) if self.active() && may_back(fd) => {
+                Some(as_io_delegate(|| dev.backing_open(fd)))
             }
             _ => None,
         };
@@ -165,10 +198,10 @@ impl Backing {
                         );
                     }
                 } else if let Some(Err(e)) = other {
-                    // The capabilities could not be lowered: never hand the
-                    // kernel root's full set.
+                    // The delegate's credentials could not be set: never
+                    // hand the kernel the daemon's own.
                     if self.active.swap(false, Ordering::Relaxed) {
-                        eprintln!("fusebox: kernel passthrough off: capset failed: {e}");
+                        eprintln!("fusebox: kernel passthrough off: setting its credentials: {e}");
                     }
                 }
                 *st = BackingState::Cached { users: 1 };

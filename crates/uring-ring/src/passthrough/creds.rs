@@ -57,17 +57,35 @@ pub fn with_dac_read_search<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Runs `f` with the capabilities in `mask` out of this thread's
-/// effective set (they stay permitted and are raised again after). Err if
-/// they could not be lowered; `f` has not run then.
-pub fn with_caps_lowered<T>(mask: u64, f: impl FnOnce() -> T) -> Result<T, Errno> {
-    let now = thread::capget()?;
-    if now[0] & mask == 0 {
-        return Ok(f());
-    }
-    thread::capset([now[0] & !mask, now[1], now[2]])?;
+/// The fsuid, fsgid of [`as_io_delegate`]: the overflow id, "nobody".
+const DELEGATE_ID: u32 = 65534;
+/// CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_SYS_ADMIN.
+const DELEGATE_CAPS: u64 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 21);
+
+/// Runs `f` (the FUSE_DEV_IOC_BACKING_OPEN ioctl) with the credentials the
+/// kernel should keep for passthrough I/O: fsuid and fsgid "nobody", no
+/// supplementary groups, and of the daemon's capabilities only
+/// CAP_SYS_ADMIN (the ioctl needs it), CAP_DAC_OVERRIDE and
+/// CAP_DAC_READ_SEARCH (the kernel opens the backing file again, with the
+/// client file's flags, after the daemon's open as the caller allowed it)
+/// and CAP_FOWNER (that open may carry O_NOATIME). So no writer gets
+/// CAP_FSETID (a write clears setuid), CAP_SYS_RESOURCE (quotas) or
+/// fsuid 0 (ext4's and f2fs's root-reserved blocks). Err if the
+/// credentials could not be set; `f` has not run then.
+pub fn as_io_delegate<T>(f: impl FnOnce() -> T) -> Result<T, Errno> {
+    let me = Ctx {
+        unique: 0,
+        uid: DELEGATE_ID,
+        gid: DELEGATE_ID,
+        pid: 0,
+    };
+    let guard = CredGuard::switch(&me, Groups::None)?;
+    let Some(saved) = guard.caps else {
+        return Err(Errno::EPERM);
+    };
+    thread::capset([saved[0] & DELEGATE_CAPS, saved[1], saved[2]])?;
     let r = f();
-    let _ = thread::capset(now);
+    drop(guard);
     Ok(r)
 }
 
@@ -150,7 +168,11 @@ impl Drop for CredGuard {
     fn drop(&mut self) {
         if let Some(caps) = self.caps.take() {
             // Capabilities first: setgroups below needs CAP_SETGID.
-            let _ = thread::capset(caps);
+            if let Err(e) = thread::capset(caps) {
+                // The thread keeps fewer capabilities than it had: later
+                // calls may fail, none gains anything.
+                eprintln!("fusebox: restoring a worker's capabilities: {e}");
+            }
             LOWERED.with(|l| l.set(None));
         }
         if let Some((uid, gid, groups)) = self.restore.take() {

@@ -225,6 +225,16 @@ pub fn fstatfs(fd: RawFd) -> Result<libc::statvfs, Errno> {
     Ok(st)
 }
 
+/// The filesystem type (`f_type`, its magic number) of the file open on
+/// `fd`, from fstatfs(2).
+pub fn fs_magic(fd: RawFd) -> Result<i64, Errno> {
+    // SAFETY: a zeroed statfs is a valid value of this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer.
+    check(unsafe { libc::fstatfs(fd, &mut st) })?;
+    Ok(st.f_type)
+}
+
 /// faccessat2(2) with AT_EACCESS (checks the fsuid/fsgid).
 pub fn faccessat_eaccess(dir: RawFd, name: &CStr, mask: u32) -> Result<(), Errno> {
     // SAFETY: `name` is NUL-terminated.
