@@ -32,7 +32,7 @@ trap 'kill $fpid 2>/dev/null || true; rm -rf "$work"' EXIT
 fpid=$!
 for _ in $(seq 100); do [ -S "$work/vfs.sock" ] && break; sleep 0.1; done
 echo "demo: fusebox shares $dir on $work/vfs.sock; booting the guest (QEMU TCG, ~10 s)"
-"$qemu" -accel tcg,thread=multi -cpu max -smp 2 -m 1G \
+"$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
 	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
 	-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
 	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=$run" \
