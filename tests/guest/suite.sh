@@ -114,7 +114,9 @@ fsx_chain() { # TAG OPS SEED
 		/bin/fsx -q -f /fsx.toml -N $c -S $(($3 + 100 * k)) -P /tmp/$1 "$M/work/$1" > /tmp/$1.out 2>&1 ||
 			{ echo "GUEST: $1 failed in run $k"; tail -5 /tmp/$1.out; return 1; }
 		n=$((n + c)) k=$((k + 1))
-		[ $2 -gt 20000 ] && [ $((k % 50)) = 0 ] && echo "GUEST: $1 $n of $2 operations A-OK ($(cut -d. -f1 /proc/uptime) s up)"
+		# To the console itself: check() keeps a check's output until it ends.
+		[ $2 -gt 20000 ] && [ $((k % 50)) = 0 ] &&
+			echo "GUEST: $1 $n of $2 operations A-OK ($(cut -d. -f1 /proc/uptime) s up)" > /dev/console
 	done
 	return 0
 }
