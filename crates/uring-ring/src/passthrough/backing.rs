@@ -181,33 +181,31 @@ impl Backing {
             }
             _ => None,
         };
-        match opened {
+        let refused = match opened {
             Some(Ok(Ok(id))) => {
                 self.open_ids.fetch_add(1, Ordering::Relaxed);
                 *st = BackingState::Passthrough { id, users: 1 };
-                Grant::Passthrough(id)
+                return Grant::Passthrough(id);
             }
-            other => {
-                if let Some(Ok(Err(e))) = other {
-                    if e == Errno::EPERM && self.active.swap(false, Ordering::Relaxed) {
-                        // Not CAP_SYS_ADMIN (or the kernel says no): every
-                        // open from now on is served by the daemon.
-                        eprintln!(
-                            "fusebox: kernel passthrough refused (EPERM: needs \
-                             CAP_SYS_ADMIN); serving file data in the daemon"
-                        );
-                    }
-                } else if let Some(Err(e)) = other {
-                    // The delegate's credentials could not be set: never
-                    // hand the kernel the daemon's own.
-                    if self.active.swap(false, Ordering::Relaxed) {
-                        eprintln!("fusebox: kernel passthrough off: setting its credentials: {e}");
-                    }
-                }
-                *st = BackingState::Cached { users: 1 };
-                Grant::Cached
+            // Not CAP_SYS_ADMIN (or the kernel says no).
+            Some(Ok(Err(e))) if e == Errno::EPERM => {
+                Some("refused (EPERM: needs CAP_SYS_ADMIN)".to_string())
+            }
+            // The delegate's credentials could not be set: never hand the
+            // kernel the daemon's own.
+            Some(Err(e)) => Some(format!("setting its credentials failed: {e}")),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            if self.active.swap(false, Ordering::Relaxed) {
+                // Every open from now on is served by the daemon.
+                eprintln!(
+                    "fusebox: kernel passthrough off: {why}; serving file data in the daemon"
+                );
             }
         }
+        *st = BackingState::Cached { users: 1 };
+        Grant::Cached
     }
 
     /// The RELEASE of an open that got `grant` from [`Backing::acquire`].
