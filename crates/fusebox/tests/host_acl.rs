@@ -4,8 +4,11 @@
 //! loses the setgid bit when it sets an ACL. Without the option the ACL
 //! xattrs pass through and the host enforces them.
 
+#[path = "../../uring-ring/tests/support/acl.rs"]
+mod acl;
 mod common;
 
+use acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
 use common::{exits_cleanly, signal, start, start_with, Dirs};
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -15,34 +18,6 @@ use std::process::Command;
 
 const ACCESS: &str = "system.posix_acl_access";
 const DEFAULT: &str = "system.posix_acl_default";
-const USER_OBJ: u16 = 0x01;
-const USER: u16 = 0x02;
-const GROUP_OBJ: u16 = 0x04;
-const MASK: u16 = 0x10;
-const OTHER: u16 = 0x20;
-const NONE: u32 = u32::MAX;
-
-/// The xattr form of an ACL: version 2, then `{tag, perm, id}` entries.
-fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in entries {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
-}
-
-/// u::rw- u:UID:r-- g::--- m::r-- o::---: the owner and `uid` may read.
-fn reader_acl(uid: u32) -> Vec<u8> {
-    acl(&[
-        (USER_OBJ, 6, NONE),
-        (USER, 4, uid),
-        (GROUP_OBJ, 0, NONE),
-        (MASK, 4, NONE),
-        (OTHER, 0, NONE),
-    ])
-}
 
 fn c(p: &Path) -> CString {
     CString::new(p.as_os_str().as_encoded_bytes()).unwrap()

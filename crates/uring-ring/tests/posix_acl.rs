@@ -4,8 +4,11 @@
 //! (The kernel's enforcement of ACLs is shown through a real mount in
 //! fusebox's host_mount tests.)
 
+#[path = "support/acl.rs"]
+mod acl;
 mod common;
 
+use acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
 use common::{HostDir, Kind, Mount, Via};
 use fuse_core::abi::{flags, init, ROOT_ID};
 use fuse_core::client::XattrReply;
@@ -16,35 +19,6 @@ use uring_ring::Config;
 const ACCESS: &[u8] = b"system.posix_acl_access";
 const DEFAULT: &[u8] = b"system.posix_acl_default";
 const RW: u32 = libc::O_RDWR as u32;
-
-/// The xattr form of an ACL (`posix_acl_xattr_header`, version 2, then
-/// `{tag: u16, perm: u16, id: u32}` entries in tag order).
-fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in entries {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
-}
-
-/// u::rw- u:UID:r-- g::--- m::r-- o::---: the owner and `uid` may read.
-fn reader_acl(uid: u32) -> Vec<u8> {
-    acl(&[
-        (USER_OBJ, 6, NONE),
-        (USER, 4, uid),
-        (GROUP_OBJ, 0, NONE),
-        (MASK, 4, NONE),
-        (OTHER, 0, NONE),
-    ])
-}
-const USER_OBJ: u16 = 0x01;
-const USER: u16 = 0x02;
-const GROUP_OBJ: u16 = 0x04;
-const MASK: u16 = 0x10;
-const OTHER: u16 = 0x20;
-const NONE: u32 = u32::MAX;
 
 fn acl_mount(add: u64) -> Result<Mount, Errno> {
     acl_mount_without(add, 0)
