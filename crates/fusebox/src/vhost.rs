@@ -8,6 +8,7 @@ use crate::seccomp;
 use crate::signals;
 use fuse_core::server::faults::{Faulty, PlanError};
 use std::os::fd::FromRawFd;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use uring_ring::passthrough::Groups;
 use uring_ring::{Config, PassthroughError, PassthroughFs};
@@ -94,6 +95,42 @@ fn report(dev: &FsDevice<Faulty<PassthroughFs>>) -> String {
     )
 }
 
+/// How long a stop signal waits for the exit report before the daemon
+/// exits without it (a report needs the engine's locks and the log's
+/// sink; neither may keep the daemon from stopping).
+const REPORT_GRACE: Duration = Duration::from_secs(1);
+
+/// The signal thread: SIGUSR1 logs the counters; a stop signal exits at
+/// once (the VMM sees the device go away, as with virtiofsd), whatever
+/// the other threads are blocked in, after logging the counters if that
+/// takes less than [`REPORT_GRACE`].
+fn on_signals(sigs: libc::sigset_t, serving: Arc<OnceLock<FsDevice<Faulty<PassthroughFs>>>>) {
+    std::thread::spawn(move || loop {
+        let sig = signals::wait(&sigs);
+        let dev = serving.get().cloned();
+        if sig == libc::SIGUSR1 {
+            if let Some(d) = dev {
+                log::info(&report(&d));
+            }
+            continue;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let logger = std::thread::Builder::new().spawn(move || {
+            match dev {
+                Some(d) => log::info(&format!("signal {sig}: exiting\n{}", report(&d))),
+                None => log::info(&format!("signal {sig}: exiting")),
+            }
+            let _ = tx.send(());
+        });
+        if logger.is_ok() {
+            let _ = rx.recv_timeout(REPORT_GRACE);
+        }
+        // SAFETY: _exit ends the process without running destructors or
+        // atexit handlers, which could wait for threads that are stuck.
+        unsafe { libc::_exit(0) };
+    });
+}
+
 /// Runs the device until the frontend disconnects or a stop signal.
 pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     if a.print_capabilities {
@@ -101,9 +138,8 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         return Ok(());
     }
     log::init(a.log_level, a.syslog);
-    // Before any thread exists (the engine starts several), so that every
-    // thread inherits the mask and only the sigwait thread takes them.
-    let sigs = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1]);
+    // Until the signal thread runs (right after the sandbox's fork), stop
+    // signals keep their default action: they end the process.
     let dir = a
         .shared_dir
         .clone()
@@ -132,6 +168,13 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     // Namespaces while single-threaded; the root moves once the
     // passthrough holds its fds, before any thread serves.
     sandbox::enter(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
+    // Before any other thread exists (the engine starts several), so that
+    // every thread inherits the mask and only the signal thread takes
+    // them; and before anything that could block (the passthrough, the
+    // device, the VMM), so a stop signal always ends the daemon.
+    let sigs = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1]);
+    let serving: Arc<OnceLock<FsDevice<Faulty<PassthroughFs>>>> = Arc::new(OnceLock::new());
+    on_signals(sigs, serving.clone());
     let cfg = Config {
         cache: a.cache.policy(),
         writeback: a.writeback,
@@ -205,18 +248,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         dir.display(),
         a.queues
     ));
-    // Signals: SIGUSR1 dumps the counters; a stop signal exits (the VMM
-    // sees the device go away, as with virtiofsd).
-    let d2 = dev.clone();
-    std::thread::spawn(move || loop {
-        let sig = signals::wait(&sigs);
-        if sig == libc::SIGUSR1 {
-            log::info(&report(&d2));
-        } else {
-            log::info(&format!("signal {sig}: exiting\n{}", report(&d2)));
-            std::process::exit(0);
-        }
-    });
+    let _ = serving.set(dev.clone());
     // Every thread exists or inherits from one that does: filter them all.
     seccomp::install(a.seccomp).map_err(VhostError::Seccomp)?;
     daemon.start(&mut listener).map_err(VhostError::Daemon)?;

@@ -203,3 +203,109 @@ fn posix_acl_modes_as_virtiofsd() {
         let _ = child.wait();
     }
 }
+
+/// Runs `f` on a thread of its own; None if it did not return in time.
+fn within<T: Send + 'static>(d: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(d).ok()
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill with integer arguments.
+    unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+}
+
+/// Kills the daemon if a test fails before it exited (in namespace mode
+/// its serving child dies with it: PR_SET_PDEATHSIG).
+struct Reap(Child);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn exits_within(child: &mut Child, d: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if t.elapsed() > d {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon did not exit within {d:?} of a stop signal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What a guest can leave in its share for the daemon's next start: the
+/// paths a confined daemon would resolve if it named /proc by path after
+/// the sandbox made the share its root. FIFOs (an open would block) for
+/// every fd number the daemon may look up.
+fn plant_proc_traps(share: &Path) {
+    let dir = share.join("proc/self/fdinfo");
+    std::fs::create_dir_all(&dir).unwrap();
+    for n in 0..=200 {
+        let p = std::ffi::CString::new(
+            dir.join(n.to_string())
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o666) }, 0);
+    }
+}
+
+#[test]
+fn files_a_guest_planted_in_its_share_are_never_opened_by_the_daemon() {
+    for (tag, sandbox) in [("plant-ns", "namespace"), ("plant-chroot", "chroot")] {
+        let (_dir, share, sock, child) = start(tag, &["--sandbox", sandbox]);
+        let mut child = Reap(child);
+        plant_proc_traps(&share);
+        // The traps are in place before the VMM connects: the daemon makes
+        // its vring threads (and their exit events) only then.
+        let served = within(Duration::from_secs(20), move || {
+            let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+            let c = fe.client();
+            let e = c.lookup(ROOT_ID, b"proc");
+            drop(fe);
+            e.map(|e| e.nodeid != 0)
+        });
+        assert_eq!(
+            served,
+            Some(Ok(true)),
+            "{sandbox}: the guest was not served"
+        );
+        let status = exits_within(&mut child.0, Duration::from_secs(10));
+        assert!(status.success(), "{sandbox}: {status:?}");
+    }
+}
+
+#[test]
+fn a_stop_signal_ends_the_daemon_while_a_request_hangs_in_the_host() {
+    let (_dir, _share, sock, child) = start(
+        "hungstop",
+        &["--inject-faults", "getattr:hang", "--sandbox", "namespace"],
+    );
+    let mut child = Reap(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+        let _ = tx.send(());
+        // Hangs in the daemon until it goes away.
+        let _ = fe.client().getattr(ROOT_ID, None);
+        std::mem::forget(fe);
+    });
+    rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(child.0.try_wait().unwrap().is_none(), "still serving");
+    signal(&child.0, libc::SIGTERM);
+    let status = exits_within(&mut child.0, Duration::from_secs(5));
+    assert!(status.success(), "{status:?}");
+}

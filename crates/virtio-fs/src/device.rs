@@ -210,9 +210,9 @@ struct Inner<F: Filesystem + 'static> {
     lent: Vec<Mutex<Vec<Weak<Ticket>>>>,
     /// Timed-out tickets whose answer waits for I/O on their buffers.
     deferred: Mutex<Vec<Arc<Ticket>>>,
-    /// Exit-event fds vhost-user-backend leaks (see `exit_event`), with
-    /// their eventfd ids.
-    exit_fds: Mutex<Vec<(i32, u64)>>,
+    /// Exit-event fds vhost-user-backend leaks (see `exit_event`), each
+    /// with a duplicate that identifies it.
+    exit_fds: Mutex<Vec<exit_fds::Leaked>>,
     /// Per request queue: written to resume a stalled queue.
     resume: Vec<EventFd>,
     stats: DeviceStats,
@@ -763,8 +763,8 @@ impl<F: Filesystem + 'static> Drop for Inner<F> {
         self.stop.store(true, Ordering::Relaxed);
         // The device outlives the daemon's vring threads (each holds a
         // clone): their exit eventfds are unused now.
-        for (fd, id) in lock(&self.exit_fds).drain(..) {
-            exit_fds::close_if(fd, id);
+        for leaked in lock(&self.exit_fds).drain(..) {
+            leaked.close();
         }
     }
 }

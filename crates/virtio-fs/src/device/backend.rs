@@ -83,11 +83,10 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
         // vhost-user-backend 0.24 registers the consumer with `into_raw_fd`
         // and never closes it: one fd per vring thread per connection.
-        // Remember it (with its eventfd id, so that only that very eventfd
-        // is ever closed) and close it when the device goes.
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&consumer);
-        if let Some(id) = exit_fds::eventfd_id(fd) {
-            lock(&self.inner.exit_fds).push((fd, id));
+        // Remember it (with a duplicate, so that only that very file is
+        // ever closed) and close it when the device goes.
+        if let Some(leaked) = exit_fds::Leaked::record(&consumer) {
+            lock(&self.inner.exit_fds).push(leaked);
         }
         Some((consumer, notifier))
     }

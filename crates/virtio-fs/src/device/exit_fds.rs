@@ -2,27 +2,103 @@
 //! each consumer with `into_raw_fd` and never closes it, so nothing else
 //! can close that fd number before the device does (the workspace pins
 //! vhost-user-backend to exactly 0.24.0 for this; a version that closes
-//! them must drop this module). As a sanity check an fd is closed only if
-//! it is still an eventfd with the `eventfd-id` recorded when it was made
-//! (/proc/self/fdinfo); without /proc (a chroot sandbox) nothing is
-//! closed.
+//! them must drop this module).
+//!
+//! As a sanity check an fd is closed only if it is still the very open
+//! file the device made: the device keeps a duplicate of each consumer
+//! (its witness) and compares the two with kcmp(KCMP_FILE). No path is
+//! resolved: this runs after the sandbox made the shared directory the
+//! root, where `/proc/self/fdinfo/N` would name whatever the guest put
+//! there (a FIFO would hang the daemon, a device node would be opened as
+//! root). Without kcmp (a kernel built without it) nothing is closed.
 
-/// The `eventfd-id` of `fd`, if it is an eventfd.
-pub(super) fn eventfd_id(fd: i32) -> Option<u64> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("eventfd-id:"))
-        .and_then(|v| v.trim().parse().ok())
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// A consumer fd handed to vhost-user-backend, with a duplicate of it
+/// that proves, later, that the number still names the same open file.
+#[derive(Debug)]
+pub(super) struct Leaked {
+    fd: RawFd,
+    witness: OwnedFd,
 }
 
-/// Closes `fd` if it is still the eventfd with id `id`.
-pub(super) fn close_if(fd: i32, id: u64) {
-    if eventfd_id(fd) == Some(id) {
-        // SAFETY: `fd` is the exit-event consumer this device created and
-        // vhost-user-backend registered with `into_raw_fd` and abandoned:
-        // its eventfd id shows it is still that same open file, which
-        // nothing else owns, and its vring thread (the only user) has
-        // ended, since the device it held is being dropped.
-        unsafe { libc::close(fd) };
+impl Leaked {
+    /// Records `fd` (the consumer about to be handed over); None if no
+    /// duplicate could be made (the fd is then left open, as before).
+    pub(super) fn record(fd: &impl AsRawFd) -> Option<Leaked> {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an fd the caller owns; the new
+        // fd is owned by the OwnedFd below and nothing else.
+        let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return None;
+        }
+        // SAFETY: `dup` was just returned by fcntl and is owned by no one.
+        let witness = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+        Some(Leaked {
+            fd: fd.as_raw_fd(),
+            witness,
+        })
+    }
+
+    /// Closes the leaked fd if it still is the same open file as the
+    /// witness (which is closed either way).
+    pub(super) fn close(self) {
+        if same_file(self.fd, self.witness.as_raw_fd()) {
+            // SAFETY: `fd` is the exit-event consumer this device created
+            // and vhost-user-backend registered with `into_raw_fd` and
+            // abandoned: kcmp shows the number still refers to that same
+            // open file (the witness keeps the file alive, so no other
+            // file can have taken its identity), which nothing else owns;
+            // its vring thread (the only user) has ended, since the device
+            // it held is being dropped.
+            unsafe { libc::close(self.fd) };
+        }
+    }
+}
+
+/// Whether two fds of this process refer to the same open file.
+fn same_file(a: RawFd, b: RawFd) -> bool {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp with integer arguments only; it reads no memory of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            libc::c_long::from(pid),
+            libc::c_long::from(pid),
+            KCMP_FILE,
+            libc::c_long::from(a),
+            libc::c_long::from(b),
+        )
+    };
+    r == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::EventFd;
+
+    #[test]
+    fn closes_the_leaked_fd_only_while_it_is_the_same_file() {
+        let ev = EventFd::new(0).unwrap();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(ev);
+        let leaked = Leaked::record(&raw).unwrap();
+        leaked.close();
+        // SAFETY: probing a number with F_GETFD reads no memory.
+        assert_eq!(unsafe { libc::fcntl(raw, libc::F_GETFD) }, -1, "closed");
+
+        // The number now names another file: it must be left alone.
+        let ev = EventFd::new(0).unwrap();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(ev);
+        let leaked = Leaked::record(&raw).unwrap();
+        // SAFETY: closing our own fd, then reusing its number below.
+        unsafe { libc::close(raw) };
+        let other = EventFd::new(0).unwrap();
+        assert_eq!(other.as_raw_fd(), raw, "the number was reused");
+        leaked.close();
+        // SAFETY: as above.
+        assert!(unsafe { libc::fcntl(raw, libc::F_GETFD) } >= 0, "left open");
     }
 }
