@@ -36,6 +36,11 @@ const MAX_WAITERS: usize = 1024;
 const MAX_OWNERS: usize = 256;
 /// Interrupts for unknown requests remembered.
 const RECENT: usize = 64;
+/// Stack of a waiter thread. It makes a blocking fcntl or flock, a few
+/// table updates and the reply (a device write or a ring wake-up): the
+/// lock tests pass with 16 KiB in a debug build. `MAX_WAITERS` parked
+/// waiters cost 64 MiB of address space at most, not 2 GiB.
+const WAITER_STACK: usize = 64 * 1024;
 /// `OFFSET_MAX`: a lock to end of file.
 const OFFSET_MAX: u64 = i64::MAX as u64;
 
@@ -409,6 +414,7 @@ impl PassthroughFs {
         let table = waiters.clone();
         let spawned = std::thread::Builder::new()
             .name("fusebox-lockwait".into())
+            .stack_size(WAITER_STACK)
             .spawn(move || {
                 wake::unblock();
                 let go = {
