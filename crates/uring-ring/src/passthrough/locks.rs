@@ -19,6 +19,8 @@
 //!
 //! Lock order: `owners`, `pids` and `waiters` are never held together.
 
+mod range;
+
 use super::file::HandleData;
 use super::inode::CountedFd;
 use super::sys::{self, wake};
@@ -26,6 +28,7 @@ use super::PassthroughFs;
 use fuse_core::abi::FileLock;
 use fuse_core::server::{Ctx, Deferred, FsResult, LockReq};
 use fuse_core::Errno;
+use range::Span;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,8 +44,6 @@ const RECENT: usize = 64;
 /// lock tests pass with 16 KiB in a debug build. `MAX_WAITERS` parked
 /// waiters cost 64 MiB of address space at most, not 2 GiB.
 const WAITER_STACK: usize = 64 * 1024;
-/// `OFFSET_MAX`: a lock to end of file.
-const OFFSET_MAX: u64 = i64::MAX as u64;
 
 #[derive(Debug, Clone, Copy)]
 struct Waiter {
@@ -122,34 +123,6 @@ impl Locks {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-    }
-}
-
-fn to_flock(l: &FileLock) -> libc::flock {
-    // SAFETY: a zeroed flock is a valid value of this plain C struct.
-    let mut f: libc::flock = unsafe { std::mem::zeroed() };
-    f.l_type = l.typ as libc::c_short;
-    f.l_whence = libc::SEEK_SET as libc::c_short;
-    f.l_start = l.start.min(OFFSET_MAX) as libc::off_t;
-    f.l_len = if l.end >= OFFSET_MAX {
-        0
-    } else {
-        (l.end.saturating_sub(l.start) + 1) as libc::off_t
-    };
-    f
-}
-
-fn from_flock(f: &libc::flock) -> FileLock {
-    let start = f.l_start.max(0) as u64;
-    FileLock {
-        start,
-        end: if f.l_len == 0 {
-            OFFSET_MAX
-        } else {
-            start + f.l_len as u64 - 1
-        },
-        typ: f.l_type as u32,
-        pid: f.l_pid.max(0) as u32,
     }
 }
 
@@ -272,8 +245,8 @@ impl PassthroughFs {
         if req.flock {
             return Err(Errno::EINVAL);
         }
-        let mut fl = to_flock(&req.lock);
-        let asked = fl;
+        let asked = Span::of_client(&req.lock)?;
+        let mut fl = asked.flock();
         match self.owner_fd(&h, req.owner, false)? {
             Some(fd) => sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?,
             // An owner with no description holds no locks: a fresh one
@@ -283,27 +256,39 @@ impl PassthroughFs {
                 sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?;
             }
         }
-        if fl.l_type != libc::F_UNLCK as libc::c_short && fl.l_pid <= 0 {
-            // Probe only where the request and the conflict overlap.
-            let start = fl.l_start.max(asked.l_start);
-            let end = |f: &libc::flock| {
-                if f.l_len == 0 {
-                    libc::off_t::MAX
-                } else {
-                    f.l_start + f.l_len - 1
-                }
-            };
-            let last = end(&fl).min(end(&asked));
-            let mut probe = fl;
-            probe.l_start = start;
-            probe.l_len = if last == libc::off_t::MAX {
-                0
-            } else {
-                last - start + 1
-            };
-            fl.l_pid = self.lock_holder(h.inode.nodeid, req.owner, &probe) as libc::pid_t;
+        if fl.l_type == libc::F_UNLCK as libc::c_short {
+            return Ok(FileLock {
+                typ: libc::F_UNLCK as u32,
+                pid: 0,
+                ..req.lock
+            });
         }
-        Ok(from_flock(&fl))
+        // The kernel names a lock within 0..=OFFSET_MAX; anything else is
+        // not passed on.
+        let held = Span::of_flock(&fl).ok_or(Errno::EIO)?;
+        let pid = match u32::try_from(fl.l_pid) {
+            Ok(pid) if pid > 0 => pid,
+            // F_UNLCK asks what the description itself holds (as
+            // F_OFD_GETLK with F_UNLCK does): the owner's own lock.
+            _ if asked.typ == libc::F_UNLCK => lock(&self.locks.pids)
+                .get(&(h.inode.nodeid, req.owner))
+                .copied()
+                .unwrap_or(0),
+            // An OFD lock: one of the client's owners, or a host process's.
+            // Probe only where the request and the conflict overlap.
+            _ => self.lock_holder(
+                h.inode.nodeid,
+                req.owner,
+                held.overlap(asked).unwrap_or(held),
+            ),
+        };
+        Ok(FileLock {
+            start: held.start,
+            end: held.end,
+            // F_RDLCK or F_WRLCK: not negative.
+            typ: held.typ as u32,
+            pid,
+        })
     }
 
     /// The pid of the client's owner that holds `conflict` (0 if it is
@@ -311,22 +296,21 @@ impl PassthroughFs {
     /// the range looks free from its own description, which does not see
     /// its own locks: probing with a read lock for a write conflict (so
     /// other readers do not count) and with a write lock for a read one.
-    fn lock_holder(&self, nodeid: u64, requester: u64, conflict: &libc::flock) -> u32 {
+    fn lock_holder(&self, nodeid: u64, requester: u64, conflict: Span) -> u32 {
         let candidates: Vec<_> = lock(&self.locks.owners)
             .iter()
             .filter(|(&(n, o), _)| n == nodeid && o != requester)
             .map(|(&k, fd)| (k, fd.clone()))
             .collect();
+        let probe = conflict.with_type(if conflict.typ == libc::F_WRLCK {
+            libc::F_RDLCK
+        } else {
+            libc::F_WRLCK
+        });
         for (key, fd) in candidates {
-            let mut probe = *conflict;
-            probe.l_pid = 0;
-            probe.l_type = if conflict.l_type == libc::F_WRLCK as libc::c_short {
-                libc::F_RDLCK as libc::c_short
-            } else {
-                libc::F_WRLCK as libc::c_short
-            };
-            let free = sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut probe).is_ok()
-                && probe.l_type == libc::F_UNLCK as libc::c_short;
+            let mut fl = probe.flock();
+            let free = sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl).is_ok()
+                && fl.l_type == libc::F_UNLCK as libc::c_short;
             if free {
                 if let Some(&pid) = lock(&self.locks.pids).get(&key) {
                     return pid;
@@ -342,7 +326,8 @@ impl PassthroughFs {
         if req.flock {
             return Ok(LockCall::Flock(h.clone(), flock_op(req.lock.typ, wait)?));
         }
-        let unlock = req.lock.typ == libc::F_UNLCK as u32;
+        let span = Span::of_client(&req.lock)?;
+        let unlock = span.typ == libc::F_UNLCK;
         let Some(fd) = self.owner_fd(h, req.owner, !unlock)? else {
             return Ok(LockCall::Nothing);
         };
@@ -354,7 +339,7 @@ impl PassthroughFs {
         Ok(LockCall::Ofd {
             fd,
             cmd,
-            fl: to_flock(&req.lock),
+            fl: span.flock(),
             key: (h.inode.nodeid, req.owner),
             owners: self.locks.owners.clone(),
             pid: req.lock.pid,
