@@ -1,8 +1,10 @@
 //! Lock ranges: the client's (`FileLock`, closed u64 ranges) checked and
-//! turned into the host's `struct flock` and back without overflow.
+//! turned into the host's `struct flock` and back without overflow, and
+//! [`RangeSet`], the read ranges one description holds.
 
 use fuse_core::abi::FileLock;
 use fuse_core::Errno;
+use std::collections::BTreeMap;
 
 /// `OFFSET_MAX`: the last byte a lock can cover; a range ending there runs
 /// to end of file (and beyond).
@@ -91,6 +93,96 @@ impl Span {
             start,
             end,
         })
+    }
+}
+
+/// The read locks an O_RDONLY description holds (a description can hold
+/// only read locks when it is not open for writing), kept as the kernel
+/// keeps one owner's locks: disjoint closed ranges, overlapping and
+/// adjacent ones merged, an unlock of a part splitting a range. Ranges lie
+/// within 0..=OFFSET_MAX.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RangeSet {
+    /// start -> end.
+    map: BTreeMap<u64, u64>,
+}
+
+impl RangeSet {
+    /// Applies a granted F_RDLCK (adds) or F_UNLCK (removes) on `s`.
+    pub fn apply(&mut self, s: Span) {
+        match s.typ {
+            libc::F_RDLCK => self.insert(s.start, s.end),
+            libc::F_UNLCK => self.remove(s.start, s.end),
+            // A write lock is never granted on a read-only description.
+            _ => {}
+        }
+    }
+
+    /// Adds `start..=end`, merging what it overlaps or touches.
+    pub fn insert(&mut self, start: u64, end: u64) {
+        if start > end {
+            return;
+        }
+        let (mut lo, mut hi) = (start, end);
+        // A range starting before `start` that reaches it (or ends just
+        // before it).
+        if let Some((&s, &e)) = self.map.range(..start).next_back() {
+            if e.saturating_add(1) >= start {
+                lo = s;
+                hi = hi.max(e);
+            }
+        }
+        // Ranges starting inside, or just after, the new one.
+        let inside: Vec<u64> = self
+            .map
+            .range(start..=end.saturating_add(1))
+            .map(|(&s, _)| s)
+            .collect();
+        for s in inside {
+            if let Some(e) = self.map.remove(&s) {
+                hi = hi.max(e);
+            }
+        }
+        self.map.remove(&lo);
+        self.map.insert(lo, hi);
+    }
+
+    /// Removes `start..=end`, splitting a range it falls inside.
+    pub fn remove(&mut self, start: u64, end: u64) {
+        if start > end {
+            return;
+        }
+        let mut hit: Vec<(u64, u64)> = Vec::new();
+        if let Some((&s, &e)) = self.map.range(..start).next_back() {
+            if e >= start {
+                hit.push((s, e));
+            }
+        }
+        hit.extend(self.map.range(start..=end).map(|(&s, &e)| (s, e)));
+        for (s, e) in hit {
+            self.map.remove(&s);
+            if s < start {
+                self.map.insert(s, start - 1);
+            }
+            if e > end {
+                self.map.insert(end + 1, e);
+            }
+        }
+    }
+
+    /// Removes everything.
+    pub fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The ranges, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.map.iter().map(|(&s, &e)| (s, e))
     }
 }
 
