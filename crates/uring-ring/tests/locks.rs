@@ -227,3 +227,147 @@ fn getlk_names_the_pid_that_holds_the_lock() {
     let got = c.getlk(f.nodeid, o.fh, 9, wr(5, 5)).unwrap();
     assert_eq!(got.typ, libc::F_UNLCK as u32);
 }
+
+/// The size of the mapping that holds address `addr` in this process.
+fn mapping_size(addr: u64) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().find_map(|l| {
+        let range = l.split_whitespace().next()?;
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).ok()?,
+            u64::from_str_radix(hi, 16).ok()?,
+        );
+        (lo..hi).contains(&addr).then_some(hi - lo)
+    })
+}
+
+/// The stack mapping sizes of this process's lock waiter threads that
+/// are blocked in a system call.
+fn waiter_stacks() -> Vec<u64> {
+    let mut stacks = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "fusebox-lockwai" {
+            continue;
+        }
+        let Ok(sc) = std::fs::read_to_string(task.path().join("syscall")) else {
+            continue;
+        };
+        // "nr args... sp pc" while in a system call, "running" otherwise.
+        let fields: Vec<&str> = sc.split_whitespace().collect();
+        if fields.len() < 3 {
+            continue;
+        }
+        let sp = fields[fields.len() - 2].trim_start_matches("0x");
+        stacks.extend(mapping_size(u64::from_str_radix(sp, 16).unwrap()));
+    }
+    stacks
+}
+
+#[test]
+fn parked_lock_waiters_have_small_stacks() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(2));
+    let c = &m.client;
+    let (f, o) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    c.setlk(f.nodeid, o.fh, 1, wr(0, 0), false).unwrap();
+    let waits: Vec<_> = (2..6u64)
+        .map(|owner| {
+            let call = c.setlkw(f.nodeid, o.fh, owner, wr(0, 0), false);
+            std::thread::spawn(move || call.wait())
+        })
+        .collect();
+    wait_until(|| m.fs().parked_locks() == 4);
+    // Each waiter is soon in its blocking fcntl; /proc/<tid>/syscall
+    // gives its stack pointer, which lies in the thread's stack mapping.
+    let mut stacks = Vec::new();
+    wait_until(|| {
+        stacks = waiter_stacks();
+        stacks.len() >= 4
+    });
+    assert!(
+        stacks.iter().all(|&s| s <= 256 << 10),
+        "waiter stacks: {stacks:?}"
+    );
+    // Each holder's flush lets the next waiter in.
+    wait_until(|| {
+        for owner in 1..6 {
+            c.flush(f.nodeid, o.fh, owner).unwrap();
+        }
+        waits.iter().all(|w| w.is_finished())
+    });
+    for w in waits {
+        w.join().unwrap().unwrap();
+    }
+}
+
+#[test]
+fn a_lock_granted_on_a_replaced_description_stays_held() {
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(2));
+    let c = &m.client;
+    let (f, rw) = c.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    let (node, rw) = (f.nodeid, rw.fh);
+    let ro = c.open(node, libc::O_RDONLY as u32).unwrap().fh;
+    let rd = |start, end| FileLock {
+        typ: libc::F_RDLCK as u32,
+        ..wr(start, end)
+    };
+    let un = |start, end| FileLock {
+        typ: libc::F_UNLCK as u32,
+        ..wr(start, end)
+    };
+    let free = |start, end| match c.setlk(node, rw, 9, wr(start, end), false) {
+        Ok(()) => {
+            c.setlk(node, rw, 9, un(start, end), false).unwrap();
+            true
+        }
+        Err(e) => {
+            assert_eq!(e, Errno::EAGAIN);
+            false
+        }
+    };
+    // A read lock waited for on owner 1's read-only description, which a
+    // write lock of the same owner replaces while it waits.
+    c.setlk(node, ro, 1, rd(0, 0), false).unwrap();
+    c.setlk(node, rw, 2, wr(10, 10), false).unwrap();
+    let call = c.setlkw(node, ro, 1, rd(10, 10), false);
+    let w = std::thread::spawn(move || call.wait());
+    wait_until(|| m.fs().parked_locks() == 1);
+    c.setlk(node, rw, 1, wr(0, 0), false).unwrap();
+    c.setlk(node, rw, 2, un(10, 10), false).unwrap();
+    w.join().unwrap().unwrap();
+    assert!(!free(10, 10), "the granted read lock");
+    assert!(!free(0, 0), "the write lock");
+    c.setlk(node, rw, 1, un(0, 10), false).unwrap();
+    assert!(free(0, 10));
+
+    // A write lock waited for on a description that its owner's FLUSH
+    // took away, after which the owner locked again on a new one.
+    c.setlk(node, rw, 2, wr(20, 20), false).unwrap();
+    let call = c.setlkw(node, rw, 1, wr(20, 20), false);
+    let w = std::thread::spawn(move || call.wait());
+    wait_until(|| m.fs().parked_locks() == 1);
+    c.flush(node, rw, 1).unwrap();
+    c.setlk(node, rw, 1, wr(30, 30), false).unwrap();
+    c.setlk(node, rw, 2, un(20, 20), false).unwrap();
+    w.join().unwrap().unwrap();
+    assert!(!free(20, 20), "the granted write lock");
+    assert!(!free(30, 30));
+    // Both live on the owner's description: its unlock reaches them.
+    c.setlk(node, rw, 1, un(0, 100), false).unwrap();
+    assert!(free(0, 100));
+    assert_eq!(m.fs().lock_owner_fds(), 3, "owners 1, 2 and 9");
+
+    // A read lock waited for on a read-only description is among the
+    // ranges a later upgrade takes over.
+    c.flush(node, rw, 1).unwrap();
+    c.setlk(node, rw, 2, wr(40, 40), false).unwrap();
+    let call = c.setlkw(node, ro, 1, rd(40, 40), false);
+    let w = std::thread::spawn(move || call.wait());
+    wait_until(|| m.fs().parked_locks() == 1);
+    c.setlk(node, rw, 2, un(40, 40), false).unwrap();
+    w.join().unwrap().unwrap();
+    c.setlk(node, rw, 1, wr(45, 45), false).unwrap();
+    assert!(!free(40, 40), "the waited-for read lock after the upgrade");
+    assert!(!free(45, 45));
+}

@@ -204,8 +204,8 @@ impl Filesystem for PassthroughFs {
     fn getlk(&self, _ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq) -> FsResult<FileLock> {
         self.op_getlk(handle, req)
     }
-    fn setlk(&self, _ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq) -> FsResult<()> {
-        self.op_setlk(handle, req)
+    fn setlk(&self, ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq) -> FsResult<()> {
+        self.op_setlk(ctx, handle, req)
     }
     fn setlkw(&self, ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq, done: Deferred) {
         self.op_setlkw(ctx, handle, req, done);

@@ -4,12 +4,27 @@
 //! (inode, owner) pair that holds a lock gets its own open file description
 //! on the host and the lock is taken there as an OFD lock: owners conflict
 //! with each other and with host processes exactly as processes do. FLUSH
-//! from an owner closes its description, which drops its locks (close(2)
+//! from an owner drops its locks and closes its description (close(2)
 //! semantics); so does the release of the inode's last handle. GETLK and
 //! unlocks by an owner with no description make none. At most
 //! `MAX_OWNERS` owners per inode hold descriptions (ENOLCK beyond), so a
 //! client cannot spend the fd budget on owners. flock locks belong to the
 //! open file and are taken on the handle's fd.
+//!
+//! An owner's description is opened as the caller and with no more access
+//! than the handle the lock comes through: read-only for a read-only
+//! handle, so a reader's lock never makes the daemon a writer of the file
+//! (which would make exec of it fail with ETXTBSY, break leases, and get
+//! round `readonly`). When a write lock then comes through a writable
+//! handle of the same owner, the read-only description is replaced by one
+//! open for writing that first takes the same read locks (`upgrade`); the
+//! ranges an O_RDONLY description holds are tracked for that
+//! (`range::RangeSet`). GETLK opens nothing: F_OFD_GETLK checks no access
+//! mode.
+//!
+//! Ranges from the client are checked as the kernel checks them (start
+//! after end, or beyond OFFSET_MAX: EINVAL) before any arithmetic, which is
+//! checked all the same (`range::Span`).
 //!
 //! A SETLKW that has to wait is parked on a waiter thread of its own (the
 //! worker that received it goes back to serving) and answered through its
@@ -17,27 +32,34 @@
 //! call then returns EINTR. An interrupt that arrives before its SETLKW is
 //! parked is remembered (the last `RECENT` of them).
 //!
-//! Lock order: `owners`, `pids` and `waiters` are never held together.
+//! Lock order: a description's `held` before the owner table (see
+//! `owners.rs`); the owner table, `pids` and `waiters` are never held
+//! together.
+
+mod owners;
+mod range;
 
 use super::file::HandleData;
-use super::inode::CountedFd;
 use super::sys::{self, wake};
 use super::PassthroughFs;
 use fuse_core::abi::FileLock;
 use fuse_core::server::{Ctx, Deferred, FsResult, LockReq};
 use fuse_core::Errno;
+use owners::{lock, settle, Key, OwnerDesc, OwnerTable, Settled, MAX_OWNERS, RETRIES};
+use range::Span;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Most SETLKW requests parked at once; beyond it, ENOLCK.
 const MAX_WAITERS: usize = 1024;
-/// Most lock owners holding a description on one inode.
-const MAX_OWNERS: usize = 256;
 /// Interrupts for unknown requests remembered.
 const RECENT: usize = 64;
-/// `OFFSET_MAX`: a lock to end of file.
-const OFFSET_MAX: u64 = i64::MAX as u64;
+/// Stack of a waiter thread. It makes a blocking fcntl or flock, a few
+/// table updates and the reply (a device write or a ring wake-up): the
+/// lock tests pass with 16 KiB in a debug build. `MAX_WAITERS` parked
+/// waiters cost 64 MiB of address space at most, not 2 GiB.
+const WAITER_STACK: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Copy)]
 struct Waiter {
@@ -45,10 +67,9 @@ struct Waiter {
     interrupted: bool,
 }
 
-type Owners = Arc<Mutex<HashMap<(u64, u64), Arc<CountedFd>>>>;
 /// The pid that last took a lock for each (inode, owner): OFD locks carry
 /// no pid, and GETLK must name the holder as the client knows it.
-type Pids = Arc<Mutex<HashMap<(u64, u64), u32>>>;
+type Pids = Arc<Mutex<HashMap<Key, u32>>>;
 
 #[derive(Debug, Default)]
 struct Waiters {
@@ -60,30 +81,31 @@ struct Waiters {
 /// Lock state of the filesystem.
 #[derive(Debug, Default)]
 pub struct Locks {
-    owners: Owners,
+    owners: Arc<OwnerTable>,
     pids: Pids,
     waiters: Arc<Mutex<Waiters>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Locks {
-    /// FLUSH by `owner`: its description closes and its locks go.
+    /// FLUSH by `owner`: its locks go and its description closes.
     pub fn drop_owner(&self, nodeid: u64, owner: u64) {
-        let fd = lock(&self.owners).remove(&(nodeid, owner));
-        drop(fd);
+        if let Some(d) = self.owners.remove((nodeid, owner)) {
+            d.release_all(&mut d.held());
+        }
         lock(&self.pids).remove(&(nodeid, owner));
     }
     /// The inode's last handle is gone: every owner's description closes.
     pub fn drop_inode(&self, nodeid: u64) {
-        lock(&self.owners).retain(|&(n, _), _| n != nodeid);
+        for d in self.owners.remove_all(Some(nodeid)) {
+            d.release_all(&mut d.held());
+        }
         lock(&self.pids).retain(|&(n, _), _| n != nodeid);
     }
     /// DESTROY.
     pub fn clear(&self) {
-        lock(&self.owners).clear();
+        for d in self.owners.remove_all(None) {
+            d.release_all(&mut d.held());
+        }
         lock(&self.pids).clear();
     }
     /// Parked waiters.
@@ -92,7 +114,7 @@ impl Locks {
     }
     /// Descriptions held for lock owners.
     pub fn owner_fds(&self) -> usize {
-        lock(&self.owners).len()
+        self.owners.len()
     }
     /// Interrupts the parked SETLKW `unique`: its thread is signalled until
     /// it has left the blocking call. An unknown unique is remembered, in
@@ -120,34 +142,6 @@ impl Locks {
     }
 }
 
-fn to_flock(l: &FileLock) -> libc::flock {
-    // SAFETY: a zeroed flock is a valid value of this plain C struct.
-    let mut f: libc::flock = unsafe { std::mem::zeroed() };
-    f.l_type = l.typ as libc::c_short;
-    f.l_whence = libc::SEEK_SET as libc::c_short;
-    f.l_start = l.start.min(OFFSET_MAX) as libc::off_t;
-    f.l_len = if l.end >= OFFSET_MAX {
-        0
-    } else {
-        (l.end.saturating_sub(l.start) + 1) as libc::off_t
-    };
-    f
-}
-
-fn from_flock(f: &libc::flock) -> FileLock {
-    let start = f.l_start.max(0) as u64;
-    FileLock {
-        start,
-        end: if f.l_len == 0 {
-            OFFSET_MAX
-        } else {
-            start + f.l_len as u64 - 1
-        },
-        typ: f.l_type as u32,
-        pid: f.l_pid.max(0) as u32,
-    }
-}
-
 fn flock_op(typ: u32, wait: bool) -> Result<i32, Errno> {
     let op = match typ as i32 {
         libc::F_RDLCK => libc::LOCK_SH,
@@ -158,18 +152,16 @@ fn flock_op(typ: u32, wait: bool) -> Result<i32, Errno> {
     Ok(if wait { op } else { op | libc::LOCK_NB })
 }
 
-/// A lock syscall with the fds it needs.
+/// The blocking call of a parked SETLKW, with what it keeps alive.
 enum LockCall {
     /// Nothing to do (an unlock by an owner that holds nothing).
     Nothing,
     Flock(Arc<HandleData>, i32),
     Ofd {
-        fd: Arc<CountedFd>,
-        cmd: i32,
-        fl: libc::flock,
-        /// Where the description belongs once the lock is granted.
-        key: (u64, u64),
-        owners: Owners,
+        desc: Arc<OwnerDesc>,
+        span: Span,
+        key: Key,
+        owners: Arc<OwnerTable>,
         /// The requesting pid, recorded once the lock is granted.
         pid: u32,
         pids: Pids,
@@ -182,68 +174,151 @@ impl LockCall {
             LockCall::Nothing => Ok(()),
             LockCall::Flock(h, op) => sys::flock(h.fd.raw(), op),
             LockCall::Ofd {
-                fd,
-                cmd,
-                mut fl,
+                desc,
+                span,
                 key,
                 owners,
                 pid,
                 pids,
             } => {
-                sys::fcntl_lock(fd.raw(), cmd, &mut fl)?;
-                if fl.l_type != libc::F_UNLCK as libc::c_short {
-                    // A FLUSH while we waited took the description out of
-                    // the table: the granted lock must stay reachable.
-                    lock(&owners).entry(key).or_insert(fd);
-                    if pid != 0 {
-                        lock(&pids).insert(key, pid);
+                let mut desc = desc;
+                for _ in 0..RETRIES {
+                    desc.set(span, true)?;
+                    match settle(&owners, key, &desc, span)? {
+                        Settled::Held => {
+                            if pid != 0 {
+                                lock(&pids).insert(key, pid);
+                            }
+                            return Ok(());
+                        }
+                        Settled::WaitOn(current) => desc = current,
                     }
                 }
-                Ok(())
+                Err(Errno(libc::ENOLCK))
             }
         }
     }
 }
 
 impl PassthroughFs {
-    /// The owner's description on the handle's inode: the existing one, or
-    /// (`make`) a new one, or None.
-    fn owner_fd(
+    /// A new description for a lock owner, through handle `h`, that can
+    /// carry read locks (`read`) and write locks (`write`). Opened as the
+    /// caller, with the handle's access mode, except that a write-only
+    /// handle gets a read-write description where the caller may read
+    /// (so the owner's read locks through other handles fit on it too).
+    fn open_desc(
         &self,
+        ctx: &Ctx,
         h: &HandleData,
-        owner: u64,
-        make: bool,
-    ) -> Result<Option<Arc<CountedFd>>, Errno> {
-        let key = (h.inode.nodeid, owner);
+        read: bool,
+        write: bool,
+    ) -> Result<OwnerDesc, Errno> {
+        let hacc = sys::getfl(h.fd.raw())? & libc::O_ACCMODE;
+        let fits = |acc: i32| (!read || acc != libc::O_WRONLY) && (!write || acc != libc::O_RDONLY);
+        let modes: &[i32] = match hacc {
+            libc::O_RDONLY => &[libc::O_RDONLY],
+            libc::O_WRONLY => &[libc::O_RDWR, libc::O_WRONLY],
+            _ => &[libc::O_RDWR],
+        };
+        let mut refused = false;
         {
-            let owners = lock(&self.locks.owners);
-            if let Some(fd) = owners.get(&key) {
-                return Ok(Some(fd.clone()));
-            }
-            if !make {
-                return Ok(None);
-            }
-            if owners.keys().filter(|(n, _)| *n == key.0).count() >= MAX_OWNERS {
-                return Err(Errno(libc::ENOLCK));
+            let _c = self.creds(ctx)?;
+            for &acc in modes.iter().filter(|&&a| fits(a)) {
+                match self.reopen(&h.inode, acc | libc::O_CLOEXEC) {
+                    Ok(fd) => return Ok(OwnerDesc::new(fd, acc)),
+                    Err(Errno(libc::EACCES | libc::EPERM)) => refused = true,
+                    Err(e) => return Err(e),
+                }
             }
         }
-        // The daemon's own access: the client's right to the lock type was
-        // checked against the handle (`check_mode`).
-        let mode = if h.inode.is_dir() {
-            libc::O_RDONLY
-        } else {
-            libc::O_RDWR
-        };
-        let fd = match self.reopen(&h.inode, mode) {
-            Err(Errno(libc::EACCES)) | Err(Errno(libc::EROFS)) => {
-                self.reopen(&h.inode, libc::O_RDONLY)
+        if !refused || !fits(hacc) {
+            // No mode the handle allows carries what is asked.
+            return Err(Errno::EBADF);
+        }
+        // The caller may not open the file now (its mode changed since the
+        // open, or the open file went to a process with other credentials).
+        // fcntl(2) checks no permission on an open file, so the handle's own
+        // access mode is opened with the daemon's credentials: it gives
+        // nothing the handle does not have already.
+        let fd = self.reopen(&h.inode, hacc | libc::O_CLOEXEC)?;
+        Ok(OwnerDesc::new(fd, hacc))
+    }
+
+    /// The owner's description, made, or upgraded so it can carry `typ`.
+    fn owner_desc(
+        &self,
+        ctx: &Ctx,
+        h: &HandleData,
+        key: Key,
+        typ: i32,
+    ) -> Result<Arc<OwnerDesc>, Errno> {
+        let owners = &self.locks.owners;
+        for _ in 0..RETRIES {
+            match owners.get(key) {
+                Some(d) if d.carries(typ) => return Ok(d),
+                Some(d) => self.upgrade(ctx, h, key, &d, typ)?,
+                None => {
+                    if owners.count(key.0) >= MAX_OWNERS {
+                        return Err(Errno(libc::ENOLCK));
+                    }
+                    let d = self.open_desc(ctx, h, typ == libc::F_RDLCK, typ == libc::F_WRLCK)?;
+                    let d = owners.enter(key, d)?;
+                    if d.carries(typ) {
+                        return Ok(d);
+                    }
+                }
             }
-            r => r,
-        }?;
-        let fd = Arc::new(fd);
-        Ok(Some(
-            lock(&self.locks.owners).entry(key).or_insert(fd).clone(),
-        ))
+        }
+        Err(Errno(libc::ENOLCK))
+    }
+
+    /// A write lock for an owner whose description `old` is O_RDONLY:
+    /// replaces it with one open for writing (as the caller, through the
+    /// writable handle `h`) that holds the same read locks, taken again on
+    /// it before `old` lets go. They cannot conflict (no writer can hold a
+    /// range `old` holds a read lock on), so the owner's locks are held
+    /// throughout. If one cannot be taken, `old` stays as it was. Done (or
+    /// overtaken by another request of the owner) when Ok: look again.
+    fn upgrade(
+        &self,
+        ctx: &Ctx,
+        h: &HandleData,
+        key: Key,
+        old: &Arc<OwnerDesc>,
+        typ: i32,
+    ) -> Result<(), Errno> {
+        // A write-only description holds write locks, which no second
+        // description can take while it holds them: fcntl's EBADF.
+        if !old.read_only() || typ != libc::F_WRLCK {
+            return Err(Errno::EBADF);
+        }
+        let keep = !old.held().is_empty();
+        let new = self.open_desc(ctx, h, keep, true)?;
+        let mut held = old.held();
+        if !self.locks.owners.is(key, old) {
+            return Ok(());
+        }
+        if !held.is_empty() && !new.carries(libc::F_RDLCK) {
+            return Err(Errno::EBADF);
+        }
+        for (start, end) in held.iter() {
+            let span = Span {
+                typ: libc::F_RDLCK,
+                start,
+                end,
+            };
+            new.set(span, false).map_err(|e| match e {
+                // Cannot happen (see above), but is no conflict to report.
+                Errno::EAGAIN => Errno(libc::ENOLCK),
+                e => e,
+            })?;
+        }
+        if self.locks.owners.replace(key, old, Arc::new(new)) {
+            // Its locks are on the new one now. A SETLKW parked on it keeps
+            // it open; what such a waiter is granted moves over (`settle`).
+            old.release_all(&mut held);
+        }
+        Ok(())
     }
 
     /// fcntl(2) refuses a read lock on a file not open for reading and a
@@ -267,38 +342,48 @@ impl PassthroughFs {
         if req.flock {
             return Err(Errno::EINVAL);
         }
-        let mut fl = to_flock(&req.lock);
-        let asked = fl;
-        match self.owner_fd(&h, req.owner, false)? {
-            Some(fd) => sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?,
-            // An owner with no description holds no locks: a fresh one
-            // sees every conflicting lock, and is closed again.
-            None => {
-                let fd = self.reopen(&h.inode, libc::O_RDONLY)?;
-                sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut fl)?;
+        let asked = Span::of_client(&req.lock)?;
+        // F_OFD_GETLK checks no access mode, so no description is opened:
+        // the owner's own does not see the owner's locks; without one, the
+        // handle's fd, which holds no OFD locks (its flock locks are apart),
+        // sees every conflicting lock.
+        let key = (h.inode.nodeid, req.owner);
+        let desc = self.locks.owners.get(key);
+        let fd = desc.as_ref().map_or(h.fd.raw(), |d| d.raw());
+        let mut fl = asked.flock();
+        sys::fcntl_lock(fd, libc::F_OFD_GETLK, &mut fl)?;
+        if fl.l_type == libc::F_UNLCK as libc::c_short {
+            return Ok(FileLock {
+                typ: libc::F_UNLCK as u32,
+                pid: 0,
+                ..req.lock
+            });
+        }
+        // The kernel names a lock within 0..=OFFSET_MAX; anything else is
+        // not passed on.
+        let held = Span::of_flock(&fl).ok_or(Errno::EIO)?;
+        let pid = match u32::try_from(fl.l_pid) {
+            Ok(pid) if pid > 0 => pid,
+            // F_UNLCK asks what the description itself holds (as
+            // F_OFD_GETLK with F_UNLCK does): the owner's own lock.
+            _ if asked.typ == libc::F_UNLCK => {
+                lock(&self.locks.pids).get(&key).copied().unwrap_or(0)
             }
-        }
-        if fl.l_type != libc::F_UNLCK as libc::c_short && fl.l_pid <= 0 {
+            // An OFD lock: one of the client's owners, or a host process's.
             // Probe only where the request and the conflict overlap.
-            let start = fl.l_start.max(asked.l_start);
-            let end = |f: &libc::flock| {
-                if f.l_len == 0 {
-                    libc::off_t::MAX
-                } else {
-                    f.l_start + f.l_len - 1
-                }
-            };
-            let last = end(&fl).min(end(&asked));
-            let mut probe = fl;
-            probe.l_start = start;
-            probe.l_len = if last == libc::off_t::MAX {
-                0
-            } else {
-                last - start + 1
-            };
-            fl.l_pid = self.lock_holder(h.inode.nodeid, req.owner, &probe) as libc::pid_t;
-        }
-        Ok(from_flock(&fl))
+            _ => self.lock_holder(
+                h.inode.nodeid,
+                req.owner,
+                held.overlap(asked).unwrap_or(held),
+            ),
+        };
+        Ok(FileLock {
+            start: held.start,
+            end: held.end,
+            // F_RDLCK or F_WRLCK: not negative.
+            typ: held.typ as u32,
+            pid,
+        })
     }
 
     /// The pid of the client's owner that holds `conflict` (0 if it is
@@ -306,22 +391,16 @@ impl PassthroughFs {
     /// the range looks free from its own description, which does not see
     /// its own locks: probing with a read lock for a write conflict (so
     /// other readers do not count) and with a write lock for a read one.
-    fn lock_holder(&self, nodeid: u64, requester: u64, conflict: &libc::flock) -> u32 {
-        let candidates: Vec<_> = lock(&self.locks.owners)
-            .iter()
-            .filter(|(&(n, o), _)| n == nodeid && o != requester)
-            .map(|(&k, fd)| (k, fd.clone()))
-            .collect();
-        for (key, fd) in candidates {
-            let mut probe = *conflict;
-            probe.l_pid = 0;
-            probe.l_type = if conflict.l_type == libc::F_WRLCK as libc::c_short {
-                libc::F_RDLCK as libc::c_short
-            } else {
-                libc::F_WRLCK as libc::c_short
-            };
-            let free = sys::fcntl_lock(fd.raw(), libc::F_OFD_GETLK, &mut probe).is_ok()
-                && probe.l_type == libc::F_UNLCK as libc::c_short;
+    fn lock_holder(&self, nodeid: u64, requester: u64, conflict: Span) -> u32 {
+        let probe = conflict.with_type(if conflict.typ == libc::F_WRLCK {
+            libc::F_RDLCK
+        } else {
+            libc::F_WRLCK
+        });
+        for (key, d) in self.locks.owners.others(nodeid, requester) {
+            let mut fl = probe.flock();
+            let free = sys::fcntl_lock(d.raw(), libc::F_OFD_GETLK, &mut fl).is_ok()
+                && fl.l_type == libc::F_UNLCK as libc::c_short;
             if free {
                 if let Some(&pid) = lock(&self.locks.pids).get(&key) {
                     return pid;
@@ -331,39 +410,62 @@ impl PassthroughFs {
         0
     }
 
-    /// The blocking call a lock request makes, on fds it keeps alive.
-    fn lock_call(&self, h: &Arc<HandleData>, req: &LockReq, wait: bool) -> Result<LockCall, Errno> {
-        Self::check_mode(h, req.lock.typ)?;
-        if req.flock {
-            return Ok(LockCall::Flock(h.clone(), flock_op(req.lock.typ, wait)?));
+    /// A POSIX lock or unlock without waiting, on the owner's description
+    /// as it is when the lock is taken.
+    fn set_posix(&self, ctx: &Ctx, h: &HandleData, req: &LockReq) -> Result<(), Errno> {
+        let span = Span::of_client(&req.lock)?;
+        let key = (h.inode.nodeid, req.owner);
+        for _ in 0..RETRIES {
+            let desc = if span.typ == libc::F_UNLCK {
+                match self.locks.owners.get(key) {
+                    Some(d) => d,
+                    None => return Ok(()),
+                }
+            } else {
+                self.owner_desc(ctx, h, key, span.typ)?
+            };
+            let mut held = desc.held();
+            if !self.locks.owners.is(key, &desc) {
+                // Replaced meanwhile (FLUSH, upgrade): use the new one.
+                continue;
+            }
+            desc.set_held(&mut held, span)?;
+            drop(held);
+            if span.typ != libc::F_UNLCK && req.lock.pid != 0 {
+                lock(&self.locks.pids).insert(key, req.lock.pid);
+            }
+            return Ok(());
         }
-        let unlock = req.lock.typ == libc::F_UNLCK as u32;
-        let Some(fd) = self.owner_fd(h, req.owner, !unlock)? else {
+        Err(Errno(libc::ENOLCK))
+    }
+
+    pub(super) fn op_setlk(&self, ctx: &Ctx, fh: u64, req: &LockReq) -> FsResult<()> {
+        let h = self.handles.get(fh)?;
+        Self::check_mode(&h, req.lock.typ)?;
+        if req.flock {
+            return sys::flock(h.fd.raw(), flock_op(req.lock.typ, false)?);
+        }
+        self.set_posix(ctx, &h, req)
+    }
+
+    /// The blocking call of a SETLKW that has to wait.
+    fn wait_call(&self, ctx: &Ctx, h: &Arc<HandleData>, req: &LockReq) -> Result<LockCall, Errno> {
+        if req.flock {
+            return Ok(LockCall::Flock(h.clone(), flock_op(req.lock.typ, true)?));
+        }
+        let span = Span::of_client(&req.lock)?;
+        if span.typ == libc::F_UNLCK {
             return Ok(LockCall::Nothing);
-        };
-        let cmd = if wait {
-            libc::F_OFD_SETLKW
-        } else {
-            libc::F_OFD_SETLK
-        };
+        }
+        let key = (h.inode.nodeid, req.owner);
         Ok(LockCall::Ofd {
-            fd,
-            cmd,
-            fl: to_flock(&req.lock),
-            key: (h.inode.nodeid, req.owner),
+            desc: self.owner_desc(ctx, h, key, span.typ)?,
+            span,
+            key,
             owners: self.locks.owners.clone(),
             pid: req.lock.pid,
             pids: self.locks.pids.clone(),
         })
-    }
-
-    pub(super) fn op_setlk(&self, fh: u64, req: &LockReq) -> FsResult<()> {
-        let h = self.handles.get(fh)?;
-        match self.lock_call(&h, req, false)?.run() {
-            // POSIX may report a conflict as EACCES; FUSE wants EAGAIN.
-            Err(Errno(libc::EACCES)) => Err(Errno::EAGAIN),
-            r => r,
-        }
     }
 
     pub(super) fn op_setlkw(&self, ctx: &Ctx, fh: u64, req: &LockReq, done: Deferred) {
@@ -371,11 +473,11 @@ impl PassthroughFs {
             Ok(h) => h,
             Err(e) => return done.complete(Err(e)),
         };
-        match self.op_setlk(fh, req) {
+        match self.op_setlk(ctx, fh, req) {
             Err(Errno::EAGAIN) => {}
             r => return done.complete(r),
         }
-        let call = match self.lock_call(&h, req, true) {
+        let call = match self.wait_call(ctx, &h, req) {
             Ok(c) => c,
             Err(e) => return done.complete(Err(e)),
         };
@@ -409,6 +511,7 @@ impl PassthroughFs {
         let table = waiters.clone();
         let spawned = std::thread::Builder::new()
             .name("fusebox-lockwait".into())
+            .stack_size(WAITER_STACK)
             .spawn(move || {
                 wake::unblock();
                 let go = {
