@@ -4,9 +4,18 @@
 //! would for the caller on a local filesystem (including the loss of
 //! CAP_DAC_OVERRIDE, CAP_FOWNER and CAP_FSETID when the caller is not root).
 //!
-//! The raw syscalls change only the calling thread. io_uring captures the
-//! submitter's credentials when it hands an op to a worker, so ops
-//! submitted under a [`CredGuard`] run as the caller too.
+//! Operations that allocate or change file data (WRITE, FALLOCATE,
+//! COPY_FILE_RANGE) also run without CAP_SYS_RESOURCE, a root caller's
+//! too ([`Caps::Data`]), so quota hard limits bind them as they bind a
+//! host user.
+//!
+//! The raw syscalls change only the calling thread. io_uring takes the
+//! submitter's credentials with each op: an op issued inline runs in
+//! io_uring_enter on this thread, and one punted to an io-wq worker
+//! carries the credentials captured when it was punted (io_prep_async_work
+//! sets REQ_F_CREDS from current_cred()). The passthrough's rings are
+//! per-thread, without SQPOLL, and every data op is waited for before the
+//! call returns, so ops submitted under a [`CredGuard`] run as the caller.
 
 use super::sys::thread;
 use fuse_core::server::Ctx;
@@ -27,17 +36,129 @@ pub enum Groups {
 
 thread_local! {
     static UNSHARED: Cell<bool> = const { Cell::new(false) };
-    /// Capabilities this thread had before a [`CredGuard`] lowered them.
+    /// Capabilities this thread had before the innermost [`CredGuard`]
+    /// lowered them.
     static LOWERED: Cell<Option<[u64; 3]>> = const { Cell::new(None) };
+    /// This thread's own fsuid, fsgid and capability sets outside any
+    /// guard, read by its first guard (None again after giving them back
+    /// failed, so the next guard reads what the thread really has).
+    static OWN: Cell<Option<Own>> = const { Cell::new(None) };
     /// This thread's own supplementary groups (read on first use).
     static OWN_GROUPS: std::cell::OnceCell<Vec<u32>> = const { std::cell::OnceCell::new() };
     /// Set when giving the thread its own groups back failed: until a
     /// setgroups succeeds, its groups are unknown and always set.
     static GROUPS_UNKNOWN: Cell<bool> = const { Cell::new(false) };
+    /// [`CredGuard`]s alive on this thread (outside all of them the thread
+    /// has exactly [`OWN`]).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
+/// A thread's credentials outside any guard.
+#[derive(Debug, Clone, Copy)]
+struct Own {
+    fsuid: u32,
+    fsgid: u32,
+    caps: [u64; 3],
+}
+
+/// This thread's [`Own`] (read with three syscalls the first time).
+fn own() -> Result<Own, Errno> {
+    if let Some(o) = OWN.with(Cell::get) {
+        return Ok(o);
+    }
+    if DEPTH.with(Cell::get) > 0 {
+        // Forgotten by a failed restore inside a guard: what the thread
+        // has now is a caller's, not its own. Fail closed until the outer
+        // guards are gone.
+        return Err(Errno::EPERM);
+    }
+    // u32::MAX (-1) is no valid id: the calls only report the current one.
+    let o = Own {
+        fsuid: thread::setfsuid(u32::MAX),
+        fsgid: thread::setfsgid(u32::MAX),
+        caps: thread::capget()?,
+    };
+    OWN.with(|c| c.set(Some(o)));
+    Ok(o)
+}
+
+/// CAP_FSETID: a write keeps setuid/setgid.
+const CAP_FSETID: u64 = 1 << 4;
 /// CAP_DAC_READ_SEARCH.
 const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
+/// CAP_SYS_RESOURCE: past quota hard limits and ext4's reserved blocks.
+const CAP_SYS_RESOURCE: u64 = 1 << 24;
+
+/// A caller's credentials, its supplementary groups read once: what a
+/// handle keeps of its opener.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Cred {
+    /// fsuid.
+    pub uid: u32,
+    /// fsgid.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    /// `ctx`'s credentials, with its groups from `groups`.
+    pub fn of(ctx: &Ctx, groups: Groups) -> Cred {
+        Cred {
+            uid: ctx.uid,
+            gid: ctx.gid,
+            groups: match groups {
+                Groups::None => Vec::new(),
+                Groups::Proc => proc_groups(ctx.pid).unwrap_or_default(),
+            },
+        }
+    }
+}
+
+/// The capabilities a [`CredGuard`] leaves effective, of the thread's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caps {
+    /// As a local process of the caller's uid: root keeps all of them,
+    /// anyone else none (setfsuid drops only the file-system ones;
+    /// CAP_SYS_ADMIN would still let it set `trusted.*` xattrs,
+    /// CAP_SYS_RESOURCE ignore quotas).
+    Caller,
+    /// An operation that allocates or changes file data (WRITE, FALLOCATE,
+    /// COPY_FILE_RANGE): as [`Caps::Caller`], but never CAP_SYS_RESOURCE,
+    /// root included (a guest's root is not the host's), so quota hard
+    /// limits bind. ext4 still grants its root-reserved blocks to fsuid 0
+    /// by rule (resuid, or a member of resgid), without the capability.
+    /// With `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID: the writer lacks
+    /// CAP_FSETID) also never CAP_FSETID, so the host write clears
+    /// setuid/setgid for a root caller too.
+    Data {
+        /// Drop CAP_FSETID.
+        kill_suidgid: bool,
+    },
+    /// Only these of the thread's own.
+    Only(u64),
+}
+
+impl Caps {
+    /// [`Caps::Data`] for an operation that only allocates (FALLOCATE,
+    /// COPY_FILE_RANGE).
+    pub const ALLOCATE: Caps = Caps::Data {
+        kill_suidgid: false,
+    };
+
+    /// The effective set for `uid`, of the thread's own `eff`.
+    fn effective(self, uid: u32, eff: u64) -> u64 {
+        let caller = if uid == 0 { eff } else { 0 };
+        match self {
+            Caps::Caller => caller,
+            Caps::Data { kill_suidgid } => {
+                let fsetid = if kill_suidgid { CAP_FSETID } else { 0 };
+                caller & !CAP_SYS_RESOURCE & !fsetid
+            }
+            Caps::Only(mask) => eff & mask,
+        }
+    }
+}
 
 /// Runs `f` with CAP_DAC_READ_SEARCH raised if a [`CredGuard`] lowered it
 /// on this thread (open_by_handle_at needs it; it opens O_PATH only, so no
@@ -73,17 +194,12 @@ const DELEGATE_CAPS: u64 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 21);
 /// fsuid 0 (ext4's and f2fs's root-reserved blocks). Err if the
 /// credentials could not be set; `f` has not run then.
 pub fn as_io_delegate<T>(f: impl FnOnce() -> T) -> Result<T, Errno> {
-    let me = Ctx {
-        unique: 0,
+    let me = Cred {
         uid: DELEGATE_ID,
         gid: DELEGATE_ID,
-        pid: 0,
+        groups: Vec::new(),
     };
-    let guard = CredGuard::switch(&me, Groups::None)?;
-    let Some(saved) = guard.caps else {
-        return Err(Errno::EPERM);
-    };
-    thread::capset([saved[0] & DELEGATE_CAPS, saved[1], saved[2]])?;
+    let guard = CredGuard::enter(&me, Caps::Only(DELEGATE_CAPS))?;
     let r = f();
     drop(guard);
     Ok(r)
@@ -108,85 +224,150 @@ impl Drop for UmaskGuard {
     }
 }
 
-/// The caller's credentials in force on this thread until dropped. A
-/// caller other than root also loses every effective capability (setfsuid
-/// drops only the file-system ones; CAP_SYS_ADMIN would still let it set
-/// `trusted.*` xattrs, CAP_SYS_RESOURCE ignore quotas).
+/// A caller's credentials in force on this thread until dropped: fsuid,
+/// fsgid, supplementary groups and the capabilities [`Caps`] leaves.
+///
+/// Only what differs from the thread's own is changed (a thread outside
+/// every guard has its own credentials, read once): a root caller on a
+/// root daemon's thread costs no setfsuid/setfsgid, and capabilities are
+/// set only when the rule takes some away.
 #[derive(Debug)]
 pub struct CredGuard {
-    /// fsuid, fsgid, and the groups to set back if they were changed.
-    restore: Option<(u32, u32, Option<Vec<u32>>)>,
-    caps: Option<[u64; 3]>,
+    /// fsuid, fsgid to set back, if they were changed.
+    ids: Option<(u32, u32)>,
+    /// Groups to set back, if they were changed.
+    groups: Option<Vec<u32>>,
+    /// Capability sets to set back, if they were changed: the ones before
+    /// this guard, and the thread's own (which the restore starts from).
+    caps: Option<([u64; 3], [u64; 3])>,
+    /// [`LOWERED`] before this guard.
+    lowered: Option<[u64; 3]>,
+    /// Counted in [`DEPTH`] (every guard but [`CredGuard::none`]).
+    counted: bool,
 }
 
 impl CredGuard {
     /// A guard that changes nothing (credential switching is off).
     pub fn none() -> CredGuard {
         CredGuard {
-            restore: None,
+            ids: None,
+            groups: None,
             caps: None,
+            lowered: None,
+            counted: false,
         }
     }
 
-    /// Switches to `ctx`'s credentials.
-    pub fn switch(ctx: &Ctx, groups: Groups) -> Result<CredGuard, Errno> {
-        let supp = match groups {
-            Groups::None => Vec::new(),
-            Groups::Proc => proc_groups(ctx.pid).unwrap_or_default(),
-        };
-        // Outside a guard a thread always has its own groups, so they are
-        // read once per thread, and set only when the caller's differ.
-        let own = OWN_GROUPS.with(|g| g.get_or_init(thread::getgroups).clone());
-        let restore_groups = if supp == own && !GROUPS_UNKNOWN.with(Cell::get) {
-            None
-        } else {
-            thread::setgroups(&supp)?;
-            GROUPS_UNKNOWN.with(|u| u.set(false));
-            Some(own)
-        };
-        let old_gid = thread::setfsgid(ctx.gid);
-        let old_uid = thread::setfsuid(ctx.uid);
+    /// Switches to `cred` with the capabilities `rule` leaves.
+    pub fn enter(cred: &Cred, rule: Caps) -> Result<CredGuard, Errno> {
+        // Outside every guard the thread has its own credentials, so only
+        // the differences need syscalls. Inside another guard (nesting)
+        // everything is set: the thread's own capabilities first (the
+        // outer guard may have lowered CAP_SETUID and CAP_SETGID), and the
+        // current values are what is restored.
+        let nested = DEPTH.with(Cell::get) > 0;
+        let own = own()?;
         let mut g = CredGuard {
-            restore: Some((old_uid, old_gid, restore_groups)),
+            ids: None,
+            groups: None,
             caps: None,
+            lowered: LOWERED.with(Cell::get),
+            counted: true,
         };
-        // setfsuid reports no errors: read the value back.
-        if thread::setfsuid(u32::MAX) != ctx.uid || thread::setfsgid(u32::MAX) != ctx.gid {
-            return Err(Errno::EPERM);
+        DEPTH.with(|d| d.set(d.get() + 1));
+        if nested {
+            let before = thread::capget()?;
+            thread::capset(own.caps)?;
+            g.caps = Some((before, own.caps));
         }
-        if ctx.uid != 0 {
-            let saved = thread::capget()?;
-            thread::capset([0, saved[1], saved[2]])?;
-            g.caps = Some(saved);
-            LOWERED.with(|l| l.set(Some(saved)));
+        g.groups = OWN_GROUPS.with(|o| -> Result<_, Errno> {
+            let mine = o.get_or_init(thread::getgroups);
+            if !nested && cred.groups == *mine && !GROUPS_UNKNOWN.with(Cell::get) {
+                return Ok(None);
+            }
+            let back = if nested {
+                thread::getgroups()
+            } else {
+                mine.clone()
+            };
+            thread::setgroups(&cred.groups)?;
+            GROUPS_UNKNOWN.with(|u| u.set(false));
+            Ok(Some(back))
+        })?;
+        if nested || cred.uid != own.fsuid || cred.gid != own.fsgid {
+            let old_gid = thread::setfsgid(cred.gid);
+            let old_uid = thread::setfsuid(cred.uid);
+            g.ids = Some((old_uid, old_gid));
+            // setfsuid reports no errors (an id unmapped in the daemon's
+            // user namespace is ignored): read the value back.
+            if thread::setfsuid(u32::MAX) != cred.uid || thread::setfsgid(u32::MAX) != cred.gid {
+                return Err(Errno::EPERM);
+            }
+        }
+        let eff = rule.effective(cred.uid, own.caps[0]);
+        // A root caller on a thread whose fsuid is root kept every
+        // capability through setfsuid: nothing to set unless the rule
+        // takes some away. Otherwise setfsuid changed the file-system ones.
+        let unchanged = !nested && cred.uid == 0 && own.fsuid == 0 && eff == own.caps[0];
+        if !unchanged {
+            let before = g.caps.map_or(own.caps, |c| c.0);
+            g.caps = Some((before, own.caps));
+            thread::capset([eff, own.caps[1], own.caps[2]])?;
+            LOWERED.with(|l| l.set(Some(own.caps)));
         }
         Ok(g)
     }
 }
 
+/// The capabilities setfsuid drops when the fsuid leaves 0 and raises
+/// (from the permitted set) when it comes back (the kernel's CAP_FS_SET:
+/// CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, FSETID, LINUX_IMMUTABLE,
+/// MKNOD, MAC_OVERRIDE).
+const CAP_FS_SET: u64 = 0x1f | (1 << 9) | (1 << 27) | (1 << 32);
+
 impl Drop for CredGuard {
     fn drop(&mut self) {
-        if let Some(caps) = self.caps.take() {
-            // Capabilities first: setgroups below needs CAP_SETGID.
-            if let Err(e) = thread::capset(caps) {
+        // The thread's own capabilities first: setfsuid back to an id not
+        // the thread's own (nesting) needs CAP_SETUID, setgroups
+        // CAP_SETGID. Outside a nested guard that is all that is needed.
+        if let Some((_, own)) = self.caps {
+            if let Err(e) = thread::capset(own) {
                 // The thread keeps fewer capabilities than it had: later
-                // calls may fail, none gains anything.
+                // calls may fail, none gains anything. The next guard
+                // reads what it has.
                 eprintln!("fusebox: restoring a worker's capabilities: {e}");
+                OWN.with(|o| o.set(None));
             }
-            LOWERED.with(|l| l.set(None));
         }
-        if let Some((uid, gid, groups)) = self.restore.take() {
-            // fsuid back to the daemon's: that also restores its fs
-            // capabilities.
-            thread::setfsuid(uid);
+        // What the effective set is after the fsuid is back: crossing 0
+        // changes the file-system capabilities.
+        let mut eff = self.caps.map(|(_, own)| own[0]);
+        if let Some((uid, gid)) = self.ids.take() {
+            let left = thread::setfsuid(uid);
             thread::setfsgid(gid);
-            if let Some(groups) = groups {
-                if thread::setgroups(&groups).is_err() {
-                    // Fail closed: the next switch sets groups even when
-                    // the caller's look like the thread's own.
-                    GROUPS_UNKNOWN.with(|u| u.set(true));
+            if let (Some(e), Some((_, own))) = (eff.as_mut(), self.caps) {
+                if left != 0 && uid == 0 {
+                    *e |= own[1] & CAP_FS_SET;
+                } else if left == 0 && uid != 0 {
+                    *e &= !CAP_FS_SET;
                 }
             }
+        }
+        if let Some(groups) = self.groups.take() {
+            if thread::setgroups(&groups).is_err() {
+                // Fail closed: the next switch sets groups even when
+                // the caller's look like the thread's own.
+                GROUPS_UNKNOWN.with(|u| u.set(true));
+            }
+        }
+        if let Some((before, own)) = self.caps.take() {
+            if before != own || eff != Some(before[0]) {
+                let _ = thread::capset(before);
+            }
+            LOWERED.with(|l| l.set(self.lowered));
+        }
+        if self.counted {
+            DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
         }
     }
 }
@@ -204,4 +385,72 @@ fn proc_groups(pid: u32) -> Option<Vec<u32>> {
             .filter_map(|g| g.parse().ok())
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// fsuid, fsgid, capability sets and groups of this thread now.
+    fn now() -> (u32, u32, [u64; 3], Vec<u32>) {
+        (
+            thread::setfsuid(u32::MAX),
+            thread::setfsgid(u32::MAX),
+            thread::capget().unwrap(),
+            thread::getgroups(),
+        )
+    }
+
+    fn cred(uid: u32, groups: &[u32]) -> Cred {
+        Cred {
+            uid,
+            gid: uid,
+            groups: groups.to_vec(),
+        }
+    }
+
+    /// Runs `f` on a new thread (guards keep per-thread state).
+    fn on_thread(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(f).join().unwrap();
+    }
+
+    #[test]
+    fn guards_set_the_rule_and_give_everything_back() {
+        on_thread(|| {
+            let mine = now();
+            assert_eq!(mine.0, 0, "tests run as root");
+            {
+                let _g = CredGuard::enter(&cred(1000, &[5]), Caps::Caller).unwrap();
+                let (u, g, caps, groups) = now();
+                assert_eq!((u, g, caps[0], groups), (1000, 1000, 0, vec![5]));
+            }
+            assert_eq!(now(), mine);
+            {
+                let _g =
+                    CredGuard::enter(&cred(0, &[]), Caps::Data { kill_suidgid: true }).unwrap();
+                let caps = now().2;
+                assert_eq!(caps[0], mine.2[0] & !CAP_SYS_RESOURCE & !CAP_FSETID);
+                assert_eq!(caps[1], mine.2[1], "the permitted set stays");
+            }
+            assert_eq!(now(), mine);
+        });
+    }
+
+    #[test]
+    fn a_nested_guard_gives_back_the_outer_ones_credentials() {
+        on_thread(|| {
+            let mine = now();
+            {
+                let _outer = CredGuard::enter(&cred(1000, &[5]), Caps::Caller).unwrap();
+                let outer = now();
+                {
+                    let _inner = CredGuard::enter(&cred(0, &[]), Caps::Caller).unwrap();
+                    let (u, _, caps, groups) = now();
+                    assert_eq!((u, caps, groups), (0, mine.2, vec![]));
+                }
+                assert_eq!(now(), outer);
+            }
+            assert_eq!(now(), mine);
+        });
+    }
 }

@@ -2,7 +2,7 @@
 //! READ/WRITE through io_uring, directory listing, and the small file ops.
 
 use super::backing::Grant;
-use super::creds::private_umask;
+use super::creds::{private_umask, Caps, Cred};
 use super::inode::{CountedFd, InodeData};
 use super::{component, io, sys, PassthroughFs};
 use fuse_core::abi::flags as wflags;
@@ -33,6 +33,10 @@ pub struct HandleData {
     backing: bool,
     /// Serialises seek + getdents on a directory handle.
     dir: Mutex<()>,
+    /// Who opened it (uid, gid, and the groups it had then): a writeback
+    /// WRITE runs as the opener, since the client kernel sends those with
+    /// uid = gid = 0 and a flusher thread's pid (`force && nocreds`).
+    opener: Cred,
 }
 
 /// The handle table.
@@ -157,6 +161,7 @@ impl PassthroughFs {
         inode: Arc<InodeData>,
         flags: i32,
         dir: bool,
+        opener: Cred,
     ) -> Opened<u64> {
         let direct = flags & libc::O_DIRECT != 0;
         let mut open_flags = self.open_flags(direct, dir);
@@ -181,6 +186,7 @@ impl PassthroughFs {
             odirect: flags & libc::O_DIRECT != 0,
             backing,
             dir: Mutex::new(()),
+            opener,
         });
         Opened {
             handle,
@@ -217,11 +223,12 @@ impl PassthroughFs {
         if dir {
             f = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
         }
+        let opener = self.caller(ctx);
         let fd = {
-            let _c = self.creds(ctx)?;
+            let _c = self.creds_as(&opener, Caps::Caller)?;
             self.reopen(&data, f)?
         };
-        Ok(self.new_handle(fd, data, f, dir))
+        Ok(self.new_handle(fd, data, f, dir, opener))
     }
 
     pub(super) fn op_create(
@@ -245,9 +252,10 @@ impl PassthroughFs {
         // (regular files only), never by open(O_CREAT), which would open a
         // device node or block on a FIFO a hostile client made.
         let create = f | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let opener = self.caller(ctx);
         for _ in 0..8 {
             let made = {
-                let _c = self.creds(ctx)?;
+                let _c = self.creds_as(&opener, Caps::Caller)?;
                 let _u = private_umask(umask)?;
                 let pfd = p.fd(&self.budget)?;
                 let resolve =
@@ -263,7 +271,7 @@ impl PassthroughFs {
                 Ok(fd) => {
                     let entry = self.enter_fd(fd.raw())?;
                     let data = self.inodes.get(entry.inode)?;
-                    return Ok((entry, self.new_handle(fd, data, f, false)));
+                    return Ok((entry, self.new_handle(fd, data, f, false, opener)));
                 }
                 Err(Errno::EEXIST) if !excl => {
                     let entry = match self.op_lookup(ctx, parent, name.as_bytes()) {
@@ -301,8 +309,9 @@ impl PassthroughFs {
         if f & libc::O_ACCMODE == libc::O_RDONLY {
             f |= libc::O_RDWR;
         }
+        let opener = self.caller(ctx);
         let fd = {
-            let _c = self.creds(ctx)?;
+            let _c = self.creds_as(&opener, Caps::Caller)?;
             let _u = private_umask(umask)?;
             let pfd = p.fd(&self.budget)?;
             self.budget
@@ -310,7 +319,7 @@ impl PassthroughFs {
         };
         let entry = self.enter_fd(fd.raw())?;
         let data = self.inodes.get(entry.inode)?;
-        Ok((entry, self.new_handle(fd, data, f, false)))
+        Ok((entry, self.new_handle(fd, data, f, false, opener)))
     }
 
     pub(super) fn op_read(
@@ -366,6 +375,29 @@ impl PassthroughFs {
             return Err(Errno::EINVAL);
         }
         let h = self.handles.get(fh)?;
+        // Every write runs under credentials, so the host applies quotas,
+        // reserved blocks and setuid clearing as for a local writer. A
+        // writeback (or mmap) write carries no caller: it runs as the
+        // handle's opener. A caller with the opener's uid and gid takes
+        // the opener's groups too (host mounts: read at OPEN rather than
+        // from /proc on every WRITE; they differ only for a process that
+        // changed its groups since).
+        let cache = flags & wflags::WRITE_CACHE != 0;
+        let same = ctx.uid == h.opener.uid && ctx.gid == h.opener.gid;
+        let caller;
+        let cred = if cache || same {
+            &h.opener
+        } else {
+            caller = self.caller(ctx);
+            &caller
+        };
+        // FUSE_WRITE_KILL_SUIDGID says the writer lacks CAP_FSETID: the
+        // host write then runs without it, so it clears setuid/setgid as
+        // the host kernel would for such a writer (a non-root caller has
+        // no capabilities anyway).
+        let caps = Caps::Data {
+            kill_suidgid: flags & wflags::WRITE_KILL_SUIDGID != 0,
+        };
         let shared = h.direct && self.cfg.parallel_direct_writes;
         let (_r, _w);
         if shared {
@@ -375,15 +407,8 @@ impl PassthroughFs {
         }
         let now = h.inode.writers.fetch_add(1, Ordering::AcqRel) + 1;
         self.handles.max_parallel.fetch_max(now, Ordering::Relaxed);
-        // A write that must clear setuid/setgid runs as the caller, so the
-        // host kernel decides (CAP_FSETID) as it would locally.
-        let kill = flags & wflags::WRITE_KILL_SUIDGID != 0;
         let r = (|| {
-            let _c = if kill {
-                self.creds(ctx)?
-            } else {
-                super::CredGuard::none()
-            };
+            let _c = self.creds_as(cred, caps)?;
             if let Some(mem) = src.client() {
                 return super::client_io::write(
                     h.uring && h.odirect,
@@ -513,10 +538,20 @@ impl PassthroughFs {
         }
     }
 
-    pub(super) fn op_fallocate(&self, fh: u64, mode: u32, off: u64, len: u64) -> FsResult<()> {
+    pub(super) fn op_fallocate(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        mode: u32,
+        off: u64,
+        len: u64,
+    ) -> FsResult<()> {
         self.writable()?;
         let h = self.handles.get(fh)?;
+        let cred = self.caller(ctx);
         let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
+        // Allocates: as the caller, without CAP_SYS_RESOURCE.
+        let _c = self.creds_as(&cred, Caps::ALLOCATE)?;
         sys::fallocate(h.fd.raw(), mode as i32, off, len)
     }
 
@@ -544,7 +579,9 @@ impl PassthroughFs {
             return Err(Errno::EINVAL);
         }
         let (i, o) = (self.handles.get(fh_in)?, self.handles.get(fh_out)?);
-        let _c = self.creds(ctx)?;
+        // The destination allocates: as the caller, without
+        // CAP_SYS_RESOURCE.
+        let _c = self.creds_as(&self.caller(ctx), Caps::ALLOCATE)?;
         sys::copy_file_range(i.fd.raw(), off_in, o.fd.raw(), off_out, len)
     }
 

@@ -179,14 +179,14 @@ impl Filesystem for PassthroughFs {
     }
     fn fallocate(
         &self,
-        _ctx: &Ctx,
+        ctx: &Ctx,
         _inode: u64,
         handle: u64,
         mode: u32,
         offset: u64,
         length: u64,
     ) -> FsResult<()> {
-        self.op_fallocate(handle, mode, offset, length)
+        self.op_fallocate(ctx, handle, mode, offset, length)
     }
     fn lseek(
         &self,

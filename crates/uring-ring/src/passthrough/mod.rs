@@ -17,8 +17,10 @@
 //! # Credentials
 //!
 //! With [`Config::creds`] (the default when running as root) every
-//! operation that creates files or checks permissions runs under the
-//! caller's fsuid/fsgid and groups (see `creds.rs`).
+//! operation that creates files, checks permissions or allocates or
+//! changes file data runs under the caller's fsuid/fsgid and groups (see
+//! `creds.rs`); a writeback WRITE, whose header names no caller, runs as
+//! the handle's opener.
 
 mod backing;
 mod client_io;
@@ -36,7 +38,7 @@ pub use inode::{FdBudget, InodeKey};
 pub use io::IoCounts;
 pub use sys::xattrat_supported;
 
-use creds::CredGuard;
+use creds::{Caps, Cred, CredGuard};
 use file::Handles;
 use fuse_core::abi::{fopen, init, Attr};
 use fuse_core::server::{Ctx, Entry};
@@ -370,9 +372,26 @@ impl PassthroughFs {
         self.handles.max_parallel()
     }
 
+    /// `ctx`'s credentials (its groups read only with creds on).
+    fn caller(&self, ctx: &Ctx) -> Cred {
+        let groups = if self.cfg.creds {
+            self.cfg.groups
+        } else {
+            Groups::None
+        };
+        Cred::of(ctx, groups)
+    }
+
+    /// The caller's credentials in force until the guard drops.
     fn creds(&self, ctx: &Ctx) -> Result<CredGuard, Errno> {
+        self.creds_as(&self.caller(ctx), Caps::Caller)
+    }
+
+    /// `cred` in force, with the capabilities `caps` leaves, until the
+    /// guard drops.
+    fn creds_as(&self, cred: &Cred, caps: Caps) -> Result<CredGuard, Errno> {
         if self.cfg.creds {
-            CredGuard::switch(ctx, self.cfg.groups)
+            CredGuard::enter(cred, caps)
         } else {
             Ok(CredGuard::none())
         }

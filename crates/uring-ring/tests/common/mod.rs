@@ -18,13 +18,21 @@ use uring_ring::{Config, PassthroughFs};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-fn run(cmd: &mut Command) {
+pub fn run(cmd: &mut Command) {
     let out = cmd.output().expect("spawn");
     assert!(
         out.status.success(),
         "{cmd:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A new empty directory to mount on.
+fn fresh_dir() -> PathBuf {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let base = std::env::temp_dir().join(format!("fusebox-t{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&base).unwrap();
+    base
 }
 
 /// Host filesystem kinds the tests run on.
@@ -44,31 +52,41 @@ pub struct HostDir {
 
 impl HostDir {
     pub fn new(kind: Kind) -> HostDir {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let base = std::env::temp_dir().join(format!("fusebox-t{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&base).unwrap();
-        let image = match kind {
+        match kind {
             Kind::Tmpfs => {
+                let base = fresh_dir();
                 run(Command::new("mount")
                     .args(["-t", "tmpfs", "-o", "size=512m", "fusebox"])
                     .arg(&base));
-                None
+                HostDir {
+                    path: base,
+                    image: None,
+                }
             }
-            Kind::Ext4 => {
-                let img = base.with_extension("img");
-                let f = std::fs::File::create(&img).unwrap();
-                f.set_len(256 << 20).unwrap();
+            Kind::Ext4 => HostDir::ext4(256 << 20, |img| {
                 run(Command::new("mkfs.ext4")
                     .args(["-q", "-F", "-O", "^has_journal"])
-                    .arg(&img));
-                run(Command::new("mount")
-                    .args(["-o", "loop,user_xattr"])
-                    .arg(&img)
-                    .arg(&base));
-                Some(img)
-            }
-        };
-        HostDir { path: base, image }
+                    .arg(img));
+            }),
+        }
+    }
+
+    /// An ext4 on a loop device: an image of `size` bytes that `make`
+    /// formats (mkfs.ext4 with its options, then any tune2fs).
+    pub fn ext4(size: u64, make: impl FnOnce(&Path)) -> HostDir {
+        let base = fresh_dir();
+        let img = base.with_extension("img");
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(size).unwrap();
+        make(&img);
+        run(Command::new("mount")
+            .args(["-o", "loop,user_xattr"])
+            .arg(&img)
+            .arg(&base));
+        HostDir {
+            path: base,
+            image: Some(img),
+        }
     }
 }
 
