@@ -7,9 +7,9 @@ use crate::signals;
 use fuse_core::abi::init;
 use fuse_core::server::faults::{Faulty, PlanError};
 use fuse_core::server::{run_ring_worker, serve_device, Dispatcher, ServerConfig};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use uring_ring::devfuse::{unmount, DevFuse, MountError, MountOptions};
+use uring_ring::devfuse::{DevFuse, MountError, MountOptions};
 use uring_ring::kring::{self, KernelQueue};
 use uring_ring::passthrough::Groups;
 use uring_ring::{Config, PassthroughError, PassthroughFs};
@@ -96,25 +96,53 @@ pub struct MountArgs {
 }
 
 /// Waits for the stop signals (blocked by [`signals::block`] before any
-/// thread was started, so none is lost): the first unmounts lazily, which
-/// ends the daemon once the mount is no longer busy; the second aborts the
-/// connection, which ends it at once.
+/// thread was started, so none is lost). The first lazily unmounts our
+/// mount, which ends the daemon once the mount is no longer used; but when
+/// the mount point no longer holds our mount (it was detached from
+/// outside, or another mount covers or replaced it) nothing would ever
+/// unmount it, so the first aborts the connection instead, and never
+/// unmounts what is there now. A second signal aborts.
 fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
     std::thread::spawn(move || {
         for n in 0.. {
             let sig = signals::wait(&set);
-            let r = if n == 0 {
-                eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
-                unmount(&mnt, true)
-            } else {
+            if n == 0 && !first_stop(sig, &mnt, &dev) {
+                continue;
+            }
+            if n > 0 {
                 eprintln!("fusebox: signal {sig} again, aborting the connection");
-                dev.abort().map_err(|e| MountError::Unmount(mnt.clone(), e))
-            };
-            if let Err(e) = r {
-                eprintln!("fusebox: {e}");
+            }
+            if let Err(e) = dev.abort() {
+                // Exiting closes /dev/fuse, which aborts the connection too.
+                eprintln!("fusebox: aborting the connection through fusectl: {e}; exiting");
+                std::process::exit(1);
             }
         }
     });
+}
+
+/// The first stop signal: lazily unmounts the mount on `mnt` if it is ours
+/// (false: the daemon goes on until the mount is no longer used); true if
+/// the connection must be aborted instead.
+fn first_stop(sig: i32, mnt: &Path, dev: &DevFuse) -> bool {
+    // Said first: once the mount goes the process may end at any moment.
+    eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
+    match dev.detach_if_mounted_on(mnt) {
+        Ok(true) => false,
+        Ok(false) => {
+            eprintln!(
+                "fusebox: {} no longer holds this daemon's mount (detached, or \
+                 another mount is there); aborting the connection",
+                mnt.display()
+            );
+            true
+        }
+        Err(e) => {
+            crate::report(&e);
+            eprintln!("fusebox: aborting the connection");
+            true
+        }
+    }
 }
 
 /// A ring worker failed for a reason other than the connection closing:
