@@ -9,6 +9,7 @@ use fuse_core::server::faults::{Faulty, PlanError};
 use fuse_core::server::{run_ring_worker, serve_device, Dispatcher, ServerConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use uring_ring::devfuse::{DevFuse, MountError, MountOptions};
 use uring_ring::kring::{self, KernelQueue};
 use uring_ring::passthrough::Groups;
@@ -94,6 +95,12 @@ pub struct MountArgs {
     #[command(flatten)]
     faults: FaultArgs,
 }
+
+/// How long the workers get to return once the connection is gone. Hung
+/// calls are released then, but a worker blocked in a host call nothing
+/// can interrupt (a `delay` of --inject-faults, a dead NFS server) may
+/// never return: the daemon ends without it.
+const WORKERS_GRACE: Duration = Duration::from_secs(5);
 
 /// Waits for the stop signals (blocked by [`signals::block`] before any
 /// thread was started, so none is lost). The first lazily unmounts our
@@ -290,14 +297,22 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     if a.kernel_passthrough {
         report_passthrough(&disp);
     }
-    // The connection ends (unmount, abort) when a worker returns; a call
-    // hung by --inject-faults would keep its worker forever: release it.
-    while !workers.iter().any(|w| w.is_finished()) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    // The connection ends (unmounted, aborted, timed out): seen on the
+    // device itself, since every worker may be blocked in a call.
+    while !dev.wait_disconnected(Duration::from_millis(200)) {
+        if workers.iter().all(|w| w.is_finished()) {
+            break;
+        }
     }
+    // Calls hung by --inject-faults would keep their workers: release them.
     disp.fs().release_hangs();
-    for w in workers {
-        let _ = w.join();
+    let t = Instant::now();
+    while !workers.iter().all(|w| w.is_finished()) && t.elapsed() < WORKERS_GRACE {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stuck = workers.iter().filter(|w| !w.is_finished()).count();
+    if stuck > 0 {
+        eprintln!("fusebox: {stuck} worker(s) still blocked in a host call; leaving without them");
     }
     eprintln!("fusebox: {} unmounted", a.mountpoint.display());
     Ok(())

@@ -1,6 +1,7 @@
 //! How `fusebox mount` ends. A stop signal ends the daemon at once when
 //! its mount point no longer holds its mount, and never unmounts another
-//! mount found there.
+//! mount found there. A worker blocked in a call does not keep a stop
+//! signal from ending the daemon.
 
 mod common;
 
@@ -72,6 +73,49 @@ fn one_signal_ends_the_daemon_and_leaves_a_mount_made_over_its_own() {
     assert!(mounted(&d.mnt()));
     let err = std::fs::metadata(d.mnt().join("f")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+}
+
+#[test]
+fn a_stop_signal_ends_the_daemon_whatever_its_workers_are_blocked_in() {
+    // A hang of the only worker (released only once the daemon ends), and
+    // a sleep nothing interrupts (a host call that never returns).
+    let faults: [(&str, &[&str]); 2] = [
+        (
+            "hang",
+            &["--thread-pool-size", "1", "--inject-faults", "read:hang"],
+        ),
+        ("sleep", &["--inject-faults", "read:delay=3600s"]),
+    ];
+    for (tag, extra) in faults {
+        for detached_from_outside in [false, true] {
+            let d = Dirs::new(&format!("stop-blocked-{tag}-{detached_from_outside}"));
+            std::fs::write(d.share().join("f"), b"x").unwrap();
+            let args: Vec<&str> = ["--cache", "never"].iter().chain(extra).copied().collect();
+            let mut child = start_with(&d, &args);
+            let p = d.mnt().join("f");
+            let reader = std::thread::spawn(move || std::fs::read(p));
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(!reader.is_finished(), "{tag}: the read is not blocked");
+            if detached_from_outside {
+                detach(&d.mnt()).unwrap();
+            } else {
+                // The blocked reader keeps the mount busy: the first signal
+                // only detaches it, the second aborts.
+                signal(&child, libc::SIGTERM);
+                still_running(&mut child, Duration::from_millis(300));
+            }
+            signal(&child, libc::SIGTERM);
+            exits_cleanly_within(child, Duration::from_secs(10));
+            let err = reader.join().unwrap().unwrap_err();
+            assert!(
+                matches!(
+                    err.raw_os_error(),
+                    Some(libc::ENOTCONN | libc::ECONNABORTED)
+                ),
+                "{tag}: {err:?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Errors mounting and unmounting.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +167,24 @@ impl DevFuse {
         // goes when its last other user does.
         drop(held);
         r
+    }
+
+    /// Waits up to `timeout` for the connection to end (unmounted,
+    /// aborted, timed out by the kernel): true once it has. Needs no worker
+    /// (all may be blocked in calls): the device polls as EPOLLERR from the
+    /// moment the kernel disconnects it.
+    pub fn wait_disconnected(&self, timeout: Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            // POLLERR is reported whatever is asked for; asking for nothing
+            // keeps pending requests (POLLIN) from waking us.
+            events: 0,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd, which outlives the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
     }
 
     /// Aborts this connection (as writing to
