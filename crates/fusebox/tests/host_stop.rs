@@ -1,17 +1,194 @@
-//! How `fusebox mount` ends. A stop signal ends the daemon at once when
-//! its mount point no longer holds its mount, and never unmounts another
-//! mount found there. A worker blocked in a call does not keep a stop
-//! signal from ending the daemon.
+//! How `fusebox mount` ends. A mount detached from outside (`umount -l`)
+//! lives on, and is served, while anything still uses it; it ends the
+//! daemon by itself when its last user goes. A stop signal ends the daemon
+//! at once when its mount point no longer holds its mount, and never
+//! unmounts another mount found there. A worker blocked in a call does not
+//! keep a stop signal from ending the daemon.
 
 mod common;
 
 use common::{
-    detach, exit_within, exits_cleanly_within, mount_tmpfs, mounted, signal, start, start_with,
-    still_running, top_mount, Dirs,
+    detach, exit_within, exits_cleanly_within, fusectl_connection, mount_tmpfs, mounted, signal,
+    start, start_with, still_running, top_mount, Dirs,
 };
-use std::os::unix::fs::FileExt;
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+const CONTENT: &[u8] = b"written to the share before the mount was detached\n";
+
+/// Mounts, lets `hold` take a user of the mount, detaches the mount from
+/// outside, checks that the connection and the daemon live on and that
+/// `served` is served, then lets `let_go` end the user and checks that the
+/// daemon ends by itself, promptly, and its connection with it.
+fn a_detached_mount_lives_until_its_last_user_goes<U>(
+    tag: &str,
+    hold: impl FnOnce(&Dirs) -> U,
+    served: impl FnOnce(&Dirs, &mut U),
+    let_go: impl FnOnce(U),
+) {
+    let d = Dirs::new(tag);
+    std::fs::write(d.share().join("f"), CONTENT).unwrap();
+    let mut child = start(&d);
+    let conn = fusectl_connection(&d.mnt());
+    // Its directory's inode tells it from a later connection given the
+    // same (freed, reused) number by another test's mount.
+    let conn_dir = || std::fs::metadata(&conn).map(|m| m.ino()).ok();
+    let ino = conn_dir();
+    let mut user = hold(&d);
+    detach(&d.mnt()).unwrap();
+    assert!(!mounted(&d.mnt()));
+    // Mounted nowhere, yet the connection and its daemon live on.
+    still_running(&mut child, Duration::from_millis(300));
+    assert_eq!(conn_dir(), ino, "{} gone", conn.display());
+    served(&d, &mut user);
+    let_go(user);
+    exits_cleanly_within(child, Duration::from_secs(5));
+    assert_ne!(conn_dir(), ino, "{} left", conn.display());
+}
+
+#[test]
+fn a_detached_mount_is_served_until_the_last_file_open_on_it_closes() {
+    a_detached_mount_lives_until_its_last_user_goes(
+        "holder-fd",
+        |d| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(d.mnt().join("f"))
+                .unwrap()
+        },
+        |d, f| {
+            f.write_all_at(b"served", 0).unwrap();
+            assert!(std::fs::read(d.share().join("f"))
+                .unwrap()
+                .starts_with(b"served"));
+        },
+        drop,
+    );
+}
+
+/// A shell whose cwd is in the mount: each line on its stdin makes it
+/// create a file there (through the daemon) and say so.
+fn shell_in_the_mount(d: &Dirs) -> Child {
+    Command::new("sh")
+        .args([
+            "-c",
+            "while read n; do echo served > \"$n\" && echo $n; done",
+        ])
+        .current_dir(d.mnt())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Sends `name` to a shell of [`shell_in_the_mount`] or
+/// [`program_from_the_mount`] and waits for its answer.
+fn ask(c: &mut Child, name: &str) -> String {
+    writeln!(c.stdin.as_mut().unwrap(), "{name}").unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line
+}
+
+/// Ends a shell by closing its stdin.
+fn end_shell(mut c: Child) {
+    drop(c.stdin.take());
+    assert!(c.wait().unwrap().success());
+}
+
+#[test]
+fn a_detached_mount_is_served_until_the_last_process_working_in_it_leaves() {
+    a_detached_mount_lives_until_its_last_user_goes(
+        "holder-cwd",
+        |d| {
+            let mut sh = shell_in_the_mount(d);
+            assert_eq!(ask(&mut sh, "before"), "before\n");
+            sh
+        },
+        |d, sh| {
+            assert_eq!(ask(sh, "after"), "after\n");
+            assert_eq!(std::fs::read(d.share().join("after")).unwrap(), b"served\n");
+        },
+        end_shell,
+    );
+}
+
+/// A mapping of a file on the mount whose fd is closed.
+struct Mapping(*mut libc::c_void, usize);
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: a mapping of this length made by mmap, unmapped once.
+        assert_eq!(unsafe { libc::munmap(self.0, self.1) }, 0);
+    }
+}
+
+#[test]
+fn a_detached_mount_is_served_until_the_last_mapping_of_a_file_on_it_goes() {
+    a_detached_mount_lives_until_its_last_user_goes(
+        "holder-mmap",
+        |d| {
+            let f = std::fs::File::open(d.mnt().join("f")).unwrap();
+            // SAFETY: a fresh shared read-only mapping of an open file; the
+            // kernel picks the address.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    CONTENT.len(),
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            // Only the mapping holds the mount from here on.
+            drop(f);
+            Mapping(p, CONTENT.len())
+        },
+        |_, m| {
+            // Never read before: the page fault is a READ to the daemon.
+            // SAFETY: the mapping is m.1 bytes long and readable.
+            let got = unsafe { std::slice::from_raw_parts(m.0.cast::<u8>(), m.1) };
+            assert_eq!(got, CONTENT);
+        },
+        drop,
+    );
+}
+
+/// A shell run from a copy on the mount, its cwd outside: each line on its
+/// stdin makes it open its own program (/proc/self/exe, an OPEN of the
+/// detached mount's file) and say so.
+fn program_from_the_mount(d: &Dirs) -> Child {
+    std::fs::copy("/bin/sh", d.share().join("sh")).unwrap();
+    std::fs::set_permissions(d.share().join("sh"), PermissionsExt::from_mode(0o755)).unwrap();
+    Command::new(d.mnt().join("sh"))
+        .args(["-c", "while read n; do : < /proc/$$/exe && echo $n; done"])
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_detached_mount_is_served_until_the_last_program_run_from_it_exits() {
+    a_detached_mount_lives_until_its_last_user_goes(
+        "holder-exe",
+        |d| {
+            let mut sh = program_from_the_mount(d);
+            assert_eq!(ask(&mut sh, "before"), "before\n");
+            sh
+        },
+        |_, sh| assert_eq!(ask(sh, "after"), "after\n"),
+        end_shell,
+    );
+}
 
 #[test]
 fn one_signal_ends_the_daemon_when_its_busy_mount_was_detached_from_outside() {
