@@ -7,9 +7,10 @@ use crate::signals;
 use fuse_core::abi::init;
 use fuse_core::server::faults::{Faulty, PlanError};
 use fuse_core::server::{run_ring_worker, serve_device, Dispatcher, ServerConfig};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use uring_ring::devfuse::{unmount, DevFuse, MountError, MountOptions};
+use std::time::{Duration, Instant};
+use uring_ring::devfuse::{DevFuse, MountError, MountOptions};
 use uring_ring::kring::{self, KernelQueue};
 use uring_ring::passthrough::Groups;
 use uring_ring::{Config, PassthroughError, PassthroughFs};
@@ -95,26 +96,60 @@ pub struct MountArgs {
     faults: FaultArgs,
 }
 
+/// How long the workers get to return once the connection is gone. Hung
+/// calls are released then, but a worker blocked in a host call nothing
+/// can interrupt (a `delay` of --inject-faults, a dead NFS server) may
+/// never return: the daemon ends without it.
+const WORKERS_GRACE: Duration = Duration::from_secs(5);
+
 /// Waits for the stop signals (blocked by [`signals::block`] before any
-/// thread was started, so none is lost): the first unmounts lazily, which
-/// ends the daemon once the mount is no longer busy; the second aborts the
-/// connection, which ends it at once.
+/// thread was started, so none is lost). The first lazily unmounts our
+/// mount, which ends the daemon once the mount is no longer used; but when
+/// the mount point no longer holds our mount (it was detached from
+/// outside, or another mount covers or replaced it) nothing would ever
+/// unmount it, so the first aborts the connection instead, and never
+/// unmounts what is there now. A second signal aborts.
 fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
     std::thread::spawn(move || {
         for n in 0.. {
             let sig = signals::wait(&set);
-            let r = if n == 0 {
-                eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
-                unmount(&mnt, true)
-            } else {
+            if n == 0 && !first_stop(sig, &mnt, &dev) {
+                continue;
+            }
+            if n > 0 {
                 eprintln!("fusebox: signal {sig} again, aborting the connection");
-                dev.abort().map_err(|e| MountError::Unmount(mnt.clone(), e))
-            };
-            if let Err(e) = r {
-                eprintln!("fusebox: {e}");
+            }
+            if let Err(e) = dev.abort() {
+                // Exiting closes /dev/fuse, which aborts the connection too.
+                eprintln!("fusebox: aborting the connection through fusectl: {e}; exiting");
+                std::process::exit(1);
             }
         }
     });
+}
+
+/// The first stop signal: lazily unmounts the mount on `mnt` if it is ours
+/// (false: the daemon goes on until the mount is no longer used); true if
+/// the connection must be aborted instead.
+fn first_stop(sig: i32, mnt: &Path, dev: &DevFuse) -> bool {
+    // Said first: once the mount goes the process may end at any moment.
+    eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
+    match dev.detach_if_mounted_on(mnt) {
+        Ok(true) => false,
+        Ok(false) => {
+            eprintln!(
+                "fusebox: {} no longer holds this daemon's mount (detached, or \
+                 another mount is there); aborting the connection",
+                mnt.display()
+            );
+            true
+        }
+        Err(e) => {
+            crate::report(&e);
+            eprintln!("fusebox: aborting the connection");
+            true
+        }
+    }
 }
 
 /// A ring worker failed for a reason other than the connection closing:
@@ -262,14 +297,22 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     if a.kernel_passthrough {
         report_passthrough(&disp);
     }
-    // The connection ends (unmount, abort) when a worker returns; a call
-    // hung by --inject-faults would keep its worker forever: release it.
-    while !workers.iter().any(|w| w.is_finished()) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    // The connection ends (unmounted, aborted, timed out): seen on the
+    // device itself, since every worker may be blocked in a call.
+    while !dev.wait_disconnected(Duration::from_millis(200)) {
+        if workers.iter().all(|w| w.is_finished()) {
+            break;
+        }
     }
+    // Calls hung by --inject-faults would keep their workers: release them.
     disp.fs().release_hangs();
-    for w in workers {
-        let _ = w.join();
+    let t = Instant::now();
+    while !workers.iter().all(|w| w.is_finished()) && t.elapsed() < WORKERS_GRACE {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stuck = workers.iter().filter(|w| !w.is_finished()).count();
+    if stuck > 0 {
+        eprintln!("fusebox: {stuck} worker(s) still blocked in a host call; leaving without them");
     }
     eprintln!("fusebox: {} unmounted", a.mountpoint.display());
     Ok(())

@@ -7,8 +7,10 @@ use fuse_core::server::DeviceEnd;
 use fuse_core::Errno;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Errors mounting and unmounting.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +33,9 @@ pub enum MountError {
 #[derive(Debug, Clone)]
 pub struct DevFuse {
     fd: Arc<OwnedFd>,
+    /// The device (major, minor) of the mount's superblock, which names
+    /// this connection and no other for as long as it lives.
+    dev: Option<(u32, u32)>,
     conn: Option<u32>,
 }
 
@@ -113,18 +118,73 @@ impl DevFuse {
         if r != 0 {
             return Err(err(std::io::Error::last_os_error()));
         }
-        // Found now: a lazily unmounted mount leaves mountinfo at once,
-        // while its connection lives on.
-        let conn = connection_id(mountpoint);
+        // Taken now, while the path surely leads to the new mount: it later
+        // tells our mount from whatever the path leads to then, and names
+        // the connection in fusectl once the mount is detached.
+        let dev = open_path(mountpoint).and_then(|f| device_of(&f)).ok();
         Ok(DevFuse {
             fd: Arc::new(fd),
-            conn,
+            dev,
+            conn: dev.and_then(|(major, minor)| kernel_dev(major, minor)),
         })
     }
 
     /// The connection number (`/sys/fs/fuse/connections/N`), if known.
     pub fn connection(&self) -> Option<u32> {
         self.conn
+    }
+
+    /// Lazily unmounts (MNT_DETACH) the mount `mountpoint` leads to, but
+    /// only if it is this connection's: true if it was, false if the path
+    /// leads elsewhere (our mount was detached, or another one now covers
+    /// it or replaced it) or this connection's device is unknown; then
+    /// nothing is unmounted. The check and the unmount act on one held
+    /// reference to the mount, so a mount made on the path in between is
+    /// never the one unmounted.
+    pub fn detach_if_mounted_on(&self, mountpoint: &Path) -> Result<bool, MountError> {
+        let err = |e| MountError::Unmount(mountpoint.into(), e);
+        let Some(ours) = self.dev else {
+            return Ok(false);
+        };
+        let held = match open_path(mountpoint) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) => return Err(err(e)),
+        };
+        if device_of(&held).map_err(err)? != ours {
+            return Ok(false);
+        }
+        // The magic link resolves to the very mount `held` holds. Its root
+        // is ours: only a mount's root is unmountable, so EINVAL means the
+        // path leads inside our filesystem but not to a mount of it.
+        let link = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        let r = match umount2(&link, libc::MNT_DETACH) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+            Err(e) => Err(err(e)),
+        };
+        // Closing `held` drops our own reference: the detached mount then
+        // goes when its last other user does.
+        drop(held);
+        r
+    }
+
+    /// Waits up to `timeout` for the connection to end (unmounted,
+    /// aborted, timed out by the kernel): true once it has. Needs no worker
+    /// (all may be blocked in calls): the device polls as EPOLLERR from the
+    /// moment the kernel disconnects it.
+    pub fn wait_disconnected(&self, timeout: Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            // POLLERR is reported whatever is asked for; asking for nothing
+            // keeps pending requests (POLLIN) from waking us.
+            events: 0,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd, which outlives the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
     }
 
     /// Aborts this connection (as writing to
@@ -146,6 +206,7 @@ impl DevFuse {
     pub fn from_fd(fd: OwnedFd) -> DevFuse {
         DevFuse {
             fd: Arc::new(fd),
+            dev: None,
             conn: None,
         }
     }
@@ -195,20 +256,45 @@ const BACKING_OPEN: libc::c_ulong = 0x4010_E501;
 /// `_IOW(229, 2, uint32_t)`.
 const BACKING_CLOSE: libc::c_ulong = 0x4004_E502;
 
-/// The FUSE connection number of the mount on `mountpoint` (its device
-/// minor, from /proc/self/mountinfo: no access to the mount itself, which
-/// may be waiting for its server).
-pub fn connection_id(mountpoint: &Path) -> Option<u32> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = mountpoint.to_str()?;
-    info.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        if f.get(4) == Some(&want) && l.contains(" - fuse") {
-            f.get(2)?.split(':').nth(1)?.parse().ok()
-        } else {
-            None
-        }
-    })
+/// An O_PATH fd on what `path` leads to (the root of the topmost mount
+/// there). Opening it sends the filesystem nothing.
+fn open_path(path: &Path) -> Result<std::fs::File, std::io::Error> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+}
+
+/// The device (major, minor) of the filesystem `f` is on, from the
+/// kernel's cached attributes (AT_STATX_DONT_SYNC): a FUSE mount is asked
+/// nothing, so this never waits for a server, ours included.
+fn device_of(f: &std::fs::File) -> Result<(u32, u32), std::io::Error> {
+    // SAFETY: statx is plain data; all zeroes is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an open fd, an empty NUL-terminated path with AT_EMPTY_PATH,
+    // and `stx` valid for writes; all outlive the call.
+    let r = unsafe {
+        libc::statx(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            0,
+            &mut stx,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((stx.stx_dev_major, stx.stx_dev_minor))
+}
+
+/// The kernel's own encoding of a device number (MKDEV: 12 bits of major,
+/// 20 of minor), which fusectl names connections by.
+fn kernel_dev(major: u32, minor: u32) -> Option<u32> {
+    if major >= 1 << 12 || minor >= 1 << 20 {
+        return None;
+    }
+    Some((major << 20) | minor)
 }
 
 /// Mounts the fusectl filesystem on /sys/fs/fuse/connections if it is not
@@ -230,12 +316,15 @@ fn mount_fusectl() {
 /// Unmounts `mountpoint` (lazily when `detach`: it goes as soon as it is
 /// no longer busy). The connection's readers then see ENODEV.
 pub fn unmount(mountpoint: &Path, detach: bool) -> Result<(), MountError> {
-    let err = |e| MountError::Unmount(mountpoint.into(), e);
-    let target = cpath(mountpoint).map_err(err)?;
     let flags = if detach { libc::MNT_DETACH } else { 0 };
+    umount2(mountpoint, flags).map_err(|e| MountError::Unmount(mountpoint.into(), e))
+}
+
+fn umount2(target: &Path, flags: libc::c_int) -> Result<(), std::io::Error> {
+    let target = cpath(target)?;
     // SAFETY: a NUL-terminated path that outlives the call.
     if unsafe { libc::umount2(target.as_ptr(), flags) } != 0 {
-        return Err(err(std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

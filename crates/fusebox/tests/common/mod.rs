@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct Dirs {
@@ -27,13 +27,69 @@ impl Dirs {
 
 impl Drop for Dirs {
     fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.mnt())
-            .stderr(Stdio::null())
-            .status();
+        // Every mount stacked there (a test may mount over the FUSE mount),
+        // so that removing the tree never reaches into one.
+        for _ in 0..4 {
+            if top_mount(&self.mnt()).is_none() {
+                break;
+            }
+            let _ = detach(&self.mnt());
+        }
         let _ = std::fs::remove_dir_all(&self.base);
     }
+}
+
+/// The filesystem type of the topmost mount on `mnt` in this namespace.
+pub fn top_mount(mnt: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mnt.to_str().unwrap();
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let sep = f.iter().position(|x| *x == "-")?;
+        (f.get(4) == Some(&want)).then(|| f[sep + 1].to_string())
+    })
+}
+
+/// Detaches the topmost mount on `mnt` (`umount -l`, MNT_DETACH) without
+/// touching the mounted filesystem, which may be waiting for its server.
+pub fn detach(mnt: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Mounts a tmpfs on `mnt` (over whatever is there).
+pub fn mount_tmpfs(mnt: &Path) {
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "fusebox-test"])
+        .arg(mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// The fusectl directory of the FUSE mount on `mnt`
+/// (/sys/fs/fuse/connections/<its device>), fusectl mounted if need be.
+pub fn fusectl_connection(mnt: &Path) -> PathBuf {
+    let conns = Path::new("/sys/fs/fuse/connections");
+    let m = std::fs::read_to_string("/proc/mounts").unwrap();
+    if !m.lines().any(|l| l.starts_with("fusectl ")) {
+        // Another test may be mounting it at the same time: the check that
+        // follows tells.
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(conns)
+            .stderr(Stdio::null())
+            .status();
+    }
+    let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(mnt).unwrap());
+    // fusectl names it by the kernel's encoding of the device number.
+    let c = conns.join(((libc::major(dev) << 20) | libc::minor(dev)).to_string());
+    assert!(c.exists(), "{} missing", c.display());
+    c
 }
 
 pub fn mounted(mnt: &Path) -> bool {
@@ -69,16 +125,36 @@ pub fn start_with(d: &Dirs, extra: &[&str]) -> Child {
     child
 }
 
-pub fn exits_cleanly(mut child: Child) {
+pub fn exits_cleanly(child: Child) {
+    exits_cleanly_within(child, Duration::from_secs(10));
+}
+
+pub fn exits_cleanly_within(child: Child, limit: Duration) {
+    let st = exit_within(child, limit);
+    assert!(st.is_some_and(|s| s.success()), "{st:?} within {limit:?}");
+}
+
+/// Waits up to `limit` for the daemon to exit: its status, or None (it is
+/// killed then).
+pub fn exit_within(mut child: Child, limit: Duration) -> Option<ExitStatus> {
     let t = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {
-            assert!(st.success(), "{st:?}");
-            return;
+            return Some(st);
         }
-        assert!(t.elapsed() < Duration::from_secs(10), "daemon did not exit");
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Asserts the daemon is still running after `d`.
+pub fn still_running(child: &mut Child, d: Duration) {
+    std::thread::sleep(d);
+    assert!(child.try_wait().unwrap().is_none(), "the daemon exited");
 }
 
 pub fn signal(child: &Child, sig: i32) {
