@@ -185,12 +185,21 @@ pub struct VhostArgs {
     /// gets its own st_dev in the guest.
     #[arg(long)]
     pub announce_submounts: bool,
-    /// Keep file handles instead of an fd per inode.
-    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "prefer", default_value = "never")]
+    /// How inodes are held: `prefer` (the default; virtiofsd's is `never`)
+    /// keeps a file handle for each inode where the filesystem gives them,
+    /// and its fd only while fewer than half the fds are in use, so a guest
+    /// that looks up many files does not use up the daemon's fds; `never`
+    /// keeps an fd per inode; `mandatory` refuses a filesystem without
+    /// file handles.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "prefer", default_value = "prefer")]
     pub inode_file_handles: FileHandles,
-    /// Cap on fds the daemon holds.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub rlimit_nofile: usize,
+    /// The fd limit to raise RLIMIT_NOFILE to at start (as virtiofsd; by
+    /// default the kernel's nr_open, at most 1,000,000; 0 leaves the limit
+    /// as it is). Without CAP_SYS_RESOURCE the hard limit stops it. The
+    /// daemon keeps a reserve of what is in force for itself; guest
+    /// requests beyond the rest get EMFILE.
+    #[arg(long)]
+    pub rlimit_nofile: Option<u64>,
     /// Log level.
     #[arg(long, value_enum, default_value = "info")]
     pub log_level: LogLevel,

@@ -33,6 +33,9 @@ pub enum HostError {
     /// The kernel did not take FUSE-over-io_uring.
     #[error("the kernel did not negotiate FUSE_OVER_IO_URING (is enable_uring set?)")]
     NoRing,
+    /// The fd limit.
+    #[error("--rlimit-nofile")]
+    Rlimit(#[source] crate::rlimit::RlimitError),
 }
 
 #[derive(Debug, clap::Args)]
@@ -71,7 +74,8 @@ pub struct MountArgs {
     /// Keep file handles instead of an fd per inode.
     #[arg(long)]
     inode_file_handles: bool,
-    /// Cap on fds the daemon holds.
+    /// Cap on fds the daemon holds for its clients (the soft
+    /// RLIMIT_NOFILE is raised to cover it and the daemon's own).
     #[arg(long, default_value_t = 65536)]
     rlimit_nofile: usize,
     /// max_background to negotiate (0: the kernel's default).
@@ -237,6 +241,16 @@ fn report_passthrough(disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>) {
 
 /// Runs `fusebox mount`.
 pub fn run(a: MountArgs) -> Result<(), HostError> {
+    // Room for the cap and the daemon's own fds (never lowered); a lower
+    // hard limit caps the cap.
+    let cap = a.rlimit_nofile as u64;
+    let nofile = crate::rlimit::raise(Some(
+        cap.saturating_add(crate::rlimit::reserve(u64::MAX, 1)),
+    ))
+    .map_err(HostError::Rlimit)?;
+    let room = nofile
+        .soft
+        .saturating_sub(crate::rlimit::reserve(nofile.soft, 1));
     let cfg = Config {
         cache: a.cache.policy(),
         writeback: a.writeback,
@@ -247,7 +261,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         // enforces ACLs even when the kernel does not.
         pass_acl_xattrs: true,
         inode_file_handles: a.inode_file_handles,
-        max_fds: a.rlimit_nofile,
+        max_fds: usize::try_from(cap.min(room)).unwrap_or(usize::MAX),
         // Callers are host processes: their groups are in /proc.
         groups: Groups::Proc,
         io_uring: !a.no_io_uring,

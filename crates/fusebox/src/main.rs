@@ -4,6 +4,7 @@
 mod cli;
 mod host;
 mod log;
+mod rlimit;
 mod sandbox;
 mod seccomp;
 mod signals;

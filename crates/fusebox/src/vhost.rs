@@ -3,6 +3,7 @@
 
 use crate::cli::{AclMode, FileHandles, VhostArgs};
 use crate::log;
+use crate::rlimit;
 use crate::sandbox;
 use crate::seccomp;
 use crate::signals;
@@ -42,6 +43,9 @@ pub enum VhostError {
     /// The sandbox.
     #[error("sandbox")]
     Sandbox(#[source] crate::sandbox::SandboxError),
+    /// The fd limit.
+    #[error("--rlimit-nofile")]
+    Rlimit(#[source] crate::rlimit::RlimitError),
     /// The seccomp filter.
     #[error("seccomp")]
     Seccomp(#[source] crate::seccomp::SeccompError),
@@ -140,6 +144,16 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     log::init(a.log_level, a.syslog);
     // Until the signal thread runs (right after the sandbox's fork), stop
     // signals keep their default action: they end the process.
+    let nofile = rlimit::raise(a.rlimit_nofile).map_err(VhostError::Rlimit)?;
+    if nofile.soft < nofile.wanted {
+        log::warn(&format!(
+            "the fd limit is {} (the hard limit; {} asked for)",
+            nofile.soft, nofile.wanted
+        ));
+    }
+    let max_fds = nofile
+        .soft
+        .saturating_sub(rlimit::reserve(nofile.soft, u64::from(a.queues)));
     let dir = a
         .shared_dir
         .clone()
@@ -184,7 +198,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         posix_acl: a.posix_acl != AclMode::Never,
         posix_acl_optional: a.posix_acl == AclMode::Auto,
         inode_file_handles: a.inode_file_handles != FileHandles::Never,
-        max_fds: a.rlimit_nofile,
+        max_fds: usize::try_from(max_fds).unwrap_or(usize::MAX),
         // Guest pids mean nothing on the host: no /proc groups.
         groups: Groups::None,
         io_uring: !a.no_io_uring,

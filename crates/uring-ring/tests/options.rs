@@ -297,11 +297,14 @@ fn fd_cap_answers_emfile_and_recovers() {
 }
 
 #[test]
-fn file_handles_keep_no_fd_per_inode() {
+fn file_handles_keep_no_fd_per_inode_beyond_half_the_fd_budget() {
+    // Inodes entered while fewer than half of the 64 fds are in use keep
+    // their fd as a cache; every later one only its file handle.
     let m = Mount::new(
         Kind::Ext4,
         Config {
             inode_file_handles: true,
+            max_fds: 64,
             ..Default::default()
         },
         Via::Device(2),
@@ -319,7 +322,7 @@ fn file_handles_keep_no_fd_per_inode() {
         .collect();
     assert_eq!(m.fs().inode_count(), 301);
     assert!(
-        m.fs().fds_in_use() < 5,
+        m.fs().fds_in_use() <= 34,
         "{} fds for 300 inodes",
         m.fs().fds_in_use()
     );
@@ -336,6 +339,38 @@ fn file_handles_keep_no_fd_per_inode() {
     let again = c.lookup(ROOT_ID, b"f8").unwrap();
     assert_ne!(again.nodeid, nodes[8]);
     assert_eq!(again.attr.size, 3);
+    // The same for an inode held by its handle alone.
+    std::fs::remove_file(m.path("f208")).unwrap();
+    std::fs::write(m.path("f208"), b"newer").unwrap();
+    let again = c.lookup(ROOT_ID, b"f208").unwrap();
+    assert_ne!(again.nodeid, nodes[208]);
+    assert_eq!(again.attr.size, 5);
+    assert_eq!(c.getattr(nodes[250], None).unwrap().attr.size, 3);
+}
+
+#[test]
+fn file_handle_inodes_keep_their_fd_while_the_budget_has_room() {
+    // With room (the default budget), inodes keep their fd: operations on
+    // them cost no open_by_handle_at.
+    let m = Mount::new(
+        Kind::Ext4,
+        Config {
+            inode_file_handles: true,
+            ..Default::default()
+        },
+        Via::Device(2),
+    );
+    for i in 0..100 {
+        std::fs::write(m.path(&format!("f{i}")), b"x").unwrap();
+    }
+    let before = m.fs().fds_in_use();
+    for i in 0..100 {
+        m.client
+            .lookup(ROOT_ID, format!("f{i}").as_bytes())
+            .unwrap();
+    }
+    // One each, and one on the mount for open_by_handle_at.
+    assert_eq!(m.fs().fds_in_use(), before + 101);
 }
 
 #[test]

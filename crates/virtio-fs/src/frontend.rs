@@ -145,7 +145,7 @@ pub struct VhostFrontend {
     client: Client,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
-    _frontend: Frontend,
+    frontend: Frontend,
     _memfd: File,
 }
 
@@ -309,7 +309,7 @@ impl VhostFrontend {
             client: Client::new(chan),
             shared,
             threads,
-            _frontend: fe,
+            frontend: fe,
             _memfd: file,
         };
         me.client.chan().init().map_err(FrontendError::Init)?;
@@ -319,6 +319,22 @@ impl VhostFrontend {
     /// The client whose calls travel through the engine and the queues.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Sends every queue's call eventfd to the backend again
+    /// (VHOST_USER_SET_VRING_CALL carries an fd, as a VMM sends when it
+    /// rewires interrupts), then asks it something that needs an answer:
+    /// Ok only if the backend received each fd and is still connected.
+    pub fn resend_vring_calls(&self) -> Result<(), FrontendError> {
+        for (q, queue) in self.shared.queues.iter().enumerate() {
+            self.frontend
+                .set_vring_call(q, &queue.call)
+                .map_err(FrontendError::Vhost)?;
+        }
+        self.frontend
+            .get_features()
+            .map(drop)
+            .map_err(FrontendError::Vhost)
     }
 
     /// Requests placed on each queue so far (0: hiprio).

@@ -109,7 +109,9 @@ impl PassthroughFs {
             // shared directory.
             return Err(Errno(libc::EACCES));
         }
-        let known = self.inodes.insert(super::inode::Found { fd, st }, None)?;
+        let known = self
+            .inodes
+            .insert(super::inode::Found { fd, st }, None, true)?;
         Ok(self.entry(&known, &st))
     }
 
@@ -372,7 +374,10 @@ impl PassthroughFs {
         let data = self.inodes.get(ino)?;
         let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
         let path = match &data.source {
-            super::inode::Source::Fd(f) => sys::FdName::new(proc, f.raw()),
+            super::inode::Source::Fd(f)
+            | super::inode::Source::Handle {
+                cached: Some(f), ..
+            } => sys::FdName::new(proc, f.raw()),
             // A handle-backed inode has no fd to name: open one for the call.
             super::inode::Source::Handle { .. } => return Err(Errno::EAGAIN),
         };

@@ -35,6 +35,17 @@ impl FdBudget {
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+    /// Whether less than half the budget is in use: a file-handle inode
+    /// may then keep its fd as a cache (see [`Source::Handle`]), so that
+    /// few inodes cost no open_by_handle_at per operation while many
+    /// never use up the fds open files need.
+    pub fn has_room_to_cache(&self) -> bool {
+        self.used() < self.max / 2
+    }
     /// Reserves one fd, or EMFILE when the cap is reached.
     pub fn reserve(self: &Arc<Self>) -> Result<Reservation, Errno> {
         let mut cur = self.used.load(Ordering::Relaxed);
@@ -117,6 +128,10 @@ pub enum Source {
         typ: i32,
         /// An O_PATH fd on the inode's mount.
         mount: Arc<CountedFd>,
+        /// The inode's O_PATH fd, kept when it was entered while the fd
+        /// budget had room ([`FdBudget::has_room_to_cache`]): operations
+        /// use it instead of opening the handle each time.
+        cached: Option<CountedFd>,
     },
 }
 
@@ -178,8 +193,13 @@ impl InodeData {
     /// An fd for this inode (O_PATH).
     pub fn fd<'a>(&'a self, budget: &Arc<FdBudget>) -> Result<InodeFd<'a>, Errno> {
         match &self.source {
-            Source::Fd(f) => Ok(InodeFd::Held(f)),
-            Source::Handle { handle, typ, mount } => budget
+            Source::Fd(f)
+            | Source::Handle {
+                cached: Some(f), ..
+            } => Ok(InodeFd::Held(f)),
+            Source::Handle {
+                handle, typ, mount, ..
+            } => budget
                 .open(|| {
                     super::creds::with_dac_read_search(|| {
                         sys::open_by_handle(mount.raw(), handle, *typ, libc::O_PATH)
@@ -278,8 +298,8 @@ impl InodeTable {
 
     /// Enters `found` (or takes another reference on the inode it names)
     /// and returns it with one more lookup reference. With `handles`, a new
-    /// inode keeps a file handle instead of its fd where the filesystem
-    /// supports handles.
+    /// inode keeps a file handle where the filesystem supports handles,
+    /// and its fd too only if `keep_fd` (the budget has room).
     ///
     /// open_by_handle_at needs a real (not O_PATH) fd on the mount:
     /// `mount_fd` opens one from the first regular file or directory seen
@@ -289,6 +309,7 @@ impl InodeTable {
         &self,
         found: Found,
         handles: Option<MountOpener<'_>>,
+        keep_fd: bool,
     ) -> Result<Arc<InodeData>, Errno> {
         let key = key_of(&found.st);
         let ftype = u32::from(found.st.stx_mode) & libc::S_IFMT;
@@ -325,7 +346,12 @@ impl InodeTable {
             _ => None,
         };
         let source = match (handle, mount) {
-            (Some((handle, typ, _)), Some(mount)) => Source::Handle { handle, typ, mount },
+            (Some((handle, typ, _)), Some(mount)) => Source::Handle {
+                handle,
+                typ,
+                mount,
+                cached: keep_fd.then_some(found.fd),
+            },
             _ => Source::Fd(found.fd),
         };
         let id = maps.next;

@@ -459,7 +459,7 @@ impl PassthroughFs {
     /// Enters what a lookup found in the inode table.
     fn insert(&self, found: Found) -> Result<Arc<InodeData>, Errno> {
         if !self.cfg.inode_file_handles {
-            return self.inodes.insert(found, None);
+            return self.inodes.insert(found, None, true);
         }
         let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
         let open_mount = |fd: &inode::CountedFd| {
@@ -467,7 +467,8 @@ impl PassthroughFs {
             let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
             self.budget.open(|| sys::openat(proc, &name, flags, 0))
         };
-        self.inodes.insert(found, Some(&open_mount))
+        let keep_fd = self.budget.has_room_to_cache();
+        self.inodes.insert(found, Some(&open_mount), keep_fd)
     }
 
     /// Enters the inode `fd` (an open file, any mode) refers to.
