@@ -23,8 +23,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p fuse-core --test loom --release
 
-step "decoder fuzz harness (${FUSEBOX_FUZZ_ITERS:=5000000} inputs)"
-FUSEBOX_FUZZ_ITERS="$FUSEBOX_FUZZ_ITERS" cargo test -p fuse-core --release --test decode_fuzz
+step "decoder fuzz harness (${FUSEBOX_FUZZ_ITERS:=5000000} inputs; the fuzz profile: optimised with overflow checks)"
+FUSEBOX_FUZZ_ITERS="$FUSEBOX_FUZZ_ITERS" cargo test -p fuse-core --profile fuzz --test decode_fuzz
 
 step "conformance: pjdfstest through the host mount (/dev/fuse and io_uring; kernel passthrough; cache=never; file handles)"
 tests/conformance/pjdfstest.sh
@@ -43,10 +43,10 @@ step "soak: fsx through the host mount, one run then 4 at once on distinct files
 tests/soak/fsx-host.sh "${FUSEBOX_SOAK_OPS:-20000}"
 
 step "device fuzz harness: hostile descriptor chains and FUSE bytes (${FUSEBOX_DEVICE_FUZZ_ITERS:=200000} rounds)"
-FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs --release --test device_fuzz -- --nocapture
+FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs --profile fuzz --test device_fuzz -- --nocapture
 
 step "ring command fuzz: hostile FUSE-over-io_uring command areas (${FUSEBOX_RING_FUZZ_ITERS:=20000} commands)"
-FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --release --test ring_cmd_fuzz -- --nocapture
+FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --profile fuzz --test ring_cmd_fuzz -- --nocapture
 
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh

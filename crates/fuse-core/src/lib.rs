@@ -23,5 +23,6 @@ mod sync;
 
 pub use chan::{
     Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, Errno, HostSpan, InFlight,
-    IoGuard, ManualClock, MonotonicClock, Negotiated, Reply, ReqResult, Signal, Stats, Transport,
+    IoGuard, ManualClock, MonotonicClock, Negotiated, Reply, ReqResult, Sent, Signal, Stats,
+    Transport,
 };

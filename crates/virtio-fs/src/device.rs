@@ -18,14 +18,19 @@ use inline::InlineSlot;
 
 mod backend;
 mod exit_fds;
+mod heads;
 mod inline;
 mod request;
 mod timeouts;
 use crate::stats::DeviceStats;
-use fuse_core::abi::{BatchForgetIn, ForgetIn, ForgetOne, InHeader, Opcode, OutHeader, WriteIn};
+use fuse_core::abi::{
+    BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
+};
 use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::{Filesystem, ServerConfig};
+use fuse_core::Sent;
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -137,6 +142,12 @@ impl Default for DeviceConfig {
     }
 }
 
+/// Most forgets the engine holds for the server: past it the hiprio
+/// thread takes no more chains until the server has taken half of them
+/// (FORGET has no reply, so nothing else would slow a guest that sends
+/// them faster than the server takes them). 64 Ki forgets, 1 MiB.
+const FORGETS_HIGH: usize = 1 << 16;
+
 /// A guest request in flight. `state` (its own mutex, a leaf lock)
 /// guards who answers it.
 struct Ticket {
@@ -169,6 +180,11 @@ enum TicketState {
 }
 
 impl Ticket {
+    /// Whether it was answered (or its answer deferred) already.
+    fn is_answered(&self) -> bool {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) != TicketState::InFlight
+    }
+
     /// Moves InFlight → Answered; false if it was answered, or its answer
     /// deferred, already.
     fn claim(&self) -> bool {
@@ -212,13 +228,18 @@ struct Inner<F: Filesystem + 'static> {
     deferred: Mutex<Vec<Arc<Ticket>>>,
     /// Exit-event fds vhost-user-backend leaks (see `exit_event`), each
     /// with a duplicate that identifies it.
-    exit_fds: Mutex<Vec<exit_fds::Leaked>>,
+    exit_fds: Mutex<Vec<(usize, exit_fds::Leaked)>>,
     /// Per request queue: written to resume a stalled queue.
     resume: Vec<EventFd>,
     stats: DeviceStats,
     /// Tickets in submission order, for the timeout scanner (lock order:
     /// `timeouts` before any ticket's `state`).
     timeouts: Mutex<VecDeque<Arc<Ticket>>>,
+    /// Per queue: the heads of its chains in flight (see `heads.rs`).
+    heads: Vec<heads::Heads>,
+    /// Lock calls in flight (they may wait without end), by the unique
+    /// the guest gave them: a guest's FUSE_INTERRUPT names them so.
+    waiters: Mutex<HashMap<u64, (Weak<Ticket>, Sent)>>,
     /// Per queue: bumped when the frontend stops or resets the ring.
     /// Replies are written under the read lock, so once `stop_vring` holds
     /// the write lock no reply of the old ring can reach guest memory.
@@ -280,7 +301,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // own INIT, forwarded later, decides what is in force.
                 offer_flags: fuse_core::abi::init::WRITEBACK_CACHE
                     | fuse_core::abi::init::POSIX_ACL,
-                workers: 1,
+                // The engine's device carries FORGETs, INTERRUPTs and lock
+                // calls: two, so one slow lock call holds up no forget.
+                workers: 2,
                 server,
                 ..Options::default()
             },
@@ -310,6 +333,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             acked: AtomicU64::new(0),
             timeouts: Mutex::new(VecDeque::new()),
             gens: (0..=queues).map(|_| RwLock::new(0)).collect(),
+            heads: (0..=queues).map(|_| heads::Heads::default()).collect(),
+            waiters: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             cfg,
         });
@@ -333,6 +358,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// The device's counters.
     pub fn stats(&self) -> &DeviceStats {
         &self.inner.stats
+    }
+
+    /// Chains of request queue `queue` (1-based; 0 is hiprio) the device
+    /// holds now.
+    pub fn heads_in_flight(&self, queue: usize) -> usize {
+        self.inner.heads.get(queue).map_or(0, heads::Heads::count)
     }
 
     /// The engine (its connection counters, the filesystem).
@@ -459,11 +490,44 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         Some(Chain::parse(chain, max).map_err(|e| (head, e)))
     }
 
+    /// Waits while the engine holds more than [`FORGETS_HIGH`] forgets
+    /// for the server, until it holds half as many. False if the device is
+    /// going away meanwhile (the hiprio thread's exit event was raised).
+    fn wait_for_forget_room(&self) -> bool {
+        let chan = self.inner.engine.chan();
+        if chan.forgets_queued() <= FORGETS_HIGH {
+            return true;
+        }
+        self.inner
+            .stats
+            .forget_waits
+            .fetch_add(1, Ordering::Relaxed);
+        while chan.forgets_queued() > FORGETS_HIGH / 2 {
+            if self.inner.stop.load(Ordering::Relaxed) || !chan.is_connected() {
+                return false;
+            }
+            let exit = lock(&self.inner.exit_fds)
+                .iter()
+                .rev()
+                .find(|(t, _)| *t == 0)
+                .map(|(_, l)| l.raised(1));
+            match exit {
+                Some(true) => return false,
+                Some(false) => {}
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        true
+    }
+
     fn drain_hiprio(&self, vring: &Vring) {
         let Some(mem) = self.memory() else { return };
         let qs = &self.inner.stats.queues[0];
         let mut used = false;
-        while let Some(popped) = self.pop(vring, &mem) {
+        while self.wait_for_forget_room() {
+            let Some(popped) = self.pop(vring, &mem) else {
+                break;
+            };
             used = true;
             let chain = match popped {
                 Ok(c) => c,
@@ -483,9 +547,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// FORGET and BATCH_FORGET go to the engine; anything else, INTERRUPT
-    /// included (Linux's virtio-fs never sends it), is dropped and counted
-    /// as malformed.
+    /// FORGET and BATCH_FORGET go to the engine; INTERRUPT (which Linux's
+    /// virtio-fs does not send today) to the lock call it names; anything
+    /// else is dropped and counted as malformed.
     fn forget(&self, mem: &GuestMemoryMmap, chain: &Chain) {
         let len = chain.readable_len().min(1 << 20);
         let mut buf = vec![0u8; len];
@@ -503,15 +567,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
             Some(Opcode::BatchForget) => {
-                let Ok((b, mut rest)) = BatchForgetIn::read_from_prefix(rest) else {
+                let Ok((b, rest)) = BatchForgetIn::read_from_prefix(rest) else {
                     return;
                 };
-                for _ in 0..b.count {
-                    let Ok((one, r)) = ForgetOne::read_from_prefix(rest) else {
-                        break;
-                    };
-                    chan.send_forget(one.nodeid, one.nlookup);
-                    rest = r;
+                let n = (b.count as usize).min(rest.len() / std::mem::size_of::<ForgetOne>());
+                if let Ok((list, _)) = <[ForgetOne]>::ref_from_prefix_with_elems(rest, n) {
+                    chan.send_forgets(list);
+                }
+            }
+            Some(Opcode::Interrupt) => {
+                if let Ok((i, _)) = InterruptIn::read_from_prefix(rest) {
+                    self.interrupt_waiter(i.unique);
                 }
             }
             _ => {
@@ -581,12 +647,21 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
             };
+            let heads = &self.inner.heads[q];
             let chain = match popped {
-                Ok(c) => c,
+                Ok(c) if heads.claim(c.head) => c,
+                // A head republished while the device still serves it: the
+                // guest broke the ring's rules; it gets nothing back.
+                Ok(_) => {
+                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 Err((head, _)) => {
                     qs.malformed.fetch_add(1, Ordering::Relaxed);
-                    let _ = vring.add_used(head, 0);
-                    notify(vring);
+                    if !heads.in_flight(head) {
+                        let _ = vring.add_used(head, 0);
+                        notify(vring);
+                    }
                     continue;
                 }
             };
@@ -613,21 +688,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 if !self.inner.cfg.request_timeout.is_zero() {
                     lock(&self.inner.timeouts).push_back(ticket.clone());
                 }
-                let chan = self.inner.engine.chan().clone();
-                let mine = ticket.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("fusebox-lock".into())
-                    .spawn(move || {
-                        let r = chan.send(args);
-                        if let Some(inner) = weak.upgrade() {
-                            FsDevice { inner }.finish(&mine, r);
-                        }
-                    });
-                // No thread to wait on: the caller gets EAGAIN, as from a
-                // kernel out of resources.
-                if spawned.is_err() && ticket.claim() {
-                    self.answer(&ticket, Errno::EAGAIN.to_wire(), &[]);
-                }
+                drop(pop_guard);
+                self.send_lock_call(args, &ticket);
                 continue;
             }
             let t2 = ticket.clone();
@@ -652,6 +714,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
                 Err(TrySendError::Full(_)) => {
                     vring.get_mut().get_queue_mut().go_to_previous_position();
+                    heads.release(ticket.chain.head);
                     let stalled = &self.inner.stalled[q - 1];
                     stalled.store(true, Ordering::SeqCst);
                     qs.stalls.fetch_add(1, Ordering::Relaxed);
@@ -675,6 +738,66 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     }
                 }
             }
+        }
+    }
+
+    /// Sends a lock call (GETLK, SETLK, SETLKW). They are synchronous in
+    /// the kernel, never background: a parked SETLKW must not hold a
+    /// background slot (enough of them would keep out the unlock that
+    /// frees them). They go without waiting (`Chan::send_async`: no thread
+    /// per call) over the engine's device rather than the ring, so a
+    /// parked SETLKW holds no ring entry or payload buffer; the guest's
+    /// FUSE_INTERRUPT finds them by their guest unique.
+    fn send_lock_call(&self, args: Args, ticket: &Arc<Ticket>) {
+        let weak = Arc::downgrade(&self.inner);
+        let mine = ticket.clone();
+        let end = Box::new(move |r: ReqResult| {
+            if let Some(inner) = weak.upgrade() {
+                let dev = FsDevice { inner };
+                dev.forget_waiter(&mine);
+                dev.finish(&mine, r);
+            }
+        });
+        // Registered first: the end may come before send_async returns.
+        let mut waiters = lock(&self.inner.waiters);
+        match self.inner.engine.chan().send_async(args.over_device(), end) {
+            Ok(sent) => {
+                ticket.engine_unique.store(sent.unique(), Ordering::Relaxed);
+                if !ticket.is_answered() {
+                    if waiters.len() >= 64 && waiters.len().is_power_of_two() {
+                        waiters.retain(|_, (t, _)| t.strong_count() > 0);
+                    }
+                    waiters.insert(ticket.unique, (Arc::downgrade(ticket), sent));
+                }
+            }
+            Err(e) => {
+                drop(waiters);
+                if ticket.claim() {
+                    self.answer(ticket, e.to_wire(), &[]);
+                }
+            }
+        }
+    }
+
+    /// A lock call ended: the guest's interrupts no longer reach it.
+    fn forget_waiter(&self, t: &Arc<Ticket>) {
+        let mut waiters = lock(&self.inner.waiters);
+        if let Some((w, _)) = waiters.get(&t.unique) {
+            if std::ptr::eq(w.as_ptr(), Arc::as_ptr(t)) {
+                waiters.remove(&t.unique);
+            }
+        }
+    }
+
+    /// The guest's FUSE_INTERRUPT for its request `unique` (a lock call
+    /// that waits; Linux guests do not send them today).
+    fn interrupt_waiter(&self, unique: u64) {
+        let sent = lock(&self.inner.waiters)
+            .get(&unique)
+            .filter(|(t, _)| t.strong_count() > 0)
+            .map(|(_, s)| s.clone());
+        if let Some(s) = sent {
+            s.interrupt();
         }
     }
 
@@ -710,6 +833,20 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         self.answer_with(t, error, payload, 0);
     }
 
+    /// Returns a chain that cannot carry a reply unused (length 0), unless
+    /// its ring was stopped or reset since it was popped.
+    fn give_back_unanswered(&self, t: &Ticket) {
+        let gen = self.inner.gens[t.queue]
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        if *gen != t.gen {
+            return;
+        }
+        self.inner.heads[t.queue].release(t.chain.head);
+        let _ = t.vring.add_used(t.chain.head, 0);
+        notify(&t.vring);
+    }
+
     /// [`FsDevice::answer`] for a reply whose last `in_guest` payload bytes
     /// the server already put in the guest's buffers (a READ by reference).
     fn answer_with(&self, t: &Ticket, error: i32, payload: &[u8], in_guest: usize) {
@@ -720,6 +857,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        // Given back to the guest below, and free to come again.
+        self.inner.heads[t.queue].release(t.chain.head);
         let reply_len = OUT_HEADER + payload.len() + in_guest;
         let (error, payload, reply_len) = if reply_len > t.chain.writable_len() {
             (Errno::ERANGE.to_wire(), &[][..], OUT_HEADER)
@@ -763,7 +902,7 @@ impl<F: Filesystem + 'static> Drop for Inner<F> {
         self.stop.store(true, Ordering::Relaxed);
         // The device outlives the daemon's vring threads (each holds a
         // clone): their exit eventfds are unused now.
-        for leaked in lock(&self.exit_fds).drain(..) {
+        for (_, leaked) in lock(&self.exit_fds).drain(..) {
             leaked.close();
         }
     }

@@ -51,6 +51,8 @@ pub struct DeviceStats {
     pub timeouts: AtomicU64,
     /// Requests that ended because the engine connection was aborted.
     pub aborted: AtomicU64,
+    /// Times the hiprio queue waited for the server to take forgets.
+    pub forget_waits: AtomicU64,
     ops: Vec<OpStats>,
 }
 
@@ -60,6 +62,7 @@ impl DeviceStats {
             queues: (0..queues).map(|_| QueueStats::default()).collect(),
             timeouts: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
+            forget_waits: AtomicU64::new(0),
             ops: (0..OPCODES).map(|_| OpStats::default()).collect(),
         }
     }
@@ -106,9 +109,10 @@ impl DeviceStats {
         }
         let _ = writeln!(
             s,
-            "timeouts {} aborted {}",
+            "timeouts {} aborted {} forget-waits {}",
             self.timeouts.load(Ordering::Relaxed),
-            self.aborted.load(Ordering::Relaxed)
+            self.aborted.load(Ordering::Relaxed),
+            self.forget_waits.load(Ordering::Relaxed)
         );
         for (code, op) in self.ops.iter().enumerate() {
             let n = op.count.load(Ordering::Relaxed);

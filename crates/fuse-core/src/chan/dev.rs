@@ -486,9 +486,13 @@ impl Transport for DevQueue {
     }
 
     fn send_forget(&self, forget: ForgetOne) {
+        self.send_forgets(&[forget]);
+    }
+
+    fn send_forgets(&self, forgets: &[ForgetOne]) {
         let mut iq = lock(&self.iq);
-        if iq.connected {
-            iq.forgets.push_back(forget);
+        if iq.connected && !forgets.is_empty() {
+            iq.forgets.extend(forgets.iter().copied());
             self.iq_cv.notify_one();
         }
     }
@@ -601,6 +605,10 @@ impl Transport for DevQueue {
             iq.pending.push_front(r.clone());
         }
         self.iq_cv.notify_all();
+    }
+
+    fn forgets_queued(&self) -> usize {
+        lock(&self.iq).forgets.len()
     }
 
     fn counts(&self) -> (usize, usize) {

@@ -139,10 +139,11 @@ impl Core {
         self.transport.send_interrupt(&InFlight(req.clone()));
     }
 
-    /// Sends a synchronous request to the ring when it is up, else to the
-    /// transport; hands it back if refused.
+    /// Sends a synchronous request to the ring when it is up (unless it
+    /// asks for the device), else to the transport; hands it back if
+    /// refused.
     pub(crate) fn send_req(&self, req: Arc<Request>) -> Result<(), Arc<Request>> {
-        match self.route() {
+        match self.route().filter(|_| !req.args.over_device) {
             Some(ring) => ring.queue_req(req, false),
             None => self.transport.send_req(InFlight(req)).map_err(|f| f.0),
         }
@@ -451,6 +452,40 @@ impl std::fmt::Debug for TrySendError {
     }
 }
 
+/// A request in flight from [`Chan::send_async`].
+#[derive(Debug, Clone)]
+pub struct Sent {
+    req: crate::sync::Weak<Request>,
+    unique: u64,
+}
+
+impl Sent {
+    /// The unique the server sees.
+    pub fn unique(&self) -> u64 {
+        self.unique
+    }
+
+    /// What a signal to a waiting requester does: the request is marked
+    /// INTERRUPTED and, once the server has it, FUSE_INTERRUPT is queued
+    /// for it (unless the server said it does not take interrupts). A
+    /// request that ended already is left alone.
+    pub fn interrupt(&self) {
+        let Some(req) = self.req.upgrade() else {
+            return;
+        };
+        let Some(core) = req.core.upgrade() else {
+            return;
+        };
+        if req.flags.test(flag::FINISHED) || core.no_interrupt.load(Ordering::SeqCst) {
+            return;
+        }
+        req.flags.set(flag::INTERRUPTED);
+        if req.flags.test(flag::SENT) {
+            core.interrupt(&req);
+        }
+    }
+}
+
 /// A FUSE connection: the client side of the engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Chan {
@@ -648,13 +683,61 @@ impl Chan {
         Ok(unique)
     }
 
+    /// Sends a synchronous request without waiting for it: `end` runs once
+    /// with its result, on the thread that ends it. Like the kernel's
+    /// synchronous requests it is not counted against max_background, and
+    /// unlike [`Chan::call`] it never waits, not even for INIT: before the
+    /// connection is ready it fails with EAGAIN (ENOTCONN once aborted)
+    /// and `end` does not run. The [`Sent`] names it, to interrupt it.
+    pub fn send_async(&self, args: Args, end: EndFn) -> Result<Sent, Errno> {
+        let core = self.core();
+        if !core.connected.load(Ordering::SeqCst) {
+            return Err(Errno::ENOTCONN);
+        }
+        if !core.gate_open.load(Ordering::Acquire) {
+            return Err(Errno::EAGAIN);
+        }
+        core.add_waiting();
+        let mut flags = flag::ISREPLY | flag::WAITING | flag::ASYNC;
+        if args.force {
+            flags |= flag::FORCE;
+        }
+        let req = Request::new(
+            core,
+            core.next_unique(),
+            args,
+            flags,
+            core.clock.now(),
+            Some(end),
+        );
+        let sent = Sent {
+            req: Arc::downgrade(&req),
+            unique: req.unique(),
+        };
+        if let Err(r) = core.send_req(req) {
+            r.set_error(core.abort_errno().0);
+            core.request_end(&r);
+        }
+        Ok(sent)
+    }
+
     /// Queues a FORGET for `nodeid` (no reply; dropped if disconnected).
     pub fn send_forget(&self, nodeid: u64, nlookup: u64) {
+        self.send_forgets(&[ForgetOne { nodeid, nlookup }]);
+    }
+
+    /// Queues several forgets at once (a BATCH_FORGET's worth).
+    pub fn send_forgets(&self, forgets: &[ForgetOne]) {
         if self.core().connected.load(Ordering::SeqCst) {
-            self.core()
-                .transport
-                .send_forget(ForgetOne { nodeid, nlookup });
+            self.core().transport.send_forgets(forgets);
         }
+    }
+
+    /// Forgets queued for the server and not yet read by it. FORGET has no
+    /// reply, so nothing else tells a client that sends them faster than
+    /// the server takes them to slow down.
+    pub fn forgets_queued(&self) -> usize {
+        self.core().transport.forgets_queued()
     }
 
     /// Whether INIT has been processed (Acquire: what INIT set is visible).

@@ -163,6 +163,12 @@ pub struct Args {
     pub abort_on_kill: bool,
     /// Transport queue hint (ring queue, virtqueue index).
     pub qid: u16,
+    /// Goes to the connection's transport (the device) even when the ring
+    /// carries requests: for a request that may wait for a long time
+    /// without work to do (a SETLKW), which on the ring would hold an
+    /// entry and its payload buffer the whole time. A fusebox extension;
+    /// the kernel sends everything over the ring once it is up.
+    pub over_device: bool,
     /// The client's own memory for a READ's data or a WRITE's data (then
     /// `data` is empty), handed to the server by reference on the ring.
     pub client: Option<std::sync::Arc<dyn ClientMem>>,
@@ -186,6 +192,7 @@ impl Args {
             force: false,
             abort_on_kill: false,
             qid: 0,
+            over_device: false,
             client: None,
         }
     }
@@ -226,6 +233,12 @@ impl Args {
         self.uid = uid;
         self.gid = gid;
         self.pid = pid;
+        self
+    }
+    /// Sends it over the device even when the ring is up (see
+    /// `Args::over_device`).
+    pub fn over_device(mut self) -> Self {
+        self.over_device = true;
         self
     }
     /// Sets the transport queue hint.

@@ -23,6 +23,12 @@ pub trait Transport: Send + Sync {
     fn send_req(&self, req: InFlight) -> Result<(), InFlight>;
     /// Takes a forget (kernel `send_forget`). No reply is expected.
     fn send_forget(&self, forget: ForgetOne);
+    /// Takes several forgets at once.
+    fn send_forgets(&self, forgets: &[ForgetOne]) {
+        for f in forgets {
+            self.send_forget(*f);
+        }
+    }
     /// Queues FUSE_INTERRUPT for `req` if it is still SENT and not FINISHED;
     /// returns whether one was queued (kernel `queue_interrupt`).
     fn send_interrupt(&self, req: &InFlight) -> bool;
@@ -42,4 +48,10 @@ pub trait Transport: Send + Sync {
     fn resend(&self) {}
     /// `(pending, processing)` counts for statistics.
     fn counts(&self) -> (usize, usize);
+    /// Forgets queued and not yet read by the server (a client that sends
+    /// forgets faster than the server takes them waits while this is
+    /// high: nothing else bounds them).
+    fn forgets_queued(&self) -> usize {
+        0
+    }
 }

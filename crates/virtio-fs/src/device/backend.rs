@@ -52,15 +52,20 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // Requests still in flight on this ring will never be answered on
         // it: the frontend has taken the ring back.
         if let Some(g) = self.inner.gens.get(queue_index as usize) {
-            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
+            let mut g = g.write().unwrap_or_else(|e| e.into_inner());
+            *g += 1;
+            // Nothing of the old ring is in flight any more.
+            self.inner.heads[queue_index as usize].clear();
         }
         self.take_back_buffers(queue_index as usize);
         Ok(())
     }
 
     fn reset_device(&self) {
-        for g in &self.inner.gens {
-            *g.write().unwrap_or_else(|e| e.into_inner()) += 1;
+        for (g, h) in self.inner.gens.iter().zip(&self.inner.heads) {
+            let mut g = g.write().unwrap_or_else(|e| e.into_inner());
+            *g += 1;
+            h.clear();
         }
         for q in 0..self.inner.lent.len() {
             self.take_back_buffers(q);
@@ -78,7 +83,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         (0..self.num_queues()).map(|q| 1u64 << q).collect()
     }
 
-    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         let (consumer, notifier) =
             new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
         // vhost-user-backend 0.24 registers the consumer with `into_raw_fd`
@@ -86,7 +91,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // Remember it (with a duplicate, so that only that very file is
         // ever closed) and close it when the device goes.
         if let Some(leaked) = exit_fds::Leaked::record(&consumer) {
-            lock(&self.inner.exit_fds).push(leaked);
+            lock(&self.inner.exit_fds).push((thread_index, leaked));
         }
         Some((consumer, notifier))
     }

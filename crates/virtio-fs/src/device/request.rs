@@ -82,8 +82,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             if replyable {
                 Some(t)
             } else {
-                let _ = t.vring.add_used(t.chain.head, 0);
-                notify(&t.vring);
+                self.give_back_unanswered(&t);
                 None
             }
         };
@@ -112,6 +111,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         } else {
             total - IN_HEADER
         };
+        if body_len > body_cap(opcode, self.inner.cfg.max_write as usize) {
+            // More than the opcode can carry: the kernel never sends it,
+            // and the device would keep it until the request ends.
+            return Err(fail(ticket));
+        }
         let mut body = vec![0u8; body_len];
         if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
             return Err(fail(ticket));
@@ -148,4 +152,41 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         Ok((args, ticket))
     }
+}
+
+/// The most bytes after `fuse_in_header` a request of `op` can carry (a
+/// WRITE's data apart): its op struct, the names or value it carries, and
+/// request extensions. Longer bodies are refused, so what the device holds
+/// per request in flight stays small.
+fn body_cap(op: Opcode, max_write: usize) -> usize {
+    /// Request extensions (a security context, supplementary groups).
+    const EXTENSIONS: usize = 8192;
+    /// A name (NAME_MAX and its NUL).
+    const NAME: usize = 256;
+    /// A symlink target (PATH_MAX).
+    const PATH: usize = 4096;
+    /// An extended attribute's value (XATTR_SIZE_MAX).
+    const XATTR: usize = 65536;
+    let fixed = fuse_core::abi::decode::op_in_size(op, fuse_core::abi::DecodeOptions::default());
+    let var = match op {
+        // The copied form of a WRITE (not by reference).
+        Opcode::Write => max_write,
+        Opcode::Setxattr => NAME + XATTR,
+        Opcode::Symlink => NAME + PATH,
+        Opcode::Rename | Opcode::Rename2 => 2 * NAME,
+        Opcode::Lookup
+        | Opcode::Mknod
+        | Opcode::Mkdir
+        | Opcode::Unlink
+        | Opcode::Rmdir
+        | Opcode::Link
+        | Opcode::Create
+        | Opcode::Tmpfile
+        | Opcode::Getxattr
+        | Opcode::Removexattr => NAME,
+        // IOCTL input (FUSE_IOCTL_MAX_IOV pages at most).
+        Opcode::Ioctl => 256 * 4096,
+        _ => 0,
+    };
+    fixed + var + EXTENSIONS
 }

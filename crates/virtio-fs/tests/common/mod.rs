@@ -84,6 +84,20 @@ impl<F: Filesystem + 'static> Harness<F> {
             .unwrap();
     }
 
+    /// Publishes `heads` at avail ring positions from `start` on (the
+    /// running avail index, wrapping), and moves the index past them.
+    pub fn publish_from(&self, start: u16, heads: &[u16]) -> u16 {
+        let mut idx = start;
+        for h in heads {
+            self.mem
+                .write_obj(*h, GuestAddress(AVAIL + 4 + 2 * u64::from(idx % QSIZE)))
+                .unwrap();
+            idx = idx.wrapping_add(1);
+        }
+        self.mem.write_obj(idx, GuestAddress(AVAIL + 2)).unwrap();
+        idx
+    }
+
     pub fn used_idx(&self) -> u16 {
         self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
     }

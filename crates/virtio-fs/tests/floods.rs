@@ -1,0 +1,415 @@
+//! Floods from a hostile guest while the queue's worker is kept busy (a
+//! hung host call): republished heads, FORCE requests with oversized
+//! bodies, lock calls, forgets. The daemon (this process) must keep its
+//! threads and memory bounded, and its other queues serving.
+
+mod common;
+
+use common::*;
+use fuse_core::abi::{BatchForgetIn, FlushIn, GetattrIn, LkIn, Opcode};
+use fuse_core::server::faults::{FaultPlan, Faulty};
+use fuse_core::server::memfs::MemFs;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_fs::{DeviceConfig, GuestMem};
+use vm_memory::{Bytes, GuestAddress};
+use zerocopy::{FromZeros, IntoBytes};
+
+/// Queue 2's rings and data, apart from queue 1's.
+const DESC2: u64 = 0x80000;
+const AVAIL2: u64 = 0x81000;
+const USED2: u64 = 0x82000;
+const DATA2: u64 = 0x84000;
+/// 64 KiB of guest memory many descriptors point at (a big body).
+const BIG: u64 = 0x90000;
+
+fn status(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn threads() -> u64 {
+    status("Threads:")
+}
+
+fn rss_kib() -> u64 {
+    status("VmRSS:")
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(20), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Releases every hang when dropped (before the harness).
+struct Release(Arc<Harness<Faulty<MemFs>>>);
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.dev.engine().fs().release_hangs();
+    }
+}
+
+fn device(spec: &str, queues: u16) -> Arc<Harness<Faulty<MemFs>>> {
+    Arc::new(Harness::new(
+        Faulty::new(MemFs::new(), FaultPlan::parse(spec, 1).unwrap()),
+        DeviceConfig {
+            request_queues: queues,
+            queue_size: QSIZE,
+            workers_per_queue: 1,
+            inline_per_batch: 0,
+            max_write: 1 << 20,
+            ..DeviceConfig::default()
+        },
+    ))
+}
+
+/// Queue 2 of `h`: its own rings in the same guest memory.
+fn vring2(h: &Harness<Faulty<MemFs>>) -> VringRwLock<GuestMem> {
+    let v = VringRwLock::new(h.atomic.clone(), QSIZE).unwrap();
+    v.set_queue_size(QSIZE);
+    v.set_queue_info(DESC2, AVAIL2, USED2).unwrap();
+    v.set_queue_ready(true);
+    v.set_enabled(true);
+    v
+}
+
+/// Queue 1's worker, hung in a GETATTR (head 0).
+fn hang_the_worker(h: &Harness<Faulty<MemFs>>, vring: &VringRwLock<GuestMem>) -> u16 {
+    let msg = request(Opcode::Getattr, 1, GetattrIn::new_zeroed().as_bytes());
+    h.chain(0, DATA, &msg, 4096);
+    let idx = h.publish_from(0, &[0]);
+    h.kick(vring, 1);
+    wait_for("the GETATTR to hang", || {
+        h.dev
+            .engine()
+            .fs()
+            .counts()
+            .hangs
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    });
+    idx
+}
+
+/// Republishes head `head` `laps` times a full ring, kicking each lap.
+fn republish(
+    h: &Harness<Faulty<MemFs>>,
+    vring: &VringRwLock<GuestMem>,
+    mut idx: u16,
+    head: u16,
+    laps: usize,
+) {
+    for _ in 0..laps {
+        idx = h.publish_from(idx, &vec![head; usize::from(QSIZE)]);
+        h.kick(vring, 1);
+    }
+}
+
+/// A LOOKUP on queue 2 is answered (ENOENT: the name does not exist).
+fn queue2_serves(h: &Harness<Faulty<MemFs>>, round: u16) {
+    let v2 = vring2(h);
+    let msg = request(Opcode::Lookup, 1000 + u64::from(round), b"nothing\0");
+    let at = DATA2;
+    h.mem.write_slice(&msg, GuestAddress(at)).unwrap();
+    let desc = |i: u16, addr: u64, len: u32, flags: u16, next: u16| {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&addr.to_le_bytes());
+        b[8..12].copy_from_slice(&len.to_le_bytes());
+        b[12..14].copy_from_slice(&flags.to_le_bytes());
+        b[14..].copy_from_slice(&next.to_le_bytes());
+        h.mem
+            .write_slice(&b, GuestAddress(DESC2 + 16 * u64::from(i)))
+            .unwrap();
+    };
+    desc(0, at, msg.len() as u32, F_NEXT, 1);
+    desc(1, at + 0x1000, 4096, F_WRITE, 0);
+    h.mem
+        .write_obj(
+            0u16,
+            GuestAddress(AVAIL2 + 4 + 2 * u64::from(round % QSIZE)),
+        )
+        .unwrap();
+    h.mem
+        .write_obj(round + 1, GuestAddress(AVAIL2 + 2))
+        .unwrap();
+    h.kick(&v2, 2);
+    wait_for("queue 2's answer", || {
+        h.mem.read_obj::<u16>(GuestAddress(USED2 + 2)).unwrap() == round + 1
+    });
+    assert_eq!(h.reply(at + 0x1000).error, -libc::ENOENT);
+}
+
+/// Head 2: a FLUSH (FORCE: past admission) whose body is `body_len`
+/// bytes, over 16 descriptors of the same guest memory when big.
+fn flush_chain(h: &Harness<Faulty<MemFs>>, body_len: usize) {
+    let flush = FlushIn {
+        fh: 1,
+        ..FlushIn::new_zeroed()
+    };
+    let mut msg = request(Opcode::Flush, 2, flush.as_bytes());
+    let extra = body_len.saturating_sub(flush.as_bytes().len()) / 16 * 16;
+    let total = msg.len() + extra;
+    msg[..4].copy_from_slice(&(total as u32).to_le_bytes());
+    h.mem.write_slice(&msg, GuestAddress(DATA)).unwrap();
+    if extra == 0 {
+        h.desc(2, DATA, msg.len() as u32, F_NEXT, 3);
+        h.desc(3, DATA + 0x1000, 4096, F_WRITE, 0);
+        return;
+    }
+    h.desc(2, DATA, msg.len() as u32, F_NEXT, 3);
+    for i in 0..16 {
+        h.desc(3 + i, BIG, (extra / 16) as u32, F_NEXT, 4 + i);
+    }
+    h.desc(19, DATA + 0x1000, 4096, F_WRITE, 0);
+}
+
+#[test]
+fn a_head_republished_while_in_flight_is_refused_and_costs_nothing() {
+    let h = device("getattr:hang", 2);
+    let _r = Release(h.clone());
+    let vring = h.vring();
+    let idx = hang_the_worker(&h, &vring);
+    let (t0, m0) = (threads(), rss_kib());
+    // A FLUSH queued behind the hung worker, its head published again
+    // and again while it waits there.
+    flush_chain(&h, std::mem::size_of::<FlushIn>());
+    republish(&h, &vring, idx, 2, 40);
+    let (t1, m1) = (threads(), rss_kib());
+    let q = &h.dev.stats().queues[1];
+    let malformed = q.malformed.load(std::sync::atomic::Ordering::Relaxed);
+    println!("republished head: 2560 chains; threads {t0} -> {t1}; RSS {m0} -> {m1} KiB; refused {malformed}");
+    assert_eq!(h.dev.heads_in_flight(1), 2, "the GETATTR and one FLUSH");
+    assert_eq!(malformed, 2559);
+    assert!(t1 <= t0 + 4, "threads {t0} -> {t1}");
+    assert!(m1 <= m0 + 8 * 1024, "RSS {m0} -> {m1} KiB");
+    queue2_serves(&h, 0);
+}
+
+#[test]
+fn a_force_request_with_a_body_its_opcode_cannot_carry_is_refused() {
+    let h = device("getattr:hang", 2);
+    let _r = Release(h.clone());
+    let vring = h.vring();
+    let idx = hang_the_worker(&h, &vring);
+    let m0 = rss_kib();
+    // Nearly 1 MiB after a FLUSH's 24 bytes (small enough for the ring's
+    // payload buffers): refused (EIO) before it is read.
+    flush_chain(&h, (1 << 20) - 8192);
+    republish(&h, &vring, idx, 2, 40);
+    let m1 = rss_kib();
+    println!("oversized FLUSH bodies: 2560 chains; RSS {m0} -> {m1} KiB");
+    assert_eq!(h.reply(DATA + 0x1000).error, -libc::EIO);
+    assert!(m1 <= m0 + 32 * 1024, "RSS {m0} -> {m1} KiB");
+    assert_eq!(h.dev.heads_in_flight(1), 1, "only the GETATTR");
+    queue2_serves(&h, 0);
+}
+
+#[test]
+fn a_flood_of_lock_calls_takes_no_thread_each() {
+    // The lock calls hang in the server too (two of them, on the engine's
+    // device workers; the rest wait their turn).
+    let h = device("getattr:hang,setlkw:hang", 2);
+    let _r = Release(h.clone());
+    let vring = h.vring();
+    let mut idx = hang_the_worker(&h, &vring);
+    let (t0, m0) = (threads(), rss_kib());
+    let lk = LkIn::new_zeroed();
+    // Distinct heads (a full ring of lock calls at once), then the same
+    // heads republished without end.
+    let mut heads = Vec::new();
+    let mut at = DATA + 0x2000;
+    let mut d = 2u16;
+    while d + 2 <= QSIZE {
+        let msg = request(Opcode::Setlkw, 100 + u64::from(d), lk.as_bytes());
+        let (head, _, next, next_at) = h.chain(d, at, &msg, 256);
+        heads.push(head);
+        d = next;
+        at = next_at;
+    }
+    for _ in 0..40 {
+        idx = h.publish_from(idx, &heads);
+        h.kick(&vring, 1);
+    }
+    let (t1, m1) = (threads(), rss_kib());
+    println!(
+        "lock flood: {} chains; threads {t0} -> {t1}; RSS {m0} -> {m1} KiB",
+        40 * heads.len()
+    );
+    assert!(t1 <= t0 + 4, "threads {t0} -> {t1}");
+    assert!(m1 <= m0 + 32 * 1024, "RSS {m0} -> {m1} KiB");
+    queue2_serves(&h, 0);
+}
+
+#[test]
+fn a_forget_flood_waits_for_the_server_instead_of_queueing_without_bound() {
+    // The engine's device workers (which take forgets) are both stuck in
+    // lock calls; the hiprio queue floods BATCH_FORGETs of 65,536 nodes.
+    let h = device("getlk:hang", 1);
+    let _r = Release(h.clone());
+    let vring = h.vring();
+    let lk = LkIn::new_zeroed();
+    let mut at = DATA;
+    let mut heads = Vec::new();
+    let mut d = 0;
+    for u in 0..2 {
+        let msg = request(Opcode::Getlk, 10 + u, lk.as_bytes());
+        let (head, _, next, next_at) = h.chain(d, at, &msg, 256);
+        heads.push(head);
+        d = next;
+        at = next_at;
+    }
+    h.publish_from(0, &heads);
+    h.kick(&vring, 1);
+    wait_for("both lock calls to hang", || {
+        h.dev
+            .engine()
+            .fs()
+            .counts()
+            .hangs
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 2
+    });
+    let m0 = rss_kib();
+    // Hiprio: one BATCH_FORGET chain of 1 MiB (65,536 nodes), the body
+    // over 16 descriptors of the same 64 KiB, published 64 times.
+    let forgets = 65536u32;
+    let b = BatchForgetIn {
+        count: forgets,
+        dummy: 0,
+    };
+    let mut msg = request(Opcode::BatchForget, 0, b.as_bytes());
+    let total = msg.len() + forgets as usize * 16;
+    msg[..4].copy_from_slice(&(total as u32).to_le_bytes());
+    let hv = h.vring();
+    h.mem
+        .write_slice(&msg, GuestAddress(DATA + 0x8000))
+        .unwrap();
+    h.desc(10, DATA + 0x8000, msg.len() as u32, F_NEXT, 11);
+    for i in 0..16 {
+        let flags = if i == 15 { 0 } else { F_NEXT };
+        h.desc(11 + i, BIG, 65536, flags, 12 + i);
+    }
+    // The hiprio vring shares queue 1's ring memory in this harness: use
+    // it after queue 1's chains were taken.
+    let h2 = h.clone();
+    let flood = std::thread::spawn(move || {
+        let mut idx = 0u16;
+        for _ in 0..4 {
+            idx = h2.publish_from(idx, &[10; 16]);
+            h2.kick(&hv, 0);
+        }
+    });
+    let chan = h.dev.engine().chan().clone();
+    // The queue fills to its bound and stays there.
+    wait_for("forgets to pile up", || chan.forgets_queued() >= 1 << 16);
+    std::thread::sleep(Duration::from_millis(300));
+    let queued = chan.forgets_queued();
+    let m1 = rss_kib();
+    println!("forget flood: {queued} forgets queued; RSS {m0} -> {m1} KiB");
+    assert!(queued <= 2 << 16, "{queued} forgets queued");
+    assert!(!flood.is_finished(), "the hiprio thread did not wait");
+    // Once the server takes them again, the rest follow.
+    h.dev.engine().fs().release_hangs();
+    flood.join().unwrap();
+    wait_for("forgets to drain", || chan.forgets_queued() == 0);
+}
+
+/// A split virtqueue at its own addresses in `h`'s guest memory.
+fn ring_at<F: fuse_core::server::Filesystem>(
+    h: &Harness<F>,
+    desc: u64,
+    avail: u64,
+    used: u64,
+) -> VringRwLock<GuestMem> {
+    let v = VringRwLock::new(h.atomic.clone(), QSIZE).unwrap();
+    v.set_queue_size(QSIZE);
+    v.set_queue_info(desc, avail, used).unwrap();
+    v.set_queue_ready(true);
+    v.set_enabled(true);
+    v
+}
+
+#[test]
+fn a_guest_interrupt_ends_a_parked_lock_wait() {
+    use fuse_core::abi::{EntryOut, FileLock, InterruptIn, OpenIn, OpenOut};
+    use zerocopy::FromBytes;
+    let dir = std::env::temp_dir().join(format!("fusebox-intr-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("f"), b"locked").unwrap();
+    let h = Harness::new(
+        uring_ring::PassthroughFs::new(&dir, uring_ring::Config::default()).unwrap(),
+        DeviceConfig {
+            queue_size: QSIZE,
+            ..DeviceConfig::default()
+        },
+    );
+    let vring = h.vring();
+    let mut idx = 0u16;
+    let mut next_desc = 0u16;
+    let mut at = DATA;
+    // Sends one request on queue 1 and returns its reply payload.
+    let mut call = |op: Opcode, unique: u64, nodeid: u64, body: &[u8], wait: bool| {
+        let mut msg = request(op, unique, body);
+        msg[16..24].copy_from_slice(&nodeid.to_le_bytes());
+        let (head, reply_at, nd, na) = h.chain(next_desc % QSIZE, at, &msg, 4096);
+        next_desc = nd;
+        at = na;
+        idx = h.publish_from(idx, &[head]);
+        h.kick(&vring, 1);
+        let want = idx;
+        if wait {
+            wait_for("a reply", || h.used_idx() == want);
+        }
+        reply_at
+    };
+    let r = call(Opcode::Lookup, 2, 1, b"f\0", true);
+    let mut b = [0u8; 128];
+    h.mem.read_slice(&mut b, GuestAddress(r + 16)).unwrap();
+    let entry = EntryOut::read_from_prefix(&b).unwrap().0;
+    let open = OpenIn {
+        flags: libc::O_RDWR as u32,
+        open_flags: 0,
+    };
+    let r = call(Opcode::Open, 4, entry.nodeid, open.as_bytes(), true);
+    let mut b = [0u8; 16];
+    h.mem.read_slice(&mut b, GuestAddress(r + 16)).unwrap();
+    let fh = OpenOut::read_from_prefix(&b).unwrap().0.fh;
+    let lock = |owner: u64| LkIn {
+        fh,
+        owner,
+        lk: FileLock {
+            start: 0,
+            end: i64::MAX as u64,
+            typ: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        ..LkIn::new_zeroed()
+    };
+    let r = call(Opcode::Setlk, 6, entry.nodeid, lock(1).as_bytes(), true);
+    assert_eq!(h.reply(r).error, 0, "owner 1 takes the lock");
+    // Owner 2 waits for it.
+    let r = call(Opcode::Setlkw, 8, entry.nodeid, lock(2).as_bytes(), false);
+    let fs = h.dev.engine().fs();
+    wait_for("the SETLKW to park", || fs.parked_locks() == 1);
+    // The guest interrupts it on the hiprio queue.
+    let hp = ring_at(&h, 0x60000, 0x61000, 0x62000);
+    let intr = request(Opcode::Interrupt, 9, InterruptIn { unique: 8 }.as_bytes());
+    h.mem.write_slice(&intr, GuestAddress(0x64000)).unwrap();
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&0x64000u64.to_le_bytes());
+    d[8..12].copy_from_slice(&(intr.len() as u32).to_le_bytes());
+    h.mem.write_slice(&d, GuestAddress(0x60000)).unwrap();
+    h.mem.write_obj(0u16, GuestAddress(0x61004)).unwrap();
+    h.mem.write_obj(1u16, GuestAddress(0x61002)).unwrap();
+    h.kick(&hp, 0);
+    wait_for("the SETLKW's answer", || h.used_idx() == idx);
+    assert_eq!(h.reply(r).error, -libc::EINTR);
+    assert_eq!(fs.parked_locks(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
