@@ -334,71 +334,112 @@ fn ring_at<F: fuse_core::server::Filesystem>(
     v
 }
 
-#[test]
-fn a_guest_interrupt_ends_a_parked_lock_wait() {
-    use fuse_core::abi::{EntryOut, FileLock, InterruptIn, OpenIn, OpenOut};
-    use zerocopy::FromBytes;
-    let dir = std::env::temp_dir().join(format!("fusebox-intr-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("f"), b"locked").unwrap();
-    let h = Harness::new(
-        uring_ring::PassthroughFs::new(&dir, uring_ring::Config::default()).unwrap(),
-        DeviceConfig {
-            queue_size: QSIZE,
-            ..DeviceConfig::default()
-        },
-    );
-    let vring = h.vring();
-    let mut idx = 0u16;
-    let mut next_desc = 0u16;
-    let mut at = DATA;
-    // Sends one request on queue 1 and returns its reply payload.
-    let mut call = |op: Opcode, unique: u64, nodeid: u64, body: &[u8], wait: bool| {
+/// The passthrough of a directory holding file `f`, behind the device,
+/// and the guest's requests to it on queue 1 as raw chains.
+struct Guest {
+    h: Harness<uring_ring::PassthroughFs>,
+    vring: VringRwLock<GuestMem>,
+    idx: u16,
+    next_desc: u16,
+    at: u64,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Guest {
+    fn new(tag: &str) -> Guest {
+        let dir = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), b"locked").unwrap();
+        let h = Harness::new(
+            uring_ring::PassthroughFs::new(&dir, uring_ring::Config::default()).unwrap(),
+            DeviceConfig {
+                queue_size: QSIZE,
+                ..DeviceConfig::default()
+            },
+        );
+        let vring = h.vring();
+        Guest {
+            h,
+            vring,
+            idx: 0,
+            next_desc: 0,
+            at: DATA,
+            dir,
+        }
+    }
+
+    /// Sends one request on queue 1; returns where its reply goes.
+    fn send(&mut self, op: Opcode, unique: u64, nodeid: u64, body: &[u8]) -> u64 {
         let mut msg = request(op, unique, body);
         msg[16..24].copy_from_slice(&nodeid.to_le_bytes());
-        let (head, reply_at, nd, na) = h.chain(next_desc % QSIZE, at, &msg, 4096);
-        next_desc = nd;
-        at = na;
-        idx = h.publish_from(idx, &[head]);
-        h.kick(&vring, 1);
-        let want = idx;
-        if wait {
-            wait_for("a reply", || h.used_idx() == want);
-        }
+        let (head, reply_at, nd, na) = self.h.chain(self.next_desc, self.at, &msg, 4096);
+        self.next_desc = nd;
+        self.at = na;
+        self.idx = self.h.publish_from(self.idx, &[head]);
+        self.h.kick(&self.vring, 1);
         reply_at
-    };
-    let r = call(Opcode::Lookup, 2, 1, b"f\0", true);
-    let mut b = [0u8; 128];
-    h.mem.read_slice(&mut b, GuestAddress(r + 16)).unwrap();
-    let entry = EntryOut::read_from_prefix(&b).unwrap().0;
-    let open = OpenIn {
-        flags: libc::O_RDWR as u32,
-        open_flags: 0,
-    };
-    let r = call(Opcode::Open, 4, entry.nodeid, open.as_bytes(), true);
-    let mut b = [0u8; 16];
-    h.mem.read_slice(&mut b, GuestAddress(r + 16)).unwrap();
-    let fh = OpenOut::read_from_prefix(&b).unwrap().0.fh;
-    let lock = |owner: u64| LkIn {
+    }
+
+    /// Sends one request and waits for its reply's payload.
+    fn call(&mut self, op: Opcode, unique: u64, nodeid: u64, body: &[u8]) -> (i32, [u8; 128]) {
+        let r = self.send(op, unique, nodeid, body);
+        let want = self.idx;
+        wait_for("a reply", || self.h.used_idx() == want);
+        let mut b = [0u8; 128];
+        self.h.mem.read_slice(&mut b, GuestAddress(r + 16)).unwrap();
+        (self.h.reply(r).error, b)
+    }
+
+    /// LOOKUP and OPEN of `f`: (nodeid, fh).
+    fn open_f(&mut self) -> (u64, u64) {
+        use fuse_core::abi::{EntryOut, OpenIn, OpenOut};
+        use zerocopy::FromBytes;
+        let (_, b) = self.call(Opcode::Lookup, 2, 1, b"f\0");
+        let node = EntryOut::read_from_prefix(&b).unwrap().0.nodeid;
+        let open = OpenIn {
+            flags: libc::O_RDWR as u32,
+            open_flags: 0,
+        };
+        let (_, b) = self.call(Opcode::Open, 4, node, open.as_bytes());
+        (node, OpenOut::read_from_prefix(&b).unwrap().0.fh)
+    }
+}
+
+fn lk(fh: u64, owner: u64, typ: i32) -> LkIn {
+    LkIn {
         fh,
         owner,
-        lk: FileLock {
+        lk: fuse_core::abi::FileLock {
             start: 0,
             end: i64::MAX as u64,
-            typ: libc::F_WRLCK as u32,
+            typ: typ as u32,
             pid: 1,
         },
         ..LkIn::new_zeroed()
-    };
-    let r = call(Opcode::Setlk, 6, entry.nodeid, lock(1).as_bytes(), true);
-    assert_eq!(h.reply(r).error, 0, "owner 1 takes the lock");
+    }
+}
+
+#[test]
+fn a_guest_interrupt_ends_a_parked_lock_wait() {
+    use fuse_core::abi::InterruptIn;
+    let mut g = Guest::new("intr");
+    let (node, fh) = g.open_f();
+    let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
+    assert_eq!(e, 0, "owner 1 takes the lock");
     // Owner 2 waits for it.
-    let r = call(Opcode::Setlkw, 8, entry.nodeid, lock(2).as_bytes(), false);
-    let fs = h.dev.engine().fs();
+    let r = g.send(Opcode::Setlkw, 8, node, lk(fh, 2, libc::F_WRLCK).as_bytes());
+    let fs = g.h.dev.engine().fs();
     wait_for("the SETLKW to park", || fs.parked_locks() == 1);
     // The guest interrupts it on the hiprio queue.
-    let hp = ring_at(&h, 0x60000, 0x61000, 0x62000);
+    let h = &g.h;
+    let hp = ring_at(h, 0x60000, 0x61000, 0x62000);
     let intr = request(Opcode::Interrupt, 9, InterruptIn { unique: 8 }.as_bytes());
     h.mem.write_slice(&intr, GuestAddress(0x64000)).unwrap();
     let mut d = [0u8; 16];
@@ -408,8 +449,61 @@ fn a_guest_interrupt_ends_a_parked_lock_wait() {
     h.mem.write_obj(0u16, GuestAddress(0x61004)).unwrap();
     h.mem.write_obj(1u16, GuestAddress(0x61002)).unwrap();
     h.kick(&hp, 0);
-    wait_for("the SETLKW's answer", || h.used_idx() == idx);
+    wait_for("the SETLKW's answer", || h.used_idx() == g.idx);
     assert_eq!(h.reply(r).error, -libc::EINTR);
     assert_eq!(fs.parked_locks(), 0);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn parked_lock_waits_hold_no_ring_entry() {
+    let mut g = Guest::new("parked");
+    let (node, fh) = g.open_f();
+    let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
+    assert_eq!(e, 0);
+    let ring = g.h.dev.engine().chan().ring_end(false);
+    let before = ring.stats().unwrap();
+    let t0 = threads();
+    // 24 owners wait for read locks.
+    let mut replies = Vec::new();
+    for o in 0..24 {
+        replies.push(g.send(
+            Opcode::Setlkw,
+            100 + 2 * o,
+            node,
+            lk(fh, 10 + o, libc::F_RDLCK).as_bytes(),
+        ));
+    }
+    let dev = g.h.dev.clone();
+    let fs = dev.engine().fs();
+    wait_for("24 parked waits", || fs.parked_locks() == 24);
+    let during = ring.stats().unwrap();
+    println!(
+        "parked: ring {before:?} -> {during:?}; threads {t0} -> {}",
+        threads()
+    );
+    assert_eq!(
+        during.in_userspace, before.in_userspace,
+        "an entry held per parked wait"
+    );
+    assert_eq!(
+        during.available + during.in_userspace,
+        before.available + before.in_userspace,
+        "entries registered for parked waits"
+    );
+    // One waiter thread each (small stacks), no thread per request.
+    assert!(threads() <= t0 + 24 + 2, "threads {t0} -> {}", threads());
+    // The unlock grants them all.
+    let (e, _) = g.call(
+        Opcode::Setlk,
+        200,
+        node,
+        lk(fh, 1, libc::F_UNLCK).as_bytes(),
+    );
+    assert_eq!(e, 0);
+    let want = g.idx;
+    wait_for("the grants", || g.h.used_idx() == want);
+    for r in replies {
+        assert_eq!(g.h.reply(r).error, 0);
+    }
+    assert_eq!(fs.parked_locks(), 0);
 }
