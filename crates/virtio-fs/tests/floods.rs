@@ -24,6 +24,14 @@ const DATA2: u64 = 0x84000;
 /// 64 KiB of guest memory many descriptors point at (a big body).
 const BIG: u64 = 0x90000;
 
+/// The tests of this file measure the whole process's threads and RSS:
+/// they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn status(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     let line = s.lines().find(|l| l.starts_with(field)).unwrap();
@@ -170,6 +178,7 @@ fn flush_chain(h: &Harness<Faulty<MemFs>>, body_len: usize) {
 
 #[test]
 fn a_head_republished_while_in_flight_is_refused_and_costs_nothing() {
+    let _serial = serial();
     let h = device("getattr:hang", 2);
     let _r = Release(h.clone());
     let vring = h.vring();
@@ -192,6 +201,7 @@ fn a_head_republished_while_in_flight_is_refused_and_costs_nothing() {
 
 #[test]
 fn a_force_request_with_a_body_its_opcode_cannot_carry_is_refused() {
+    let _serial = serial();
     let h = device("getattr:hang", 2);
     let _r = Release(h.clone());
     let vring = h.vring();
@@ -211,6 +221,7 @@ fn a_force_request_with_a_body_its_opcode_cannot_carry_is_refused() {
 
 #[test]
 fn a_flood_of_lock_calls_takes_no_thread_each() {
+    let _serial = serial();
     // The lock calls hang in the server too (two of them, on the engine's
     // device workers; the rest wait their turn).
     let h = device("getattr:hang,setlkw:hang", 2);
@@ -247,6 +258,7 @@ fn a_flood_of_lock_calls_takes_no_thread_each() {
 
 #[test]
 fn a_forget_flood_waits_for_the_server_instead_of_queueing_without_bound() {
+    let _serial = serial();
     // The engine's device workers (which take forgets) are both stuck in
     // lock calls; the hiprio queue floods BATCH_FORGETs of 65,536 nodes.
     let h = device("getlk:hang", 1);
@@ -428,6 +440,7 @@ fn lk(fh: u64, owner: u64, typ: i32) -> LkIn {
 
 #[test]
 fn a_guest_interrupt_ends_a_parked_lock_wait() {
+    let _serial = serial();
     use fuse_core::abi::InterruptIn;
     let mut g = Guest::new("intr");
     let (node, fh) = g.open_f();
@@ -456,6 +469,7 @@ fn a_guest_interrupt_ends_a_parked_lock_wait() {
 
 #[test]
 fn parked_lock_waits_hold_no_ring_entry() {
+    let _serial = serial();
     let mut g = Guest::new("parked");
     let (node, fh) = g.open_f();
     let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
