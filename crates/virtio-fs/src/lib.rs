@@ -9,6 +9,7 @@
 pub mod chain;
 mod device;
 pub mod frontend;
+pub mod guest;
 mod guest_mem;
 pub mod stats;
 

@@ -1,90 +1,20 @@
-//! `fusebox-load`: the engine as a guest, driving a workload against any
-//! vhost-user-fs backend (fusebox or virtiofsd) with no VM, and reporting
-//! ops/s, MB/s and latency percentiles.
+//! The old mode (`--engine-client`): the engine as the guest through
+//! `virtio_fs::frontend`, one caller thread per request in flight. Kept
+//! for comparison only: on a small host its threads eat the cores and
+//! send every request alone, which squeezes every ratio toward 1.0.
 
-use clap::{Parser, ValueEnum};
+use crate::{fs, Args, LoadError, Report, Rng, Workload};
 use fuse_core::abi::ROOT_ID;
 use fuse_core::client::Client;
 use fuse_core::Errno;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, FrontendError, VhostFrontend};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Workload {
-    /// 4 KiB reads at random aligned offsets.
-    Randread,
-    /// 4 KiB writes at random aligned offsets.
-    Randwrite,
-    /// 1 MiB sequential reads.
-    Seqread,
-    /// 1 MiB sequential writes.
-    Seqwrite,
-    /// create, stat and unlink of many files (one op = all three).
-    Meta,
-}
-
-/// Drive a vhost-user-fs backend with no VM.
-#[derive(Debug, Parser)]
-#[command(name = "fusebox-load", version)]
-struct Args {
-    /// The backend's vhost-user socket.
-    #[arg(long)]
-    socket_path: PathBuf,
-    /// Request queues to use.
-    #[arg(long, default_value_t = 1)]
-    queues: u16,
-    /// What to run.
-    #[arg(long, value_enum)]
-    workload: Workload,
-    /// Requests in flight (one caller thread each).
-    #[arg(long, default_value_t = 1)]
-    depth: usize,
-    /// Descriptors per queue (a guest's queue-size; at most 1024).
-    #[arg(long, default_value_t = 128)]
-    queue_size: u16,
-    /// How long to run.
-    #[arg(long, default_value_t = 5.0)]
-    seconds: f64,
-    /// Size of the data file, MiB.
-    #[arg(long, default_value_t = 256)]
-    file_mib: u64,
-    /// Open the data file O_DIRECT (as `fio --direct=1` in a guest): the
-    /// backend does the host I/O straight from and into the guest pages.
-    #[arg(long)]
-    direct: bool,
-    /// Print one machine-readable line: workload depth ops_per_s mb_per_s p50_us p99_us.
-    #[arg(long)]
-    terse: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum LoadError {
-    #[error("connecting")]
-    Connect(#[source] FrontendError),
-    #[error("{0}: {1}")]
-    Fs(&'static str, Errno),
-}
-
-fn fs(what: &'static str) -> impl Fn(Errno) -> LoadError {
-    move |e| LoadError::Fs(what, e)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
 
 /// The data file, filled once (1 MiB writes, or what the server allows).
-fn data_file(c: &Client, mib: u64, max_write: u32) -> Result<(u64, u64), LoadError> {
-    let name = b"fusebox-load.dat";
+fn data_file(c: &Client, name: &str, mib: u64, max_write: u32) -> Result<(u64, u64), LoadError> {
+    let name = name.as_bytes();
     let size = mib << 20;
     let rw = libc::O_RDWR as u32;
     if let Ok(e) = c.lookup(ROOT_ID, name) {
@@ -157,6 +87,9 @@ fn caller(c: &Client, job: Job, t: usize, stop: &AtomicBool) -> Result<(Vec<u32>
                 bytes += u64::from(c.write(node, fh, seq, &big, 0).map_err(fs("write"))?);
                 seq = (seq + u64::from(chunk)) % size;
             }
+            Workload::Getattr => {
+                c.getattr(node, None).map_err(fs("getattr"))?;
+            }
             Workload::Meta => {
                 let name = format!("m-{t}-{i}");
                 let (e, o) = c
@@ -174,7 +107,9 @@ fn caller(c: &Client, job: Job, t: usize, stop: &AtomicBool) -> Result<(Vec<u32>
     Ok((lat, bytes))
 }
 
-fn run(a: &Args) -> Result<(), LoadError> {
+/// The old mode (`--engine-client`): the engine as the guest, one caller
+/// thread per request in flight.
+pub fn run(a: &Args) -> Result<Report, LoadError> {
     let fe = VhostFrontend::connect(
         &a.socket_path,
         &FrontendConfig {
@@ -197,7 +132,7 @@ fn run(a: &Args) -> Result<(), LoadError> {
     let file = if a.workload == Workload::Meta {
         (0, 0)
     } else {
-        let (node, fh) = data_file(&c, a.file_mib.max(1), max_write)?;
+        let (node, fh) = data_file(&c, &a.file, a.file_mib.max(1), max_write)?;
         if a.direct {
             let flags = (libc::O_RDWR | libc::O_DIRECT) as u32;
             (node, c.open(node, flags).map_err(fs("open O_DIRECT"))?.fh)
@@ -206,6 +141,7 @@ fn run(a: &Args) -> Result<(), LoadError> {
         }
     };
     let stop = Arc::new(AtomicBool::new(false));
+    let (d0, l0) = (a.daemon_pid.and_then(crate::cpu_us), crate::own_cpu_us());
     let t0 = Instant::now();
     let job = Job {
         w: a.workload,
@@ -235,53 +171,13 @@ fn run(a: &Args) -> Result<(), LoadError> {
         }
     }
     let secs = t0.elapsed().as_secs_f64();
-    lat.sort_unstable();
-    let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)));
-    let ops = lat.len() as f64 / secs;
-    let mbs = bytes as f64 / secs / 1e6;
-    let (p50, p99) = (
-        pct(0.50).copied().unwrap_or(0),
-        pct(0.99).copied().unwrap_or(0),
-    );
-    if a.terse {
-        println!(
-            "{:?} {} {:.0} {:.1} {} {}",
-            a.workload, a.depth, ops, mbs, p50, p99
-        );
-    } else {
-        println!(
-            "{:?} depth {}: {:.0} ops/s, {:.1} MB/s, latency p50 {} us, p90 {} us, p99 {} us \
-             ({} ops in {:.1} s; requests per queue {:?})",
-            a.workload,
-            a.depth,
-            ops,
-            mbs,
-            p50,
-            pct(0.90).copied().unwrap_or(0),
-            p99,
-            lat.len(),
-            secs,
-            fe.requests_per_queue()
-        );
-    }
+    let mut report = Report::from_latencies(&mut lat, bytes, secs);
+    report.load_cpu_us = crate::own_cpu_us().saturating_sub(l0);
+    report.daemon_cpu_us = d0
+        .zip(a.daemon_pid.and_then(crate::cpu_us))
+        .map(|(b, e)| e.saturating_sub(b));
     if file.0 != 0 {
         let _ = c.release(file.0, file.1, 0);
     }
-    Ok(())
-}
-
-fn main() -> std::process::ExitCode {
-    let a = Args::parse();
-    match run(&a) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("fusebox-load: {e}");
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                eprintln!("  caused by: {s}");
-                src = s.source();
-            }
-            std::process::ExitCode::FAILURE
-        }
-    }
+    Ok(report)
 }
