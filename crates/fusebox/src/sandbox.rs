@@ -135,6 +135,36 @@ fn supervise(child: libc::pid_t, sigs: &libc::sigset_t) -> ! {
     }
 }
 
+extern "C" {
+    /// glibc: reads the time zone (`/etc/localtime`) once.
+    fn tzset();
+}
+
+/// Has glibc read, while the paths are still the host's, the files it
+/// would otherwise open by absolute path the first time it needs them
+/// (after confinement they name what the guest put in its share: a FIFO
+/// there would hang the thread, a device node would be opened as root):
+/// the time zone, which syslog() formats (`/etc/localtime`), and whether a
+/// thread's malloc heap may shrink (`/proc/sys/vm/overcommit_memory`,
+/// read on the first shrink of a heap other than the main one; a thread
+/// that frees what it allocated makes one now).
+pub fn load_lazy_files() {
+    // SAFETY: tzset has no arguments; it only reads the environment and
+    // the time zone file into glibc's own state.
+    unsafe { tzset() };
+    let shrink = std::thread::Builder::new().spawn(|| {
+        let chunks: Vec<Vec<u8>> = (0..64)
+            .map(|_| std::hint::black_box(Vec::with_capacity(100 * 1024)))
+            .collect();
+        for c in chunks.into_iter().rev() {
+            drop(std::hint::black_box(c));
+        }
+    });
+    if let Ok(t) = shrink {
+        let _ = t.join();
+    }
+}
+
 /// Second step, once the passthrough filesystem holds its fds and before
 /// any thread serves: make the shared directory the root.
 pub fn confine(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {

@@ -221,6 +221,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         return Err(VhostError::NoFileHandles(dir.display().to_string()));
     }
     let plan = a.faults.plan().map_err(VhostError::Faults)?;
+    sandbox::load_lazy_files();
     sandbox::confine(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
     let dev = FsDevice::new(
         Faulty::new(fs, plan),

@@ -244,68 +244,143 @@ fn exits_within(child: &mut Child, d: Duration) -> std::process::ExitStatus {
 }
 
 /// What a guest can leave in its share for the daemon's next start: the
-/// paths a confined daemon would resolve if it named /proc by path after
-/// the sandbox made the share its root. FIFOs (an open would block) for
-/// every fd number the daemon may look up.
-fn plant_proc_traps(share: &Path) {
-    let dir = share.join("proc/self/fdinfo");
-    std::fs::create_dir_all(&dir).unwrap();
-    for n in 0..=200 {
-        let p = std::ffi::CString::new(
-            dir.join(n.to_string())
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .unwrap();
+/// paths a confined daemon (or glibc in it) would resolve if it named them
+/// by absolute path after the sandbox made the share its root, as FIFOs
+/// (an open would block): /proc/self/fdinfo/N for every fd number,
+/// /etc/localtime (syslog's time zone), glibc malloc's
+/// /proc/sys/vm/overcommit_memory.
+fn plant_traps(share: &Path) {
+    let fifo = |p: &Path| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a NUL-terminated path that lives across the call.
-        assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o666) }, 0);
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "{p:?}");
+    };
+    for n in 0..=200 {
+        fifo(&share.join(format!("proc/self/fdinfo/{n}")));
     }
+    fifo(&share.join("etc/localtime"));
+    fifo(&share.join("proc/sys/vm/overcommit_memory"));
 }
 
 #[test]
 fn files_a_guest_planted_in_its_share_are_never_opened_by_the_daemon() {
     for (tag, sandbox) in [("plant-ns", "namespace"), ("plant-chroot", "chroot")] {
-        let (_dir, share, sock, child) = start(tag, &["--sandbox", sandbox]);
+        let base = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let _dir = Dir(base.clone());
+        let share = base.join("share");
+        plant_traps(&share);
+        let sock = base.join("vfs.sock");
+        // --syslog: syslog() formats local time; --rlimit-nofile below the
+        // hard limit: no warning is logged (which would read the time zone
+        // before confinement and hide a late read).
+        let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--shared-dir")
+            .arg(&share)
+            .args([
+                "--xattr",
+                "--syslog",
+                "--rlimit-nofile",
+                "4096",
+                "--sandbox",
+                sandbox,
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         let mut child = Reap(child);
-        plant_proc_traps(&share);
-        // The traps are in place before the VMM connects: the daemon makes
-        // its vring threads (and their exit events) only then.
-        let served = within(Duration::from_secs(20), move || {
-            let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+        let t = Instant::now();
+        while !sock.exists() {
+            assert!(t.elapsed() < Duration::from_secs(10), "no socket");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Serving, with enough allocation churn on the serving threads for
+        // their malloc heaps to shrink, and log lines.
+        let served = within(Duration::from_secs(60), move || -> Result<(), String> {
+            let fe = VhostFrontend::connect(&sock, &FrontendConfig::default())
+                .map_err(|e| e.to_string())?;
             let c = fe.client();
-            let e = c.lookup(ROOT_ID, b"proc");
+            let big = vec![7u8; 512 * 1024];
+            for i in 0..40 {
+                let name = format!("f{i}");
+                let (e, o) = c
+                    .create(ROOT_ID, name.as_bytes(), 0o644, libc::O_RDWR as u32, 0)
+                    .map_err(|e| format!("create: {e:?}"))?;
+                c.write(e.nodeid, o.fh, 0, &big, 0)
+                    .map_err(|e| format!("write: {e:?}"))?;
+                c.read(e.nodeid, o.fh, 0, 512 * 1024)
+                    .map_err(|e| format!("read: {e:?}"))?;
+                c.release(e.nodeid, o.fh, 0)
+                    .map_err(|e| format!("release: {e:?}"))?;
+                c.unlink(ROOT_ID, name.as_bytes())
+                    .map_err(|e| format!("unlink: {e:?}"))?;
+            }
             drop(fe);
-            e.map(|e| e.nodeid != 0)
+            Ok(())
         });
-        assert_eq!(
-            served,
-            Some(Ok(true)),
-            "{sandbox}: the guest was not served"
-        );
+        assert_eq!(served, Some(Ok(())), "{sandbox}: the guest was not served");
         let status = exits_within(&mut child.0, Duration::from_secs(10));
         assert!(status.success(), "{sandbox}: {status:?}");
     }
 }
 
 #[test]
-fn a_stop_signal_ends_the_daemon_while_a_request_hangs_in_the_host() {
-    let (_dir, _share, sock, child) = start(
-        "hungstop",
-        &["--inject-faults", "getattr:hang", "--sandbox", "namespace"],
-    );
+fn a_stop_signal_ends_the_daemon_while_its_start_is_blocked() {
+    // The shared directory is on a FUSE mount that never answers: the
+    // daemon blocks resolving it, before anything else.
+    let base = std::env::temp_dir().join(format!("fusebox-stuckstart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let _dir = Dir(base.clone());
+    let (src, mnt) = (base.join("src"), base.join("mnt"));
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mount = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("mount")
+        .args([
+            "--inject-faults",
+            "lookup:hang,getattr:hang",
+            "--shared-dir",
+        ])
+        .arg(&src)
+        .arg(&mnt)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut mount = Reap(mount);
+    let t = Instant::now();
+    while !std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(&format!(" {} fuse", mnt.display()))
+    {
+        assert!(t.elapsed() < Duration::from_secs(10), "not mounted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("--socket-path")
+        .arg(base.join("vfs.sock"))
+        .arg("--shared-dir")
+        .arg(mnt.join("sub"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut child = Reap(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
-        let _ = tx.send(());
-        // Hangs in the daemon until it goes away.
-        let _ = fe.client().getattr(ROOT_ID, None);
-        std::mem::forget(fe);
-    });
-    rx.recv_timeout(Duration::from_secs(20)).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(child.0.try_wait().unwrap().is_none(), "still serving");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.0.try_wait().unwrap().is_none(), "blocked, not gone");
     signal(&child.0, libc::SIGTERM);
-    let status = exits_within(&mut child.0, Duration::from_secs(5));
-    assert!(status.success(), "{status:?}");
+    let t = Instant::now();
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the daemon did not end on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The hung mount: abort it (two stop signals).
+    signal(&mount.0, libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&mount.0, libc::SIGTERM);
+    let _ = exits_within(&mut mount.0, Duration::from_secs(10));
 }
