@@ -350,6 +350,14 @@ fn a_stop_signal_ends_the_daemon_while_its_start_is_blocked() {
         .spawn()
         .unwrap();
     let mut mount = Reap(mount);
+    // Whatever happens, the mount does not outlive the test.
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
     let t = Instant::now();
     while !std::fs::read_to_string("/proc/mounts")
         .unwrap()
