@@ -151,9 +151,13 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             nofile.soft, nofile.wanted
         ));
     }
-    let max_fds = nofile
-        .soft
-        .saturating_sub(rlimit::reserve(nofile.soft, u64::from(a.queues)));
+    // An explicit --rlimit-nofile also caps what the daemon uses when the
+    // limit in force is higher already (it is never lowered).
+    let room = match a.rlimit_nofile {
+        Some(n) if n > 0 => nofile.soft.min(n),
+        _ => nofile.soft,
+    };
+    let max_fds = room.saturating_sub(rlimit::reserve(room, u64::from(a.queues)));
     let dir = a
         .shared_dir
         .clone()
@@ -219,6 +223,13 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     let fs = PassthroughFs::new(&dir, cfg).map_err(VhostError::Share)?;
     if a.inode_file_handles == FileHandles::Mandatory && !fs.file_handles_supported() {
         return Err(VhostError::NoFileHandles(dir.display().to_string()));
+    }
+    if a.inode_file_handles == FileHandles::Prefer && !fs.config().inode_file_handles {
+        log::warn(&format!(
+            "{} gives no file handles the daemon can open (a filesystem without them, or no \
+             CAP_DAC_READ_SEARCH): holding an fd per inode",
+            dir.display()
+        ));
     }
     let plan = a.faults.plan().map_err(VhostError::Faults)?;
     sandbox::load_lazy_files();

@@ -179,3 +179,77 @@ fn at_a_hard_fd_limit_of_1024_opens_beyond_it_get_emfile_and_the_vmm_is_still_se
     drop(fe);
     exits(s);
 }
+
+#[test]
+fn a_daemon_that_cannot_open_file_handles_holds_fds_instead() {
+    // As uid 65534 the daemon lacks CAP_DAC_READ_SEARCH: the file handles
+    // it could make it could not open again. Each inode it enters keeps
+    // its fd then, and every LOOKUP that got an inode can be used.
+    let base = std::env::temp_dir().join(format!("fusebox-nofh-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let share = base.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    for i in 0..200 {
+        std::fs::write(share.join(format!("f{i}")), b"x").unwrap();
+    }
+    let chown = |p: &std::path::Path| {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    };
+    chown(&base);
+    chown(&share);
+    let sock = base.join("vfs.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fusebox"));
+    cmd.arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(["--sandbox", "none", "--seccomp", "none"])
+        .stderr(Stdio::null());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) < 0
+                || libc::setgroups(0, std::ptr::null()) < 0
+                || libc::setgid(65534) < 0
+                || libc::setuid(65534) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let child = cmd.spawn().unwrap();
+    let s = Setup {
+        base: base.clone(),
+        child,
+    };
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+    let c = fe.client();
+    let (mut served, mut refused) = (0, 0);
+    for i in 0..200 {
+        match c.lookup(ROOT_ID, format!("f{i}").as_bytes()) {
+            Ok(e) => {
+                c.getattr(e.nodeid, None)
+                    .unwrap_or_else(|err| panic!("GETATTR of looked-up file {i}: {err:?}"));
+                served += 1;
+            }
+            Err(e) => {
+                assert_eq!(e, Errno::EMFILE, "LOOKUP of file {i}");
+                refused += 1;
+            }
+        }
+    }
+    println!("no file handles: {served} served, {refused} refused with EMFILE");
+    assert!(served >= 60, "only {served} served");
+    drop(fe);
+    exits(s);
+}

@@ -205,6 +205,28 @@ fn io_err(path: &Path, source: std::io::Error) -> PassthroughError {
     }
 }
 
+/// Whether the directory `fd` (O_PATH) gives a file handle that the daemon
+/// can open again (open_by_handle_at needs CAP_DAC_READ_SEARCH).
+fn handles_work(proc_fd: &OwnedFd, fd: i32) -> bool {
+    let Ok((handle, typ, _)) = sys::name_to_handle(fd) else {
+        return false;
+    };
+    let Ok(name) = CString::new(fd.to_string()) else {
+        return false;
+    };
+    let proc = std::os::fd::AsRawFd::as_raw_fd(proc_fd);
+    let Ok(mount) = sys::openat(proc, &name, libc::O_RDONLY | libc::O_DIRECTORY, 0) else {
+        return false;
+    };
+    sys::open_by_handle(
+        std::os::fd::AsRawFd::as_raw_fd(&mount),
+        &handle,
+        typ,
+        libc::O_PATH,
+    )
+    .is_ok()
+}
+
 /// One path component from the client, checked.
 fn component(name: &[u8]) -> Result<CString, Errno> {
     if name.len() > 255 {
@@ -264,6 +286,14 @@ impl PassthroughFs {
         if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFDIR {
             return Err(PassthroughError::NotDir(dir.display().to_string()));
         }
+        let mut cfg = cfg;
+        // Handles the daemon cannot open again (no CAP_DAC_READ_SEARCH, a
+        // filesystem without them) would fail every later operation on
+        // an inode entered without its fd: keep fds instead.
+        if cfg.inode_file_handles && !handles_work(&proc_fd, std::os::fd::AsRawFd::as_raw_fd(&root))
+        {
+            cfg.inode_file_handles = false;
+        }
         let reservation = budget
             .open(|| Ok(root))
             .map_err(|e| io_err(dir, std::io::Error::from_raw_os_error(e.0)))?;
@@ -300,7 +330,7 @@ impl PassthroughFs {
         let Ok(fd) = root.fd(&self.budget) else {
             return false;
         };
-        sys::name_to_handle(fd.raw()).is_ok()
+        handles_work(&self.proc_fd, fd.raw())
     }
 
     /// Fds the daemon holds now (counted against [`Config::max_fds`]).
