@@ -148,6 +148,11 @@ impl Default for DeviceConfig {
 /// them faster than the server takes them). 64 Ki forgets, 1 MiB.
 const FORGETS_HIGH: usize = 1 << 16;
 
+/// `Ticket::orphan` states.
+const ORPHAN_NO: u8 = 0;
+const ORPHAN_YES: u8 = 1;
+const ORPHAN_ENDED: u8 = 2;
+
 /// A guest request in flight. `state` (its own mutex, a leaf lock)
 /// guards who answers it.
 struct Ticket {
@@ -165,6 +170,10 @@ struct Ticket {
     mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
     /// A READ's or WRITE's guest data buffers, lent to the engine.
     client: Option<Arc<GuestSpans>>,
+    /// `ORPHAN_NO` until the timeout scanner answers it while the engine
+    /// still holds it (`ORPHAN_YES`, counted in `Inner::orphans`) or the
+    /// engine ends it (`ORPHAN_ENDED`): whichever comes first decides.
+    orphan: std::sync::atomic::AtomicU8,
     state: Mutex<TicketState>,
 }
 
@@ -235,6 +244,12 @@ struct Inner<F: Filesystem + 'static> {
     /// Tickets in submission order, for the timeout scanner (lock order:
     /// `timeouts` before any ticket's `state`).
     timeouts: Mutex<VecDeque<Arc<Ticket>>>,
+    /// Per queue: requests the timeout scanner answered that the engine
+    /// still holds (their heads are back with the guest, which may
+    /// publish them again): at the queue's size the queue stops popping
+    /// until the engine lets some go, so work in flight stays bounded
+    /// when the server hangs.
+    orphans: Vec<AtomicU64>,
     /// Per queue: the heads of its chains in flight (see `heads.rs`).
     heads: Vec<heads::Heads>,
     /// Lock calls in flight (they may wait without end), by the unique
@@ -334,6 +349,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             timeouts: Mutex::new(VecDeque::new()),
             gens: (0..=queues).map(|_| RwLock::new(0)).collect(),
             heads: (0..=queues).map(|_| heads::Heads::default()).collect(),
+            orphans: (0..=queues).map(|_| AtomicU64::new(0)).collect(),
             waiters: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             cfg,
@@ -643,6 +659,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let Some(mem) = self.memory() else {
                 return false;
             };
+            if self.too_many_orphans(q) {
+                return true;
+            }
             let pop_guard = lock(&self.inner.pop_lock[q - 1]);
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
@@ -741,6 +760,27 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
+    /// Whether queue `q` must stop popping while the engine still holds as
+    /// many timed-out requests as the queue has room for (then it is
+    /// marked stalled; an end of a request resumes it).
+    fn too_many_orphans(&self, q: usize) -> bool {
+        let max = u64::from(self.inner.cfg.queue_size);
+        let orphans = &self.inner.orphans[q];
+        if orphans.load(Ordering::SeqCst) < max {
+            return false;
+        }
+        let stalled = &self.inner.stalled[q - 1];
+        stalled.store(true, Ordering::SeqCst);
+        self.inner.stats.queues[q]
+            .stalls
+            .fetch_add(1, Ordering::Relaxed);
+        // One that ended between the look and the flag would not wake us.
+        if orphans.load(Ordering::SeqCst) < max && stalled.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        true
+    }
+
     /// Sends a lock call (GETLK, SETLK, SETLKW). They are synchronous in
     /// the kernel, never background: a parked SETLKW must not hold a
     /// background slot (enough of them would keep out the unlock that
@@ -758,12 +798,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 dev.finish(&mine, r);
             }
         });
-        // Registered first: the end may come before send_async returns.
-        let mut waiters = lock(&self.inner.waiters);
+        // No device lock is held across the engine call: it may end the
+        // request on this very thread (a transport that was aborted), and
+        // its end takes `waiters`. An end that comes meanwhile on another
+        // thread may leave an entry for an answered ticket, which is never
+        // interrupted (`Sent` of a finished request does nothing) and is
+        // pruned later.
         match self.inner.engine.chan().send_async(args.over_device(), end) {
             Ok(sent) => {
                 ticket.engine_unique.store(sent.unique(), Ordering::Relaxed);
                 if !ticket.is_answered() {
+                    let mut waiters = lock(&self.inner.waiters);
                     if waiters.len() >= 64 && waiters.len().is_power_of_two() {
                         waiters.retain(|_, (t, _)| t.strong_count() > 0);
                     }
@@ -771,7 +816,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
             Err(e) => {
-                drop(waiters);
                 if ticket.claim() {
                     self.answer(ticket, e.to_wire(), &[]);
                 }
@@ -803,6 +847,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
     /// The engine's answer to a request.
     fn finish(&self, t: &Arc<Ticket>, r: ReqResult) {
+        if t.orphan.swap(ORPHAN_ENDED, Ordering::SeqCst) == ORPHAN_YES {
+            self.inner.orphans[t.queue].fetch_sub(1, Ordering::SeqCst);
+        }
         self.resume_stalled();
         if !t.claim() {
             return;

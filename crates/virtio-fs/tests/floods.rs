@@ -521,3 +521,73 @@ fn parked_lock_waits_hold_no_ring_entry() {
     }
     assert_eq!(fs.parked_locks(), 0);
 }
+
+#[test]
+fn requests_answered_at_their_timeout_while_the_server_holds_them_stop_the_queue_at_its_size() {
+    let _serial = serial();
+    // The worker is stuck for seconds in a host call no interrupt ends; the
+    // guest's requests time out (answered EIO, heads back) and the guest
+    // publishes the same heads again, round after round.
+    let h = Arc::new(Harness::new(
+        Faulty::new(
+            MemFs::new(),
+            FaultPlan::parse("getattr:delay=4s", 1).unwrap(),
+        ),
+        DeviceConfig {
+            queue_size: QSIZE,
+            workers_per_queue: 1,
+            inline_per_batch: 0,
+            request_timeout: Duration::from_millis(100),
+            ..DeviceConfig::default()
+        },
+    ));
+    let vring = h.vring();
+    let mut idx = hang_the_worker_for(&h, &vring);
+    let flush = FlushIn {
+        fh: 1,
+        ..FlushIn::new_zeroed()
+    };
+    let mut heads = Vec::new();
+    let (mut d, mut at) = (2u16, DATA + 0x2000);
+    while d + 2 <= QSIZE {
+        let msg = request(Opcode::Flush, 1000 + u64::from(d), flush.as_bytes());
+        let (head, _, next, next_at) = h.chain(d, at, &msg, 256);
+        heads.push(head);
+        d = next;
+        at = next_at;
+    }
+    let chan = h.dev.engine().chan().clone();
+    let mut most = 0;
+    for _ in 0..12 {
+        idx = h.publish_from(idx, &heads);
+        h.kick(&vring, 1);
+        std::thread::sleep(Duration::from_millis(250));
+        most = most.max(chan.stats().waiting);
+    }
+    println!(
+        "timed-out republished FLUSHes: at most {most} held by the engine; {}",
+        h.dev.report().lines().nth(1).unwrap_or("")
+    );
+    assert!(
+        most <= 2 * usize::from(QSIZE),
+        "{most} requests held by the engine"
+    );
+}
+
+/// Queue 1's worker, in a GETATTR that takes long (head 0).
+fn hang_the_worker_for(h: &Harness<Faulty<MemFs>>, vring: &VringRwLock<GuestMem>) -> u16 {
+    let msg = request(Opcode::Getattr, 1, GetattrIn::new_zeroed().as_bytes());
+    h.chain(0, DATA, &msg, 4096);
+    let idx = h.publish_from(0, &[0]);
+    h.kick(vring, 1);
+    wait_for("the GETATTR to start", || {
+        h.dev
+            .engine()
+            .fs()
+            .counts()
+            .delays
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    });
+    idx
+}

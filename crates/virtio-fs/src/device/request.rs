@@ -53,6 +53,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             vring: vring.clone(),
             mem: mem.clone(),
             client: client.clone(),
+            orphan: std::sync::atomic::AtomicU8::new(ORPHAN_NO),
             state: Mutex::new(TicketState::InFlight),
         });
         if let Some(c) = &client {

@@ -51,6 +51,14 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 now
             };
             dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            // The engine still holds it (unless it ended meanwhile): an
+            // orphan until it ends.
+            if t.orphan
+                .compare_exchange(ORPHAN_NO, ORPHAN_YES, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                dev.inner.orphans[t.queue].fetch_add(1, Ordering::SeqCst);
+            }
             if now {
                 dev.answer(&t, Errno::EIO.to_wire(), &[]);
             }
