@@ -268,6 +268,43 @@ fn a_root_callers_data_ops_stop_at_blocks_reserved_for_another_user() {
     root.release(e.nodeid, o.fh, 0).unwrap();
     root.release(s.nodeid, so.fh, 0).unwrap();
     remove(&m, "copy", e.nodeid);
+
+    // With the users' space used up, a root caller's metadata that needs
+    // blocks (a directory, an xattr value, a long symlink target) is
+    // refused as a user's would be.
+    let (e, o) = root.create(d, b"full", 0o644, RW, 0o022).unwrap();
+    let (_, err) = fill_by_writes(root, e.nodeid, o.fh, 0);
+    assert_eq!(err, Errno::ENOSPC);
+    let mut refused = 0;
+    for i in 0..64 {
+        if root
+            .mkdir(d, format!("dir{i}").as_bytes(), 0o755, 0)
+            .is_err()
+        {
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "root's directories took reserved blocks");
+    let value = vec![b'v'; 60 * 1024];
+    let xattrs_refused = (0..64)
+        .filter(|i| {
+            root.setxattr(e.nodeid, format!("user.big{i}").as_bytes(), &value, 0)
+                .is_err()
+        })
+        .count();
+    assert!(
+        xattrs_refused > 0,
+        "root's xattr values took reserved blocks"
+    );
+    let target = vec![b't'; 4000];
+    let links_refused = (0..64)
+        .filter(|i| {
+            root.symlink(d, format!("l{i}").as_bytes(), &target)
+                .is_err()
+        })
+        .count();
+    assert!(links_refused > 0, "root's symlinks took reserved blocks");
+    root.release(e.nodeid, o.fh, 0).unwrap();
 }
 
 #[test]

@@ -226,7 +226,7 @@ impl PassthroughFs {
         self.writable()?;
         let p = self.inodes.get(parent)?;
         let name = component(name)?;
-        let _c = self.creds(ctx)?;
+        let _c = self.creds_allocating(ctx)?;
         let _u = private_umask(umask)?;
         let pfd = p.fd(&self.budget)?;
         f(pfd.fd(), &name)?;
@@ -301,7 +301,7 @@ impl PassthroughFs {
         }
         let (p, np) = (self.inodes.get(parent)?, self.inodes.get(newparent)?);
         let (name, newname) = (component(name)?, component(newname)?);
-        let _c = self.creds(ctx)?;
+        let _c = self.creds_allocating(ctx)?;
         let (pfd, npfd) = (p.fd(&self.budget)?, np.fd(&self.budget)?);
         sys::renameat2(pfd.fd(), &name, npfd.fd(), &newname, flags)
     }
@@ -317,7 +317,7 @@ impl PassthroughFs {
         let data = self.inodes.get(ino)?;
         let np = self.inodes.get(newparent)?;
         let newname = component(newname)?;
-        let _c = self.creds(ctx)?;
+        let _c = self.creds_allocating(ctx)?;
         let fd = data.fd(&self.budget)?;
         let npfd = np.fd(&self.budget)?;
         // linkat(fd, "", AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH, which
@@ -392,7 +392,7 @@ impl PassthroughFs {
         ino: u64,
         f: impl FnOnce(&sys::FdName) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        let _c = self.creds(ctx)?;
+        let _c = self.creds_allocating(ctx)?;
         match self.xattr_path(ino) {
             Ok((_data, path)) => f(&path),
             Err(Errno::EAGAIN) => {

@@ -255,7 +255,7 @@ impl PassthroughFs {
         let opener = self.caller(ctx);
         for _ in 0..8 {
             let made = {
-                let _c = self.creds_as(&opener, Caps::Caller)?;
+                let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
                 let _u = private_umask(umask)?;
                 let pfd = p.fd(&self.budget)?;
                 let resolve =
@@ -311,7 +311,7 @@ impl PassthroughFs {
         }
         let opener = self.caller(ctx);
         let fd = {
-            let _c = self.creds_as(&opener, Caps::Caller)?;
+            let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
             let _u = private_umask(umask)?;
             let pfd = p.fd(&self.budget)?;
             self.budget

@@ -417,6 +417,14 @@ impl PassthroughFs {
         self.creds_as(&self.caller(ctx), Caps::Caller)
     }
 
+    /// [`PassthroughFs::creds`] for an operation that may allocate space
+    /// (new inodes, directory entries, xattr values): never with
+    /// CAP_SYS_RESOURCE, root callers included, so quotas and reserved
+    /// blocks bind them as they bind data writes.
+    fn creds_allocating(&self, ctx: &Ctx) -> Result<CredGuard, Errno> {
+        self.creds_as(&self.caller(ctx), Caps::ALLOCATE)
+    }
+
     /// `cred` in force, with the capabilities `caps` leaves, until the
     /// guard drops.
     fn creds_as(&self, cred: &Cred, caps: Caps) -> Result<CredGuard, Errno> {
