@@ -663,6 +663,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 return true;
             }
             let pop_guard = lock(&self.inner.pop_lock[q - 1]);
+            // Before the pop: a ring stopped after it leaves this chain
+            // with the old generation, so its answer never reaches the
+            // new ring.
+            let gen = *self.inner.gens[q].read().unwrap_or_else(|e| e.into_inner());
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
             };
@@ -684,7 +688,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     continue;
                 }
             };
-            let (args, ticket) = match self.prepare(vring, &mem, chain, q) {
+            let (args, ticket) = match self.prepare(vring, &mem, chain, q, gen) {
                 Ok(v) => v,
                 Err(t) => {
                     qs.malformed.fetch_add(1, Ordering::Relaxed);
@@ -830,6 +834,21 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             if std::ptr::eq(w.as_ptr(), Arc::as_ptr(t)) {
                 waiters.remove(&t.unique);
             }
+        }
+    }
+
+    /// Interrupts the lock calls of queue `q` (every queue: None) still in
+    /// flight: the frontend took their ring back (a stop or a reset, as
+    /// when the guest reboots), so no answer can reach the guest, and a
+    /// parked SETLKW must not hold its waiter thread for good.
+    pub(super) fn interrupt_waiters(&self, q: Option<usize>) {
+        let sent: Vec<Sent> = lock(&self.inner.waiters)
+            .values()
+            .filter(|(t, _)| t.upgrade().is_some_and(|t| q.is_none_or(|q| t.queue == q)))
+            .map(|(_, s)| s.clone())
+            .collect();
+        for s in sent {
+            s.interrupt();
         }
     }
 

@@ -591,3 +591,20 @@ fn hang_the_worker_for(h: &Harness<Faulty<MemFs>>, vring: &VringRwLock<GuestMem>
     });
     idx
 }
+
+#[test]
+fn a_device_reset_ends_the_guests_parked_lock_waits() {
+    let _serial = serial();
+    // A rebooting guest resets the device and never answers its old
+    // requests: a parked SETLKW must not keep its waiter for good.
+    let mut g = Guest::new("resetlk");
+    let (node, fh) = g.open_f();
+    let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
+    assert_eq!(e, 0);
+    g.send(Opcode::Setlkw, 8, node, lk(fh, 2, libc::F_WRLCK).as_bytes());
+    let dev = g.h.dev.clone();
+    let fs = dev.engine().fs();
+    wait_for("the SETLKW to park", || fs.parked_locks() == 1);
+    vhost_user_backend::VhostUserBackend::reset_device(&dev);
+    wait_for("the parked wait to end", || fs.parked_locks() == 0);
+}

@@ -58,6 +58,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             self.inner.heads[queue_index as usize].clear();
         }
         self.take_back_buffers(queue_index as usize);
+        self.interrupt_waiters(Some(queue_index as usize));
         Ok(())
     }
 
@@ -70,6 +71,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         for q in 0..self.inner.lent.len() {
             self.take_back_buffers(q);
         }
+        self.interrupt_waiters(None);
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {

@@ -7,7 +7,8 @@ use super::*;
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Reads a request chain into engine arguments. Err(Some) for a chain
     /// that can carry an error reply, Err(None) for one that cannot (it is
-    /// returned unused).
+    /// returned unused). `gen` is the queue's generation read before the
+    /// chain was popped (a ring stopped after that makes it stale).
     #[allow(clippy::type_complexity)]
     pub(super) fn prepare(
         &self,
@@ -15,6 +16,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
         chain: Chain,
         q: usize,
+        gen: u64,
     ) -> Result<(Args, Arc<Ticket>), Option<Arc<Ticket>>> {
         let total = chain.readable_len();
         let mut hb = [0u8; IN_HEADER];
@@ -45,7 +47,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let ticket = Arc::new(Ticket {
             unique: header.map_or(0, |h| h.unique),
             engine_unique: AtomicU64::new(0),
-            gen: *self.inner.gens[q].read().unwrap_or_else(|e| e.into_inner()),
+            gen,
             opcode: header.map_or(0, |h| h.opcode),
             queue: q,
             started: Instant::now(),
