@@ -40,7 +40,7 @@ impl FdBudget {
         self.max
     }
     /// Whether less than half the budget is in use: a file-handle inode
-    /// may then keep its fd as a cache (see [`Source::Handle`]), so that
+    /// may then keep its fd as a cache (see `Source::Handle`), so that
     /// few inodes cost no open_by_handle_at per operation while many
     /// never use up the fds open files need.
     pub fn has_room_to_cache(&self) -> bool {
