@@ -43,6 +43,11 @@ pub struct Options {
     pub ring_queues: u16,
     /// Ring worker threads per ring queue.
     pub ring_workers: usize,
+    /// With ring queues: give each a buffer pool of this many payload
+    /// buffers (ADD_BUFPOOL) and register every entry without a payload
+    /// buffer of its own, so entries cost a header only (0: per-entry
+    /// payload buffers).
+    pub ring_pool: usize,
     /// Extra INIT flags the connection offers on top of the engine's
     /// default set (for example WRITEBACK_CACHE, which the engine leaves
     /// out because it has no page cache of its own).
@@ -63,6 +68,7 @@ impl Default for Options {
             workers: 2,
             ring_queues: 0,
             ring_workers: 1,
+            ring_pool: 0,
             offer_flags: 0,
             trace: false,
             server: ServerConfig::default(),
@@ -200,6 +206,24 @@ impl<F: Filesystem + 'static> Embedded<F> {
         };
         let mut workers = serve_device(end, disp.clone(), opts.workers);
         chan.init()?;
+        let payload = if opts.ring_pool > 0 && opts.ring_queues > 0 {
+            // The ring's payload size: what INIT settled.
+            let max_payload = chan
+                .negotiated()
+                .map_or(payload, |n| (n.max_write as usize).max(8192));
+            let ring = chan.ring_end(false);
+            for qid in 0..opts.ring_queues {
+                ring.add_queue(&crate::ring::cmd_area(qid, 0, 0))?;
+                let len = opts.ring_pool.saturating_mul(max_payload);
+                let Ok(len32) = u32::try_from(len) else {
+                    return Err(Errno::EINVAL);
+                };
+                ring.add_bufpool(&crate::ring::bufpool_area(qid, len32), vec![0u8; len], None)?;
+            }
+            0
+        } else {
+            payload
+        };
         for qid in 0..opts.ring_queues {
             for _ in 0..opts.ring_workers.max(1) {
                 let (ring, d, c) = (chan.ring_end(false), disp.clone(), chan.clone());

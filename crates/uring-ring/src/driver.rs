@@ -18,6 +18,7 @@
 //!   cancels every op with that key (ASYNC_CANCEL); an op may carry a
 //!   deadline (a linked LINK_TIMEOUT).
 
+mod started;
 mod vectored;
 pub use vectored::{preadv_raw, pwritev_raw, MAX_IOVECS};
 
@@ -89,7 +90,7 @@ pub enum Target {
 }
 
 /// An operation's handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OpId {
     idx: usize,
     gen: u64,
@@ -133,6 +134,10 @@ pub struct Driver {
     /// The client map registered instead of `regions` (see `vectored`).
     client_map: Option<vectored::ClientPieces>,
     cancels: Option<std::sync::Arc<crate::cancel::CancelRegistry>>,
+    /// Started ops (see `started.rs`): their ids and keys, and the iovec
+    /// arrays the kernel reads until each completes (by slot).
+    started: Vec<(OpId, u64)>,
+    iov_store: std::collections::HashMap<usize, Box<[libc::iovec]>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -173,6 +178,8 @@ impl Driver {
             regions: Vec::new(),
             client_map: None,
             cancels: None,
+            started: Vec::new(),
+            iov_store: std::collections::HashMap::new(),
         })
     }
 
@@ -481,6 +488,8 @@ impl Driver {
                 continue;
             };
             if let Slot::InFlight { buf, forgotten, .. } = slot {
+                // The kernel is done with the op's iovec array.
+                self.iov_store.remove(&idx);
                 if *forgotten {
                     // The parked buffer can go now.
                     self.release(idx);

@@ -14,7 +14,7 @@
 
 use crate::chain::{Chain, ChainError};
 use crate::guest_mem::{GuestSpans, MapCache};
-use inline::InlineSlot;
+use inline::QueueServer;
 
 mod backend;
 mod exit_fds;
@@ -217,9 +217,13 @@ struct Inner<F: Filesystem + 'static> {
     acked: AtomicU64,
     /// Per request queue: set while it stopped popping for admission.
     stalled: Vec<AtomicBool>,
-    /// Per request queue: the vring thread's own ring entry (made on first
-    /// use; only that thread locks it).
-    inline: Vec<Mutex<Option<InlineSlot>>>,
+    /// Per request queue: the vring thread's own ring entries and the
+    /// requests it has in flight on them (made on first use; only that
+    /// thread locks it, and Drop).
+    inline: Vec<Mutex<Option<QueueServer>>>,
+    /// The daemon's vring threads' event loops (to add a queue's
+    /// completion eventfd once its thread has one).
+    handlers: Mutex<Vec<Weak<VringEpollHandler<FsDevice<F>>>>>,
     /// Per request queue: when its vring thread started serving in line
     /// (milliseconds on `epoch`, 0: not serving).
     busy_since: Vec<AtomicU64>,
@@ -311,6 +315,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 congestion_threshold: cfg.congestion_threshold,
                 ring_queues: queues as u16,
                 ring_workers: cfg.workers_per_queue.max(1),
+                // Entries without payload buffers of their own (the vring
+                // thread makes as many as it has requests in flight; READ
+                // and WRITE by reference need none): a pool per queue for
+                // what needs one, a buffer per thread that serves.
+                ring_pool: cfg.workers_per_queue.max(1) + 2,
                 // What a guest kernel offers beyond the engine's set: the
                 // server may insist on them (--posix-acl does). The guest's
                 // own INIT, forwarded later, decides what is in force.
@@ -332,6 +341,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             engine,
             stalled: (0..queues).map(|_| AtomicBool::new(false)).collect(),
             inline: (0..queues).map(|_| Mutex::new(None)).collect(),
+            handlers: Mutex::new(Vec::new()),
             busy_since: (0..queues).map(|_| AtomicU64::new(0)).collect(),
             pop_lock: (0..queues).map(|_| Mutex::new(())).collect(),
             vrings: Mutex::new(vec![None; queues + 1]),
@@ -403,6 +413,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Registers the per-queue resume eventfds with the daemon's vring
     /// threads (call once, after the daemon is made, before serving).
     pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Self>>]) -> io::Result<()> {
+        *lock(&self.inner.handlers) = handlers.iter().map(Arc::downgrade).collect();
         let base = self.num_queues() as u64;
         for (i, fd) in self.inner.resume.iter().enumerate() {
             // Request queue i (vring i + 1) runs on thread i + 1.
@@ -605,8 +616,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Pops and submits until the queue is empty (false) or admission is
-    /// full (true: the chain went back to the avail ring); then serves the
-    /// batch's first request on this thread (`inline.rs`).
+    /// full (true: the chain went back to the avail ring), serving on this
+    /// thread as it goes (`inline.rs`): READs started, the rest served in
+    /// line; then submits the started I/O at once and answers what
+    /// completed.
     fn drain_requests(&self, vring: &Vring, q: usize) -> bool {
         let k = self.inner.cfg.inline_per_batch;
         if k == 0 {
@@ -614,25 +627,63 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         let mut slot = lock(&self.inner.inline[q - 1]);
         if slot.is_none() {
-            let payload = self.inner.cfg.max_write as usize + 4096;
-            *slot = InlineSlot::new(self.inner.engine.chan(), (q - 1) as u16, payload).ok();
+            let most = usize::from(self.inner.cfg.queue_size);
+            *slot = QueueServer::new(self.inner.engine.chan(), (q - 1) as u16, most).ok();
         }
         let Some(s) = slot.as_mut() else {
             return self.submit_requests(vring, q, None);
         };
-        // The first request goes to this thread's entry and is served
-        // right away, and so on up to `k`; then the rest go to the workers
-        // and this thread serves its last one once the batch is in.
+        // Each request goes to this thread's entries and is served right
+        // away, up to `k`; then the rest go to the workers and this thread
+        // serves what its entries got once the batch is in.
         s.prefer(true);
         let stalled = self.submit_requests(vring, q, Some((s, k)));
         s.prefer(false);
         self.serve_inline(s, q, usize::MAX);
+        self.complete_inline(s, q);
         stalled
     }
 
-    /// Serves up to `budget` requests on this thread's entry, marking the
+    /// Submits the I/O this queue's thread started and answers what has
+    /// completed, and what the entries took meanwhile; makes sure the
+    /// thread's completion eventfd is in its epoll.
+    fn complete_inline(&self, s: &mut QueueServer, q: usize) {
+        let disp = self.inner.engine.dispatcher();
+        while s.complete(disp) > 0 && self.serve_inline(s, q, usize::MAX) > 0 {}
+        if s.fd_registered.is_none() {
+            if let Some(fd) = disp.fs().async_fd() {
+                let h = lock(&self.inner.handlers).get(q).and_then(Weak::upgrade);
+                let ev = self.completion_event(q - 1);
+                if let Some(h) = h {
+                    if h.register_listener(fd, EventSet::IN, ev).is_ok() {
+                        s.fd_registered = Some(fd);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The device event of request queue `i`'s (0-based) completions.
+    fn completion_event(&self, i: usize) -> u64 {
+        (self.num_queues() + usize::from(self.inner.cfg.request_queues) + 1 + i) as u64
+    }
+
+    /// Request queue `q`'s thread has completions to take.
+    pub(super) fn on_completions(&self, q: usize) {
+        let mut slot = lock(&self.inner.inline[q - 1]);
+        let Some(s) = slot.as_mut() else { return };
+        if let Some(fd) = s.fd_registered {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a u64 from the filesystem's
+            // eventfd (non-blocking): that resets it.
+            unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+        }
+        self.complete_inline(s, q);
+    }
+
+    /// Serves up to `budget` requests on this thread's entries, marking the
     /// queue busy for the watchdog meanwhile.
-    fn serve_inline(&self, s: &mut InlineSlot, q: usize, budget: usize) -> usize {
+    fn serve_inline(&self, s: &mut QueueServer, q: usize, budget: usize) -> usize {
         let now = self.inner.epoch.elapsed().as_millis() as u64;
         self.inner.busy_since[q - 1].store(now.max(1), Ordering::SeqCst);
         let n = s.serve(self.inner.engine.dispatcher(), budget);
@@ -649,7 +700,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         &self,
         vring: &Vring,
         q: usize,
-        mut inline: Option<(&mut InlineSlot, usize)>,
+        mut inline: Option<(&mut QueueServer, usize)>,
     ) -> bool {
         let mut served = 0;
         let qs = &self.inner.stats.queues[q];
@@ -714,6 +765,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 drop(pop_guard);
                 self.send_lock_call(args, &ticket);
                 continue;
+            }
+            if let Some((s, k)) = inline.as_mut() {
+                if served < *k {
+                    // An entry of this thread free for it.
+                    s.make_room();
+                }
             }
             let t2 = ticket.clone();
             let end = Box::new(move |r: ReqResult| {
@@ -948,7 +1005,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .completed
             .fetch_add(1, Ordering::Relaxed);
         let _ = t.vring.add_used(t.chain.head, written);
-        notify(&t.vring);
+        notify_batched(t.queue, &t.vring);
     }
 }
 
@@ -960,6 +1017,51 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn notify(vring: &Vring) {
     if vring.needs_notification().unwrap_or(true) {
         let _ = vring.signal_used_queue();
+    }
+}
+
+thread_local! {
+    /// While a vring thread handles an event: the queues it answered on,
+    /// to signal once at the end instead of once per answer.
+    static BATCH: std::cell::RefCell<Option<Vec<(usize, Vring)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Signals the guest about queue `q` now, or at the end of this thread's
+/// batch if it has one open ([`Batch`]).
+fn notify_batched(q: usize, vring: &Vring) {
+    let deferred = BATCH.with(|b| match b.borrow_mut().as_mut() {
+        Some(list) => {
+            if !list.iter().any(|(x, _)| *x == q) {
+                list.push((q, vring.clone()));
+            }
+            true
+        }
+        None => false,
+    });
+    if !deferred {
+        notify(vring);
+    }
+}
+
+/// A vring thread's batch: answers given on this thread while it lives
+/// signal the guest once per queue, when it ends (EVENT_IDX then decides
+/// whether the guest wants it).
+struct Batch;
+
+impl Batch {
+    fn begin() -> Batch {
+        BATCH.with(|b| *b.borrow_mut() = Some(Vec::new()));
+        Batch
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        let list = BATCH.with(|b| b.borrow_mut().take());
+        for (_, v) in list.into_iter().flatten() {
+            notify(&v);
+        }
     }
 }
 

@@ -91,6 +91,7 @@ impl Ring {
             req: None,
             copying: false,
             client_pages: false,
+            reserved: false,
         });
         q.mv(id, EntState::Available)?;
         self.dispatch(&mut q, qi);
@@ -224,6 +225,19 @@ impl RingEnd {
         self.ring()?.fetch(h, block)
     }
 
+    /// Hands over the request of one of queue `qid`'s reserved entries
+    /// (see [`RingEnd::prefer`]) that holds one, without blocking: how a
+    /// submitter that owns several entries finds what it was given.
+    pub fn fetch_own(&self, qid: u16) -> Result<Option<Fetched>, Errno> {
+        self.ring()?.fetch_own(qid)
+    }
+
+    /// Reserves entry `h` for its owner without making its queue prefer
+    /// reserved entries now (see [`RingEnd::prefer`]).
+    pub fn reserve(&self, h: EntHandle) -> Result<(), Errno> {
+        self.ring()?.reserve(h)
+    }
+
     /// COMMIT without the fetch: returns the entry, now available or
     /// already holding its next request. On a validation error (EINVAL)
     /// the entry is given back unchanged.
@@ -265,13 +279,14 @@ impl RingEnd {
         ring.fetch(h, true)?.ok_or(Errno::EAGAIN)
     }
 
-    /// Makes entry `h` queue `qid`'s preferred entry (None: no entry is):
-    /// while available it takes the next request before any other entry,
-    /// except a SETLKW (which may wait). An entry once preferred is
-    /// reserved: it never takes a request while not preferred, except on
-    /// its own commit. A submitter that owns it marks it preferred while it
-    /// submits, then serves what it got with [`RingEnd::fetch`] (not
-    /// blocking) without waking a server thread.
+    /// Reserves entry `h` for its owner and has queue `qid`'s reserved
+    /// entries take requests first (None: stop): while available they take
+    /// the next request before any other entry, except a SETLKW (which may
+    /// wait). A reserved entry never takes a request while its queue is
+    /// not preferring, except on its own commit. A submitter that owns
+    /// entries marks them preferred while it submits, then serves what they
+    /// got with [`RingEnd::fetch`] (not blocking) without waking a server
+    /// thread.
     pub fn prefer(&self, qid: u16, h: Option<EntHandle>) -> Result<(), Errno> {
         self.ring()?.prefer(qid, h)
     }

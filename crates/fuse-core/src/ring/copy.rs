@@ -101,9 +101,10 @@ impl Ring {
     }
 
     /// Applies a committed result to its request; returns the payload
-    /// buffer the entry keeps (its own or its pool buffer). A zero-copy
-    /// WRITE's reply (`fuse_write_out`) travels in `op_in`, since its payload
-    /// buffer is the client's data.
+    /// buffer the entry keeps (its own or its pool buffer). The reply of a
+    /// zero-copy WRITE or of a WRITE by reference (`fuse_write_out`)
+    /// travels in `op_in`, since its payload buffer is the client's data
+    /// or none.
     pub(super) fn copy_out(
         &self,
         req: &Arc<Request>,
@@ -116,12 +117,19 @@ impl Ring {
             .unwrap_or_default();
         let sz = header.ring_ent_in_out.payload_sz as usize;
         let zc_write = matches!(payload, Payload::Client(_)) && req.args.opcode == Opcode::Write;
-        let src: &[u8] = if zc_write {
+        // A WRITE whose data is the client's memory by reference answers
+        // in `op_in` too: its entry needs no payload buffer at all.
+        let in_op_in = zc_write || (req.args.opcode == Opcode::Write && client_mem(req).is_some());
+        let src: &[u8] = if in_op_in {
             &header.op_in[..]
         } else {
             payload.slice()
         };
-        let sz = if zc_write { req.args.out_size } else { sz };
+        let sz = if in_op_in {
+            req.args.out_size.min(std::mem::size_of::<abi::WriteOut>())
+        } else {
+            sz
+        };
         // A READ into client memory: its data is already there.
         let client_read = req.args.opcode == Opcode::Read && client_mem(req).is_some();
         let size_ok = (client_read || sz <= src.len())
@@ -167,7 +175,11 @@ impl Ring {
             p => {
                 if ok {
                     d.out.clear();
-                    d.out.extend_from_slice(&p.slice()[..sz]);
+                    if in_op_in {
+                        d.out.extend_from_slice(&header.op_in[..sz]);
+                    } else {
+                        d.out.extend_from_slice(&p.slice()[..sz]);
+                    }
                 }
                 p
             }

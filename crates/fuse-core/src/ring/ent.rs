@@ -97,6 +97,9 @@ pub(crate) struct Ent {
     /// The server holds the client's pages (zero-copy): the request may
     /// end only once they are back.
     pub client_pages: bool,
+    /// A submitter's own entry: it takes requests only while its owner
+    /// submits (see `Queue::preferring`), or on its own commit.
+    pub reserved: bool,
 }
 
 /// The per-state lists of a queue.

@@ -70,13 +70,11 @@ struct Queue {
     /// entries it waits for: a request handed to an entry wakes only its
     /// owner (the queue-wide condvar would wake every server thread).
     sleepers: Vec<(u32, Arc<Condvar>)>,
-    /// An entry that takes a request before any other when it is
-    /// available: the submitter's own, which it serves without a hand-off
-    /// to another thread ([`RingEnd::prefer`](commands::RingEnd::prefer)).
-    preferred: Option<u32>,
-    /// Entries that take a request only while preferred (a submitter's
-    /// own, served only when it submits).
-    reserved: Vec<u32>,
+    /// While set, the reserved entries (a submitter's own, which it serves
+    /// without a hand-off to another thread) take requests before any
+    /// other ([`RingEnd::prefer`](commands::RingEnd::prefer)); while clear
+    /// they take none (but on their own commit).
+    preferring: bool,
     /// Threads asleep on the queue's condvar (blocking `fetch`).
     cv_waiters: usize,
 }
@@ -122,8 +120,7 @@ impl Queue {
             stopped: false,
             enobufs: 0,
             sleepers: Vec::new(),
-            preferred: None,
-            reserved: Vec::new(),
+            preferring: false,
             cv_waiters: 0,
         }
     }
@@ -185,7 +182,15 @@ pub struct EntHandle {
 
 fn needs_payload(req: &Request, opts: DecodeOptions) -> bool {
     let k = op_in_size(req.args.opcode, opts).min(req.args.body.len());
-    req.args.body.len() > k || req.data_len > 0 || req.args.out_size > 0
+    if req.args.body.len() > k {
+        return true;
+    }
+    // READ and WRITE by reference: the data is the client's memory, and a
+    // WRITE's reply travels in `op_in`.
+    if client_mem(req).is_some() {
+        return false;
+    }
+    req.data_len > 0 || req.args.out_size > 0
 }
 
 /// The client memory a READ or WRITE carries (`Args::client`): its data
@@ -250,19 +255,15 @@ impl Ring {
     fn dispatch(&self, q: &mut Queue, qi: usize) {
         let mut assigned = false;
         while let Some(req) = q.reqs.front() {
-            // The preferred entry first, but never with a request that may
-            // wait (its server serves it in line and must not block).
-            let preferred = q.preferred.filter(|&p| {
-                req.args.opcode != Opcode::Setlkw
-                    && q.ents.get(p as usize).map(|e| e.state) == Some(EntState::Available)
-            });
-            let Some(id) = preferred.or_else(|| {
-                q.lists
-                    .avail
-                    .iter()
-                    .copied()
-                    .find(|a| !q.reserved.contains(a))
-            }) else {
+            // A reserved entry first while its owner submits, but never
+            // with a request that may wait (its owner serves it in line
+            // and must not block); other entries otherwise.
+            let reserved = |a: &u32| q.ents.get(*a as usize).is_some_and(|e| e.reserved);
+            let own = (q.preferring && req.args.opcode != Opcode::Setlkw)
+                .then(|| q.lists.avail.iter().copied().find(reserved))
+                .flatten();
+            let Some(id) = own.or_else(|| q.lists.avail.iter().copied().find(|a| !reserved(a)))
+            else {
                 break;
             };
             let zc = self.goes_zero_copy(q.zero_copy, req);
@@ -302,11 +303,13 @@ impl Ring {
         if h.is_some_and(|h| h.qid != qid || h.ent as usize >= q.ents.len()) {
             return Err(Errno::EINVAL);
         }
-        q.preferred = h.map(|h| h.ent);
-        if let Some(h) = h {
-            if !q.reserved.contains(&h.ent) {
-                q.reserved.push(h.ent);
-            }
+        q.preferring = h.is_some();
+        if let Some(e) = h.and_then(|h| q.ents.get_mut(h.ent as usize)) {
+            e.reserved = true;
+        }
+        if q.preferring {
+            // Requests already waiting may go to the owner's entries now.
+            self.dispatch(&mut q, qi);
         }
         Ok(())
     }
@@ -505,6 +508,37 @@ impl Ring {
         if let Some(core) = self.core.upgrade() {
             core.request_end(req);
         }
+    }
+
+    /// Hands over the request of one of queue `qid`'s reserved entries
+    /// that holds one, if any (without blocking).
+    fn fetch_own(self: &Arc<Self>, qid: u16) -> Result<Option<Fetched>, Errno> {
+        let qi = self.qidx(qid)?;
+        let found = {
+            let q = lk(&self.queues[qi]);
+            if q.stopped {
+                return Err(Errno::ENOTCONN);
+            }
+            q.lists.fuse_req.iter().copied().find(|id| {
+                q.ents
+                    .get(*id as usize)
+                    .is_some_and(|e| e.reserved && !e.copying)
+            })
+        };
+        match found {
+            // Only the owner fetches its entries, so it is still there.
+            Some(ent) => self.fetch(EntHandle { qid, ent }, false),
+            None => Ok(None),
+        }
+    }
+
+    /// Marks entry `h` reserved (see [`Queue::preferring`]).
+    fn reserve(&self, h: EntHandle) -> Result<(), Errno> {
+        let qi = self.qidx(h.qid)?;
+        let mut q = lk(&self.queues[qi]);
+        let e = q.ents.get_mut(h.ent as usize).ok_or(Errno::EINVAL)?;
+        e.reserved = true;
+        Ok(())
     }
 
     fn fetch(self: &Arc<Self>, h: EntHandle, block: bool) -> Result<Option<Fetched>, Errno> {
@@ -752,7 +786,7 @@ impl Ring {
         // entry, reusing its pool buffer when it needs one.
         // (A reserved entry never takes a SETLKW: its owner serves in line
         // and must not block; `dispatch` gives it to another entry.)
-        let reserved = q.reserved.contains(&h.ent);
+        let reserved = q.ents[h.ent as usize].reserved;
         let next_needs = q
             .reqs
             .front()

@@ -1,7 +1,9 @@
 //! Decodes one request, calls the [`Filesystem`], encodes the reply payload
 //! into a buffer the transport provides. No transport types appear here.
 
-use super::{Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, Xattr};
+use super::{
+    Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, ReadDone, Xattr,
+};
 use crate::abi::{
     self, decode::Request, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, GetxattrOut,
     InHeader, InitIn, InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, StatfsOut, StatxOut,
@@ -284,6 +286,38 @@ impl<F: Filesystem> Dispatcher<F> {
         defer: Option<DeferFn<'_>>,
     ) -> Handled {
         self.handle_client_with(req, out, defer, None)
+    }
+
+    /// Starts a READ into the client's memory `mem` without waiting, when
+    /// the filesystem can ([`Filesystem::read_async`]): Ok once `done` will
+    /// answer it (with the bytes read, which are in `mem`); Err(done) for
+    /// any other request, or a READ the filesystem serves the usual way.
+    pub fn start_read(
+        &self,
+        req: &Request<'_>,
+        mem: &std::sync::Arc<dyn ClientMem>,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        let Operation::Read { arg } = &req.op else {
+            return Err(done);
+        };
+        let h = &req.header;
+        let ctx = Ctx {
+            unique: h.unique,
+            uid: h.uid,
+            gid: h.gid,
+            pid: h.pid,
+        };
+        let len = (arg.size as usize).min(mem.len());
+        self.fs.read_async(
+            &ctx,
+            F::Inode::from(h.nodeid),
+            F::Handle::from(arg.fh),
+            arg.offset,
+            len,
+            mem.clone(),
+            done,
+        )
     }
 
     /// [`Dispatcher::handle_with`] for a request whose data is the client's

@@ -474,6 +474,35 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             }
         }
     }
+    fn read_async(
+        &self,
+        ctx: &Ctx,
+        inode: F::Inode,
+        handle: F::Handle,
+        offset: u64,
+        len: usize,
+        mem: std::sync::Arc<dyn crate::chan::ClientMem>,
+        done: super::ReadDone,
+    ) -> Result<(), super::ReadDone> {
+        // With a plan, READs go the usual way, where their faults apply.
+        if !self.plan.rules.is_empty() {
+            return Err(done);
+        }
+        self.inner
+            .read_async(ctx, inode, handle, offset, len, mem, done)
+    }
+    fn submit_async(&self) {
+        self.inner.submit_async()
+    }
+    fn complete_async(&self) -> usize {
+        self.inner.complete_async()
+    }
+    fn async_in_flight(&self) -> usize {
+        self.inner.async_in_flight()
+    }
+    fn async_fd(&self) -> Option<i32> {
+        self.inner.async_fd()
+    }
     fn write(
         &self,
         ctx: &Ctx,

@@ -22,7 +22,9 @@ mod ring_worker;
 mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
-pub use ring_worker::{answer as answer_ring, run_ring_worker, RingSlot, RingTransport};
+pub use ring_worker::{
+    answer as answer_ring, run_ring_worker, serve_slot, RingSlot, RingTransport, Served,
+};
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
 use crate::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
@@ -142,6 +144,48 @@ impl Drop for Deferred {
     fn drop(&mut self) {
         if let Some(d) = self.done.take() {
             d(Errno::EIO.to_wire());
+        }
+    }
+}
+
+/// Completes a READ whose host I/O a filesystem started without waiting
+/// ([`Filesystem::read_async`]): called once, on the thread that serves
+/// the transport (from [`Filesystem::complete_async`]), with the bytes
+/// read into the client's memory or an errno. Dropping it unanswered
+/// answers EIO; a filesystem that declines gives it back unused.
+pub struct ReadDone {
+    done: Option<Box<dyn FnOnce(FsResult<usize>) + Send>>,
+}
+
+impl std::fmt::Debug for ReadDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadDone").finish_non_exhaustive()
+    }
+}
+
+impl ReadDone {
+    /// A completion that runs `done` with the READ's result.
+    pub fn new(done: impl FnOnce(FsResult<usize>) + Send + 'static) -> Self {
+        ReadDone {
+            done: Some(Box::new(done)),
+        }
+    }
+    /// Answers the READ.
+    pub fn complete(mut self, r: FsResult<usize>) {
+        if let Some(d) = self.done.take() {
+            d(r);
+        }
+    }
+    /// Drops it without answering (the READ is served another way).
+    pub fn disarm(mut self) {
+        self.done = None;
+    }
+}
+
+impl Drop for ReadDone {
+    fn drop(&mut self) {
+        if let Some(d) = self.done.take() {
+            d(Err(Errno::EIO));
         }
     }
 }
@@ -519,6 +563,45 @@ pub trait Filesystem: Send + Sync {
     }
     /// FUSE_INTERRUPT for the request `unique` (advisory).
     fn interrupt(&self, unique: u64) {}
+    /// Starts a READ of at most `len` bytes at `offset` into the client's
+    /// memory `mem` (a guest's buffers, by reference) without waiting for
+    /// it, where the filesystem can do so on the calling thread (an I/O
+    /// ring of that thread): Ok once `done` will be called, from
+    /// [`Filesystem::complete_async`] on this thread; Err(done) to have the
+    /// READ served as usual ([`Filesystem::read`]). Started I/O runs once
+    /// [`Filesystem::submit_async`] is called.
+    #[allow(clippy::too_many_arguments)]
+    fn read_async(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        offset: u64,
+        len: usize,
+        mem: std::sync::Arc<dyn ClientMem>,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        Err(done)
+    }
+    /// Submits the I/O this thread started since the last call (one
+    /// system call for all of it).
+    fn submit_async(&self) {}
+    /// Calls the completions of this thread's finished I/O, without
+    /// waiting; returns how many.
+    fn complete_async(&self) -> usize {
+        0
+    }
+    /// I/O this thread started that has not completed yet.
+    fn async_in_flight(&self) -> usize {
+        0
+    }
+    /// A file descriptor that is readable (and may be read to reset) when
+    /// this thread's started I/O has completions to take: a transport
+    /// waits on it together with its other events. None before this
+    /// thread started any.
+    fn async_fd(&self) -> Option<i32> {
+        None
+    }
     /// TMPFILE: an unnamed file in `parent`, opened.
     fn tmpfile(
         &self,

@@ -4,7 +4,7 @@
 //! ABI: the 288-byte header, split arguments, a payload buffer), so the
 //! same code serves the emulated ring and, later, the kernel's.
 
-use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled};
+use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
 use crate::chan::{ClientMem, Errno};
 use crate::ring::{EntHandle, EntryBufs, Fetched, RingEnd};
@@ -126,10 +126,40 @@ pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
     scratch: &mut [u8],
     defer: Option<DeferFn<'_>>,
 ) -> bool {
+    serve_slot(disp, f, scratch, defer, None) == Served::Parked
+}
+
+/// What [`serve_slot`] did with the request of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Answered: the reply is in the entry, ready to commit.
+    Answered,
+    /// Parked (it waits for something outside the server): the
+    /// [`Deferred`] answers it; nothing is in the entry.
+    Parked,
+    /// A READ into client memory whose host I/O was started and runs on:
+    /// the [`ReadDone`] made for it says when, and how many bytes; then
+    /// [`Fetched::set_reply`](crate::ring::Fetched::set_reply) with
+    /// `(0, bytes)` (or the error) and commit.
+    Started,
+}
+
+/// Serves the request in `f` with `disp`: as [`answer_with`], and with
+/// `start` a READ into client memory is started without waiting where the
+/// filesystem can ([`Dispatcher::start_read`]; `start` makes its
+/// completion, given the unique).
+pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
+    disp: &Dispatcher<F>,
+    f: &mut S,
+    scratch: &mut [u8],
+    defer: Option<DeferFn<'_>>,
+    start: Option<&dyn Fn(u64) -> ReadDone>,
+) -> Served {
     let hdr = f.in_header();
     let sz = f.request_payload_len();
-    let zc_write = f.is_zero_copy() && hdr.opcode == Opcode::Write as u32;
     let client = f.client_mem();
+    // A zero-copy WRITE's reply, and a WRITE's by reference, go in `op_in`.
+    let zc_write = (f.is_zero_copy() || client.is_some()) && hdr.opcode == Opcode::Write as u32;
     let mut opts = disp.decode_options();
     opts.write_data_elsewhere = client.is_some() && hdr.opcode == Opcode::Write as u32;
     let (header, payload) = f.parts_mut();
@@ -139,6 +169,14 @@ pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
     let use_scratch = zc_write || (outp.len() < 4096 && !inp.is_empty());
     let outcome = match abi::decode_split(hdr, &header.op_in, inp, opts) {
         Ok(req) => {
+            if let (Some(make), Some(mem), true) =
+                (start, client.as_ref(), hdr.opcode == Opcode::Read as u32)
+            {
+                match disp.start_read(&req, mem, make(hdr.unique)) {
+                    Ok(()) => return Served::Started,
+                    Err(done) => done.disarm(),
+                }
+            }
             let out: &mut [u8] = if use_scratch {
                 &mut *scratch
             } else {
@@ -147,7 +185,7 @@ pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
             match disp.handle_client_with(&req, out, defer, client.as_deref()) {
                 Handled::Reply(o) => Some(o),
                 Handled::NoReply => None,
-                Handled::Parked => return true,
+                Handled::Parked => return Served::Parked,
             }
         }
         Err(_) => None,
@@ -170,7 +208,7 @@ pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
         }
     }
     f.set_reply(error, if zc_write { 0 } else { len });
-    false
+    Served::Answered
 }
 
 /// Answers of parked requests, waiting for their worker.

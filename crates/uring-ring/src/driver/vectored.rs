@@ -156,7 +156,12 @@ impl Driver {
     }
 
     /// The unsubmitted op for a fixed client-memory read or write.
-    fn client_fixed_entry(&self, t: Target, iovs: &[libc::iovec], write: bool) -> Option<FixedOp> {
+    pub(super) fn client_fixed_entry(
+        &self,
+        t: Target,
+        iovs: &[libc::iovec],
+        write: bool,
+    ) -> Option<FixedOp> {
         let iovs = &iovs[..iovs.len().min(MAX_IOVECS)];
         let index = self.client_map.as_ref()?.index_of(iovs)?;
         let s = self.supported;
@@ -327,7 +332,7 @@ impl Fd {
 }
 
 /// A fixed client-memory op before its offset is set.
-enum FixedOp {
+pub(super) enum FixedOp {
     Read(opcode::ReadFixed),
     Write(opcode::WriteFixed),
     Readv(opcode::ReadvFixed),
@@ -335,7 +340,7 @@ enum FixedOp {
 }
 
 impl FixedOp {
-    fn offset(self, offset: u64) -> FixedOp {
+    pub(super) fn offset(self, offset: u64) -> FixedOp {
         match self {
             FixedOp::Read(o) => FixedOp::Read(o.offset(offset)),
             FixedOp::Write(o) => FixedOp::Write(o.offset(offset)),
@@ -343,7 +348,7 @@ impl FixedOp {
             FixedOp::Writev(o) => FixedOp::Writev(o.offset(offset)),
         }
     }
-    fn build(self) -> io_uring::squeue::Entry {
+    pub(super) fn build(self) -> io_uring::squeue::Entry {
         match self {
             FixedOp::Read(o) => o.build(),
             FixedOp::Write(o) => o.build(),

@@ -14,7 +14,7 @@ use fuse_core::{ClientMap, ClientMem, Errno, HostSpan, IoGuard};
 use std::os::fd::RawFd;
 
 /// The iovecs of bytes `skip..len` of `spans` (at most [`MAX_IOVECS`]).
-fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Vec<libc::iovec> {
+pub(super) fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Vec<libc::iovec> {
     let mut v = Vec::new();
     let mut at = 0usize;
     for s in spans {
@@ -42,7 +42,7 @@ fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Vec<libc::iovec> {
 /// # Safety
 ///
 /// The regions of `map` are mapped memory of this process, no Rust object.
-unsafe fn registered(d: &mut crate::Driver, map: &ClientMap) -> bool {
+pub(super) unsafe fn registered(d: &mut crate::Driver, map: &ClientMap) -> bool {
     thread_local! {
         static REFUSED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     }
@@ -64,7 +64,7 @@ unsafe fn registered(d: &mut crate::Driver, map: &ClientMap) -> bool {
 }
 
 /// Whether O_DIRECT can use the spans as they are.
-fn aligned(mem: &dyn ClientMem) -> bool {
+pub(super) fn aligned(mem: &dyn ClientMem) -> bool {
     let n = mem.spans().len();
     mem.spans()
         .iter()

@@ -91,6 +91,30 @@ impl Filesystem for PassthroughFs {
     ) -> FsResult<usize> {
         self.op_read(ctx, handle, offset, sink)
     }
+    fn read_async(
+        &self,
+        ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        offset: u64,
+        len: usize,
+        mem: std::sync::Arc<dyn fuse_core::ClientMem>,
+        done: fuse_core::server::ReadDone,
+    ) -> Result<(), fuse_core::server::ReadDone> {
+        self.op_read_async(ctx.unique, handle, offset, len, mem, done)
+    }
+    fn submit_async(&self) {
+        self.op_submit_async()
+    }
+    fn complete_async(&self) -> usize {
+        self.op_complete_async()
+    }
+    fn async_in_flight(&self) -> usize {
+        self.op_async_in_flight()
+    }
+    fn async_fd(&self) -> Option<i32> {
+        self.op_async_fd()
+    }
     fn write(
         &self,
         ctx: &Ctx,

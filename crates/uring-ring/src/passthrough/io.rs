@@ -71,7 +71,7 @@ pub struct IoCounts {
     pub write_fixed: u64,
 }
 
-fn errno(e: std::io::Error) -> Errno {
+pub(super) fn errno(e: std::io::Error) -> Errno {
     match e.raw_os_error() {
         // Cancelled by FUSE_INTERRUPT: the interrupted request's answer.
         Some(libc::ECANCELED) => Errno::EINTR,
@@ -106,6 +106,15 @@ pub(super) fn with_driver<T>(
         drv.set_cancel_registry(io.cancels.clone());
         Some(f(drv))
     })
+}
+
+/// Drops this thread's driver (its Drop waits for every op in flight).
+pub(super) fn drop_driver() {
+    let _ = DRIVER.try_with(|d| {
+        if let Ok(mut d) = d.try_borrow_mut() {
+            d.take();
+        }
+    });
 }
 
 /// Reads at `off` until `buf` is full or end of file.

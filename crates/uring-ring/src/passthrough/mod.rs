@@ -31,6 +31,7 @@ mod fs;
 mod inode;
 mod io;
 mod locks;
+mod started;
 mod sys;
 
 pub use creds::Groups;

@@ -738,3 +738,14 @@ pub fn supports_nowait(fd: RawFd) -> Option<bool> {
         _ => Some(true),
     }
 }
+
+/// A new non-blocking eventfd (close-on-exec).
+pub fn eventfd() -> Result<OwnedFd, Errno> {
+    // SAFETY: eventfd has no memory arguments; it returns a new fd or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: `fd` was just returned by eventfd and is owned by no one.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

@@ -117,8 +117,20 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         let Some(vring) = vrings.first() else {
             return Ok(());
         };
+        // Answers given while this event is handled signal the guest once,
+        // at the end.
+        let _batch = Batch::begin();
         if ev > n {
-            if let Some(fd) = self.inner.resume.get(ev - n - 1) {
+            let i = ev - n - 1;
+            let rq = usize::from(self.inner.cfg.request_queues);
+            if i >= rq {
+                // Request queue i - rq's completions (`complete_inline`).
+                if i - rq + 1 == thread_id {
+                    self.on_completions(thread_id);
+                }
+                return Ok(());
+            }
+            if let Some(fd) = self.inner.resume.get(i) {
                 let _ = fd.read();
             }
             // The event loop checks a ring's state for kicks only.

@@ -1,75 +1,177 @@
-//! Serving in line: the vring thread answers one request of each batch it
-//! pops itself, instead of handing every request to a ring worker thread.
+//! Serving on the vring thread: each request queue's vring thread serves
+//! the requests it pops itself, through the engine, instead of handing
+//! each to a ring worker thread, and keeps many of them in flight.
 //!
 //! A hand-off costs a wake-up of another thread (tens of microseconds on a
-//! small VM host), which at queue depth 1 is most of a request's latency.
-//! Each request queue's vring thread owns one entry of its engine ring
-//! queue. While it submits a batch that entry is the queue's preferred
-//! one (`RingEnd::prefer`), so the engine hands it the batch's first
-//! request (the rest go to the workers, who run in parallel); the thread
-//! then fetches it without blocking, serves it through the same dispatcher
-//! and commits it like any worker. Requests still pass through the whole
-//! engine: admission, tickets, timeouts.
+//! small VM host), which at queue depth 1 is most of a request's latency;
+//! and serving one request to completion before popping the next leaves a
+//! disk idle while the guest has many reads queued. So the vring thread
+//! owns entries of its engine ring queue (reserved for it: they take
+//! requests only while it submits, or on their own commit), as many as it
+//! has requests in flight, up to the queue's size. For each request it
+//! submits it fetches what its entry got and either starts it (a READ
+//! into the guest's buffers on a file that can do non-blocking I/O: the
+//! filesystem queues it on the thread's io_uring and answers it later
+//! through a `ReadDone`) or serves it in line and commits it. After the
+//! batch the started I/O is submitted with one system call, what already
+//! completed is committed, and the guest is signalled once. The rest
+//! completes later: the io_uring's eventfd is in the vring thread's epoll
+//! beside the kick, so whichever comes first is served at once. Requests
+//! still pass through the whole engine: admission, tickets, timeouts.
 //!
-//! A request that may wait (SETLKW) never goes to this entry. A host call
-//! that hangs would hold up the vring thread, so the watchdog in
-//! `device.rs` drains the queue in its place while it is stuck.
+//! A request that may wait (SETLKW) never goes to these entries. A host
+//! call that hangs in line would hold up the vring thread, so the watchdog
+//! in `device.rs` drains the queue in its place while it is stuck.
 
 use super::{FsDevice, Inner};
 use fuse_core::chan::Chan;
-use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, RingEnd};
-use fuse_core::server::{answer_ring, Dispatcher, Filesystem};
+use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
+use fuse_core::server::{serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served};
 use fuse_core::Errno;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use vhost_user_backend::VringT;
 
-/// A vring thread's own engine ring entry.
-pub(crate) struct InlineSlot {
+/// A vring thread's own entries of its engine ring queue and the requests
+/// it has in flight on them. Only that thread uses it (under its
+/// `Inner::inline` lock, which the device's Drop also takes).
+/// Completed started READs by unique, as the filesystem reports them.
+type DoneList = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
+
+pub(crate) struct QueueServer {
     ring: RingEnd,
-    h: EntHandle,
     qid: u16,
+    /// The entries this thread owns.
+    ents: Vec<EntHandle>,
+    /// Most entries it makes (the queue's size: no more can be in flight).
+    max_ents: usize,
+    /// READs whose host I/O runs, by unique: the entries they hold.
+    started: HashMap<u64, Fetched>,
+    /// Their completions, as the filesystem reports them (on this thread,
+    /// from `complete_async`).
+    done: DoneList,
+    /// The filesystem's completion fd is in this thread's epoll.
+    pub(super) fd_registered: Option<i32>,
     scratch: Vec<u8>,
 }
 
-impl InlineSlot {
-    /// Registers an entry on ring queue `qid` with `payload` bytes of
-    /// payload buffer (as the workers' entries have).
-    pub(crate) fn new(chan: &Chan, qid: u16, payload: usize) -> Result<InlineSlot, Errno> {
+impl QueueServer {
+    /// Registers a first entry on ring queue `qid` (pool mode: no payload
+    /// buffer of its own), reserved for this thread.
+    pub(crate) fn new(chan: &Chan, qid: u16, max_ents: usize) -> Result<QueueServer, Errno> {
         let ring = chan.ring_end(false);
-        let h = ring.register(&cmd_area(qid, 0, 0), EntryBufs::with_payload(payload), None)?;
-        Ok(InlineSlot {
+        let mut s = QueueServer {
             ring,
-            h,
             qid,
+            ents: Vec::new(),
+            max_ents: max_ents.max(1),
+            started: HashMap::new(),
+            done: Arc::new(Mutex::new(Vec::new())),
+            fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
-        })
+        };
+        s.add_entry()?;
+        Ok(s)
     }
 
-    /// Makes the entry preferred (while a batch is submitted) or not.
+    fn add_entry(&mut self) -> Result<(), Errno> {
+        let h = self
+            .ring
+            .register(&cmd_area(self.qid, 0, 0), EntryBufs::pooled(), None)?;
+        self.ring.reserve(h)?;
+        self.ents.push(h);
+        Ok(())
+    }
+
+    /// Makes this thread's entries the queue's preferred ones (while a
+    /// batch is submitted) or not.
     pub(crate) fn prefer(&self, on: bool) {
-        let _ = self.ring.prefer(self.qid, on.then_some(self.h));
+        let first = self.ents.first().copied();
+        let _ = self.ring.prefer(self.qid, if on { first } else { None });
     }
 
-    /// Serves what the entry holds, and what it is handed on commit, up to
-    /// `budget` requests. Returns how many it served.
+    /// Makes sure an entry of this thread is free for the next request
+    /// (one more is registered when all hold requests, up to the most).
+    pub(crate) fn make_room(&mut self) {
+        if self.started.len() >= self.ents.len() && self.ents.len() < self.max_ents {
+            let _ = self.add_entry();
+        }
+    }
+
+    /// Serves what this thread's entries hold, up to `budget` requests:
+    /// starts READs where the filesystem can, serves the rest in line and
+    /// commits them. Returns how many it served or started.
     pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> usize {
         let mut n = 0;
         while n < budget {
-            let Ok(Some(mut f)) = self.ring.fetch(self.h, false) else {
+            let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) else {
                 break;
             };
-            answer_ring(disp, &mut f, &mut self.scratch);
-            let area = f.commit_cmd();
             n += 1;
-            if self.ring.commit(&area, f, None).is_err() {
-                // Torn down (or refused, which drops the request with EIO):
-                // the entry is gone or back to available either way.
-                break;
+            let done = self.done.clone();
+            let make = move |unique: u64| {
+                let done = done.clone();
+                ReadDone::new(move |r| {
+                    done.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((unique, r));
+                })
+            };
+            let unique = f.in_header().unique;
+            match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
+                Served::Started => {
+                    self.started.insert(unique, f);
+                }
+                // Nothing parks here (no Deferred is offered), but a request
+                // answered either way is committed.
+                Served::Answered | Served::Parked => self.commit(f),
             }
         }
         n
+    }
+
+    fn commit(&self, f: Fetched) {
+        let area = f.commit_cmd();
+        // Torn down (or refused, which drops the request with EIO): the
+        // entry is gone or back to available either way.
+        let _ = self.ring.commit(&area, f, None);
+    }
+
+    /// Submits the I/O started since the last call, then commits what has
+    /// completed (the filesystem's `complete_async` reports it here).
+    /// Returns how many requests it answered.
+    pub(crate) fn complete<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> usize {
+        if self.started.is_empty() {
+            return 0;
+        }
+        disp.fs().submit_async();
+        disp.fs().complete_async();
+        let done: Vec<(u64, FsResult<usize>)> =
+            std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()));
+        let n = done.len();
+        for (unique, r) in done {
+            let Some(mut f) = self.started.remove(&unique) else {
+                continue;
+            };
+            match r {
+                Ok(bytes) => f.set_reply(0, bytes),
+                Err(e) => f.set_reply(e.to_wire(), 0),
+            }
+            self.commit(f);
+        }
+        n
+    }
+}
+
+impl Drop for QueueServer {
+    fn drop(&mut self) {
+        // Started reads the filesystem never reported end with EIO (their
+        // Fetched is dropped: the ring fails the request).
+        if !self.started.is_empty() {
+            let _ = Errno::EIO;
+        }
     }
 }
 

@@ -134,11 +134,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 return Err(fail(ticket));
             }
         }
+        // What the guest left for the reply, up to the largest reply a
+        // request can have (the engine's payload buffers are that size; a
+        // READ's data goes to the guest's buffers by reference anyway).
+        let reply_room = (ticket.chain.writable_len() - OUT_HEADER)
+            .min(self.inner.cfg.max_write.max(8192) as usize);
         let mut args = Args::new(opcode, h.nodeid)
             .creds(h.uid, h.gid, h.pid)
             .body(body)
             .data(data)
-            .out(ticket.chain.writable_len() - OUT_HEADER, true)
+            .out(reply_room, true)
             .qid((q - 1) as u16);
         if let Some(c) = client {
             args = args.client(c);

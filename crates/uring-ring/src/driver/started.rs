@@ -1,0 +1,128 @@
+//! Ops started and left running: a thread that serves many requests at
+//! once queues their reads (into memory the driver does not own: a
+//! client's, such as guest RAM), submits them together with one
+//! `io_uring_enter`, goes on with other work, and takes their completions
+//! later, when the ring's eventfd says there are some. Unlike
+//! `read_into`/`readv_raw` nothing waits here: the caller promises the
+//! memory stays mapped until the completion is taken.
+
+use super::{result, Driver, DriverError, OpId, Slot, Target, MAX_IOVECS};
+use io_uring::{opcode, types};
+use std::io;
+use std::os::fd::RawFd;
+
+impl Driver {
+    /// Queues a vectored read at `offset` into the memory `iovs` names,
+    /// through the registered client map (READ_FIXED/READV_FIXED) when
+    /// `fixed` and the iovecs lie in one of its pieces, else READV; not
+    /// submitted until [`Driver::submit`] (or a wait). `key` names it for
+    /// cancelling. The iovec array moves into the driver until the
+    /// completion.
+    ///
+    /// # Safety
+    ///
+    /// Every iovec must describe mapped, writable memory that no Rust
+    /// reference points into, and stay so until this op's completion has
+    /// been taken with [`Driver::take_started`] (or the driver dropped:
+    /// its Drop waits for every op).
+    pub unsafe fn start_readv(
+        &mut self,
+        t: Target,
+        iovs: Box<[libc::iovec]>,
+        offset: u64,
+        key: u64,
+        fixed: bool,
+    ) -> Result<OpId, DriverError> {
+        if !self.supported.read {
+            return Err(DriverError::Submit(io::Error::from_raw_os_error(
+                libc::EOPNOTSUPP,
+            )));
+        }
+        let n = iovs.len().min(MAX_IOVECS);
+        let entry = match fixed.then(|| self.client_fixed_entry(t, &iovs[..n], false)) {
+            Some(Some(e)) => e.offset(offset).build(),
+            _ => {
+                let v = iovs.as_ptr();
+                match t {
+                    Target::Fd(fd) => opcode::Readv::new(types::Fd(fd), v, n as u32),
+                    Target::Fixed(i) => opcode::Readv::new(types::Fixed(i), v, n as u32),
+                }
+                .offset(offset)
+                .build()
+            }
+        };
+        let id = self.alloc(Slot::InFlight {
+            buf: None,
+            key,
+            timeout: None,
+            forgotten: false,
+        });
+        // The array stays here, unmoved on the heap (a boxed slice), until
+        // `reap` sees the op's completion.
+        self.iov_store.insert(id.idx, iovs);
+        if let Err(e) = self.push(&entry.user_data(id.idx as u64)) {
+            // Not queued: the kernel never saw the pointers.
+            self.iov_store.remove(&id.idx);
+            self.release(id.idx);
+            return Err(e);
+        }
+        if let Some(r) = &self.cancels {
+            r.enter(
+                key,
+                std::os::fd::AsRawFd::as_raw_fd(&self.ring),
+                id.idx as u64,
+            );
+        }
+        self.started.push((id, key));
+        Ok(id)
+    }
+
+    /// Started ops not yet taken.
+    pub fn started(&self) -> usize {
+        self.started.len()
+    }
+
+    /// Submits what is queued, then moves every started op that has
+    /// completed into `out` (without waiting). Returns how many.
+    pub fn take_started(
+        &mut self,
+        out: &mut Vec<(OpId, io::Result<usize>)>,
+    ) -> Result<usize, DriverError> {
+        if self.queued > 0 {
+            self.submit()?;
+        } else {
+            self.reap();
+        }
+        let n0 = out.len();
+        let ring_fd = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
+        let mut i = 0;
+        while i < self.started.len() {
+            let (id, key) = self.started[i];
+            if let Slot::Done { res, .. } = self.slots[id.idx] {
+                self.slots[id.idx] = Slot::Free;
+                self.free.push(id.idx);
+                if let Some(r) = &self.cancels {
+                    r.leave(key, ring_fd, id.idx as u64);
+                }
+                self.started.swap_remove(i);
+                out.push((id, result(res)));
+            } else {
+                i += 1;
+            }
+        }
+        Ok(out.len() - n0)
+    }
+
+    /// Has the kernel signal `fd` (an eventfd) whenever it posts a
+    /// completion on this ring, so a thread can wait for them together with
+    /// its other events. Every completion, not only those posted from
+    /// io-wq (`register_eventfd_async`): a buffered read retried when its
+    /// page arrives completes from task work queued in interrupt context,
+    /// which the async variant never signals (a READ from ext4 hung so).
+    pub fn register_eventfd(&mut self, fd: RawFd) -> Result<(), DriverError> {
+        self.ring
+            .submitter()
+            .register_eventfd(fd)
+            .map_err(DriverError::Register)
+    }
+}

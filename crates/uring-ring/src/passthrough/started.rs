@@ -1,0 +1,242 @@
+//! READs started without waiting (`Filesystem::read_async`): the serving
+//! thread queues a READV on its own io_uring straight into the client's
+//! memory (guest RAM), goes on with other requests, submits them all with
+//! one system call (`submit_async`), and answers each when its completion
+//! is taken (`complete_async`, when the ring's eventfd, `async_fd`, says
+//! there is one).
+//!
+//! Only files that can do non-blocking I/O are started so (on the others
+//! io_uring would hand each read to a worker thread: they are served the
+//! usual way). The client's memory is held for I/O (`ClientMem::begin_io`)
+//! from the start to the completion, so a timed-out request is answered
+//! only once its read is over; the op is cancelled by the request's unique
+//! (FUSE_INTERRUPT, the device's timeout) through the cancel registry. A
+//! short read that is not at the end of the file is continued where it
+//! stopped.
+
+use super::client_io::{aligned, iovecs, registered};
+use super::file::HandleData;
+use super::io::{self, IoStats};
+use super::PassthroughFs;
+use crate::{OpId, Target};
+use fuse_core::server::ReadDone;
+use fuse_core::{ClientMem, Errno};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A READ in flight on this thread's ring.
+struct Pending {
+    done: ReadDone,
+    /// Held for I/O since the start (`begin_io`).
+    mem: Arc<dyn ClientMem>,
+    /// Keeps the file open for a continuation.
+    h: Arc<HandleData>,
+    off: u64,
+    len: usize,
+    got: usize,
+    key: u64,
+    fixed: bool,
+}
+
+/// This thread's started reads, and the eventfd its ring signals.
+#[derive(Default)]
+struct Started {
+    pending: HashMap<OpId, Pending>,
+    eventfd: Option<std::os::fd::OwnedFd>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        // The ring first: its Drop waits for every op in flight, so no
+        // client memory is given back (`end_io`, below) while the kernel
+        // may still write it.
+        io::drop_driver();
+        for (_, p) in self.pending.drain() {
+            p.mem.end_io();
+        }
+    }
+}
+
+thread_local! {
+    static STARTED: RefCell<Started> = RefCell::new(Started::default());
+}
+
+/// Queues the read of `p` from `p.got` on (the memory is held for I/O).
+fn start(d: &mut crate::Driver, p: &Pending, stats: &IoStats) -> Result<OpId, Errno> {
+    let spans = p.mem.spans();
+    let iovs = iovecs(spans, p.got, p.len).into_boxed_slice();
+    let map = p.mem.map();
+    // SAFETY: `ClientMem`'s contract: the map's regions are mapped while
+    // the memory lives (this `Pending` holds it).
+    let fixed = p.fixed && map.as_deref().is_some_and(|m| unsafe { registered(d, m) });
+    // SAFETY: `ClientMem`'s contract: while the memory is held for I/O
+    // (begin_io, until `complete` ends it after this op's completion was
+    // taken) every span is mapped, writable memory that is no Rust object
+    // and that the client does not reuse; the iovecs stay inside the spans.
+    let id = unsafe {
+        d.start_readv(
+            Target::Fd(p.h.fd.raw()),
+            iovs,
+            p.off + p.got as u64,
+            p.key,
+            fixed,
+        )
+    }
+    .map_err(|_| Errno::EAGAIN)?;
+    stats.count(false, true);
+    if fixed {
+        stats.count_fixed(false);
+    }
+    Ok(id)
+}
+
+/// Makes this thread's eventfd and has its ring signal it (once).
+fn ensure_eventfd(d: &mut crate::Driver) -> bool {
+    STARTED.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.eventfd.is_some() {
+            return true;
+        }
+        let Ok(ev) = super::sys::eventfd() else {
+            return false;
+        };
+        if d.register_eventfd(std::os::fd::AsRawFd::as_raw_fd(&ev))
+            .is_err()
+        {
+            return false;
+        }
+        s.eventfd = Some(ev);
+        true
+    })
+}
+
+impl PassthroughFs {
+    pub(super) fn op_read_async(
+        &self,
+        unique: u64,
+        fh: u64,
+        off: u64,
+        len: usize,
+        mem: Arc<dyn ClientMem>,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        if !self.cfg.io_uring || off > i64::MAX as u64 || len == 0 {
+            return Err(done);
+        }
+        let Ok(h) = self.handles.get(fh) else {
+            return Err(done);
+        };
+        if !h.uring || (h.odirect && !aligned(&*mem)) {
+            return Err(done);
+        }
+        if !mem.begin_io() {
+            // The client took its memory back: the usual path says EIO.
+            return Err(done);
+        }
+        let p = Pending {
+            done,
+            mem,
+            h,
+            off,
+            len,
+            got: 0,
+            key: unique,
+            fixed: true,
+        };
+        let id = io::with_driver(true, &self.io_stats, |d| {
+            if !ensure_eventfd(d) {
+                return None;
+            }
+            start(d, &p, &self.io_stats).ok()
+        })
+        .flatten();
+        match id {
+            Some(id) => {
+                STARTED.with(|s| s.borrow_mut().pending.insert(id, p));
+                Ok(())
+            }
+            None => {
+                p.mem.end_io();
+                let Pending { done, .. } = p;
+                Err(done)
+            }
+        }
+    }
+
+    pub(super) fn op_submit_async(&self) {
+        if STARTED.with(|s| s.borrow().pending.is_empty()) {
+            return;
+        }
+        let _ = io::with_driver(true, &self.io_stats, |d| d.submit());
+    }
+
+    pub(super) fn op_complete_async(&self) -> usize {
+        if STARTED.with(|s| s.borrow().pending.is_empty()) {
+            return 0;
+        }
+        let mut out = Vec::new();
+        let _ = io::with_driver(true, &self.io_stats, |d| d.take_started(&mut out));
+        let mut finished = Vec::new();
+        let mut continued = false;
+        STARTED.with(|s| {
+            let mut s = s.borrow_mut();
+            for (id, res) in out {
+                let Some(mut p) = s.pending.remove(&id) else {
+                    continue;
+                };
+                let r = match res {
+                    Ok(n) => {
+                        p.got += n;
+                        if n > 0 && p.got < p.len {
+                            // Short, not at the end of the file: go on.
+                            let again = io::with_driver(true, &self.io_stats, |d| {
+                                start(d, &p, &self.io_stats).ok()
+                            })
+                            .flatten();
+                            if let Some(id) = again {
+                                s.pending.insert(id, p);
+                                continued = true;
+                                continue;
+                            }
+                        }
+                        Ok(p.got)
+                    }
+                    Err(e) if p.got > 0 => {
+                        // Bytes before the error are the answer.
+                        let _ = e;
+                        Ok(p.got)
+                    }
+                    Err(e) => Err(io::errno(e)),
+                };
+                finished.push((p, r));
+            }
+        });
+        if continued {
+            // The continuations go in now: the caller submits only before
+            // taking completions, and may not call again before they end
+            // (a READ across the end of the file hung so).
+            let _ = io::with_driver(true, &self.io_stats, |d| d.submit());
+        }
+        let n = finished.len();
+        for (p, r) in finished {
+            // The kernel is done with the memory: the client may have it.
+            p.mem.end_io();
+            p.done.complete(r);
+        }
+        n
+    }
+
+    pub(super) fn op_async_in_flight(&self) -> usize {
+        STARTED.with(|s| s.borrow().pending.len())
+    }
+
+    pub(super) fn op_async_fd(&self) -> Option<i32> {
+        STARTED.with(|s| {
+            s.borrow()
+                .eventfd
+                .as_ref()
+                .map(std::os::fd::AsRawFd::as_raw_fd)
+        })
+    }
+}
