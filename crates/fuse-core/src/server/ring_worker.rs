@@ -144,7 +144,7 @@ pub enum Served {
     Started,
 }
 
-/// Serves the request in `f` with `disp`: as [`answer_with`], and with
+/// Serves the request in `f` with `disp`: as `answer_with`, and with
 /// `start` a READ into client memory is started without waiting where the
 /// filesystem can ([`Dispatcher::start_read`]; `start` makes its
 /// completion, given the unique).
