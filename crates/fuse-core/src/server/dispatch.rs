@@ -302,12 +302,7 @@ impl<F: Filesystem> Dispatcher<F> {
             return Err(done);
         };
         let h = &req.header;
-        let ctx = Ctx {
-            unique: h.unique,
-            uid: h.uid,
-            gid: h.gid,
-            pid: h.pid,
-        };
+        let ctx = ctx_of(h);
         let len = (arg.size as usize).min(mem.len());
         self.fs.read_async(
             &ctx,
@@ -332,12 +327,7 @@ impl<F: Filesystem> Dispatcher<F> {
         client: Option<&dyn ClientMem>,
     ) -> Handled {
         let h = &req.header;
-        let ctx = Ctx {
-            unique: h.unique,
-            uid: h.uid,
-            gid: h.gid,
-            pid: h.pid,
-        };
+        let ctx = ctx_of(h);
         let direct = match (client, &req.op) {
             (Some(mem), Operation::Read { arg }) => {
                 Some(self.read_client(&ctx, h.nodeid, arg, mem, &mut *out))
@@ -785,5 +775,15 @@ impl super::WriteSource for ClientSource<'_> {
     }
     fn client(&self) -> Option<&dyn ClientMem> {
         Some(self.mem)
+    }
+}
+
+/// The caller of the request with header `h`.
+fn ctx_of(h: &crate::abi::InHeader) -> Ctx {
+    Ctx {
+        unique: h.unique,
+        uid: h.uid,
+        gid: h.gid,
+        pid: h.pid,
     }
 }

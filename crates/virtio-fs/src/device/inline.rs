@@ -47,7 +47,8 @@ pub(crate) struct QueueServer {
     ents: Vec<EntHandle>,
     /// Most entries it makes (the queue's size: no more can be in flight).
     max_ents: usize,
-    /// READs whose host I/O runs, by unique: the entries they hold.
+    /// READs whose host I/O runs, by unique: the entries they hold (one
+    /// dropped with the server fails its request: the ring answers EIO).
     started: HashMap<u64, Fetched>,
     /// Their completions, as the filesystem reports them (on this thread,
     /// from `complete_async`).
@@ -162,16 +163,6 @@ impl QueueServer {
             self.commit(f);
         }
         n
-    }
-}
-
-impl Drop for QueueServer {
-    fn drop(&mut self) {
-        // Started reads the filesystem never reported end with EIO (their
-        // Fetched is dropped: the ring fails the request).
-        if !self.started.is_empty() {
-            let _ = Errno::EIO;
-        }
     }
 }
 
