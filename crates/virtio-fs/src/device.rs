@@ -114,6 +114,14 @@ pub struct DeviceConfig {
     /// that hangs there does not stall the queue: a watchdog drains it to
     /// the workers meanwhile. See `device/inline.rs`.
     pub inline_per_batch: usize,
+    /// READs a vring thread starts before it submits them and answers what
+    /// already completed (at least 1). Small chunks let a guest that reaps
+    /// while the device works refill its queue sooner (cached reads
+    /// complete at submit: answered after every 4 of a kick of 16, a warm
+    /// 4 KiB read at depth 16 went from 65-90k to 160-175k ops/s); one
+    /// chunk for the whole kick (`usize::MAX`) makes one system call for
+    /// it all.
+    pub submit_batch: usize,
     /// With `zero_copy`: the guest's RAM regions are registered as io_uring
     /// fixed buffers of each serving thread's ring on first use (again when
     /// the memory table changes), so data I/O through the ring goes as
@@ -137,6 +145,7 @@ impl Default for DeviceConfig {
             max_write: 1 << 20,
             zero_copy: true,
             inline_per_batch: 0,
+            submit_batch: 4,
             fixed_guest_memory: false,
         }
     }
@@ -649,7 +658,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// thread's completion eventfd is in its epoll.
     fn complete_inline(&self, s: &mut QueueServer, q: usize) {
         let disp = self.inner.engine.dispatcher();
-        while s.complete(disp) > 0 && self.serve_inline(s, q, usize::MAX) > 0 {}
+        // The answers of one reaped batch of completions signal the guest
+        // once, when all are in its used ring. (Requests served in line
+        // are signalled one by one: a guest that reaps meanwhile keeps its
+        // queue full while the rest are served.)
+        while {
+            let _batch = Batch::begin();
+            s.complete(disp)
+        } > 0
+            && self.serve_inline(s, q, usize::MAX) > 0
+        {}
         if s.fd_registered.is_none() {
             if let Some(fd) = disp.fs().async_fd() {
                 let h = lock(&self.inner.handlers).get(q).and_then(Weak::upgrade);
@@ -789,6 +807,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     if let Some((s, k)) = inline.as_mut() {
                         if served < *k {
                             served += self.serve_inline(s, q, 1);
+                            if s.unsubmitted() >= self.inner.cfg.submit_batch.max(1) {
+                                self.complete_inline(s, q);
+                            }
                         }
                     }
                 }
@@ -1021,8 +1042,9 @@ fn notify(vring: &Vring) {
 }
 
 thread_local! {
-    /// While a vring thread handles an event: the queues it answered on,
-    /// to signal once at the end instead of once per answer.
+    /// While a vring thread answers a reaped batch of completions: the
+    /// queues it answered on, to signal once at the end instead of once
+    /// per answer.
     static BATCH: std::cell::RefCell<Option<Vec<(usize, Vring)>>> =
         const { std::cell::RefCell::new(None) };
 }
@@ -1046,7 +1068,10 @@ fn notify_batched(q: usize, vring: &Vring) {
 
 /// A vring thread's batch: answers given on this thread while it lives
 /// signal the guest once per queue, when it ends (EVENT_IDX then decides
-/// whether the guest wants it).
+/// whether the guest wants it). Held only around the answers of one batch
+/// of completions: held across a whole kick (popping and serving every
+/// chain) the guest heard of nothing until all were served, and it could
+/// not refill its queue meanwhile (GETATTR at depth 16 ran at 0.4x).
 struct Batch;
 
 impl Batch {

@@ -236,7 +236,9 @@ unsafe impl ClientMem for GuestSpans {
         let idle = {
             let mut a = lock(&self.access);
             a.busy = a.busy.saturating_sub(1);
-            if a.busy == 0 {
+            // Only a revoker waits (`wait_idle` follows `revoke`): an
+            // unconditional notify costs a futex call per request.
+            if a.busy == 0 && a.revoked {
                 self.idle.notify_all();
             }
             a.revoked && a.busy == 0

@@ -101,6 +101,26 @@ impl Filesystem for Gate {
 
 #[test]
 fn one_kick_puts_sixteen_reads_in_flight_from_the_queue_thread() {
+    let submits = sixteen_reads(usize::MAX);
+    assert_eq!(
+        submits.first(),
+        Some(&16),
+        "one submit for the batch: {submits:?}"
+    );
+}
+
+#[test]
+fn a_kick_is_submitted_in_chunks_of_submit_batch() {
+    // Each chunk goes in as soon as it is started (what completed is
+    // answered before the next chunk is popped); all sixteen are still in
+    // flight together.
+    let submits = sixteen_reads(4);
+    assert_eq!(&submits[..4], &[4, 8, 12, 16], "{submits:?}");
+}
+
+/// Sixteen READs in one kick, on a filesystem that completes none before
+/// all sixteen were started; returns how many were started at each submit.
+fn sixteen_reads(submit_batch: usize) -> Vec<usize> {
     const N: usize = 16;
     const LEN: usize = 512;
     let fs = Gate {
@@ -111,6 +131,7 @@ fn one_kick_puts_sixteen_reads_in_flight_from_the_queue_thread() {
         fs.clone(),
         DeviceConfig {
             inline_per_batch: usize::MAX,
+            submit_batch,
             ..DeviceConfig::default()
         },
     );
@@ -140,11 +161,6 @@ fn one_kick_puts_sixteen_reads_in_flight_from_the_queue_thread() {
     assert_eq!(threads.len(), N, "every READ was started");
     assert!(threads.iter().all(|t| *t == std::thread::current().id()));
     let submits = fs.submits.lock().unwrap().clone();
-    assert_eq!(
-        submits.first(),
-        Some(&N),
-        "one submit for the batch: {submits:?}"
-    );
     // Completed in reverse order, each answered with its own data.
     assert_eq!(h.used_idx(), N as u16);
     for (i, reply) in replies.iter().enumerate() {
@@ -165,4 +181,5 @@ fn one_kick_puts_sixteen_reads_in_flight_from_the_queue_thread() {
         heads[N - 1],
         "the last READ completed first and was answered first"
     );
+    submits
 }

@@ -117,9 +117,6 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         let Some(vring) = vrings.first() else {
             return Ok(());
         };
-        // Answers given while this event is handled signal the guest once,
-        // at the end.
-        let _batch = Batch::begin();
         if ev > n {
             let i = ev - n - 1;
             let rq = usize::from(self.inner.cfg.request_queues);

@@ -53,6 +53,8 @@ pub(crate) struct QueueServer {
     /// Their completions, as the filesystem reports them (on this thread,
     /// from `complete_async`).
     done: DoneList,
+    /// READs started since the last submit.
+    fresh: usize,
     /// The filesystem's completion fd is in this thread's epoll.
     pub(super) fd_registered: Option<i32>,
     scratch: Vec<u8>,
@@ -70,6 +72,7 @@ impl QueueServer {
             max_ents: max_ents.max(1),
             started: HashMap::new(),
             done: Arc::new(Mutex::new(Vec::new())),
+            fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
         };
@@ -123,6 +126,7 @@ impl QueueServer {
             let unique = f.in_header().unique;
             match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
                 Served::Started => {
+                    self.fresh += 1;
                     self.started.insert(unique, f);
                 }
                 // Nothing parks here (no Deferred is offered), but a request
@@ -131,6 +135,11 @@ impl QueueServer {
             }
         }
         n
+    }
+
+    /// READs started since the last submit.
+    pub(crate) fn unsubmitted(&self) -> usize {
+        self.fresh
     }
 
     fn commit(&self, f: Fetched) {
@@ -147,6 +156,7 @@ impl QueueServer {
         if self.started.is_empty() {
             return 0;
         }
+        self.fresh = 0;
         disp.fs().submit_async();
         disp.fs().complete_async();
         let done: Vec<(u64, FsResult<usize>)> =
