@@ -17,6 +17,7 @@ pub mod abi;
 pub mod chan;
 pub mod client;
 pub mod embedded;
+pub mod fasthash;
 pub mod ring;
 pub mod server;
 mod sync;

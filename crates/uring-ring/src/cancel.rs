@@ -9,7 +9,7 @@
 //! leaves the registry (under that lock) before its driver can drop the
 //! ring, so the fd named is always that live ring.
 
-use std::collections::HashMap;
+use std::collections::BTreeSet;
 use std::os::fd::RawFd;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -34,31 +34,27 @@ const _: () = assert!(std::mem::size_of::<SyncCancelReg>() == 64);
 /// Ops in flight by key, across the drivers that share it.
 #[derive(Debug, Default)]
 pub struct CancelRegistry {
-    ops: Mutex<HashMap<u64, Vec<(RawFd, u64)>>>,
+    /// (key, ring fd, user_data): one set, so entering an op allocates
+    /// nothing per request (a map of vectors did, on every READ).
+    ops: Mutex<BTreeSet<(u64, RawFd, u64)>>,
 }
 
 impl CancelRegistry {
-    fn ops(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<(RawFd, u64)>>> {
+    fn ops(&self) -> std::sync::MutexGuard<'_, BTreeSet<(u64, RawFd, u64)>> {
         self.ops.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn enter(&self, key: u64, ring: RawFd, user_data: u64) {
-        self.ops().entry(key).or_default().push((ring, user_data));
+        self.ops().insert((key, ring, user_data));
     }
 
     pub(crate) fn leave(&self, key: u64, ring: RawFd, user_data: u64) {
-        let mut ops = self.ops();
-        if let Some(v) = ops.get_mut(&key) {
-            v.retain(|&o| o != (ring, user_data));
-            if v.is_empty() {
-                ops.remove(&key);
-            }
-        }
+        self.ops().remove(&(key, ring, user_data));
     }
 
     /// Ops in flight now.
     pub fn in_flight(&self) -> usize {
-        self.ops().values().map(Vec::len).sum()
+        self.ops().len()
     }
 
     /// Cancels every op in flight under `key`; returns how many were found.
@@ -70,11 +66,15 @@ impl CancelRegistry {
         loop {
             {
                 let ops = self.ops();
-                let Some(list) = ops.get(&key) else {
+                let list: Vec<(RawFd, u64)> = ops
+                    .range((key, RawFd::MIN, 0)..=(key, RawFd::MAX, u64::MAX))
+                    .map(|&(_, ring, ud)| (ring, ud))
+                    .collect();
+                if list.is_empty() {
                     return found;
-                };
+                }
                 found = found.max(list.len());
-                for &(ring, ud) in list {
+                for (ring, ud) in list {
                     let reg = SyncCancelReg {
                         addr: ud,
                         fd: 0,

@@ -137,7 +137,7 @@ pub struct Driver {
     /// Started ops (see `started.rs`): their ids and keys, and the iovec
     /// arrays the kernel reads until each completes (by slot).
     started: Vec<(OpId, u64)>,
-    iov_store: std::collections::HashMap<usize, Box<[libc::iovec]>>,
+    iov_store: fuse_core::fasthash::IdMap<usize, Box<[libc::iovec]>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -179,7 +179,7 @@ impl Driver {
             client_map: None,
             cancels: None,
             started: Vec::new(),
-            iov_store: std::collections::HashMap::new(),
+            iov_store: Default::default(),
         })
     }
 

@@ -13,7 +13,8 @@ use crate::abi::{
     self, BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader,
 };
 use crate::sync::{lock, wait, Arc, AtomicU32, Condvar, Mutex, Ordering};
-use std::collections::{HashMap, VecDeque};
+use crate::fasthash::IdMap;
+use std::collections::VecDeque;
 use std::time::Duration;
 use zerocopy::IntoBytes;
 
@@ -41,7 +42,7 @@ impl IQueue {
 struct PQueue {
     connected: bool,
     /// Requests read by the server, by unique.
-    processing: HashMap<u64, Arc<Request>>,
+    processing: IdMap<u64, Arc<Request>>,
     /// Send order of `processing` (may hold stale uniques; compacted lazily).
     order: VecDeque<u64>,
     /// Requests whose data is being copied.

@@ -341,7 +341,9 @@ impl Request {
         end: Option<EndFn>,
     ) -> Arc<Request> {
         let mut out = std::mem::take(&mut args.out_buf);
-        if out.capacity() < args.out_size {
+        // A READ into client memory replies there: nothing to reserve.
+        let in_client = args.client.is_some() && args.opcode == Opcode::Read;
+        if !in_client && out.capacity() < args.out_size {
             out.reserve(args.out_size.min(1 << 20));
         }
         let pages = std::mem::take(&mut args.data);

@@ -22,7 +22,6 @@ use crate::{OpId, Target};
 use fuse_core::server::ReadDone;
 use fuse_core::{ClientMem, Errno};
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A READ in flight on this thread's ring.
@@ -42,7 +41,7 @@ struct Pending {
 /// This thread's started reads, and the eventfd its ring signals.
 #[derive(Default)]
 struct Started {
-    pending: HashMap<OpId, Pending>,
+    pending: fuse_core::fasthash::IdMap<OpId, Pending>,
     eventfd: Option<std::os::fd::OwnedFd>,
 }
 

@@ -25,10 +25,10 @@
 
 use super::{FsDevice, Inner};
 use fuse_core::chan::Chan;
+use fuse_core::fasthash::IdMap;
 use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::server::{serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served};
 use fuse_core::Errno;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -49,7 +49,7 @@ pub(crate) struct QueueServer {
     max_ents: usize,
     /// READs whose host I/O runs, by unique: the entries they hold (one
     /// dropped with the server fails its request: the ring answers EIO).
-    started: HashMap<u64, Fetched>,
+    started: IdMap<u64, Fetched>,
     /// Their completions, as the filesystem reports them (on this thread,
     /// from `complete_async`).
     done: DoneList,
@@ -70,7 +70,7 @@ impl QueueServer {
             qid,
             ents: Vec::new(),
             max_ents: max_ents.max(1),
-            started: HashMap::new(),
+            started: IdMap::default(),
             done: Arc::new(Mutex::new(Vec::new())),
             fresh: 0,
             fd_registered: None,
