@@ -234,6 +234,12 @@ pub struct VhostArgs {
     /// migration): I/O would go to the old, pinned pages.
     #[arg(long, conflicts_with = "no_io_uring")]
     pub fixed_guest_memory: bool,
+    /// READs a queue thread starts before it submits them to the host and
+    /// answers those already done (also how many in-line answers share
+    /// one guest notification). Small chunks let the guest refill its
+    /// queue while the rest are served.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub submit_batch: u32,
     /// Fault injection (tests).
     #[command(flatten)]
     pub faults: FaultArgs,

@@ -250,6 +250,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             max_background: a.max_background,
             congestion_threshold: a.congestion_threshold,
             fixed_guest_memory: a.fixed_guest_memory,
+            submit_batch: a.submit_batch as usize,
             ..DeviceConfig::default()
         },
     )

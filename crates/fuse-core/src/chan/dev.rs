@@ -12,8 +12,8 @@ use super::Core;
 use crate::abi::{
     self, BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader,
 };
-use crate::sync::{lock, wait, Arc, AtomicU32, Condvar, Mutex, Ordering};
 use crate::fasthash::IdMap;
+use crate::sync::{lock, wait, Arc, AtomicU32, Condvar, Mutex, Ordering};
 use std::collections::VecDeque;
 use std::time::Duration;
 use zerocopy::IntoBytes;
