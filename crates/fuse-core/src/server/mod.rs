@@ -567,8 +567,10 @@ pub trait Filesystem: Send + Sync {
     /// memory `mem` (a guest's buffers, by reference) without waiting for
     /// it, where the filesystem can do so on the calling thread (an I/O
     /// ring of that thread): Ok once `done` will be called, from
-    /// [`Filesystem::complete_async`] on this thread; Err(done) to have the
-    /// READ served as usual ([`Filesystem::read`]). Started I/O runs once
+    /// [`Filesystem::complete_async`] on this thread, or was called before
+    /// returning (a read that did not have to wait: the page cache held
+    /// the data); Err(done) to have the READ served as usual
+    /// ([`Filesystem::read`]). Started I/O runs once
     /// [`Filesystem::submit_async`] is called.
     #[allow(clippy::too_many_arguments)]
     fn read_async(

@@ -7,7 +7,9 @@
 //!
 //! Only files that can do non-blocking I/O are started so (on the others
 //! io_uring would hand each read to a worker thread: they are served the
-//! usual way). The client's memory is held for I/O (`ClientMem::begin_io`)
+//! usual way). What the page cache holds is read at once with
+//! preadv2(RWF_NOWAIT) and answered before `read_async` returns; only a
+//! read that would wait for the disk (and O_DIRECT) goes on the ring. The client's memory is held for I/O (`ClientMem::begin_io`)
 //! from the start to the completion, so a timed-out request is answered
 //! only once its read is over; the op is cancelled by the request's unique
 //! (FUSE_INTERRUPT, the device's timeout) through the cancel registry. A
@@ -133,13 +135,38 @@ impl PassthroughFs {
             // The client took its memory back: the usual path says EIO.
             return Err(done);
         }
+        // What the page cache holds is read now, in line: a cached read
+        // started on the ring costs more than it does (the ring's own
+        // bookkeeping, an eventfd signal, a wake-up) and completes inside
+        // the submit anyway. Only what would wait for the disk goes on.
+        let mut got = 0;
+        if !h.odirect {
+            let iovs = iovecs(mem.spans(), 0, len);
+            // SAFETY: `ClientMem`'s contract: while the memory is held for
+            // I/O (begin_io above, until end_io below or the started
+            // read's completion) every span is mapped, writable memory
+            // that is no Rust object and that the client does not reuse;
+            // the iovecs stay inside the spans.
+            match unsafe { super::sys::preadv_nowait(h.fd.raw(), &iovs, off) } {
+                // All of it, or the end of the file.
+                Ok(n) if n == len || n == 0 => {
+                    self.io_stats.count(false, false);
+                    mem.end_io();
+                    done.complete(Ok(n));
+                    return Ok(());
+                }
+                Ok(n) => got = n,
+                // Not cached (EAGAIN), or an error the ring will report.
+                Err(_) => {}
+            }
+        }
         let p = Pending {
             done,
             mem,
             h,
             off,
             len,
-            got: 0,
+            got,
             key: unique,
             fixed: true,
         };

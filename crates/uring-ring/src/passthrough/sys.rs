@@ -739,6 +739,24 @@ pub fn supports_nowait(fd: RawFd) -> Option<bool> {
     }
 }
 
+/// preadv2(RWF_NOWAIT) at `off` into `iovs`: the bytes the page cache
+/// holds now, or EAGAIN when it would have to wait for the disk.
+///
+/// # Safety
+///
+/// Every iovec must describe mapped, writable memory that no Rust
+/// reference points into, for the duration of the call.
+pub unsafe fn preadv_nowait(fd: RawFd, iovs: &[libc::iovec], off: u64) -> Result<usize, Errno> {
+    let n = iovs.len().min(libc::c_int::MAX as usize) as libc::c_int;
+    // SAFETY: the caller's contract: the iovecs name writable memory; the
+    // kernel writes only there.
+    let r = unsafe { libc::preadv2(fd, iovs.as_ptr(), n, off as libc::off_t, libc::RWF_NOWAIT) };
+    if r < 0 {
+        return Err(errno());
+    }
+    Ok(r as usize)
+}
+
 /// A new non-blocking eventfd (close-on-exec).
 pub fn eventfd() -> Result<OwnedFd, Errno> {
     // SAFETY: eventfd has no memory arguments; it returns a new fd or -1.
