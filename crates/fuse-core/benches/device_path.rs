@@ -1,0 +1,372 @@
+#![allow(missing_docs)]
+//! The vhost-user device's per-request engine bookkeeping, without the
+//! virtqueue and without host I/O: what a request queue's thread does for
+//! each request it pops when it serves in line (virtio-fs
+//! `device.rs::submit_requests` and `device/inline.rs::QueueServer`):
+//!
+//! - build the request's `Args` and its ticket (an `Arc`, cloned into the
+//!   end callback with a `Weak` of the device);
+//! - `Chan::try_send_background` (admission, the ring queue, dispatch to
+//!   one of the thread's reserved entries, preferred while it submits);
+//! - `RingEnd::fetch_own`, `serve_slot` (a filesystem that answers at
+//!   once), `RingEnd::commit`, whose `request_end` runs the end callback.
+//!
+//! The engine is started as `FsDevice::new` starts it (`Embedded` with the
+//! device's default options: one ring queue, a pool of 6 payload buffers,
+//! its ring workers idle). Batches of 16 (submit 16, then serve and commit
+//! 16) and of 1; per-request times with `Throughput::Elements`.
+//!
+//! GETATTR (no payload, a 104-byte reply through a pool buffer), and a
+//! 4 KiB READ into "guest memory" by reference (`Args::client`, as the
+//! device does with zero_copy on) copied from a static buffer by the
+//! filesystem; also the copied form of that READ (zero_copy off: a pool
+//! buffer and a reply copy).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fuse_core::abi::{encode::Body, init, Attr, GetattrIn, Opcode, ReadIn};
+use fuse_core::chan::{ClientMem, HostSpan};
+use fuse_core::embedded::{Embedded, Options};
+use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, RingEnd};
+use fuse_core::server::{
+    serve_slot, Ctx, Dispatcher, Filesystem, FsResult, ReadDone, ReadSink, ServerConfig,
+};
+use fuse_core::{Args, Chan, Errno, ReqResult};
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+const PAGE: usize = 4096;
+/// Most requests in flight on the queue thread (its reserved entries).
+const MAX_BATCH: usize = 16;
+/// What the filesystem "reads".
+static DATA: [u8; PAGE] = [0x5a; PAGE];
+
+/// Answers GETATTR and READ at once.
+struct NullFs;
+
+impl Filesystem for NullFs {
+    type Inode = u64;
+    type Handle = u64;
+    fn getattr(&self, _: &Ctx, ino: u64, _: Option<u64>) -> FsResult<(Attr, Duration)> {
+        Ok((
+            Attr {
+                ino,
+                mode: 0o100644,
+                size: 1 << 30,
+                ..Default::default()
+            },
+            Duration::from_secs(1),
+        ))
+    }
+    fn read(&self, _: &Ctx, _: u64, _: u64, _: u64, sink: &mut dyn ReadSink) -> FsResult<usize> {
+        // Into the client's memory when the request carries it (where a
+        // passthrough would preadv), else into the offered buffer.
+        if let Some((mem, n)) = sink.client() {
+            let n = n.min(PAGE);
+            mem.write_at(0, &DATA[..n])?;
+            return Ok(n);
+        }
+        let b = sink.buffer();
+        let n = b.len().min(PAGE);
+        b[..n].copy_from_slice(&DATA[..n]);
+        Ok(n)
+    }
+}
+
+/// "Guest RAM": one raw allocation, never a Rust object, alive for the
+/// whole run (leaked), a page per request in flight.
+struct GuestRam {
+    base: usize,
+}
+
+impl GuestRam {
+    fn new() -> GuestRam {
+        let layout = Layout::from_size_align(MAX_BATCH * PAGE, PAGE).unwrap();
+        // SAFETY: non-zero size; the block is leaked, so it stays mapped.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!p.is_null());
+        GuestRam { base: p as usize }
+    }
+    fn page(&self, i: usize) -> Arc<dyn ClientMem> {
+        Arc::new(GuestPage {
+            spans: [HostSpan {
+                addr: self.base + (i % MAX_BATCH) * PAGE,
+                len: PAGE,
+            }],
+        })
+    }
+}
+
+/// A READ's destination (the device's `GuestSpans`, one span).
+#[derive(Debug)]
+struct GuestPage {
+    spans: [HostSpan; 1],
+}
+
+// SAFETY: the span lies in `GuestRam`'s leaked allocation, which is never
+// freed, never reused and never turned into a Rust reference (the copies
+// below use raw pointers).
+unsafe impl ClientMem for GuestPage {
+    fn spans(&self) -> &[HostSpan] {
+        &self.spans
+    }
+    fn begin_io(&self) -> bool {
+        true
+    }
+    fn end_io(&self) {}
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
+        let s = self.spans[0];
+        if off.checked_add(buf.len()).is_none_or(|e| e > s.len) {
+            return Err(Errno::EIO);
+        }
+        // SAFETY: in bounds of the span (checked above), see the impl.
+        unsafe {
+            std::ptr::copy_nonoverlapping((s.addr + off) as *const u8, buf.as_mut_ptr(), buf.len())
+        };
+        Ok(())
+    }
+    fn write_at(&self, off: usize, buf: &[u8]) -> Result<(), Errno> {
+        let s = self.spans[0];
+        if off.checked_add(buf.len()).is_none_or(|e| e > s.len) {
+            return Err(Errno::EIO);
+        }
+        // SAFETY: in bounds of the span (checked above), see the impl.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), (s.addr + off) as *mut u8, buf.len())
+        };
+        Ok(())
+    }
+}
+
+/// The device's per-request ticket, reduced to what its end path touches.
+struct Ticket {
+    unique: u64,
+    engine_unique: AtomicU64,
+    /// 0 in flight, 1 answered (the device's `TicketState` / `claim`).
+    state: AtomicU8,
+}
+
+/// The device's `Inner`, reduced to a completion count.
+#[derive(Default)]
+struct Device {
+    answered: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Device {
+    /// `FsDevice::finish`, minus writing the reply to the guest.
+    fn finish(&self, t: &Ticket, r: ReqResult) {
+        if t.state
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        match r {
+            Ok(reply) => {
+                std::hint::black_box((t.unique, reply.data.len()));
+            }
+            Err(_) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.answered.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Getattr,
+    /// READ into guest memory by reference (zero_copy on).
+    Read,
+    /// READ copied through a pool buffer (zero_copy off).
+    ReadCopied,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Getattr => "getattr",
+            Kind::Read => "read_4k",
+            Kind::ReadCopied => "read_4k_copied",
+        }
+    }
+}
+
+/// Completed started READs by unique (`QueueServer::done`).
+type DoneList = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
+
+/// The engine as `FsDevice::new` starts it, and a queue thread's server.
+struct Bench {
+    engine: Embedded<NullFs>,
+    dev: Arc<Device>,
+    ram: GuestRam,
+    /// `QueueServer`'s state.
+    ring: RingEnd,
+    qid: u16,
+    ents: Vec<EntHandle>,
+    done: DoneList,
+    scratch: Vec<u8>,
+    next_unique: u64,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let workers_per_queue = 4;
+        let engine = Embedded::start(
+            NullFs,
+            Options {
+                max_background: 256,
+                congestion_threshold: 192,
+                ring_queues: 1,
+                ring_workers: workers_per_queue,
+                ring_pool: workers_per_queue + 2,
+                offer_flags: init::WRITEBACK_CACHE | init::POSIX_ACL,
+                workers: 2,
+                server: ServerConfig {
+                    max_write: 1 << 20,
+                    ..ServerConfig::default()
+                },
+                ..Options::default()
+            },
+        )
+        .expect("engine");
+        // QueueServer::new / add_entry / make_room: pool-mode entries,
+        // reserved, as many as requests in flight.
+        let ring = engine.chan().ring_end(false);
+        let qid = 0;
+        let ents = (0..MAX_BATCH)
+            .map(|_| {
+                let h = ring
+                    .register(&cmd_area(qid, 0, 0), EntryBufs::pooled(), None)
+                    .unwrap();
+                ring.reserve(h).unwrap();
+                h
+            })
+            .collect();
+        Bench {
+            engine,
+            dev: Arc::new(Device::default()),
+            ram: GuestRam::new(),
+            ring,
+            qid,
+            ents,
+            done: Arc::new(Mutex::new(Vec::new())),
+            scratch: vec![0u8; 64 * 1024],
+            next_unique: 2,
+        }
+    }
+
+    fn chan(&self) -> &Chan {
+        self.engine.chan()
+    }
+
+    /// `FsDevice::prepare`'s arguments for a guest request (what the guest
+    /// left for the reply as `out`; READ data by reference).
+    fn args(&self, kind: Kind, i: usize) -> Args {
+        let a = match kind {
+            Kind::Getattr => Args::new(Opcode::Getattr, 1)
+                .body(Body::new().push(&GetattrIn::default()).into_vec())
+                .out(104, true),
+            Kind::Read | Kind::ReadCopied => {
+                let arg = ReadIn {
+                    fh: 9,
+                    offset: (i * PAGE) as u64,
+                    size: PAGE as u32,
+                    ..Default::default()
+                };
+                Args::new(Opcode::Read, 2)
+                    .body(Body::new().push(&arg).into_vec())
+                    .out(PAGE, true)
+            }
+        };
+        let a = a.creds(0, 0, 1).data(Vec::new()).qid(self.qid);
+        match kind {
+            Kind::Read => a.client(self.ram.page(i)),
+            _ => a,
+        }
+    }
+
+    /// One kick of `n` requests: submitted while this thread's entries are
+    /// preferred, then served and committed here.
+    fn batch(&mut self, kind: Kind, n: usize) {
+        let before = self.dev.answered.load(Ordering::Relaxed);
+        // drain_requests: s.prefer(true)
+        self.ring
+            .prefer(self.qid, self.ents.first().copied())
+            .unwrap();
+        for i in 0..n {
+            // submit_requests, per popped chain.
+            let args = self.args(kind, i);
+            let ticket = Arc::new(Ticket {
+                unique: self.next_unique,
+                engine_unique: AtomicU64::new(0),
+                state: AtomicU8::new(0),
+            });
+            self.next_unique += 2;
+            let weak: Weak<Device> = Arc::downgrade(&self.dev);
+            let t2 = ticket.clone();
+            let end = Box::new(move |r: ReqResult| {
+                if let Some(dev) = weak.upgrade() {
+                    dev.finish(&t2, r);
+                }
+            });
+            match self.chan().try_send_background(args, end) {
+                Ok(unique) => ticket.engine_unique.store(unique, Ordering::Relaxed),
+                Err(e) => panic!("refused: {e:?}"),
+            }
+        }
+        // QueueServer::serve
+        let mut served = 0;
+        while let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) {
+            served += 1;
+            let done = self.done.clone();
+            let make = move |unique: u64| {
+                let done = done.clone();
+                ReadDone::new(move |r| {
+                    done.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((unique, r));
+                })
+            };
+            let disp: &Dispatcher<NullFs> = self.engine.dispatcher();
+            serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make));
+            // QueueServer::commit
+            let area = f.commit_cmd();
+            let _ = self.ring.commit(&area, f, None);
+        }
+        // drain_requests: s.prefer(false)
+        self.ring.prefer(self.qid, None).unwrap();
+        assert_eq!(served, n, "a request went elsewhere");
+        assert_eq!(self.dev.answered.load(Ordering::Relaxed) - before, n as u64);
+    }
+}
+
+fn device_path(c: &mut Criterion) {
+    let mut b = Bench::new();
+    let mut g = c.benchmark_group("device_path");
+    for kind in [Kind::Getattr, Kind::Read, Kind::ReadCopied] {
+        for n in [1, MAX_BATCH] {
+            g.throughput(Throughput::Elements(n as u64));
+            g.bench_function(BenchmarkId::new(kind.name(), n), |bn| {
+                bn.iter(|| b.batch(kind, n))
+            });
+        }
+    }
+    g.finish();
+    assert_eq!(b.dev.errors.load(Ordering::Relaxed), 0);
+    let s = b.ring.stats().unwrap();
+    eprintln!(
+        "ring: enobufs {} queued {} in_userspace {}",
+        s.enobufs, s.queued, s.in_userspace
+    );
+    b.ring.check_invariants().unwrap();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    targets = device_path
+}
+criterion_main!(benches);
