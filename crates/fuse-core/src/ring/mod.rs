@@ -831,6 +831,10 @@ impl Ring {
                     Opcode::Create => reply.get(std::mem::size_of::<EntryOut>()..),
                     _ => None,
                 };
+                if open_out.is_none() && req.args.opcode != Opcode::Release {
+                    // Only OPEN, CREATE and RELEASE change the set.
+                    return;
+                }
                 let mut zc = self.zc_files.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(o) = open_out
                     .and_then(|b| OpenOut::read_from_prefix(b).ok())
