@@ -43,6 +43,12 @@ const Q: usize = 1;
 /// READs at this offset or beyond complete at the next `complete_async`
 /// (a cached read); the others are held.
 const QUICK: u64 = 1 << 40;
+/// A READ at this offset is answered inside `read_async` (the page cache
+/// held it).
+const IN_LINE: u64 = 1 << 41;
+/// A GETATTR of this inode blocks until the test opens the gate (a host
+/// call that hangs in line).
+const BLOCKING_INO: u64 = 666;
 /// Bytes each READ asks for.
 const LEN: usize = 4096;
 /// How long the guest waits for anything that must come.
@@ -84,6 +90,9 @@ struct State {
     interruptible: bool,
     reads: Mutex<Vec<Started>>,
     log: Mutex<Log>,
+    /// Open: GETATTRs of `BLOCKING_INO` return.
+    gate: Mutex<bool>,
+    gate_cv: std::sync::Condvar,
 }
 
 /// Holds READs until released or interrupted (see the module docs).
@@ -123,6 +132,8 @@ impl Hold {
             interruptible,
             reads: Mutex::new(Vec::new()),
             log: Mutex::new(Log::default()),
+            gate: Mutex::new(false),
+            gate_cv: std::sync::Condvar::new(),
         }))
     }
 
@@ -141,6 +152,11 @@ impl Hold {
         r.result = Some(Ok(LEN));
         drop(reads);
         self.signal();
+    }
+
+    fn open_gate(&self) {
+        *self.0.gate.lock().unwrap() = true;
+        self.0.gate_cv.notify_all();
     }
 
     /// READs started and not completed.
@@ -175,6 +191,12 @@ impl Filesystem for Hold {
         inode: u64,
         _: Option<u64>,
     ) -> FsResult<(fuse_core::abi::Attr, Duration)> {
+        if inode == BLOCKING_INO {
+            let mut open = self.0.gate.lock().unwrap();
+            while !*open {
+                open = self.0.gate_cv.wait(open).unwrap();
+            }
+        }
         let attr = fuse_core::abi::Attr {
             ino: inode,
             mode: libc::S_IFREG | 0o644,
@@ -207,6 +229,12 @@ impl Filesystem for Hold {
             let mut log = self.0.log.lock().unwrap();
             log.started.push((ctx.unique, off));
             log.starter = Some(tid());
+        }
+        if off == IN_LINE {
+            kernel_write(&*mem, &pattern(off));
+            mem.end_io();
+            done.complete(Ok(LEN));
+            return Ok(());
         }
         self.0.reads.lock().unwrap().push(Started {
             unique: ctx.unique,
@@ -419,6 +447,7 @@ impl Served {
     /// Releases every held READ, lets the guest go and waits for the
     /// daemon to end the connection.
     fn finish(mut self) {
+        self.fs.open_gate();
         for (_, off) in self.fs.started() {
             if self.fs.0.reads.lock().unwrap().iter().any(|r| r.off == off) {
                 self.fs.release(off);
@@ -667,5 +696,29 @@ fn a_ring_stop_waits_for_a_read_the_backend_cannot_cancel() {
     wait_for("GET_VRING_BASE", || stop.is_finished());
     assert_eq!(stop.join().unwrap(), 2);
     assert!(s.reap().is_empty(), "an answer on a stopped ring");
+    s.finish();
+}
+
+/// Answers given in line are not held behind a host call that then hangs
+/// in line: a GETATTR served, and a READ answered inside `read_async`,
+/// reach the guest while the next request of the same kick blocks the
+/// vring thread (the watchdog, which takes the queue over, signals them).
+#[test]
+fn answers_are_not_held_behind_a_call_that_hangs_in_line() {
+    let mut s = serve("held-behind", Hold::new(false), Duration::ZERO);
+    s.post_getattr(1, 5);
+    s.post_read(2, IN_LINE);
+    s.post_getattr(3, BLOCKING_INO);
+    s.g().publish(Q);
+    let mut got = Vec::new();
+    s.await_slots(&[1, 2], &mut got);
+    assert!(got.iter().all(|(d, _)| d.slot != 3), "the blocked GETATTR");
+    assert!(got.iter().all(|(d, _)| d.out.error == 0));
+    assert_eq!(s.attr(1).attr.ino, 5);
+    assert_eq!(s.read_data(2), pattern(IN_LINE));
+    s.fs.open_gate();
+    got.clear();
+    s.await_slots(&[3], &mut got);
+    assert_eq!(s.attr(3).attr.ino, BLOCKING_INO);
     s.finish();
 }

@@ -141,23 +141,40 @@ impl PassthroughFs {
         // the submit anyway. Only what would wait for the disk goes on.
         let mut got = 0;
         if !h.odirect {
-            let iovs = iovecs(mem.spans(), 0, len);
-            // SAFETY: `ClientMem`'s contract: while the memory is held for
-            // I/O (begin_io above, until end_io below or the started
-            // read's completion) every span is mapped, writable memory
-            // that is no Rust object and that the client does not reuse;
-            // the iovecs stay inside the spans.
-            match unsafe { super::sys::preadv_nowait(h.fd.raw(), &iovs, off) } {
+            let fd = h.fd.raw();
+            // SAFETY: `ClientMem`'s contract: while the memory
+            // is held for I/O (begin_io above, until end_io below or the
+            // started read's completion) every span is mapped, writable
+            // memory that is no Rust object and that the client does not
+            // reuse; the iovecs stay inside the spans.
+            let nowait = |from: usize| unsafe {
+                super::sys::preadv_nowait(fd, &iovecs(mem.spans(), from, len), off + from as u64)
+            };
+            let answered = match nowait(0) {
                 // All of it, or the end of the file.
-                Ok(n) if n == len || n == 0 => {
-                    self.io_stats.count(false, false);
-                    mem.end_io();
-                    done.complete(Ok(n));
-                    return Ok(());
-                }
-                Ok(n) => got = n,
+                Ok(n) if n == len || n == 0 => Some(n),
+                // Short: the end of the file (most files' last page), or
+                // only part of it cached. Once more from there.
+                Ok(n) => match nowait(n) {
+                    Ok(0) => Some(n),
+                    Ok(m) if n + m == len => Some(len),
+                    Ok(m) => {
+                        got = n + m;
+                        None
+                    }
+                    Err(_) => {
+                        got = n;
+                        None
+                    }
+                },
                 // Not cached (EAGAIN), or an error the ring will report.
-                Err(_) => {}
+                Err(_) => None,
+            };
+            if let Some(n) = answered {
+                self.io_stats.count(false, false);
+                mem.end_io();
+                done.complete(Ok(n));
+                return Ok(());
             }
         }
         let p = Pending {

@@ -126,6 +126,14 @@ impl QueueServer {
             let unique = f.in_header().unique;
             match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
                 Served::Started => {
+                    // Answered before read_async returned (the page cache
+                    // held it): committed now, not held until the chunk's
+                    // end, behind whatever the next request does in line.
+                    if let Some(r) = self.take_done(unique) {
+                        Self::set_result(&mut f, r);
+                        self.commit(f);
+                        continue;
+                    }
                     self.fresh += 1;
                     self.started.insert(unique, f);
                 }
@@ -135,6 +143,20 @@ impl QueueServer {
             }
         }
         n
+    }
+
+    /// The completion of `unique` if it is already in.
+    fn take_done(&self, unique: u64) -> Option<FsResult<usize>> {
+        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let i = d.iter().rposition(|(u, _)| *u == unique)?;
+        Some(d.swap_remove(i).1)
+    }
+
+    fn set_result(f: &mut Fetched, r: FsResult<usize>) {
+        match r {
+            Ok(bytes) => f.set_reply(0, bytes),
+            Err(e) => f.set_reply(e.to_wire(), 0),
+        }
     }
 
     /// READs started since the last submit.
@@ -166,10 +188,7 @@ impl QueueServer {
             let Some(mut f) = self.started.remove(&unique) else {
                 continue;
             };
-            match r {
-                Ok(bytes) => f.set_reply(0, bytes),
-                Err(e) => f.set_reply(e.to_wire(), 0),
-            }
+            Self::set_result(&mut f, r);
             self.commit(f);
         }
         n
@@ -210,6 +229,9 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                         .takeovers
                         .fetch_add(1, Ordering::Relaxed);
                     dev.submit_requests(vring, *q, None);
+                    // The stuck thread may hold answers it gave in line,
+                    // their signal waiting for the end of its chunk.
+                    super::notify(vring);
                 }
             }
         }
