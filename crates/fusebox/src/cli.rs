@@ -4,6 +4,7 @@
 use crate::host::MountArgs;
 use clap::{Parser, Subcommand, ValueEnum};
 use fuse_core::server::faults::{FaultPlan, PlanError};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use uring_ring::CachePolicy;
 
@@ -44,7 +45,7 @@ pub enum Cmd {
 }
 
 /// Cache policy (as virtiofsd's --cache).
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Cache {
     /// No caching in the client.
     Never,
@@ -136,8 +137,11 @@ pub enum LogLevel {
 #[derive(Debug, clap::Args)]
 pub struct VhostArgs {
     /// vhost-user socket to listen on.
-    #[arg(long, required_unless_present_any = ["fd", "print_capabilities"])]
+    #[arg(long, required_unless_present_any = ["fd", "socket", "print_capabilities"])]
     pub socket_path: Option<PathBuf>,
+    /// vhost-user socket to listen on [deprecated: use --socket-path].
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["socket_path", "fd"])]
+    pub socket: Option<PathBuf>,
     /// A listening vhost-user socket inherited as this fd.
     #[arg(long, conflicts_with = "socket_path")]
     pub fd: Option<i32>,
@@ -145,7 +149,7 @@ pub struct VhostArgs {
     #[arg(long)]
     pub socket_group: Option<String>,
     /// Directory to share.
-    #[arg(long, required_unless_present = "print_capabilities")]
+    #[arg(long, required_unless_present_any = ["print_capabilities", "compat_options"])]
     pub shared_dir: Option<PathBuf>,
     /// Tag in the device's config space (offers the CONFIG protocol
     /// feature; without it the VMM gives the tag).
@@ -182,10 +186,14 @@ pub struct VhostArgs {
     #[arg(long)]
     pub writeback: bool,
     /// Tell the guest about submounts (FUSE_ATTR_SUBMOUNT), so each
-    /// gets its own st_dev in the guest.
+    /// gets its own st_dev in the guest (off by default; virtiofsd's
+    /// default is on).
     #[arg(long)]
     pub announce_submounts: bool,
-    /// How inodes are held: `prefer` (the default; virtiofsd's is `never`)
+    /// Do not tell the guest about submounts (the default).
+    #[arg(long, conflicts_with = "announce_submounts")]
+    pub no_announce_submounts: bool,
+    /// How inodes are held: `prefer` (the default, as virtiofsd 1.14)
     /// keeps a file handle for each inode where the filesystem gives them,
     /// and its fd only while fewer than half the fds are in use, so a guest
     /// that looks up many files does not use up the daemon's fds; `never`
@@ -240,9 +248,89 @@ pub struct VhostArgs {
     /// queue while the rest are served.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub submit_batch: u32,
+    /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,
+    /// xattr, flock, posix_lock, posix_acl, readdirplus, writeback,
+    /// log_level, announce_submounts, killpriv_v2, allow_direct_io; `,,`
+    /// is a comma) [deprecated: use the separate options].
+    #[arg(short = 'o', value_name = "SUBOPTS", value_parser = clap::value_parser!(OsString))]
+    pub compat_options: Vec<OsString>,
+    /// Log level debug [deprecated: use --log-level debug].
+    #[arg(short = 'd')]
+    pub compat_debug: bool,
+    /// No effect [deprecated].
+    #[arg(short = 'f')]
+    pub compat_foreground: bool,
+    /// virtiofsd's options fusebox takes with no effect, or refuses.
+    #[command(flatten)]
+    pub virtiofsd: VirtiofsdArgs,
     /// Fault injection (tests).
     #[command(flatten)]
     pub faults: FaultArgs,
+    /// Deprecation notices of the options given, logged at start.
+    #[arg(skip)]
+    pub notices: Vec<String>,
+}
+
+/// virtiofsd 1.14's options that have no fusebox option of their own:
+/// those that ask for what fusebox always does are taken (no effect), the
+/// rest are recognised only to be refused at start with a message naming
+/// them (`crate::compat`), never ignored.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VirtiofsdArgs {
+    /// Honour O_DIRECT from the guest: no effect, fusebox always does.
+    #[arg(long)]
+    pub allow_direct_io: bool,
+    /// Allow shared mmap with --cache never|metadata: no effect, fusebox
+    /// always does (FUSE_DIRECT_IO_ALLOW_MMAP).
+    #[arg(long)]
+    pub allow_mmap: bool,
+    /// Keep O_NOATIME on opens: no effect, fusebox always does.
+    #[arg(long)]
+    pub preserve_noatime: bool,
+    /// KILLPRIV_V2: fusebox offers it exactly when it runs as root (writes
+    /// then run as the caller); asked for otherwise, start-up fails.
+    #[arg(long)]
+    pub killpriv_v2: bool,
+    /// No KILLPRIV_V2: what fusebox does when not root; as root, start-up
+    /// fails.
+    #[arg(long, conflicts_with = "killpriv_v2")]
+    pub no_killpriv_v2: bool,
+    /// Not supported (READDIRPLUS is always offered).
+    #[arg(long, hide = true)]
+    pub no_readdirplus: bool,
+    /// Not supported.
+    #[arg(long, hide = true, value_name = "MODCAPS")]
+    pub modcaps: Option<String>,
+    /// Not supported.
+    #[arg(long, hide = true, value_name = "RULES")]
+    pub xattrmap: Option<String>,
+    /// Not supported beyond `never` (the default).
+    #[arg(long, hide = true, require_equals = true, num_args = 0..=1, default_missing_value = "always", value_name = "MODE")]
+    pub security_label: Option<String>,
+    /// Not supported.
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub uid_map: Vec<String>,
+    /// Not supported.
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub gid_map: Vec<String>,
+    /// Not supported.
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub translate_uid: Vec<String>,
+    /// Not supported.
+    #[arg(long, hide = true, value_name = "MAP")]
+    pub translate_gid: Vec<String>,
+    /// Not supported (no migration yet).
+    #[arg(long, hide = true, value_name = "MODE")]
+    pub migration_mode: Option<String>,
+    /// Not supported (no migration yet).
+    #[arg(long, hide = true, value_name = "MODE")]
+    pub migration_on_error: Option<String>,
+    /// Not supported (no migration yet).
+    #[arg(long, hide = true)]
+    pub migration_verify_handles: bool,
+    /// Not supported (no migration yet).
+    #[arg(long, hide = true)]
+    pub migration_confirm_paths: bool,
 }
 
 /// Fault injection into the filesystem, for testing what stands in front

@@ -2,6 +2,7 @@
 //! or serve it to the host kernel over FUSE.
 
 mod cli;
+mod compat;
 mod host;
 mod log;
 mod rlimit;
@@ -9,8 +10,6 @@ mod sandbox;
 mod seccomp;
 mod signals;
 mod vhost;
-
-use clap::Parser;
 
 fn report(e: &dyn std::error::Error) {
     eprintln!("fusebox: {e}");
@@ -22,7 +21,17 @@ fn report(e: &dyn std::error::Error) {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let cli = match compat::parse(std::env::args_os(), root) {
+        Ok(c) => c,
+        Err(compat::ArgsError::Usage(e)) => e.exit(),
+        Err(compat::ArgsError::Compat(e)) => {
+            report(&e);
+            // As clap's usage errors.
+            return std::process::ExitCode::from(2);
+        }
+    };
     let r = match cli.cmd {
         Some(cli::Cmd::Mount(a)) => host::run(a).map_err(|e| report(&e)),
         None => vhost::run(cli.vhost).map_err(|e| report(&e)),

@@ -58,7 +58,13 @@ pub enum VhostError {
 }
 
 /// What `--print-capabilities` prints: the vhost-user backend JSON that
-/// libvirt reads (no migration features).
+/// libvirt reads, listing only what works. Left out on purpose:
+/// `migrate-precopy` (no migration yet), `security-label-negotiation-mode`
+/// (no --security-label), and `separate-options`: with it libvirt passes
+/// --shared-dir, --cache and the like, which fusebox takes, but refuses a
+/// domain with a `<lock>` element ("locking options are not supported by
+/// this virtiofsd"); without it libvirt uses `-o source=...,flock,posix_lock`
+/// (`crate::compat`), where fusebox honours the locks it always serves.
 const CAPABILITIES: &str =
     "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"posix-acl-negotiation-mode\"\n  ]\n}";
 
@@ -142,6 +148,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         return Ok(());
     }
     log::init(a.log_level, a.syslog);
+    for n in &a.notices {
+        log::warn(n);
+    }
     // Until the signal thread runs (right after the sandbox's fork), stop
     // signals keep their default action: they end the process.
     let nofile = rlimit::raise(a.rlimit_nofile).map_err(VhostError::Rlimit)?;
