@@ -24,7 +24,10 @@ Example (QEMU; guest memory must be shared):
     version,
     about = "Share a host directory with a VM (vhost-user-fs), or mount it on the host",
     after_help = QEMU_EXAMPLE,
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    // As virtiofsd: an option given again overrides itself (`-d -d`,
+    // `--cache=auto --cache=never`: the last one wins).
+    args_override_self = true
 )]
 pub struct Cli {
     /// Host mount mode.
@@ -100,6 +103,8 @@ pub enum FileHandles {
     /// Keep an O_PATH fd per inode.
     Never,
     /// Keep file handles (fall back to fds if the filesystem has none).
+    /// `fallback` is virtiofsd's deprecated alias.
+    #[value(alias = "fallback")]
     Prefer,
     /// Keep file handles, or fail.
     Mandatory,
@@ -145,8 +150,9 @@ pub struct VhostArgs {
     /// A listening vhost-user socket inherited as this fd.
     #[arg(long, conflicts_with = "socket_path")]
     pub fd: Option<i32>,
-    /// Group to give the socket.
-    #[arg(long)]
+    /// Group to give the socket (not with --fd, as virtiofsd: the socket
+    /// is the caller's then).
+    #[arg(long, conflicts_with = "fd")]
     pub socket_group: Option<String>,
     /// Directory to share.
     #[arg(long, required_unless_present_any = ["print_capabilities", "compat_options"])]
@@ -155,8 +161,8 @@ pub struct VhostArgs {
     /// feature; without it the VMM gives the tag).
     #[arg(long)]
     pub tag: Option<String>,
-    /// Cache policy.
-    #[arg(long, value_enum, default_value = "auto")]
+    /// Cache policy (as virtiofsd, in any case: `NEVER` is `never`).
+    #[arg(long, value_enum, ignore_case = true, default_value = "auto")]
     pub cache: Cache,
     /// Worker threads per request queue. 0 (the default, as in virtiofsd):
     /// each queue's vring thread serves its requests itself, through the
@@ -166,7 +172,7 @@ pub struct VhostArgs {
     #[arg(long, default_value_t = 0)]
     pub thread_pool_size: usize,
     /// Sandbox mode (as virtiofsd, namespace by default).
-    #[arg(long, value_enum, default_value = "namespace")]
+    #[arg(long, value_enum, ignore_case = true, default_value = "namespace")]
     pub sandbox: Sandbox,
     /// Seccomp mode (as virtiofsd, kill by default).
     #[arg(long, value_enum, default_value = "kill")]
@@ -190,8 +196,9 @@ pub struct VhostArgs {
     /// default is on).
     #[arg(long)]
     pub announce_submounts: bool,
-    /// Do not tell the guest about submounts (the default).
-    #[arg(long, conflicts_with = "announce_submounts")]
+    /// Do not tell the guest about submounts (the default; the later of
+    /// the two options wins, as virtiofsd).
+    #[arg(long, overrides_with = "announce_submounts")]
     pub no_announce_submounts: bool,
     /// How inodes are held: `prefer` (the default, as virtiofsd 1.14)
     /// keeps a file handle for each inode where the filesystem gives them,
@@ -208,8 +215,8 @@ pub struct VhostArgs {
     /// requests beyond the rest get EMFILE.
     #[arg(long)]
     pub rlimit_nofile: Option<u64>,
-    /// Log level.
-    #[arg(long, value_enum, default_value = "info")]
+    /// Log level (in any case, as virtiofsd).
+    #[arg(long, value_enum, ignore_case = true, default_value = "info")]
     pub log_level: LogLevel,
     /// Log to syslog instead of stderr.
     #[arg(long)]
@@ -249,9 +256,11 @@ pub struct VhostArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub submit_batch: u32,
     /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,
-    /// xattr, flock, posix_lock, posix_acl, readdirplus, writeback,
-    /// log_level, announce_submounts, killpriv_v2, allow_direct_io; `,,`
-    /// is a comma) [deprecated: use the separate options].
+    /// log_level, debug, [no_]xattr, [no_]flock, [no_]posix_lock,
+    /// [no_]posix_acl, [no_]readdirplus, [no_]writeback,
+    /// [no_]announce_submounts, [no_]killpriv_v2, [no_]allow_direct_io,
+    /// no_security_label; `,,` is a comma; a later item overrides an
+    /// earlier one) [deprecated: use the separate options].
     #[arg(short = 'o', value_name = "SUBOPTS", value_parser = clap::value_parser!(OsString))]
     pub compat_options: Vec<OsString>,
     /// Log level debug [deprecated: use --log-level debug].
@@ -269,6 +278,17 @@ pub struct VhostArgs {
     /// Deprecation notices of the options given, logged at start.
     #[arg(skip)]
     pub notices: Vec<String>,
+    /// `-o no_flock`: FLOCK_LOCKS is not offered (the guest kernel keeps
+    /// flock locks to itself). Only through `-o`.
+    #[arg(skip)]
+    pub no_flock: bool,
+    /// `-o no_posix_lock`: POSIX_LOCKS is not offered. Only through `-o`.
+    #[arg(skip)]
+    pub no_posix_lock: bool,
+    /// `-o no_allow_direct_io`: O_DIRECT is dropped from host opens
+    /// (virtiofsd's default). Only through `-o`.
+    #[arg(skip)]
+    pub no_direct_io: bool,
 }
 
 /// virtiofsd 1.14's options that have no fusebox option of their own:
@@ -277,7 +297,8 @@ pub struct VhostArgs {
 /// them (`crate::compat`), never ignored.
 #[derive(Debug, Clone, clap::Args)]
 pub struct VirtiofsdArgs {
-    /// Honour O_DIRECT from the guest: no effect, fusebox always does.
+    /// Honour O_DIRECT from the guest: no effect, fusebox's default
+    /// (`-o no_allow_direct_io` drops it, as virtiofsd's default).
     #[arg(long)]
     pub allow_direct_io: bool,
     /// Allow shared mmap with --cache never|metadata: no effect, fusebox
@@ -287,16 +308,18 @@ pub struct VirtiofsdArgs {
     /// Keep O_NOATIME on opens: no effect, fusebox always does.
     #[arg(long)]
     pub preserve_noatime: bool,
-    /// KILLPRIV_V2: fusebox offers it exactly when it runs as root (writes
+    /// Offer KILLPRIV_V2: fusebox's default when it runs as root (writes
     /// then run as the caller); asked for otherwise, start-up fails.
     #[arg(long)]
     pub killpriv_v2: bool,
-    /// No KILLPRIV_V2: what fusebox does when not root; as root, start-up
-    /// fails.
-    #[arg(long, conflicts_with = "killpriv_v2")]
+    /// Do not offer KILLPRIV_V2 (virtiofsd's default; fusebox's when not
+    /// root): the guest kernel clears setuid/setgid itself with a SETATTR,
+    /// which runs as the writer. The later of the two options wins.
+    #[arg(long, overrides_with = "killpriv_v2")]
     pub no_killpriv_v2: bool,
-    /// Not supported (READDIRPLUS is always offered).
-    #[arg(long, hide = true)]
+    /// Do not offer READDIRPLUS: the guest lists directories with READDIR
+    /// and looks entries up one by one.
+    #[arg(long)]
     pub no_readdirplus: bool,
     /// Not supported.
     #[arg(long, hide = true, value_name = "MODCAPS")]

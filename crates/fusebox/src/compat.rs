@@ -3,8 +3,10 @@
 //! and what the old C virtiofsd took), `-d`, `-f`, `--socket`, and the
 //! virtiofsd options fusebox has no option of its own for. Each is turned
 //! into fusebox's option of the same meaning, or taken with no effect when
-//! it asks for what fusebox always does, or refused with an error naming
-//! it: never ignored.
+//! it asks for what fusebox does by default, or refused with an error
+//! naming it and why: never ignored. Within `-o` a later item overrides an
+//! earlier one, and refusals look at the last word only (`-o
+//! security_label,no_security_label` is taken).
 //!
 //! [`parse`] goes from the command line to the options in force, so that
 //! everything here is tested without starting a daemon.
@@ -86,17 +88,43 @@ pub enum CompatError {
     NoSharedDir,
 }
 
-const WHY_LOCKS: &str = "it always serves POSIX and flock locks itself";
-const WHY_READDIRPLUS: &str = "it always offers READDIRPLUS";
-const WHY_DIRECT_IO: &str = "it always honours O_DIRECT from the guest";
 const WHY_MODCAPS: &str = "it keeps the capabilities it is started with";
 const WHY_XATTRMAP: &str = "no xattr name mapping; use --xattr";
 const WHY_SECURITY_LABEL: &str = "no FUSE_SECURITY_CTX";
 const WHY_IDMAP: &str = "no user namespace ID mapping or ID translation";
 const WHY_MIGRATION: &str = "no live migration yet";
-const WHY_KILLPRIV_ROOT: &str =
-    "as root it always offers KILLPRIV_V2: writes run as the caller, so the host clears setuid/setgid";
 const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root";
+
+/// The suboptions refused in any form (with or without a value), with
+/// why: virtiofsd's that fusebox cannot honour, and the old C daemon's
+/// (and its libfuse's) that no virtiofsd takes any more.
+fn refused(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "modcaps" => WHY_MODCAPS,
+        "xattrmap" => WHY_XATTRMAP,
+        "norace" => "an option of the old C virtiofsd, with no counterpart in fusebox",
+        "timeout" => "an option of the old C virtiofsd; cache timeouts follow --cache",
+        "allow_root" | "allow_other" | "default_permissions" | "fsname" | "subtype" => {
+            "a FUSE mount option of the old C virtiofsd; the guest mounts virtio-fs itself"
+        }
+        "max_idle_threads" => "an option of the old C virtiofsd; use --thread-pool-size",
+        "max_background" => "an option of the old C virtiofsd; use --max-background",
+        "congestion_threshold" => "an option of the old C virtiofsd; use --congestion-threshold",
+        "writeback_cache" | "no_writeback_cache" => {
+            "an option of the old C virtiofsd; use writeback or no_writeback"
+        }
+        "no_remote_lock" => "an option of the old C virtiofsd; use no_flock,no_posix_lock",
+        "no_remote_flock" => "an option of the old C virtiofsd; use no_flock",
+        "no_remote_posix_lock" => "an option of the old C virtiofsd; use no_posix_lock",
+        "max_write" | "max_readahead" | "time_gran" | "sync_read" | "async_read"
+        | "atomic_o_trunc" | "async_dio" | "no_async_dio" | "auto_inval_data"
+        | "no_auto_inval_data" | "splice_read" | "no_splice_read" | "splice_write"
+        | "no_splice_write" | "splice_move" | "no_splice_move" => {
+            "an option of the old C virtiofsd; fusebox negotiates this with the guest itself"
+        }
+        _ => return None,
+    })
+}
 
 /// One `-o` suboption, as fusebox takes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,14 +143,23 @@ pub enum Sub {
     Writeback(bool),
     /// `log_level=` (also virtiofsd's `loglevel=`): --log-level.
     LogLevel(LogLevel),
+    /// `debug` (the old C daemon's): -d.
+    Debug,
     /// `announce_submounts`, `no_announce_submounts`.
     AnnounceSubmounts(bool),
     /// `killpriv_v2`, `no_killpriv_v2`.
     KillprivV2(bool),
-    /// A suboption asking for what fusebox always does (`flock`,
-    /// `posix_lock`, `readdirplus`, `allow_direct_io`,
-    /// `no_security_label`).
-    Always(&'static str),
+    /// `flock` (the default), `no_flock`: whether FLOCK_LOCKS is offered.
+    Flock(bool),
+    /// `posix_lock` (the default), `no_posix_lock`: POSIX_LOCKS.
+    PosixLock(bool),
+    /// `readdirplus` (the default), `no_readdirplus`: --no-readdirplus.
+    Readdirplus(bool),
+    /// `allow_direct_io` (the default), `no_allow_direct_io`: whether
+    /// O_DIRECT reaches the host open.
+    DirectIo(bool),
+    /// `security_label` (refused), `no_security_label` (the default).
+    SecurityLabel(bool),
 }
 
 /// Splits one `-o` string at its commas; `,,` is a comma inside an item
@@ -170,9 +207,23 @@ pub fn parse_item(item: &[u8]) -> Result<Sub, CompatError> {
         None => (item, None),
     };
     let name = std::str::from_utf8(name).map_err(|_| CompatError::Unknown(lossy(name)))?;
+    if let Some(why) = refused(name) {
+        return Err(unsupported(name, why));
+    }
     let Some(value) = value else {
-        return single(name);
+        return flag(name);
     };
+    // A flag given a value (even an empty one) is told so first.
+    match flag(name) {
+        Ok(_) => {
+            return Err(CompatError::TakesNoValue {
+                name: name.into(),
+                value: lossy(value),
+            })
+        }
+        Err(CompatError::MissingValue(_)) => {}
+        Err(e) => return Err(e),
+    }
     if value.is_empty() {
         return Err(CompatError::NoValue(name.into()));
     }
@@ -203,73 +254,85 @@ pub fn parse_item(item: &[u8]) -> Result<Sub, CompatError> {
             b"debug" => LogLevel::Debug,
             _ => return Err(bad("err, warn, info or debug")),
         }),
-        "modcaps" => return Err(unsupported(name, WHY_MODCAPS)),
-        "xattrmap" => return Err(unsupported(name, WHY_XATTRMAP)),
-        _ => match single(name) {
-            // A known flag given a value.
-            Ok(_) | Err(CompatError::Unsupported { .. }) => {
-                return Err(CompatError::TakesNoValue {
-                    name: name.into(),
-                    value: lossy(value),
-                })
-            }
-            Err(e) => return Err(e),
-        },
+        _ => return Err(CompatError::Unknown(name.into())),
     })
 }
 
-/// A suboption without `=`.
-fn single(name: &str) -> Result<Sub, CompatError> {
+/// A suboption without `=`: a flag, or MissingValue for a suboption that
+/// takes a value, or Unknown.
+fn flag(name: &str) -> Result<Sub, CompatError> {
     Ok(match name {
         "xattr" => Sub::Xattr(true),
         "no_xattr" => Sub::Xattr(false),
-        "flock" => Sub::Always("flock"),
-        "posix_lock" => Sub::Always("posix_lock"),
-        "no_flock" | "no_posix_lock" => return Err(unsupported(name, WHY_LOCKS)),
+        "flock" => Sub::Flock(true),
+        "no_flock" => Sub::Flock(false),
+        "posix_lock" => Sub::PosixLock(true),
+        "no_posix_lock" => Sub::PosixLock(false),
         "posix_acl" => Sub::PosixAcl(AclMode::Always),
         "no_posix_acl" => Sub::PosixAcl(AclMode::Never),
-        "readdirplus" => Sub::Always("readdirplus"),
-        "no_readdirplus" => return Err(unsupported(name, WHY_READDIRPLUS)),
+        "readdirplus" => Sub::Readdirplus(true),
+        "no_readdirplus" => Sub::Readdirplus(false),
         "writeback" => Sub::Writeback(true),
         "no_writeback" => Sub::Writeback(false),
         "announce_submounts" => Sub::AnnounceSubmounts(true),
         "no_announce_submounts" => Sub::AnnounceSubmounts(false),
         "killpriv_v2" => Sub::KillprivV2(true),
         "no_killpriv_v2" => Sub::KillprivV2(false),
-        "allow_direct_io" => Sub::Always("allow_direct_io"),
-        "no_allow_direct_io" => return Err(unsupported(name, WHY_DIRECT_IO)),
-        "security_label" => return Err(unsupported(name, WHY_SECURITY_LABEL)),
-        "no_security_label" => Sub::Always("no_security_label"),
-        "source" | "cache" | "sandbox" | "log_level" | "loglevel" | "modcaps" | "xattrmap" => {
+        "allow_direct_io" => Sub::DirectIo(true),
+        "no_allow_direct_io" => Sub::DirectIo(false),
+        "security_label" => Sub::SecurityLabel(true),
+        "no_security_label" => Sub::SecurityLabel(false),
+        "debug" => Sub::Debug,
+        "source" | "cache" | "sandbox" | "log_level" | "loglevel" => {
             return Err(CompatError::MissingValue(name.into()))
         }
         _ => return Err(CompatError::Unknown(name.into())),
     })
 }
 
-/// The separate option a suboption stands for (for the deprecation
-/// notice), or None for those that ask for what fusebox always does.
-fn separate(sub: &Sub) -> Option<String> {
+/// What the deprecation notice says of a suboption.
+enum Instead {
+    /// The separate option it stands for.
+    Opt(String),
+    /// Needs no option: fusebox's default.
+    Default(&'static str),
+    /// Has no separate option (keep it in `-o`).
+    OnlyHere(&'static str),
+}
+
+/// The deprecation notice's word on `sub` (None: refused at the end).
+fn instead(sub: &Sub) -> Option<Instead> {
     fn v(x: &impl clap::ValueEnum) -> String {
         x.to_possible_value()
             .map(|p| p.get_name().to_string())
             .unwrap_or_default()
     }
+    use Instead::{Default, OnlyHere, Opt};
     Some(match sub {
-        Sub::Source(p) => format!("--shared-dir {}", p.display()),
-        Sub::Cache(c) => format!("--cache {}", v(c)),
-        Sub::Sandbox(s) => format!("--sandbox {}", v(s)),
-        Sub::Xattr(true) => "--xattr".into(),
-        Sub::Xattr(false) => "no --xattr".into(),
-        Sub::PosixAcl(m) => format!("--posix-acl={}", v(m)),
-        Sub::Writeback(true) => "--writeback".into(),
-        Sub::Writeback(false) => "no --writeback".into(),
-        Sub::LogLevel(l) => format!("--log-level {}", v(l)),
-        Sub::AnnounceSubmounts(true) => "--announce-submounts".into(),
-        Sub::AnnounceSubmounts(false) => "--no-announce-submounts".into(),
-        Sub::KillprivV2(true) => "--killpriv-v2".into(),
-        Sub::KillprivV2(false) => "--no-killpriv-v2".into(),
-        Sub::Always(_) => return None,
+        Sub::Source(p) => Opt(format!("--shared-dir {}", p.display())),
+        Sub::Cache(c) => Opt(format!("--cache {}", v(c))),
+        Sub::Sandbox(s) => Opt(format!("--sandbox {}", v(s))),
+        Sub::Xattr(true) => Opt("--xattr".into()),
+        Sub::Xattr(false) => Opt("no --xattr".into()),
+        Sub::PosixAcl(m) => Opt(format!("--posix-acl={}", v(m))),
+        Sub::Writeback(true) => Opt("--writeback".into()),
+        Sub::Writeback(false) => Opt("no --writeback".into()),
+        Sub::LogLevel(l) => Opt(format!("--log-level {}", v(l))),
+        Sub::Debug => Opt("--log-level debug".into()),
+        Sub::AnnounceSubmounts(true) => Opt("--announce-submounts".into()),
+        Sub::AnnounceSubmounts(false) => Opt("--no-announce-submounts".into()),
+        Sub::KillprivV2(true) => Opt("--killpriv-v2".into()),
+        Sub::KillprivV2(false) => Opt("--no-killpriv-v2".into()),
+        Sub::Readdirplus(false) => Opt("--no-readdirplus".into()),
+        Sub::Readdirplus(true) => Default("readdirplus"),
+        Sub::Flock(true) => Default("flock"),
+        Sub::PosixLock(true) => Default("posix_lock"),
+        Sub::DirectIo(true) => Default("allow_direct_io"),
+        Sub::SecurityLabel(false) => Default("no_security_label"),
+        Sub::Flock(false) => OnlyHere("no_flock"),
+        Sub::PosixLock(false) => OnlyHere("no_posix_lock"),
+        Sub::DirectIo(false) => OnlyHere("no_allow_direct_io"),
+        Sub::SecurityLabel(true) => return None,
     })
 }
 
@@ -317,7 +380,7 @@ impl Given<'_> {
 }
 
 /// Refuses the virtiofsd options fusebox cannot honour.
-fn refuse_unsupported(a: &VhostArgs, root: bool) -> Result<(), CompatError> {
+fn refuse_unsupported(a: &VhostArgs) -> Result<(), CompatError> {
     let v = &a.virtiofsd;
     let refuse = |opt: &str, why| {
         Err(CompatError::Unsupported {
@@ -325,9 +388,6 @@ fn refuse_unsupported(a: &VhostArgs, root: bool) -> Result<(), CompatError> {
             why,
         })
     };
-    if v.no_readdirplus {
-        return refuse("--no-readdirplus", WHY_READDIRPLUS);
-    }
     if v.modcaps.is_some() {
         return refuse("--modcaps", WHY_MODCAPS);
     }
@@ -357,19 +417,13 @@ fn refuse_unsupported(a: &VhostArgs, root: bool) -> Result<(), CompatError> {
             return refuse(opt, WHY_MIGRATION);
         }
     }
-    if v.killpriv_v2 && !root {
-        return refuse("--killpriv-v2", WHY_KILLPRIV_USER);
-    }
-    if v.no_killpriv_v2 && root {
-        return refuse("--no-killpriv-v2", WHY_KILLPRIV_ROOT);
-    }
     Ok(())
 }
 
 /// Applies `-d`, `-f`, `--socket` and every `-o` to `a`; `root`: whether
 /// the daemon runs as root (KILLPRIV_V2 depends on it).
 pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), CompatError> {
-    refuse_unsupported(a, root)?;
+    refuse_unsupported(a)?;
     let mut g = Given {
         m,
         by: HashMap::new(),
@@ -381,6 +435,8 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
     g.record("posix_acl", &[("posix_acl", "--posix-acl")]);
     g.record("writeback", &[("writeback", "--writeback")]);
     g.record("log_level", &[("log_level", "--log-level")]);
+    g.record("readdirplus", &[("no_readdirplus", "--no-readdirplus")]);
+    g.record("direct_io", &[("allow_direct_io", "--allow-direct-io")]);
     g.record(
         "announce_submounts",
         &[
@@ -395,6 +451,7 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
             ("no_killpriv_v2", "--no-killpriv-v2"),
         ],
     );
+    // KILLPRIV_V2 as asked for (None: fusebox's default), and how.
     let mut killpriv = if a.virtiofsd.killpriv_v2 {
         Some(true)
     } else if a.virtiofsd.no_killpriv_v2 {
@@ -402,6 +459,8 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
     } else {
         None
     };
+    let mut killpriv_by = String::from("--killpriv-v2");
+    let mut security_label = false;
     if a.compat_foreground {
         a.notices
             .push("-f is deprecated and has no effect: remove it".into());
@@ -418,8 +477,9 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
             .push("-d is deprecated: use --log-level debug".into());
     }
     for opts in std::mem::take(&mut a.compat_options) {
-        let mut instead = Vec::new();
-        let mut always = Vec::new();
+        let mut opt = Vec::new();
+        let mut default = Vec::new();
+        let mut only_here = Vec::new();
         for item in split(opts.as_bytes())? {
             let sub = parse_item(&item)?;
             let what = format!("-o {}", lossy(&item));
@@ -431,40 +491,81 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
                 Sub::PosixAcl(m) => g.set("posix_acl", &mut a.posix_acl, *m, &what)?,
                 Sub::Writeback(w) => g.set("writeback", &mut a.writeback, *w, &what)?,
                 Sub::LogLevel(l) => g.set("log_level", &mut a.log_level, *l, &what)?,
+                Sub::Debug => g.set("log_level", &mut a.log_level, LogLevel::Debug, &what)?,
                 Sub::AnnounceSubmounts(on) => {
                     g.set("announce_submounts", &mut a.announce_submounts, *on, &what)?;
                     a.no_announce_submounts = !on;
                 }
                 Sub::KillprivV2(on) => {
-                    if *on && !root {
-                        return Err(unsupported("killpriv_v2", WHY_KILLPRIV_USER));
-                    }
-                    if !on && root {
-                        return Err(unsupported("no_killpriv_v2", WHY_KILLPRIV_ROOT));
-                    }
                     g.set("killpriv_v2", &mut killpriv, Some(*on), &what)?;
+                    killpriv_by = what.clone();
                 }
-                Sub::Always(name) => always.push(*name),
+                Sub::Readdirplus(on) => {
+                    g.set("readdirplus", &mut a.virtiofsd.no_readdirplus, !on, &what)?
+                }
+                Sub::DirectIo(on) => g.set("direct_io", &mut a.no_direct_io, !on, &what)?,
+                Sub::Flock(on) => a.no_flock = !on,
+                Sub::PosixLock(on) => a.no_posix_lock = !on,
+                Sub::SecurityLabel(on) => security_label = *on,
             }
-            instead.extend(separate(&sub));
+            match instead(&sub) {
+                Some(Instead::Opt(o)) => opt.push(o),
+                Some(Instead::Default(n)) => default.push(n),
+                Some(Instead::OnlyHere(n)) => only_here.push(n),
+                None => {}
+            }
         }
         let mut notice = format!(
             "-o is deprecated, use the separate options: -o {}",
             opts.to_string_lossy()
         );
-        if !instead.is_empty() {
-            notice.push_str(&format!(" means {}", instead.join(" ")));
+        if !opt.is_empty() {
+            notice.push_str(&format!(" means {}", opt.join(" ")));
         }
-        if !always.is_empty() {
+        if !default.is_empty() {
             notice.push_str(&format!(
-                "; {} need no option (fusebox always does this)",
-                always.join(", ")
+                "; {} need no option (fusebox's default)",
+                default.join(", ")
+            ));
+        }
+        if !only_here.is_empty() {
+            notice.push_str(&format!(
+                "; {} have no separate option",
+                only_here.join(", ")
             ));
         }
         a.notices.push(notice);
     }
+    // What the last word on each asked for (a later item overrides an
+    // earlier one, so these are checked once every -o is read).
+    if security_label {
+        return Err(unsupported("security_label", WHY_SECURITY_LABEL));
+    }
+    if killpriv == Some(true) && !root {
+        return Err(CompatError::Unsupported {
+            opt: killpriv_by,
+            why: WHY_KILLPRIV_USER,
+        });
+    }
+    a.virtiofsd.killpriv_v2 = killpriv == Some(true);
+    a.virtiofsd.no_killpriv_v2 = killpriv == Some(false);
     if a.shared_dir.is_none() && !a.print_capabilities {
         return Err(CompatError::NoSharedDir);
+    }
+    Ok(())
+}
+
+/// With --print-capabilities only a malformed or unknown `-o` item stops
+/// the output, as with virtiofsd, which prints whatever else it is given
+/// (libvirt asks with no other option).
+fn check_syntax(a: &VhostArgs) -> Result<(), CompatError> {
+    for opts in &a.compat_options {
+        for item in split(opts.as_bytes())? {
+            match parse_item(&item) {
+                Ok(_) | Err(CompatError::Unsupported { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
     Ok(())
 }
@@ -478,394 +579,15 @@ where
     let m = Cli::command().try_get_matches_from(argv)?;
     let mut cli = Cli::from_arg_matches(&m)?;
     if cli.cmd.is_none() {
-        resolve(&mut cli.vhost, &m, root)?;
+        if cli.vhost.print_capabilities {
+            check_syntax(&cli.vhost)?;
+        } else {
+            resolve(&mut cli.vhost, &m, root)?;
+        }
     }
     Ok(cli)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const ROOT: bool = true;
-
-    fn ok(args: &[&str]) -> VhostArgs {
-        let argv = std::iter::once("fusebox").chain(args.iter().copied());
-        match parse(argv, ROOT) {
-            Ok(c) => c.vhost,
-            Err(e) => panic!("{args:?}: {e}"),
-        }
-    }
-
-    fn err(args: &[&str]) -> String {
-        err_as(args, ROOT)
-    }
-
-    fn err_as(args: &[&str], root: bool) -> String {
-        let argv = std::iter::once("fusebox").chain(args.iter().copied());
-        match parse(argv, root) {
-            Ok(c) => panic!("{args:?} parsed: {:?}", c.vhost),
-            Err(ArgsError::Compat(e)) => e.to_string(),
-            Err(ArgsError::Usage(e)) => e.to_string(),
-        }
-    }
-
-    #[test]
-    fn libvirts_command_line() {
-        let a = ok(&[
-            "--fd=3",
-            "-o",
-            "source=/srv/a,,b,cache=none,sandbox=chroot,xattr,flock,posix_lock",
-            "--thread-pool-size=16",
-            "--rlimit-nofile=4096",
-            "-d",
-        ]);
-        assert_eq!(a.shared_dir, Some(PathBuf::from("/srv/a,b")));
-        assert_eq!(a.fd, Some(3));
-        assert_eq!(a.cache, Cache::Never);
-        assert_eq!(a.sandbox, Sandbox::Chroot);
-        assert!(a.xattr);
-        assert_eq!(a.thread_pool_size, 16);
-        assert_eq!(a.rlimit_nofile, Some(4096));
-        assert_eq!(a.log_level, LogLevel::Debug);
-        assert!(a.compat_options.is_empty());
-        assert_eq!(a.notices.len(), 2, "{:?}", a.notices);
-        assert!(a.notices.iter().any(|n| n.starts_with("-d is deprecated")));
-        let o = a
-            .notices
-            .iter()
-            .find(|n| n.starts_with("-o is deprecated"))
-            .cloned()
-            .unwrap_or_default();
-        assert!(
-            o.contains("--shared-dir /srv/a,b --cache never --sandbox chroot --xattr"),
-            "{o}"
-        );
-        assert!(o.contains("flock, posix_lock"), "{o}");
-    }
-
-    #[test]
-    fn commas_are_escaped_by_doubling() {
-        let s = |x: &str| -> Vec<String> {
-            split(x.as_bytes())
-                .map(|v| v.iter().map(|i| lossy(i)).collect())
-                .unwrap_or_else(|e| panic!("{x}: {e}"))
-        };
-        assert_eq!(s("source=/a,,b"), ["source=/a,b"]);
-        assert_eq!(s("source=/a,,,xattr"), ["source=/a,", "xattr"]);
-        assert_eq!(s("source=/a,,,,b,xattr"), ["source=/a,,b", "xattr"]);
-        assert_eq!(s("xattr"), ["xattr"]);
-        for bad in ["", ",", "xattr,", ",xattr", "xattr,,,", "a,,,,,"] {
-            assert!(
-                matches!(split(bad.as_bytes()), Err(CompatError::Empty(_))),
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn every_suboption_maps_to_its_option() {
-        let a = ok(&[
-            "--socket-path=/s",
-            "-o",
-            "source=/x,cache=metadata,sandbox=none,no_xattr,posix_acl,writeback",
-            "-o",
-            "log_level=warn,announce_submounts,killpriv_v2,allow_direct_io,readdirplus",
-        ]);
-        assert_eq!(a.shared_dir, Some(PathBuf::from("/x")));
-        assert_eq!(a.cache, Cache::Metadata);
-        assert_eq!(a.sandbox, Sandbox::None);
-        assert!(!a.xattr);
-        assert_eq!(a.posix_acl, AclMode::Always);
-        assert!(a.writeback);
-        assert_eq!(a.log_level, LogLevel::Warn);
-        assert!(a.announce_submounts);
-        assert_eq!(a.notices.len(), 2, "one notice per -o: {:?}", a.notices);
-        let a = ok(&[
-            "--socket-path=/s",
-            "-o",
-            "source=/x,cache=always,sandbox=namespace,xattr,no_posix_acl,no_writeback,loglevel=err",
-        ]);
-        assert_eq!(a.cache, Cache::Always);
-        assert_eq!(a.sandbox, Sandbox::Namespace);
-        assert!(a.xattr);
-        assert_eq!(a.posix_acl, AclMode::Never);
-        assert!(!a.writeback);
-        assert_eq!(a.log_level, LogLevel::Error);
-        for (v, c) in [("auto", Cache::Auto), ("never", Cache::Never)] {
-            let a = ok(&["--socket-path=/s", "-o", &format!("source=/x,cache={v}")]);
-            assert_eq!(a.cache, c);
-        }
-        for (v, l) in [("info", LogLevel::Info), ("debug", LogLevel::Debug)] {
-            let a = ok(&[
-                "--socket-path=/s",
-                "-o",
-                &format!("source=/x,log_level={v}"),
-            ]);
-            assert_eq!(a.log_level, l);
-        }
-    }
-
-    #[test]
-    fn later_suboptions_override_earlier_ones() {
-        let a = ok(&[
-            "--socket-path=/s",
-            "-o",
-            "source=/x,xattr",
-            "-o",
-            "no_xattr",
-        ]);
-        assert!(!a.xattr);
-        let a = ok(&["--socket-path=/s", "-osource=/x,cache=never,cache=always"]);
-        assert_eq!(a.cache, Cache::Always);
-    }
-
-    #[test]
-    fn the_same_value_twice_is_no_conflict() {
-        let a = ok(&[
-            "--socket-path=/s",
-            "--shared-dir=/x/",
-            "--cache=never",
-            "--xattr",
-            "--log-level=debug",
-            "-d",
-            "-o",
-            "source=/x,cache=none,xattr,log_level=debug",
-        ]);
-        assert_eq!(a.cache, Cache::Never);
-        assert_eq!(a.log_level, LogLevel::Debug);
-    }
-
-    #[test]
-    fn a_suboption_disagreeing_with_a_separate_option_is_an_error() {
-        for (args, named) in [
-            (
-                &["--shared-dir=/b", "-o", "source=/a"][..],
-                "-o source=/a conflicts with --shared-dir",
-            ),
-            (
-                &["--shared-dir=/a", "--cache=auto", "-o", "cache=never"],
-                "-o cache=never conflicts with --cache",
-            ),
-            (
-                &["--shared-dir=/a", "--sandbox=none", "-o", "sandbox=chroot"],
-                "-o sandbox=chroot conflicts with --sandbox",
-            ),
-            (
-                &["--shared-dir=/a", "--xattr", "-o", "no_xattr"],
-                "-o no_xattr conflicts with --xattr",
-            ),
-            (
-                &["--shared-dir=/a", "--posix-acl=auto", "-o", "posix_acl"],
-                "-o posix_acl conflicts with --posix-acl",
-            ),
-            (
-                &["--shared-dir=/a", "--writeback", "-o", "no_writeback"],
-                "-o no_writeback conflicts with --writeback",
-            ),
-            (
-                &[
-                    "--shared-dir=/a",
-                    "--log-level=info",
-                    "-o",
-                    "log_level=warn",
-                ],
-                "-o log_level=warn conflicts with --log-level",
-            ),
-            (
-                &["--shared-dir=/a", "-d", "-o", "log_level=warn"],
-                "-o log_level=warn conflicts with -d",
-            ),
-            (
-                &["--shared-dir=/a", "--log-level=warn", "-d"],
-                "-d conflicts with --log-level",
-            ),
-            (
-                &[
-                    "--shared-dir=/a",
-                    "--announce-submounts",
-                    "-o",
-                    "no_announce_submounts",
-                ],
-                "-o no_announce_submounts conflicts with --announce-submounts",
-            ),
-            (
-                &[
-                    "--shared-dir=/a",
-                    "--no-announce-submounts",
-                    "-o",
-                    "announce_submounts",
-                ],
-                "-o announce_submounts conflicts with --no-announce-submounts",
-            ),
-        ] {
-            let args = [&["--socket-path=/s"][..], args].concat();
-            let e = err(&args);
-            assert!(e.contains(named), "{args:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn malformed_and_unknown_suboptions_are_errors_naming_them() {
-        for (o, named) in [
-            ("", "-o \"\": empty suboption"),
-            ("source=/a,", "empty suboption"),
-            ("source=/a,,,", "empty suboption"),
-            ("=x", "-o =x: '=' without a suboption name"),
-            ("source=/a,cache=", "-o cache=: the suboption needs a value"),
-            ("source=", "-o source=: the suboption needs a value"),
-            ("cache", "-o cache: the suboption needs a value"),
-            ("source=/a,cache=sometimes", "-o cache=sometimes: expected"),
-            ("source=/a,sandbox=jail", "-o sandbox=jail: expected"),
-            ("source=/a,log_level=trace", "-o log_level=trace: expected"),
-            ("source=/a,xattr=on", "-o xattr=on: xattr takes no value"),
-            (
-                "source=/a,no_flock=1",
-                "-o no_flock=1: no_flock takes no value",
-            ),
-            ("source=/a,timeout=5", "-o timeout: unknown suboption"),
-            ("source=/a,norace", "-o norace: unknown suboption"),
-        ] {
-            let e = err(&["--socket-path=/s", "-o", o]);
-            assert!(e.contains(named), "-o {o:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn what_fusebox_cannot_honour_is_an_error_naming_it() {
-        for (o, named) in [
-            ("modcaps=+sys_admin", "-o modcaps: not supported by fusebox"),
-            (
-                "xattrmap=:ok:all:::",
-                "-o xattrmap: not supported by fusebox",
-            ),
-            ("no_flock", "-o no_flock: not supported by fusebox"),
-            (
-                "no_posix_lock",
-                "-o no_posix_lock: not supported by fusebox",
-            ),
-            (
-                "no_readdirplus",
-                "-o no_readdirplus: not supported by fusebox",
-            ),
-            (
-                "no_allow_direct_io",
-                "-o no_allow_direct_io: not supported by fusebox",
-            ),
-            (
-                "security_label",
-                "-o security_label: not supported by fusebox",
-            ),
-            (
-                "no_killpriv_v2",
-                "-o no_killpriv_v2: not supported by fusebox",
-            ),
-        ] {
-            let e = err(&["--socket-path=/s", "-o", &format!("source=/a,{o}")]);
-            assert!(e.contains(named), "-o {o}: {e}");
-        }
-        let e = err_as(&["--socket-path=/s", "-o", "source=/a,killpriv_v2"], false);
-        assert!(
-            e.contains("-o killpriv_v2: not supported by fusebox"),
-            "{e}"
-        );
-        for args in [
-            &["--modcaps=+sys_admin"][..],
-            &["--xattrmap", ":ok:all:::"],
-            &["--no-readdirplus"],
-            &["--security-label"],
-            &["--security-label=auto"],
-            &["--uid-map=:0:1000:1:"],
-            &["--gid-map=:0:1000:1:"],
-            &["--translate-uid=map:0:1000:1"],
-            &["--translate-gid=map:0:1000:1"],
-            &["--migration-mode=find-paths"],
-            &["--migration-on-error=abort"],
-            &["--migration-verify-handles"],
-            &["--migration-confirm-paths"],
-            &["--no-killpriv-v2"],
-        ] {
-            let all = [&["--socket-path=/s", "--shared-dir=/a"][..], args].concat();
-            let e = err(&all);
-            let opt = args[0].split('=').next().unwrap_or_default();
-            assert!(
-                e.contains(&format!("{opt}: not supported by fusebox")),
-                "{args:?}: {e}"
-            );
-        }
-        let e = err_as(
-            &["--socket-path=/s", "--shared-dir=/a", "--killpriv-v2"],
-            false,
-        );
-        assert!(e.contains("--killpriv-v2: not supported by fusebox"), "{e}");
-    }
-
-    #[test]
-    fn options_asking_for_what_fusebox_does_are_taken() {
-        ok(&[
-            "--socket-path=/s",
-            "--shared-dir=/a",
-            "--allow-direct-io",
-            "--allow-mmap",
-            "--preserve-noatime",
-            "--killpriv-v2",
-            "--security-label=never",
-            "--no-announce-submounts",
-            "-o",
-            "no_security_label,flock,posix_lock,readdirplus,allow_direct_io,killpriv_v2",
-        ]);
-        let argv = [
-            "fusebox",
-            "--socket-path=/s",
-            "--shared-dir=/a",
-            "--no-killpriv-v2",
-        ];
-        assert!(parse(argv, false).is_ok());
-    }
-
-    #[test]
-    fn deprecated_spellings() {
-        let a = ok(&["--socket", "/s", "--shared-dir", "/a", "-f"]);
-        assert_eq!(a.socket_path, Some(PathBuf::from("/s")));
-        assert_eq!(a.socket, None);
-        assert!(a
-            .notices
-            .iter()
-            .any(|n| n.contains("--socket is deprecated")));
-        assert!(a.notices.iter().any(|n| n.starts_with("-f is deprecated")));
-        let e = err(&[
-            "--socket",
-            "/s",
-            "--socket-path",
-            "/t",
-            "--shared-dir",
-            "/a",
-        ]);
-        assert!(e.contains("--socket"), "{e}");
-    }
-
-    #[test]
-    fn a_shared_dir_is_needed_one_way_or_the_other() {
-        let e = err(&["--socket-path=/s", "-o", "cache=auto"]);
-        assert!(
-            e.contains("--shared-dir (or -o source=DIR) is required"),
-            "{e}"
-        );
-        let e = err(&["--socket-path=/s"]);
-        assert!(e.contains("--shared-dir"), "{e}");
-        ok(&["--print-capabilities"]);
-    }
-
-    #[test]
-    fn a_non_utf8_source_path() {
-        use std::os::unix::ffi::OsStringExt;
-        let o = OsString::from_vec(b"source=/a\xff,,b,xattr".to_vec());
-        let argv: Vec<OsString> = vec!["fusebox".into(), "--socket-path=/s".into(), "-o".into(), o];
-        let a = parse(argv, ROOT).map(|c| c.vhost).ok();
-        let dir = a.and_then(|a| a.shared_dir);
-        assert_eq!(
-            dir.map(|d| d.into_os_string().into_vec()),
-            Some(b"/a\xff,b".to_vec())
-        );
-    }
-}
+#[path = "compat_tests.rs"]
+mod tests;

@@ -64,7 +64,8 @@ pub enum VhostError {
 /// --shared-dir, --cache and the like, which fusebox takes, but refuses a
 /// domain with a `<lock>` element ("locking options are not supported by
 /// this virtiofsd"); without it libvirt uses `-o source=...,flock,posix_lock`
-/// (`crate::compat`), where fusebox honours the locks it always serves.
+/// or `no_flock,no_posix_lock` (`crate::compat`), which fusebox honours:
+/// it serves both kinds of lock, or does not offer them.
 const CAPABILITIES: &str =
     "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"posix-acl-negotiation-mode\"\n  ]\n}";
 
@@ -216,6 +217,11 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         groups: Groups::None,
         io_uring: !a.no_io_uring,
         announce_submounts: a.announce_submounts,
+        flock_locks: !a.no_flock,
+        posix_locks: !a.no_posix_lock,
+        readdirplus: !a.virtiofsd.no_readdirplus,
+        killpriv_v2: !a.virtiofsd.no_killpriv_v2,
+        direct_io: !a.no_direct_io,
         ..Config::default()
     };
     if a.sandbox != crate::cli::Sandbox::None

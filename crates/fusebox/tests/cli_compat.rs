@@ -5,10 +5,12 @@
 //! the path doubled) serves the directory with its locks; `--socket` and
 //! `-f` still work; every malformed, unknown or unsupported item stops
 //! the start with a message naming it; `--print-capabilities` is JSON
-//! listing what works. The parser's every case is unit-tested in
+//! listing what works. `-o no_flock,no_posix_lock` (libvirt's `<lock
+//! posix='off' flock='off'/>`), `no_readdirplus` and `no_killpriv_v2`
+//! take those offers out of INIT. The parser's every case is unit-tested in
 //! `src/compat.rs`.
 
-use fuse_core::abi::{FileLock, ROOT_ID};
+use fuse_core::abi::{init, FileLock, ROOT_ID};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -100,6 +102,14 @@ fn libvirts_command_line_starts_a_serving_daemon() {
     drop(listener);
     let fe = connect(&sock, &mut child, &log);
     let c = fe.client();
+    // Tests run as root: KILLPRIV_V2 is offered too.
+    let offers = init::FLOCK_LOCKS
+        | init::POSIX_LOCKS
+        | init::DO_READDIRPLUS
+        | init::READDIRPLUS_AUTO
+        | init::HANDLE_KILLPRIV_V2;
+    let flags = c.chan().negotiated().unwrap().flags;
+    assert_eq!(flags & offers, offers, "{flags:#x}");
     let (f, o) = c
         .create(ROOT_ID, b"from-guest", 0o644, libc::O_RDWR as u32, 0)
         .unwrap();
@@ -143,6 +153,88 @@ fn libvirts_command_line_starts_a_serving_daemon() {
     assert!(status.success(), "{status}: {err}");
     assert_eq!(err.matches("-o is deprecated").count(), 1, "{err}");
     assert!(err.contains("-d is deprecated"), "{err}");
+}
+
+/// The flags of `pid`'s open (not O_PATH) fds on `path`'s inode.
+fn open_flags(pid: u32, path: &Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let want = std::fs::metadata(path).unwrap();
+    let mut out = Vec::new();
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    for e in std::fs::read_dir(proc.join("fd")).unwrap().flatten() {
+        let Ok(meta) = std::fs::metadata(e.path()) else {
+            continue;
+        };
+        if (meta.dev(), meta.ino()) != (want.dev(), want.ino()) {
+            continue;
+        }
+        let Ok(info) = std::fs::read_to_string(proc.join("fdinfo").join(e.file_name())) else {
+            continue;
+        };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| i32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        if flags & libc::O_PATH == 0 {
+            out.push(flags);
+        }
+    }
+    out
+}
+
+#[test]
+fn locks_readdirplus_and_killpriv_left_out_of_init_when_asked() {
+    let d = base("nolocks");
+    let share = d.0.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let sock = d.0.join("vfs.sock");
+    let log = d.0.join("stderr");
+    let mut child = Command::new(BIN)
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("-o")
+        .arg(format!(
+            "source={},sandbox=chroot,no_flock,no_posix_lock,no_readdirplus,no_killpriv_v2,\
+             no_allow_direct_io",
+            share.display()
+        ))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let fe = connect(&sock, &mut child, &log);
+    let flags = fe.client().chan().negotiated().unwrap().flags;
+    for (bit, name) in [
+        (init::FLOCK_LOCKS, "FLOCK_LOCKS"),
+        (init::POSIX_LOCKS, "POSIX_LOCKS"),
+        (init::DO_READDIRPLUS, "DO_READDIRPLUS"),
+        (init::READDIRPLUS_AUTO, "READDIRPLUS_AUTO"),
+        (init::HANDLE_KILLPRIV_V2, "HANDLE_KILLPRIV_V2"),
+    ] {
+        assert_eq!(flags & bit, 0, "{name} negotiated: {flags:#x}");
+    }
+    // O_DIRECT from the guest does not reach the host open.
+    let c = fe.client();
+    let odirect = (libc::O_RDWR | libc::O_DIRECT) as u32;
+    let (f, o) = c.create(ROOT_ID, b"d", 0o644, odirect, 0).unwrap();
+    c.write(f.nodeid, o.fh, 0, b"abc", 0).unwrap();
+    let opens = open_flags(child.id(), &share.join("d"));
+    assert!(
+        opens.iter().any(|f| f & libc::O_ACCMODE == libc::O_RDWR),
+        "the guest's open: {opens:?}"
+    );
+    for f in opens {
+        assert_eq!(f & libc::O_DIRECT, 0, "{f:o}");
+    }
+    c.release(f.nodeid, o.fh, 0).unwrap();
+    drop(fe);
+    let status = wait_exit(&mut child);
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(
+        err.contains("no_flock, no_posix_lock, no_allow_direct_io have no separate option"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -201,16 +293,19 @@ fn bad_compatibility_options_stop_the_start_naming_them() {
             "-o modcaps: not supported by fusebox",
         ),
         (
-            vec!["-o".into(), format!("{src},no_flock")],
-            "-o no_flock: not supported by fusebox",
+            vec!["-o".into(), format!("{src},norace")],
+            "-o norace: not supported by fusebox (",
         ),
         (
-            vec!["-o".into(), format!("{src},no_posix_lock")],
-            "-o no_posix_lock: not supported by fusebox",
+            vec!["-o".into(), format!("{src},no_flock=")],
+            "-o no_flock=: no_flock takes no value",
         ),
         (
-            vec!["-o".into(), format!("{src},no_readdirplus")],
-            "-o no_readdirplus: not supported by fusebox",
+            vec![
+                "-o".into(),
+                format!("{src},no_security_label,security_label"),
+            ],
+            "-o security_label: not supported by fusebox",
         ),
         (
             vec![
@@ -361,4 +456,18 @@ fn print_capabilities_is_json_listing_what_works() {
         "{text}"
     );
     assert!(json("{\"a\": [\"b\",]}").is_err());
+    // Printed whatever else fusebox would refuse (as virtiofsd, which
+    // prints with any option it parses).
+    let out = Command::new(BIN)
+        .args([
+            "--print-capabilities",
+            "--modcaps=+sys_admin",
+            "--uid-map=:0:100000:65536:",
+            "-o",
+            "source=/nowhere,security_label,norace",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
 }

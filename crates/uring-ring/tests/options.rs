@@ -544,3 +544,107 @@ fn hostile_offsets_and_readdirplus_at_the_fd_cap() {
         std::thread::yield_now();
     }
 }
+
+#[test]
+fn lock_readdirplus_and_killpriv_offers_follow_the_config() {
+    let bits = |cfg: Config| {
+        let m = Mount::new(Kind::Tmpfs, cfg, Via::Device(1));
+        m.client.chan().negotiated().unwrap().flags
+    };
+    let all = init::FLOCK_LOCKS
+        | init::POSIX_LOCKS
+        | init::DO_READDIRPLUS
+        | init::READDIRPLUS_AUTO
+        | init::HANDLE_KILLPRIV_V2;
+    assert!(Config::default().creds, "tests run as root");
+    assert_eq!(bits(Config::default()) & all, all, "offered by default");
+    for (cfg, gone) in [
+        (
+            Config {
+                flock_locks: false,
+                ..Default::default()
+            },
+            init::FLOCK_LOCKS,
+        ),
+        (
+            Config {
+                posix_locks: false,
+                ..Default::default()
+            },
+            init::POSIX_LOCKS,
+        ),
+        (
+            Config {
+                readdirplus: false,
+                ..Default::default()
+            },
+            init::DO_READDIRPLUS | init::READDIRPLUS_AUTO,
+        ),
+        (
+            Config {
+                killpriv_v2: false,
+                ..Default::default()
+            },
+            init::HANDLE_KILLPRIV_V2,
+        ),
+    ] {
+        let f = bits(cfg);
+        assert_eq!(f & gone, 0, "{gone:#x} still negotiated");
+        assert_eq!(f & all, all & !gone, "only {gone:#x} left out");
+    }
+}
+
+/// The open flags of this process's open (not O_PATH) fds on `path`'s
+/// inode.
+fn host_open_flags(path: &std::path::Path) -> Vec<i32> {
+    let want = std::fs::metadata(path).unwrap();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(meta) = std::fs::metadata(e.path()) else {
+            continue;
+        };
+        if (meta.dev(), meta.ino()) != (want.dev(), want.ino()) {
+            continue;
+        }
+        let info = std::path::Path::new("/proc/self/fdinfo").join(e.file_name());
+        let Ok(info) = std::fs::read_to_string(info) else {
+            continue;
+        };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| i32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        if flags & libc::O_PATH == 0 {
+            out.push(flags);
+        }
+    }
+    out
+}
+
+#[test]
+fn o_direct_reaches_the_host_unless_direct_io_is_off() {
+    for direct_io in [true, false] {
+        let m = Mount::new(
+            Kind::Tmpfs,
+            Config {
+                direct_io,
+                ..Default::default()
+            },
+            Via::Device(1),
+        );
+        let c = &m.client;
+        let (e, o) = c
+            .create(ROOT_ID, b"f", 0o644, RW | libc::O_DIRECT as u32, 0)
+            .unwrap();
+        let od = c.open(e.nodeid, RW | libc::O_DIRECT as u32).unwrap();
+        let flags = host_open_flags(&m.path("f"));
+        assert_eq!(flags.len(), 2, "{flags:?}");
+        for f in flags {
+            assert_eq!(f & libc::O_DIRECT != 0, direct_io, "{f:o}");
+        }
+        // Served either way.
+        c.write(e.nodeid, od.fh, 0, &[7u8; 4096], 0).unwrap();
+        assert_eq!(c.read(e.nodeid, o.fh, 0, 4096).unwrap(), vec![7u8; 4096]);
+    }
+}

@@ -141,6 +141,10 @@ impl PassthroughFs {
 
     fn access_flags(&self, flags: u32) -> Result<i32, Errno> {
         let mut f = flags as i32 & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+        if !self.cfg.direct_io {
+            // Served through the host's page cache (virtiofsd's default).
+            f &= !libc::O_DIRECT;
+        }
         if self.cfg.readonly && (f & libc::O_ACCMODE != libc::O_RDONLY || f & libc::O_TRUNC != 0) {
             return Err(Errno(libc::EROFS));
         }

@@ -141,6 +141,27 @@ pub struct Config {
     /// (see `backing.rs`). Needs [`PassthroughFs::attach_device`] before
     /// INIT and CAP_SYS_ADMIN; excludes the writeback cache.
     pub kernel_passthrough: bool,
+    /// Offer FUSE_FLOCK_LOCKS: the client sends flock(2) locks to the
+    /// daemon, which holds them on the host file. Off, the client keeps
+    /// them to itself (virtiofsd's `-o no_flock`).
+    pub flock_locks: bool,
+    /// Offer FUSE_POSIX_LOCKS: the client sends fcntl(2) record locks to
+    /// the daemon. Off, the client keeps them to itself (`-o
+    /// no_posix_lock`).
+    pub posix_locks: bool,
+    /// Offer READDIRPLUS (FUSE_DO_READDIRPLUS and READDIRPLUS_AUTO). Off,
+    /// the client lists directories with READDIR and looks each entry up
+    /// (virtiofsd's `--no-readdirplus`).
+    pub readdirplus: bool,
+    /// Offer FUSE_HANDLE_KILLPRIV_V2 when `creds` is on (writes and
+    /// truncates then run as the caller, so the host clears setuid/setgid
+    /// itself). Off (virtiofsd's `--no-killpriv-v2`), the client clears
+    /// them with a SETATTR of the mode, which runs as the caller too.
+    pub killpriv_v2: bool,
+    /// Open host files with the O_DIRECT the client asks for. Off
+    /// (virtiofsd's `-o no_allow_direct_io`), O_DIRECT is dropped from the
+    /// host open and the file is served through the host's page cache.
+    pub direct_io: bool,
 }
 
 impl Default for Config {
@@ -162,6 +183,11 @@ impl Default for Config {
             io_uring: true,
             announce_submounts: false,
             kernel_passthrough: false,
+            flock_locks: true,
+            posix_locks: true,
+            readdirplus: true,
+            killpriv_v2: true,
+            direct_io: true,
         }
     }
 }
@@ -549,21 +575,26 @@ impl PassthroughFs {
 
     fn init_flags(&self, capable: u64) -> Result<u64, Errno> {
         let mut f = init::DONT_MASK
-            | init::POSIX_LOCKS
-            | init::FLOCK_LOCKS
-            | init::DO_READDIRPLUS
-            | init::READDIRPLUS_AUTO
             | init::ATOMIC_O_TRUNC
             | init::PARALLEL_DIROPS
             // Shared mmap of files opened with FOPEN_DIRECT_IO (cache
             // never/metadata); without it the client refuses with ENODEV.
             | init::DIRECT_IO_ALLOW_MMAP;
+        if self.cfg.posix_locks {
+            f |= init::POSIX_LOCKS;
+        }
+        if self.cfg.flock_locks {
+            f |= init::FLOCK_LOCKS;
+        }
+        if self.cfg.readdirplus {
+            f |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO;
+        }
         if self.offers_passthrough() {
             f |= init::PASSTHROUGH;
         } else if self.writeback() {
             f |= init::WRITEBACK_CACHE;
         }
-        if self.cfg.creds {
+        if self.cfg.creds && self.cfg.killpriv_v2 {
             // Writes and truncates run as the caller, so the host kernel
             // clears setuid/setgid bits exactly as it would locally.
             f |= init::HANDLE_KILLPRIV_V2;

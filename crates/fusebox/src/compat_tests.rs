@@ -1,0 +1,696 @@
+//! Unit tests of `compat` (the parser is a pure function of argv).
+
+use super::*;
+
+const ROOT: bool = true;
+
+fn ok(args: &[&str]) -> VhostArgs {
+    let argv = std::iter::once("fusebox").chain(args.iter().copied());
+    match parse(argv, ROOT) {
+        Ok(c) => c.vhost,
+        Err(e) => panic!("{args:?}: {e}"),
+    }
+}
+
+fn err(args: &[&str]) -> String {
+    err_as(args, ROOT)
+}
+
+fn err_as(args: &[&str], root: bool) -> String {
+    let argv = std::iter::once("fusebox").chain(args.iter().copied());
+    match parse(argv, root) {
+        Ok(c) => panic!("{args:?} parsed: {:?}", c.vhost),
+        Err(ArgsError::Compat(e)) => e.to_string(),
+        Err(ArgsError::Usage(e)) => e.to_string(),
+    }
+}
+
+#[test]
+fn libvirts_command_line() {
+    let a = ok(&[
+        "--fd=3",
+        "-o",
+        "source=/srv/a,,b,cache=none,sandbox=chroot,xattr,flock,posix_lock",
+        "--thread-pool-size=16",
+        "--rlimit-nofile=4096",
+        "-d",
+    ]);
+    assert_eq!(a.shared_dir, Some(PathBuf::from("/srv/a,b")));
+    assert_eq!(a.fd, Some(3));
+    assert_eq!(a.cache, Cache::Never);
+    assert_eq!(a.sandbox, Sandbox::Chroot);
+    assert!(a.xattr);
+    assert_eq!(a.thread_pool_size, 16);
+    assert_eq!(a.rlimit_nofile, Some(4096));
+    assert_eq!(a.log_level, LogLevel::Debug);
+    assert!(a.compat_options.is_empty());
+    assert_eq!(a.notices.len(), 2, "{:?}", a.notices);
+    assert!(a.notices.iter().any(|n| n.starts_with("-d is deprecated")));
+    let o = a
+        .notices
+        .iter()
+        .find(|n| n.starts_with("-o is deprecated"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        o.contains("--shared-dir /srv/a,b --cache never --sandbox chroot --xattr"),
+        "{o}"
+    );
+    assert!(o.contains("flock, posix_lock"), "{o}");
+}
+
+#[test]
+fn commas_are_escaped_by_doubling() {
+    let s = |x: &str| -> Vec<String> {
+        split(x.as_bytes())
+            .map(|v| v.iter().map(|i| lossy(i)).collect())
+            .unwrap_or_else(|e| panic!("{x}: {e}"))
+    };
+    assert_eq!(s("source=/a,,b"), ["source=/a,b"]);
+    assert_eq!(s("source=/a,,,xattr"), ["source=/a,", "xattr"]);
+    assert_eq!(s("source=/a,,,,b,xattr"), ["source=/a,,b", "xattr"]);
+    assert_eq!(s("xattr"), ["xattr"]);
+    for bad in ["", ",", "xattr,", ",xattr", "xattr,,,", "a,,,,,"] {
+        assert!(
+            matches!(split(bad.as_bytes()), Err(CompatError::Empty(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn every_suboption_maps_to_its_option() {
+    let a = ok(&[
+        "--socket-path=/s",
+        "-o",
+        "source=/x,cache=metadata,sandbox=none,no_xattr,posix_acl,writeback",
+        "-o",
+        "log_level=warn,announce_submounts,killpriv_v2,allow_direct_io,readdirplus",
+    ]);
+    assert_eq!(a.shared_dir, Some(PathBuf::from("/x")));
+    assert_eq!(a.cache, Cache::Metadata);
+    assert_eq!(a.sandbox, Sandbox::None);
+    assert!(!a.xattr);
+    assert_eq!(a.posix_acl, AclMode::Always);
+    assert!(a.writeback);
+    assert_eq!(a.log_level, LogLevel::Warn);
+    assert!(a.announce_submounts);
+    assert_eq!(a.notices.len(), 2, "one notice per -o: {:?}", a.notices);
+    let a = ok(&[
+        "--socket-path=/s",
+        "-o",
+        "source=/x,cache=always,sandbox=namespace,xattr,no_posix_acl,no_writeback,loglevel=err",
+    ]);
+    assert_eq!(a.cache, Cache::Always);
+    assert_eq!(a.sandbox, Sandbox::Namespace);
+    assert!(a.xattr);
+    assert_eq!(a.posix_acl, AclMode::Never);
+    assert!(!a.writeback);
+    assert_eq!(a.log_level, LogLevel::Error);
+    for (v, c) in [("auto", Cache::Auto), ("never", Cache::Never)] {
+        let a = ok(&["--socket-path=/s", "-o", &format!("source=/x,cache={v}")]);
+        assert_eq!(a.cache, c);
+    }
+    for (v, l) in [("info", LogLevel::Info), ("debug", LogLevel::Debug)] {
+        let a = ok(&[
+            "--socket-path=/s",
+            "-o",
+            &format!("source=/x,log_level={v}"),
+        ]);
+        assert_eq!(a.log_level, l);
+    }
+}
+
+#[test]
+fn later_suboptions_override_earlier_ones() {
+    let a = ok(&[
+        "--socket-path=/s",
+        "-o",
+        "source=/x,xattr",
+        "-o",
+        "no_xattr",
+    ]);
+    assert!(!a.xattr);
+    let a = ok(&["--socket-path=/s", "-osource=/x,cache=never,cache=always"]);
+    assert_eq!(a.cache, Cache::Always);
+}
+
+#[test]
+fn the_same_value_twice_is_no_conflict() {
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/x/",
+        "--cache=never",
+        "--xattr",
+        "--log-level=debug",
+        "-d",
+        "-o",
+        "source=/x,cache=none,xattr,log_level=debug",
+    ]);
+    assert_eq!(a.cache, Cache::Never);
+    assert_eq!(a.log_level, LogLevel::Debug);
+}
+
+#[test]
+fn a_suboption_disagreeing_with_a_separate_option_is_an_error() {
+    for (args, named) in [
+        (
+            &["--shared-dir=/b", "-o", "source=/a"][..],
+            "-o source=/a conflicts with --shared-dir",
+        ),
+        (
+            &["--shared-dir=/a", "--cache=auto", "-o", "cache=never"],
+            "-o cache=never conflicts with --cache",
+        ),
+        (
+            &["--shared-dir=/a", "--sandbox=none", "-o", "sandbox=chroot"],
+            "-o sandbox=chroot conflicts with --sandbox",
+        ),
+        (
+            &["--shared-dir=/a", "--xattr", "-o", "no_xattr"],
+            "-o no_xattr conflicts with --xattr",
+        ),
+        (
+            &["--shared-dir=/a", "--posix-acl=auto", "-o", "posix_acl"],
+            "-o posix_acl conflicts with --posix-acl",
+        ),
+        (
+            &["--shared-dir=/a", "--writeback", "-o", "no_writeback"],
+            "-o no_writeback conflicts with --writeback",
+        ),
+        (
+            &[
+                "--shared-dir=/a",
+                "--log-level=info",
+                "-o",
+                "log_level=warn",
+            ],
+            "-o log_level=warn conflicts with --log-level",
+        ),
+        (
+            &["--shared-dir=/a", "-d", "-o", "log_level=warn"],
+            "-o log_level=warn conflicts with -d",
+        ),
+        (
+            &["--shared-dir=/a", "--log-level=warn", "-d"],
+            "-d conflicts with --log-level",
+        ),
+        (
+            &[
+                "--shared-dir=/a",
+                "--announce-submounts",
+                "-o",
+                "no_announce_submounts",
+            ],
+            "-o no_announce_submounts conflicts with --announce-submounts",
+        ),
+        (
+            &[
+                "--shared-dir=/a",
+                "--no-announce-submounts",
+                "-o",
+                "announce_submounts",
+            ],
+            "-o announce_submounts conflicts with --no-announce-submounts",
+        ),
+    ] {
+        let args = [&["--socket-path=/s"][..], args].concat();
+        let e = err(&args);
+        assert!(e.contains(named), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn malformed_and_unknown_suboptions_are_errors_naming_them() {
+    for (o, named) in [
+        ("", "-o \"\": empty suboption"),
+        ("source=/a,", "empty suboption"),
+        ("source=/a,,,", "empty suboption"),
+        ("=x", "-o =x: '=' without a suboption name"),
+        ("source=/a,cache=", "-o cache=: the suboption needs a value"),
+        ("source=", "-o source=: the suboption needs a value"),
+        ("cache", "-o cache: the suboption needs a value"),
+        ("source=/a,cache=sometimes", "-o cache=sometimes: expected"),
+        ("source=/a,sandbox=jail", "-o sandbox=jail: expected"),
+        ("source=/a,log_level=trace", "-o log_level=trace: expected"),
+        ("source=/a,xattr=on", "-o xattr=on: xattr takes no value"),
+        (
+            "source=/a,no_flock=1",
+            "-o no_flock=1: no_flock takes no value",
+        ),
+        // A flag with an empty value: the flag is named, not a value
+        // asked for.
+        ("source=/a,xattr=", "-o xattr=: xattr takes no value"),
+        (
+            "source=/a,no_flock=",
+            "-o no_flock=: no_flock takes no value",
+        ),
+        ("source=/a,debug=1", "-o debug=1: debug takes no value"),
+        ("source=/a,nonsense", "-o nonsense: unknown suboption"),
+        ("source=/a,nonsense=1", "-o nonsense: unknown suboption"),
+    ] {
+        let e = err(&["--socket-path=/s", "-o", o]);
+        assert!(e.contains(named), "-o {o:?}: {e}");
+    }
+}
+
+#[test]
+fn what_fusebox_cannot_honour_is_an_error_naming_it() {
+    for (o, named) in [
+        ("modcaps=+sys_admin", "-o modcaps: not supported by fusebox"),
+        (
+            "xattrmap=:ok:all:::",
+            "-o xattrmap: not supported by fusebox",
+        ),
+        ("modcaps", "-o modcaps: not supported by fusebox"),
+        (
+            "security_label",
+            "-o security_label: not supported by fusebox",
+        ),
+    ] {
+        let e = err(&["--socket-path=/s", "-o", &format!("source=/a,{o}")]);
+        assert!(e.contains(named), "-o {o}: {e}");
+    }
+    let e = err_as(&["--socket-path=/s", "-o", "source=/a,killpriv_v2"], false);
+    assert!(
+        e.contains("-o killpriv_v2: not supported by fusebox"),
+        "{e}"
+    );
+    for args in [
+        &["--modcaps=+sys_admin"][..],
+        &["--xattrmap", ":ok:all:::"],
+        &["--security-label"],
+        &["--security-label=auto"],
+        &["--uid-map=:0:1000:1:"],
+        &["--gid-map=:0:1000:1:"],
+        &["--translate-uid=map:0:1000:1"],
+        &["--translate-gid=map:0:1000:1"],
+        &["--migration-mode=find-paths"],
+        &["--migration-on-error=abort"],
+        &["--migration-verify-handles"],
+        &["--migration-confirm-paths"],
+    ] {
+        let all = [&["--socket-path=/s", "--shared-dir=/a"][..], args].concat();
+        let e = err(&all);
+        let opt = args[0].split('=').next().unwrap_or_default();
+        assert!(
+            e.contains(&format!("{opt}: not supported by fusebox")),
+            "{args:?}: {e}"
+        );
+    }
+    let e = err_as(
+        &["--socket-path=/s", "--shared-dir=/a", "--killpriv-v2"],
+        false,
+    );
+    assert!(e.contains("--killpriv-v2: not supported by fusebox"), "{e}");
+}
+
+#[test]
+fn options_asking_for_what_fusebox_does_are_taken() {
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--allow-direct-io",
+        "--allow-mmap",
+        "--preserve-noatime",
+        "--killpriv-v2",
+        "--security-label=never",
+        "--no-announce-submounts",
+        "-o",
+        "no_security_label,flock,posix_lock,readdirplus,allow_direct_io,killpriv_v2",
+    ]);
+    assert!(!a.no_flock && !a.no_posix_lock && !a.no_direct_io);
+    assert!(!a.virtiofsd.no_readdirplus && !a.virtiofsd.no_killpriv_v2);
+    let o = a.notices.last().cloned().unwrap_or_default();
+    assert!(
+        o.contains(
+            "no_security_label, flock, posix_lock, readdirplus, allow_direct_io need no option"
+        ),
+        "{o}"
+    );
+    let argv = [
+        "fusebox",
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--no-killpriv-v2",
+    ];
+    assert!(parse(argv, false).is_ok());
+}
+
+#[test]
+fn lock_readdirplus_killpriv_and_direct_io_switches_are_honoured() {
+    // Each off by default.
+    let a = ok(&["--socket-path=/s", "--shared-dir=/a"]);
+    assert!(!a.no_flock && !a.no_posix_lock && !a.no_direct_io);
+    assert!(!a.virtiofsd.no_readdirplus && !a.virtiofsd.no_killpriv_v2);
+    // libvirt's <lock posix='off' flock='off'/>, and the rest.
+    let a = ok(&[
+        "--socket-path=/s",
+        "-o",
+        "source=/a,no_flock,no_posix_lock,no_readdirplus,no_allow_direct_io,no_killpriv_v2",
+    ]);
+    assert!(a.no_flock && a.no_posix_lock && a.no_direct_io);
+    assert!(a.virtiofsd.no_readdirplus);
+    assert!(a.virtiofsd.no_killpriv_v2, "as root too");
+    let o = a.notices.last().cloned().unwrap_or_default();
+    assert!(
+        o.contains("means --shared-dir /a --no-readdirplus --no-killpriv-v2"),
+        "{o}"
+    );
+    assert!(
+        o.contains("no_flock, no_posix_lock, no_allow_direct_io have no separate option"),
+        "{o}"
+    );
+    // Each on its own.
+    for (o, check) in [
+        (
+            "no_flock",
+            (|a: &VhostArgs| a.no_flock) as fn(&VhostArgs) -> bool,
+        ),
+        ("no_posix_lock", |a| a.no_posix_lock),
+        ("no_readdirplus", |a| a.virtiofsd.no_readdirplus),
+        ("no_allow_direct_io", |a| a.no_direct_io),
+        ("no_killpriv_v2", |a| a.virtiofsd.no_killpriv_v2),
+    ] {
+        let a = ok(&["--socket-path=/s", "-o", &format!("source=/a,{o}")]);
+        assert!(check(&a), "{o}");
+        let on = o.trim_start_matches("no_");
+        let a = ok(&["--socket-path=/s", "-o", &format!("source=/a,{o},{on}")]);
+        assert!(!check(&a), "{o},{on}: the later wins");
+    }
+    // The separate options.
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--no-readdirplus",
+        "--no-killpriv-v2",
+    ]);
+    assert!(a.virtiofsd.no_readdirplus && a.virtiofsd.no_killpriv_v2);
+    // A suboption against the separate option.
+    for (args, named) in [
+        (
+            &["--no-readdirplus", "-o", "readdirplus"][..],
+            "-o readdirplus conflicts with --no-readdirplus",
+        ),
+        (
+            &["--allow-direct-io", "-o", "no_allow_direct_io"],
+            "-o no_allow_direct_io conflicts with --allow-direct-io",
+        ),
+        (
+            &["--killpriv-v2", "-o", "no_killpriv_v2"],
+            "-o no_killpriv_v2 conflicts with --killpriv-v2",
+        ),
+        (
+            &["--no-killpriv-v2", "-o", "killpriv_v2"],
+            "-o killpriv_v2 conflicts with --no-killpriv-v2",
+        ),
+    ] {
+        let all = [&["--socket-path=/s", "--shared-dir=/a"][..], args].concat();
+        let e = err(&all);
+        assert!(e.contains(named), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn a_later_suboption_overrides_an_earlier_one_for_every_pair() {
+    let base = ["--socket-path=/s", "--shared-dir=/a", "-o"];
+    fn with<'a>(base: &[&'a str], o: &'a str) -> Vec<&'a str> {
+        [base, &[o]].concat()
+    }
+    let with = |o: &'static str| with(&base, o);
+    // Refused only when the last word asks for it.
+    ok(&with("security_label,no_security_label"));
+    let e = err(&with("no_security_label,security_label"));
+    assert!(e.contains("-o security_label: not supported"), "{e}");
+    let a = ok(&with("no_flock,flock"));
+    assert!(!a.no_flock);
+    let a = ok(&with("flock,no_flock"));
+    assert!(a.no_flock);
+    // As another user KILLPRIV_V2 cannot be offered: refused only
+    // when the last word asks for it, named as given.
+    let argv = |o: &'static str| {
+        let mut v = vec!["fusebox"];
+        v.extend(with(o));
+        v
+    };
+    let a = parse(argv("killpriv_v2,no_killpriv_v2"), false).map(|c| c.vhost);
+    assert!(a.is_ok_and(|a| a.virtiofsd.no_killpriv_v2));
+    let e = err_as(&with("no_killpriv_v2,killpriv_v2"), false);
+    assert!(
+        e.contains("-o killpriv_v2: not supported by fusebox"),
+        "{e}"
+    );
+    // Across -o uses too.
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "-o",
+        "no_posix_lock,writeback",
+        "-o",
+        "posix_lock,no_writeback",
+    ]);
+    assert!(!a.no_posix_lock && !a.writeback);
+    let a = ok(&[&base[..], &["announce_submounts,no_announce_submounts"]].concat());
+    assert!(!a.announce_submounts && a.no_announce_submounts);
+    let a = ok(&[&base[..], &["posix_acl,no_posix_acl"]].concat());
+    assert_eq!(a.posix_acl, AclMode::Never);
+}
+
+#[test]
+fn a_repeated_or_overriding_option_the_last_one_wins() {
+    let a = ok(&["--socket-path=/s", "--shared-dir=/a", "-d", "-d"]);
+    assert_eq!(a.log_level, LogLevel::Debug);
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--cache=auto",
+        "--cache=never",
+        "--sandbox=none",
+        "--sandbox=chroot",
+        "--xattr",
+        "--xattr",
+        "--thread-pool-size=2",
+        "--thread-pool-size=4",
+    ]);
+    assert_eq!(a.cache, Cache::Never);
+    assert_eq!(a.sandbox, Sandbox::Chroot);
+    assert!(a.xattr);
+    assert_eq!(a.thread_pool_size, 4);
+    let a = ok(&[
+        "--socket-path=/s",
+        "--socket-path=/t",
+        "--shared-dir=/a",
+        "--shared-dir=/b",
+    ]);
+    assert_eq!(a.socket_path, Some(PathBuf::from("/t")));
+    assert_eq!(a.shared_dir, Some(PathBuf::from("/b")));
+    for (args, announce) in [
+        (["--announce-submounts", "--no-announce-submounts"], false),
+        (["--no-announce-submounts", "--announce-submounts"], true),
+    ] {
+        let a = ok(&[&["--socket-path=/s", "--shared-dir=/a"][..], &args].concat());
+        assert_eq!(
+            (a.announce_submounts, a.no_announce_submounts),
+            (announce, !announce),
+            "{args:?}"
+        );
+    }
+    for (args, killpriv) in [
+        (["--killpriv-v2", "--no-killpriv-v2"], false),
+        (["--no-killpriv-v2", "--killpriv-v2"], true),
+    ] {
+        let a = ok(&[&["--socket-path=/s", "--shared-dir=/a"][..], &args].concat());
+        assert_eq!(
+            (a.virtiofsd.killpriv_v2, a.virtiofsd.no_killpriv_v2),
+            (killpriv, !killpriv),
+            "{args:?}"
+        );
+    }
+    // The overridden option was not given: no conflict with -o.
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--announce-submounts",
+        "--no-announce-submounts",
+        "-o",
+        "no_announce_submounts",
+    ]);
+    assert!(!a.announce_submounts);
+    // Not --socket-group with --fd (it would go unused), as virtiofsd.
+    let e = err(&["--fd=3", "--socket-group=kvm", "--shared-dir=/a"]);
+    assert!(e.contains("--socket-group"), "{e}");
+    // -o still gathers every use.
+    let a = ok(&["--socket-path=/s", "-o", "source=/a", "-o", "xattr"]);
+    assert!(a.xattr);
+}
+
+#[test]
+fn the_mount_subcommand_parses_as_before() {
+    let argv = [
+        "fusebox",
+        "mount",
+        "--shared-dir",
+        "/srv/a",
+        "--cache=never",
+        "/mnt/a",
+    ];
+    match parse(argv, ROOT) {
+        Ok(Cli {
+            cmd: Some(crate::cli::Cmd::Mount(m)),
+            ..
+        }) => {
+            let d = format!("{m:?}");
+            assert!(d.contains("shared_dir: \"/srv/a\""), "{d}");
+            assert!(d.contains("mountpoint: \"/mnt/a\""), "{d}");
+            assert!(d.contains("cache: Never"), "{d}");
+        }
+        Ok(c) => panic!("not the mount subcommand: {c:?}"),
+        Err(e) => panic!("{e}"),
+    }
+    // The device's options do not go with it.
+    let argv = ["fusebox", "--xattr", "mount", "--shared-dir", "/a", "/m"];
+    assert!(parse(argv, ROOT).is_err());
+    let argv = ["fusebox", "mount", "/m"];
+    assert!(parse(argv, ROOT).is_err(), "--shared-dir is required");
+}
+
+#[test]
+fn values_as_virtiofsd_takes_them() {
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--cache=NEVER",
+        "--sandbox=CHROOT",
+        "--log-level=INFO",
+    ]);
+    assert_eq!(a.cache, Cache::Never);
+    assert_eq!(a.sandbox, Sandbox::Chroot);
+    assert_eq!(a.log_level, LogLevel::Info);
+    let a = ok(&["--socket-path=/s", "--shared-dir=/a", "--cache=Always"]);
+    assert_eq!(a.cache, Cache::Always);
+    let a = ok(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--inode-file-handles=fallback",
+    ]);
+    assert_eq!(a.inode_file_handles, crate::cli::FileHandles::Prefer);
+    // virtiofsd takes these in lower case only, and so does fusebox.
+    for bad in [
+        "--inode-file-handles=PREFER",
+        "--seccomp=KILL",
+        "--posix-acl=AUTO",
+    ] {
+        let e = err(&["--socket-path=/s", "--shared-dir=/a", bad]);
+        assert!(e.contains("invalid value"), "{bad}: {e}");
+    }
+    // -o values are the C daemon's: lower case.
+    let e = err(&["--socket-path=/s", "-o", "source=/a,cache=NEVER"]);
+    assert!(e.contains("-o cache=NEVER: expected"), "{e}");
+}
+
+#[test]
+fn the_old_c_daemons_suboptions() {
+    let a = ok(&["--socket-path=/s", "-o", "source=/a,debug"]);
+    assert_eq!(a.log_level, LogLevel::Debug);
+    let o = a.notices.last().cloned().unwrap_or_default();
+    assert!(o.contains("means --shared-dir /a --log-level debug"), "{o}");
+    let a = ok(&["--socket-path=/s", "-d", "-o", "source=/a,debug"]);
+    assert_eq!(a.log_level, LogLevel::Debug);
+    let e = err(&[
+        "--socket-path=/s",
+        "--log-level=warn",
+        "-o",
+        "source=/a,debug",
+    ]);
+    assert!(e.contains("-o debug conflicts with --log-level"), "{e}");
+    for (o, why) in [
+        ("norace", "old C virtiofsd"),
+        ("timeout=5", "cache timeouts follow --cache"),
+        ("timeout", "cache timeouts follow --cache"),
+        ("allow_root", "FUSE mount option"),
+        ("max_idle_threads=4", "use --thread-pool-size"),
+        ("max_background=64", "use --max-background"),
+        ("no_remote_lock", "use no_flock,no_posix_lock"),
+        ("writeback_cache", "use writeback"),
+        ("splice_read", "old C virtiofsd"),
+    ] {
+        let name = o.split('=').next().unwrap_or_default();
+        let e = err(&["--socket-path=/s", "-o", &format!("source=/a,{o}")]);
+        assert!(
+            e.contains(&format!("-o {name}: not supported by fusebox (")),
+            "{o}: {e}"
+        );
+        assert!(e.contains(why), "{o}: {e}");
+    }
+}
+
+#[test]
+fn print_capabilities_whatever_else_is_refused() {
+    let caps = |args: &[&str], root| {
+        let argv = std::iter::once("fusebox").chain(args.iter().copied());
+        parse(argv, root).map(|c| c.vhost.print_capabilities)
+    };
+    for args in [
+        &["--print-capabilities", "--modcaps=+sys_admin"][..],
+        &["--print-capabilities", "--uid-map=:0:1000:1:"],
+        &["--print-capabilities", "--migration-mode=find-paths"],
+        &["--print-capabilities", "-o", "source=/a,security_label"],
+        &["--print-capabilities", "-o", "xattrmap=:ok:all:::,norace"],
+        &["--print-capabilities", "--shared-dir=/b", "-o", "source=/a"],
+        &["--print-capabilities", "--killpriv-v2"],
+        &["--print-capabilities", "-o", "killpriv_v2"],
+    ] {
+        assert!(matches!(caps(args, false), Ok(true)), "{args:?}");
+    }
+    // A malformed or unknown -o item stops it (virtiofsd too).
+    for o in ["nonsense", "cache=sometimes", "source=/a,", "xattr=1"] {
+        let args = ["--print-capabilities", "-o", o];
+        assert!(caps(&args, ROOT).is_err(), "{o}");
+    }
+}
+
+#[test]
+fn deprecated_spellings() {
+    let a = ok(&["--socket", "/s", "--shared-dir", "/a", "-f"]);
+    assert_eq!(a.socket_path, Some(PathBuf::from("/s")));
+    assert_eq!(a.socket, None);
+    assert!(a
+        .notices
+        .iter()
+        .any(|n| n.contains("--socket is deprecated")));
+    assert!(a.notices.iter().any(|n| n.starts_with("-f is deprecated")));
+    let e = err(&[
+        "--socket",
+        "/s",
+        "--socket-path",
+        "/t",
+        "--shared-dir",
+        "/a",
+    ]);
+    assert!(e.contains("--socket"), "{e}");
+}
+
+#[test]
+fn a_shared_dir_is_needed_one_way_or_the_other() {
+    let e = err(&["--socket-path=/s", "-o", "cache=auto"]);
+    assert!(
+        e.contains("--shared-dir (or -o source=DIR) is required"),
+        "{e}"
+    );
+    let e = err(&["--socket-path=/s"]);
+    assert!(e.contains("--shared-dir"), "{e}");
+    ok(&["--print-capabilities"]);
+}
+
+#[test]
+fn a_non_utf8_source_path() {
+    use std::os::unix::ffi::OsStringExt;
+    let o = OsString::from_vec(b"source=/a\xff,,b,xattr".to_vec());
+    let argv: Vec<OsString> = vec!["fusebox".into(), "--socket-path=/s".into(), "-o".into(), o];
+    let a = parse(argv, ROOT).map(|c| c.vhost).ok();
+    let dir = a.and_then(|a| a.shared_dir);
+    assert_eq!(
+        dir.map(|d| d.into_os_string().into_vec()),
+        Some(b"/a\xff,b".to_vec())
+    );
+}
