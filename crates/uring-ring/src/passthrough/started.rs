@@ -9,8 +9,9 @@
 //! io_uring would hand each read to a worker thread: they are served the
 //! usual way). What the page cache holds is read at once with
 //! preadv2(RWF_NOWAIT) and answered before `read_async` returns; only a
-//! read that would wait for the disk (and O_DIRECT) goes on the ring. The client's memory is held for I/O (`ClientMem::begin_io`)
-//! from the start to the completion, so a timed-out request is answered
+//! read that would wait for the disk (and O_DIRECT) goes on the ring. The
+//! client's memory is held for I/O (`ClientMem::begin_io`) from the start
+//! to the completion, so a timed-out request is answered
 //! only once its read is over; the op is cancelled by the request's unique
 //! (FUSE_INTERRUPT, the device's timeout) through the cancel registry. A
 //! short read that is not at the end of the file is continued where it
@@ -142,11 +143,11 @@ impl PassthroughFs {
         let mut got = 0;
         if !h.odirect {
             let fd = h.fd.raw();
-            // SAFETY: `ClientMem`'s contract: while the memory
-            // is held for I/O (begin_io above, until end_io below or the
-            // started read's completion) every span is mapped, writable
-            // memory that is no Rust object and that the client does not
-            // reuse; the iovecs stay inside the spans.
+            // SAFETY: `ClientMem`'s contract: while the memory is held for
+            // I/O (begin_io above, until end_io below or the started read's
+            // completion) every span is mapped, writable memory that is no
+            // Rust object and that the client does not reuse; the iovecs
+            // stay inside the spans.
             let nowait = |from: usize| unsafe {
                 super::sys::preadv_nowait(fd, &iovecs(mem.spans(), from, len), off + from as u64)
             };
