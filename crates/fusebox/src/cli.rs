@@ -256,17 +256,17 @@ pub struct VhostArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub submit_batch: u32,
     /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,
-    /// log_level, debug, [no_]xattr, [no_]flock, [no_]posix_lock,
-    /// [no_]posix_acl, [no_]readdirplus, [no_]writeback,
-    /// [no_]announce_submounts, [no_]killpriv_v2, [no_]allow_direct_io,
-    /// no_security_label; `,,` is a comma; a later item overrides an
-    /// earlier one) [deprecated: use the separate options].
+    /// log_level, debug; xattr, flock, posix_lock, posix_acl,
+    /// readdirplus, writeback, announce_submounts, killpriv_v2 and
+    /// allow_direct_io, each also as no_NAME; no_security_label; `,,` is
+    /// a comma; a later item overrides an earlier one). Deprecated: use
+    /// the separate options.
     #[arg(short = 'o', value_name = "SUBOPTS", value_parser = clap::value_parser!(OsString))]
     pub compat_options: Vec<OsString>,
     /// Log level debug [deprecated: use --log-level debug].
     #[arg(short = 'd')]
     pub compat_debug: bool,
-    /// No effect [deprecated].
+    /// No effect (deprecated).
     #[arg(short = 'f')]
     pub compat_foreground: bool,
     /// virtiofsd's options fusebox takes with no effect, or refuses.

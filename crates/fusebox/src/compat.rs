@@ -570,7 +570,7 @@ fn check_syntax(a: &VhostArgs) -> Result<(), CompatError> {
     Ok(())
 }
 
-/// The command line (argv[0] first) to the options in force.
+/// The command line (`argv[0]` first) to the options in force.
 pub fn parse<I, T>(argv: I, root: bool) -> Result<Cli, ArgsError>
 where
     I: IntoIterator<Item = T>,
