@@ -4,13 +4,13 @@
 
 mod common;
 
-use common::{Kind, Mount, Via};
+use common::{host_open_flags, Kind, Mount, Via};
 use fuse_core::abi::{FileLock, ROOT_ID};
 use fuse_core::client::Client;
 use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
 use fuse_core::Errno;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use uring_ring::devfuse::{unmount, DevFuse, MountOptions};
@@ -45,28 +45,10 @@ fn un(start: u64, end: u64) -> FileLock {
 /// The access modes (O_RDONLY, O_WRONLY, O_RDWR) of this process's open
 /// files on `path`'s inode; O_PATH fds, which give no access, left out.
 fn access_modes(path: &Path) -> Vec<i32> {
-    let want = std::fs::metadata(path).unwrap();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        let Ok(meta) = std::fs::metadata(e.path()) else {
-            continue;
-        };
-        if (meta.dev(), meta.ino()) != (want.dev(), want.ino()) {
-            continue;
-        }
-        let info = Path::new("/proc/self/fdinfo").join(e.file_name());
-        let Ok(info) = std::fs::read_to_string(info) else {
-            continue;
-        };
-        let flags = info
-            .lines()
-            .find_map(|l| l.strip_prefix("flags:"))
-            .map(|f| i32::from_str_radix(f.trim(), 8).unwrap())
-            .unwrap();
-        if flags & libc::O_PATH == 0 {
-            out.push(flags & libc::O_ACCMODE);
-        }
-    }
+    let mut out: Vec<i32> = host_open_flags(path)
+        .into_iter()
+        .map(|f| f & libc::O_ACCMODE)
+        .collect();
     out.sort();
     out
 }

@@ -21,6 +21,8 @@
 //! thread's next `complete_async` writes the data into guest memory as the
 //! kernel would and calls the READ's `ReadDone`.
 
+mod common;
+
 use fuse_core::abi::{AttrOut, GetattrIn, Opcode, ReadIn};
 use fuse_core::server::{Ctx, Filesystem, FsResult, ReadDone, ReadSink};
 use fuse_core::{ClientMem, Errno};
@@ -31,10 +33,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vhost::VhostBackend;
-use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::guest::{Done, GuestConfig, GuestDriver, Req};
 use virtio_fs::{DeviceConfig, FsDevice};
-use vm_memory::{Bytes, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::Bytes;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -317,20 +318,7 @@ fn serve(name: &str, fs: Hold, request_timeout: Duration) -> Served {
         },
     )
     .unwrap();
-    let mut daemon = VhostUserDaemon::new(
-        "fusebox-wakeups".into(),
-        dev.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-    )
-    .unwrap();
-    dev.register_listeners(&daemon.get_epoll_handlers())
-        .unwrap();
-    let mut listener = vhost::vhost_user::Listener::new(&sock, true).unwrap();
-    let daemon = std::thread::spawn(move || {
-        daemon.start(&mut listener).unwrap();
-        // The guest going away ends the connection.
-        let _ = daemon.wait();
-    });
+    let daemon = common::serve_device(&dev, &sock);
     let mut guest = GuestDriver::connect(
         &sock,
         &GuestConfig {

@@ -2,13 +2,13 @@
 //! passthrough filesystem of a temporary directory behind it) on a real
 //! vhost-user socket, and the engine as its guest through the frontend.
 
+mod common;
+
 use fuse_core::abi::{Opcode, ROOT_ID};
 use std::path::PathBuf;
 use uring_ring::{Config, PassthroughFs};
-use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::{DeviceConfig, FsDevice};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 struct Served {
     dir: PathBuf,
@@ -35,20 +35,7 @@ fn serve(name: &str, queues: u16) -> Served {
         },
     )
     .unwrap();
-    let mut daemon = VhostUserDaemon::new(
-        "fusebox-test".into(),
-        dev.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-    )
-    .unwrap();
-    dev.register_listeners(&daemon.get_epoll_handlers())
-        .unwrap();
-    let mut listener = vhost::vhost_user::Listener::new(&sock, true).unwrap();
-    let daemon = std::thread::spawn(move || {
-        daemon.start(&mut listener).unwrap();
-        // The frontend going away ends the connection.
-        let _ = daemon.wait();
-    });
+    let daemon = common::serve_device(&dev, &sock);
     Served {
         dir,
         sock,

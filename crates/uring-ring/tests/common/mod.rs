@@ -213,3 +213,32 @@ impl Drop for Mount {
         }
     }
 }
+
+/// The open flags of this process's open (not O_PATH) fds on `path`'s
+/// inode.
+pub fn host_open_flags(path: &std::path::Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let want = std::fs::metadata(path).unwrap();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(meta) = std::fs::metadata(e.path()) else {
+            continue;
+        };
+        if (meta.dev(), meta.ino()) != (want.dev(), want.ino()) {
+            continue;
+        }
+        let info = std::path::Path::new("/proc/self/fdinfo").join(e.file_name());
+        let Ok(info) = std::fs::read_to_string(info) else {
+            continue;
+        };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| i32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        if flags & libc::O_PATH == 0 {
+            out.push(flags);
+        }
+    }
+    out
+}

@@ -188,6 +188,16 @@ pub fn serve_passthrough(
     std::thread::JoinHandle<()>,
 ) {
     let dev = FsDevice::new(uring_ring::PassthroughFs::new(dir, fs_cfg).unwrap(), cfg).unwrap();
+    let served = serve_device(&dev, sock);
+    (dev, served)
+}
+
+/// Serves `dev` on a real vhost-user socket `sock` (removed first), as
+/// the fusebox binary does; the thread ends when the frontend goes.
+pub fn serve_device<F: Filesystem + 'static>(
+    dev: &FsDevice<F>,
+    sock: &std::path::Path,
+) -> std::thread::JoinHandle<()> {
     let mut daemon = vhost_user_backend::VhostUserDaemon::new(
         "fusebox-test".into(),
         dev.clone(),
@@ -198,10 +208,9 @@ pub fn serve_passthrough(
         .unwrap();
     let _ = std::fs::remove_file(sock);
     let mut listener = vhost::vhost_user::Listener::new(sock, true).unwrap();
-    let served = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         daemon.start(&mut listener).unwrap();
         // The frontend going away ends the connection.
         let _ = daemon.wait();
-    });
-    (dev, served)
+    })
 }
