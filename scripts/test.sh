@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, unit/integration tests, loom models,
 # the decoder and device fuzz harnesses, pjdfstest and fsx through a host
-# mount, the QEMU guest suite (one queue, then multiqueue), and the docs. Everything runs on stable Rust; the tests that mount need root.
+# mount, the QEMU guest suite (one queue, then multiqueue), a libvirt
+# domain whose virtiofsd is fusebox, and the docs. Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -50,6 +51,9 @@ FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --pro
 
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh
+
+step "libvirt: Debian's libvirt daemon starts fusebox as a TCG domain's virtiofsd (memfd memory; xattr, cache, sandbox, locks, thread pool; the guest's locks held on the host; virsh destroy ends fusebox)"
+tests/libvirt/run.sh
 
 step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none, POSIX ACLs, guest RAM as fixed buffers)"
 tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none --posix-acl --fixed-guest-memory"
