@@ -54,10 +54,13 @@ pub struct MountArgs {
     /// Serve extended attributes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     xattr: bool,
-    /// POSIX ACLs, enforced by the kernel too (implies --xattr). Without
-    /// it the ACL xattrs still pass through and the host enforces them.
-    #[arg(long)]
-    posix_acl: bool,
+    /// POSIX ACLs: negotiated with the kernel, which then checks them
+    /// beside the mode bits (implies --xattr). On unless --xattr false.
+    /// Off (`--posix-acl false`), the kernel checks the mode bits alone
+    /// and the ACL xattrs pass through as data: an ACL entry can then only
+    /// take access away (the host checks it too), never grant it.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    posix_acl: Option<bool>,
     /// Refuse every change.
     #[arg(long)]
     readonly: bool,
@@ -251,14 +254,16 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let room = nofile
         .soft
         .saturating_sub(crate::rlimit::reserve(nofile.soft, 1));
+    let posix_acl = a.posix_acl.unwrap_or(a.xattr);
     let cfg = Config {
         cache: a.cache.policy(),
         writeback: a.writeback,
         readonly: a.readonly,
-        xattr: a.xattr || a.posix_acl,
-        posix_acl: a.posix_acl,
+        xattr: a.xattr || posix_acl,
+        posix_acl,
         // Calls run as the caller with its groups from /proc: the host
-        // enforces ACLs even when the kernel does not.
+        // checks ACLs too (with --posix-acl false they only take access
+        // away: the kernel checks the mode bits first).
         pass_acl_xattrs: true,
         inode_file_handles: a.inode_file_handles,
         max_fds: usize::try_from(cap.min(room)).unwrap_or(usize::MAX),
@@ -289,8 +294,18 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let plan = a.faults.plan().map_err(HostError::Faults)?;
     let disp = Arc::new(Dispatcher::new(Faulty::new(fs, plan), scfg));
     let signals = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
+    // The kernel checks permissions itself (`default_permissions`), as a
+    // guest's virtiofs mount always does. The daemon runs each call with
+    // the caller's credentials, so the host checks too, but it never sees
+    // what the kernel does without asking it: opening a FIFO or device
+    // node (the kernel opens special files itself), a path walk through a
+    // directory whose dentry is cached after it lost its search bit, or a
+    // caller's lowered capabilities (the daemon serves root callers with
+    // its own). See docs/SECURITY.md.
     let opts = MountOptions {
         readonly: a.readonly,
+        allow_other: true,
+        default_permissions: true,
         ..MountOptions::default()
     };
     let dev = DevFuse::mount(&a.mountpoint, &opts).map_err(HostError::Mount)?;

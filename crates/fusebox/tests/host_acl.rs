@@ -1,15 +1,16 @@
-//! `fusebox mount --posix-acl` against the host kernel: the kernel itself
-//! checks permissions and ACLs stored on the host, a default ACL decides a
-//! new file's mode where the umask would, and a caller without CAP_FSETID
-//! loses the setgid bit when it sets an ACL. Without the option the ACL
-//! xattrs pass through and the host enforces them.
+//! `fusebox mount` and its POSIX ACLs (on by default) against the host
+//! kernel: the kernel itself checks permissions and ACLs stored on the
+//! host, a default ACL decides a new file's mode where the umask would,
+//! and a caller without CAP_FSETID loses the setgid bit when it sets an
+//! ACL. With `--posix-acl false` the kernel checks the mode bits alone and
+//! the ACL xattrs pass through, where the host enforces them.
 
 #[path = "../../uring-ring/tests/support/acl.rs"]
 mod acl;
 mod common;
 
 use acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
-use common::{exits_cleanly, signal, start, start_with, Dirs};
+use common::{exits_cleanly, signal, start_with, Dirs};
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -197,23 +198,33 @@ fn read_without_dac_caps(f: &Path) -> Result<Vec<u8>, Option<i32>> {
 }
 
 #[test]
-fn with_posix_acl_the_kernel_itself_checks_modes_and_acls() {
-    for posix_acl in [true, false] {
-        let d = Dirs::new(if posix_acl { "kcheck" } else { "nokcheck" });
-        let child = start_with(&d, if posix_acl { &["--posix-acl"] } else { &[] });
+fn the_kernel_itself_checks_modes_and_acls() {
+    for (tag, args) in [
+        ("kcheck", &["--posix-acl"][..]),
+        ("kdefault", &[][..]),
+        ("knoacl", &["--posix-acl", "false"][..]),
+    ] {
+        let d = Dirs::new(tag);
+        let child = start_with(&d, args);
         let f = d.mnt().join("f");
         std::fs::write(&f, b"data").unwrap();
         std::os::unix::fs::chown(&f, Some(5), Some(5)).unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-        if posix_acl {
-            assert_eq!(read_without_dac_caps(&f), Err(Some(libc::EACCES)));
-            // An entry for uid 0: the kernel reads the ACL and lets it in.
-            let a = reader_acl(0);
-            setxattr(&f, ACCESS, &a).unwrap();
-            assert_eq!(read_without_dac_caps(&f).as_deref(), Ok(&b"data"[..]));
+        // The host, as root with every capability, would allow it: only
+        // the kernel's own check refuses.
+        assert_eq!(read_without_dac_caps(&f), Err(Some(libc::EACCES)), "{tag}");
+        // An entry for uid 0: with ACLs the kernel reads it and lets it
+        // in; without, it checks the mode bits alone.
+        let a = reader_acl(0);
+        setxattr(&f, ACCESS, &a).unwrap();
+        if tag == "knoacl" {
+            assert_eq!(read_without_dac_caps(&f), Err(Some(libc::EACCES)), "{tag}");
         } else {
-            // No kernel check: the host, as root, allows it.
-            assert_eq!(read_without_dac_caps(&f).as_deref(), Ok(&b"data"[..]));
+            assert_eq!(
+                read_without_dac_caps(&f).as_deref(),
+                Ok(&b"data"[..]),
+                "{tag}"
+            );
         }
         signal(&child, libc::SIGTERM);
         exits_cleanly(child);
@@ -223,16 +234,25 @@ fn with_posix_acl_the_kernel_itself_checks_modes_and_acls() {
 #[test]
 fn without_posix_acl_acls_pass_through_and_the_host_enforces_them() {
     let d = Dirs::new("noacl");
-    let child = start(&d);
+    let child = start_with(&d, &["--posix-acl", "false"]);
     let f = d.mnt().join("f");
     std::fs::write(&f, b"secret").unwrap();
-    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let a = reader_acl(1234);
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // Everyone may read by the mode bits, except uid 1234 by its entry.
+    let a = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 0, 1234),
+        (GROUP_OBJ, 4, NONE),
+        (MASK, 4, NONE),
+        (OTHER, 4, NONE),
+    ]);
     setxattr(&f, ACCESS, &a).unwrap();
     assert_eq!(getxattr(&d.share().join("f"), ACCESS).unwrap(), a);
     assert_eq!(getxattr(&f, ACCESS).unwrap(), a);
-    assert_eq!(cat_as(1234, &f).as_deref(), Some(&b"secret"[..]));
-    assert_eq!(cat_as(1235, &f), None);
+    // The kernel's mode check lets both in; the host's ACL check, which
+    // the daemon's calls as the caller meet, stops 1234.
+    assert_eq!(cat_as(1235, &f).as_deref(), Some(&b"secret"[..]));
+    assert_eq!(cat_as(1234, &f), None);
     signal(&child, libc::SIGTERM);
     exits_cleanly(child);
 }
