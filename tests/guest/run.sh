@@ -3,6 +3,7 @@
 #
 #   tests/guest/run.sh [--backports] [--queues N] [--smp N] [--min-queues-used K]
 #                      [--fusebox-args "ARGS"] [--fsx-ops N] [--fsx-parallel-ops P]
+#                      [--as-user USER]
 #
 # Sets up the guest (tests/guest/setup.sh), builds fusebox, shares a fresh
 # directory with `--queues N`, boots QEMU TCG with memfd shared memory and
@@ -14,12 +15,16 @@
 # runs of P operations at once on distinct files (default a quarter of N).
 # FUSEBOX_SOAK=1 makes it 1,000,000 then 4 x 100,000: fsx runs at about
 # 240 operations/s in the TCG guest here (470/s for the four together) on
-# a quiet machine, so that takes about 85 minutes. The guest CPU is
+# a quiet machine, so that takes about 85 minutes. --as-user starts
+# fusebox as USER (no capabilities, no groups; the shared directory is
+# USER's): with the default --sandbox namespace it runs in a user
+# namespace where guest root is USER, and guest chown to other ids fails
+# (the suite checks that instead). The guest CPU is
 # qemu64: TCG runs this guest's kernel 20-25% faster than with -cpu max.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par=
+setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par= as_user=
 [ -n "${FUSEBOX_SOAK:-}" ] && fsx_ops=1000000 fsx_par=100000
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -30,6 +35,7 @@ while [ $# -gt 0 ]; do
 		--fusebox-args) fb_args=$2; shift ;;
 		--fsx-ops) fsx_ops=$2; shift ;;
 		--fsx-parallel-ops) fsx_par=$2; shift ;;
+		--as-user) as_user=$2; shift ;;
 		*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -68,6 +74,16 @@ ln -s "$work/outside-secret" "$share/esc/abs"
 head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
 sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
 
+# Started unprivileged: the shared directory (and the run's directory,
+# where its socket goes) belong to that user.
+runner=() unpriv=0
+if [ -n "$as_user" ]; then
+	id "$as_user" >/dev/null || { echo "guest-run: no user $as_user"; exit 1; }
+	chown -R "$as_user": "$work"
+	runner=(setpriv --reuid="$as_user" --regid="$as_user" --clear-groups --inh-caps=-all --)
+	unpriv=1
+fi
+
 fsx_par=${fsx_par:-$((fsx_ops / 4))}
 # The guest's ACL check runs when fusebox serves ACLs.
 acl=0
@@ -78,7 +94,7 @@ case " $fb_args " in *" --posix-acl "*) acl=1 ;; esac
 boot() {
 	rm -f "$sock"
 	# FUSEBOX_WRAP runs fusebox under a tool (for example "strace -f -c -o FILE").
-	${FUSEBOX_WRAP:-} "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
+	${FUSEBOX_WRAP:-} "${runner[@]}" "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
 		--announce-submounts --cache auto $fb_args 2> "$work/fusebox.log" &
 	fpid=$!
 	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
@@ -89,7 +105,7 @@ boot() {
 	timeout $((1500 + (fsx_ops + 4 * fsx_par) / 50)) "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp "$smp" -m 1G \
 		-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
 		-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
-		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.fsx_ops=$fsx_ops fusebox.fsx_par=$fsx_par fusebox.acl=$acl" \
+		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.fsx_ops=$fsx_ops fusebox.fsx_par=$fsx_par fusebox.acl=$acl fusebox.unpriv=$unpriv" \
 		-chardev socket,id=vfs,path="$sock" \
 		-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues",queue-size=1024 \
 		-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
@@ -141,7 +157,12 @@ hcheck append '[ "$(cat "$w/ap")" = "$(printf "one\ntwo")" ]'
 hcheck truncate '[ "$(stat -c %s "$w/tr")" = 100 ] && [ "$(head -c 4 "$w/tr")" = 0123 ]'
 hcheck rename '[ ! -e "$w/r1" ] && [ "$(cat "$w/r2")" = r ] && [ "$(cat "$w/n2")" = new ] && [ ! -e "$w/n1" ]'
 hcheck links '[ "$(stat -c %h "$w/h2")" = 1 ] && [ "$(readlink "$w/sl")" = target ]'
-hcheck modes '[ "$(stat -c %a "$w/cm")" = 4755 ] && [ "$(stat -c %u:%g "$w/co")" = 1234:5678 ]'
+if [ $unpriv = 1 ]; then
+	# Guest root is the user: what it made is the user's.
+	hcheck modes '[ "$(stat -c %a "$w/cm")" = 4755 ] && [ "$(stat -c %U:%G "$w/co")" = "$as_user:$(id -gn "$as_user")" ]'
+else
+	hcheck modes '[ "$(stat -c %a "$w/cm")" = 4755 ] && [ "$(stat -c %u:%g "$w/co")" = 1234:5678 ]'
+fi
 hcheck mtime '[ "$(stat -c %Y "$w/ut")" = "$(date -d "2001-02-03 04:05:06" +%s)" ]'
 hcheck mmap-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i*7+3)&255 for i in range(1<<20)))" "$w/mapped"'
 [ $acl = 1 ] && hcheck posix-acl '[ "$(stat -c %a "$w/acl")" = 640 ] && python3 -c "import os, sys; sys.exit(len(os.getxattr(sys.argv[1], \"system.posix_acl_access\")) != 44)" "$w/acl"'

@@ -7,6 +7,11 @@
 //! onto itself and a fresh /proc is mounted; once the passthrough
 //! filesystem holds its fds (the root, /proc/self/fd), the shared
 //! directory becomes the root (pivot_root) and the old root is detached.
+//! Started without root (no CAP_SYS_ADMIN), `namespace` also makes a new
+//! user namespace in which the daemon is root, mapped to the user that
+//! started it (its uid and gid, nothing else: a guest caller of any other
+//! id gets EPERM, as that id cannot be switched to), as virtiofsd does
+//! without `--uid-map`; everything else is the same.
 //! `chroot`: chroot(2) into the shared directory at the same point.
 //! Everything the daemon does afterwards goes through those fds (xattrs
 //! included, which needs the `*xattrat` calls of Linux 6.13: fusebox
@@ -57,10 +62,24 @@ pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
         libc::SIGUSR1,
         libc::SIGCHLD,
     ]);
+    let user_ns = !has_sys_admin();
+    let (uid, gid) = (
+        // SAFETY: geteuid and getegid have no arguments and cannot fail.
+        unsafe { libc::geteuid() },
+        // SAFETY: as above.
+        unsafe { libc::getegid() },
+    );
+    let mut flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET;
+    if user_ns {
+        // The user namespace owns the others made with it, so the daemon
+        // may mount and pivot in them.
+        flags |= libc::CLONE_NEWUSER;
+    }
     // SAFETY: unshare has no memory arguments.
-    check("unshare", unsafe {
-        libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET)
-    })?;
+    check("unshare", unsafe { libc::unshare(flags) })?;
+    if user_ns {
+        map_self(uid, gid)?;
+    }
     // SAFETY: the process is single-threaded here (nothing has started a
     // thread yet), so the child may go on running Rust code.
     let pid = unsafe { libc::fork() };
@@ -109,6 +128,56 @@ pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
         )?;
     }
     Ok(())
+}
+
+/// Whether this process has CAP_SYS_ADMIN in its effective set (what the
+/// namespaces and mounts of `namespace` need without a user namespace).
+fn has_sys_admin() -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const _: () = assert!(std::mem::size_of::<Header>() == 8);
+    const _: () = assert!(std::mem::size_of::<Data>() == 12);
+    let mut h = Header {
+        // _LINUX_CAPABILITY_VERSION_3: two Data, 64 capability bits.
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget with version 3 writes two `Data`, which `d` holds.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    const CAP_SYS_ADMIN: u32 = 21;
+    r == 0 && d[0].effective & (1 << CAP_SYS_ADMIN) != 0
+}
+
+/// In a user namespace just made: root inside is `uid`:`gid` outside (the
+/// one mapping an unprivileged process may write for itself), with
+/// setgroups denied, as the kernel requires before an unprivileged
+/// gid_map.
+fn map_self(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), SandboxError> {
+    let write = |what: &'static str, path: &str, text: String| {
+        std::fs::write(path, text).map_err(|e| SandboxError::Sys(what, e))
+    };
+    write(
+        "writing /proc/self/uid_map",
+        "/proc/self/uid_map",
+        format!("0 {uid} 1"),
+    )?;
+    write("denying setgroups", "/proc/self/setgroups", "deny".into())?;
+    write(
+        "writing /proc/self/gid_map",
+        "/proc/self/gid_map",
+        format!("0 {gid} 1"),
+    )
 }
 
 /// The original process of `namespace` mode: forwards stop signals to the

@@ -1,0 +1,133 @@
+//! The vhost-user daemon started by an unprivileged user (uid 65534, no
+//! capabilities), as rootless setups run it: with `--sandbox namespace`
+//! it makes a user namespace in which guest root is that user and nothing
+//! else is mapped, and serves from there (the guest suite runs that way
+//! in CI too: `tests/guest/run.sh --as-user`).
+
+use fuse_core::abi::ROOT_ID;
+use fuse_core::Errno;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+
+const NOBODY: u32 = 65534;
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The serving process: the child of the one started.
+fn server_pid(started: u32) -> u32 {
+    let t = Instant::now();
+    loop {
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+            if ppid == started {
+                return pid;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no serving child");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the daemon did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_unprivileged_user_serves_from_a_user_namespace() {
+    let base = std::env::temp_dir().join(format!("fusebox-unpriv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let share = base.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let _dir = Dir(base.clone());
+    for p in [&base, &share] {
+        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let sock = base.join("vfs.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(["--sandbox", "namespace", "--seccomp", "kill"])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !sock.exists() {
+        if let Some(s) = child.try_wait().unwrap() {
+            panic!("fusebox exited {s:?} before listening");
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+    let pid = server_pid(child.id());
+    // Root in its own user namespace, which maps that root to nobody only.
+    assert_ne!(
+        std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap(),
+        std::fs::read_link("/proc/self/ns/user").unwrap(),
+        "a user namespace of its own"
+    );
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    assert_eq!(fields, ["0", "65534", "1"], "uid_map: {map}");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        uid.split_whitespace().skip(1).all(|u| u == "65534"),
+        "host ids of the serving process: {uid}"
+    );
+
+    // Guest root makes a file: it is nobody's on the host.
+    let c = fe.client();
+    let (f, o) = c
+        .create(ROOT_ID, b"by-guest-root", 0o644, libc::O_RDWR as u32, 0)
+        .unwrap();
+    c.write(f.nodeid, o.fh, 0, b"hello", 0).unwrap();
+    c.release(f.nodeid, o.fh, 0).unwrap();
+    let host = share.join("by-guest-root");
+    assert_eq!(std::fs::read(&host).unwrap(), b"hello");
+    let m = std::fs::metadata(&host).unwrap();
+    assert_eq!((m.uid(), m.gid()), (NOBODY, NOBODY));
+    // ... and the guest sees it as its root's.
+    let a = c.getattr(f.nodeid, None).unwrap().attr;
+    assert_eq!((a.uid, a.gid), (0, 0));
+    // Another guest id cannot be switched to: refused, nothing made.
+    let e = c
+        .as_user(1000, 1000)
+        .create(ROOT_ID, b"by-guest-user", 0o644, libc::O_RDWR as u32, 0)
+        .unwrap_err();
+    assert_eq!(e, Errno::EPERM);
+    assert!(!share.join("by-guest-user").exists());
+    drop(fe);
+    let s = wait_exit(&mut child);
+    assert!(s.success(), "{s:?}");
+}
