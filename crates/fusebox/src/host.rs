@@ -56,10 +56,10 @@ pub struct MountArgs {
     xattr: bool,
     /// POSIX ACLs: negotiated with the kernel, which then checks them
     /// beside the mode bits (implies --xattr). On unless --xattr false.
-    /// Off (`--posix-acl false`), the kernel checks the mode bits alone
+    /// Off (`--posix-acl=false`), the kernel checks the mode bits alone
     /// and the ACL xattrs pass through as data: an ACL entry can then only
     /// take access away (the host checks it too), never grant it.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     posix_acl: Option<bool>,
     /// Refuse every change.
     #[arg(long)]
@@ -262,7 +262,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         xattr: a.xattr || posix_acl,
         posix_acl,
         // Calls run as the caller with its groups from /proc: the host
-        // checks ACLs too (with --posix-acl false they only take access
+        // checks ACLs too (with --posix-acl=false they only take access
         // away: the kernel checks the mode bits first).
         pass_acl_xattrs: true,
         inode_file_handles: a.inode_file_handles,

@@ -2,7 +2,7 @@
 //! kernel: the kernel itself checks permissions and ACLs stored on the
 //! host, a default ACL decides a new file's mode where the umask would,
 //! and a caller without CAP_FSETID loses the setgid bit when it sets an
-//! ACL. With `--posix-acl false` the kernel checks the mode bits alone and
+//! ACL. With `--posix-acl=false` the kernel checks the mode bits alone and
 //! the ACL xattrs pass through, where the host enforces them.
 
 #[path = "../../uring-ring/tests/support/acl.rs"]
@@ -202,7 +202,7 @@ fn the_kernel_itself_checks_modes_and_acls() {
     for (tag, args) in [
         ("kcheck", &["--posix-acl"][..]),
         ("kdefault", &[][..]),
-        ("knoacl", &["--posix-acl", "false"][..]),
+        ("knoacl", &["--posix-acl=false"][..]),
     ] {
         let d = Dirs::new(tag);
         let child = start_with(&d, args);
@@ -234,7 +234,7 @@ fn the_kernel_itself_checks_modes_and_acls() {
 #[test]
 fn without_posix_acl_acls_pass_through_and_the_host_enforces_them() {
     let d = Dirs::new("noacl");
-    let child = start_with(&d, &["--posix-acl", "false"]);
+    let child = start_with(&d, &["--posix-acl=false"]);
     let f = d.mnt().join("f");
     std::fs::write(&f, b"secret").unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -253,6 +253,25 @@ fn without_posix_acl_acls_pass_through_and_the_host_enforces_them() {
     // the daemon's calls as the caller meet, stops 1234.
     assert_eq!(cat_as(1235, &f).as_deref(), Some(&b"secret"[..]));
     assert_eq!(cat_as(1234, &f), None);
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+}
+
+#[test]
+fn a_bare_posix_acl_flag_takes_no_value_from_the_mountpoint() {
+    let d = Dirs::new("aclflag");
+    // `--posix-acl` right before the mountpoint: the flag, not its value.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("mount")
+        .arg("--shared-dir")
+        .arg(d.share())
+        .arg("--posix-acl")
+        .arg(d.mnt())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait("mounted", || common::mounted(&d.mnt()));
     signal(&child, libc::SIGTERM);
     exits_cleanly(child);
 }

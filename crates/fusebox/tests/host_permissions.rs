@@ -20,7 +20,7 @@ use std::path::Path;
 /// POSIX ACLs (which make the kernel check permissions by themselves).
 const MODES: &[&[&str]] = &[
     &[],
-    &["--posix-acl", "false"],
+    &["--posix-acl=false"],
     &["--io-uring"],
     &["--io-uring", "--kernel-passthrough"],
     &["--cache", "never"],
