@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fuse_core::server::faults::{FaultPlan, PlanError};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use uring_ring::passthrough::{IdMap, IdMapping};
 use uring_ring::CachePolicy;
 
 const QEMU_EXAMPLE: &str = "\
@@ -191,6 +192,26 @@ pub struct VhostArgs {
     /// Negotiate the writeback cache.
     #[arg(long)]
     pub writeback: bool,
+    /// Translate UIDs between guest and host, as virtiofsd:
+    /// `<type>:<source base>:<target base>:<count>`, where type is `guest`
+    /// (guest UIDs to host UIDs, 1:1), `host` (host to guest, 1:1), `map`
+    /// (both ways, `map:<guest base>:<host base>:<count>`), `squash-guest`
+    /// (a range of guest UIDs to one host UID), `squash-host` (a range of
+    /// host UIDs to one guest UID); or `forbid-guest:<guest base>:<count>`:
+    /// requests with such a UID, and giving a file one, fail with EPERM.
+    /// Repeatable; ranges of one direction must not overlap; a UID no
+    /// range covers is the same number on both sides.
+    #[arg(long, value_name = "MAP")]
+    pub translate_uid: Vec<IdMapping>,
+    /// The same as --translate-uid, for GIDs.
+    #[arg(long, value_name = "MAP")]
+    pub translate_gid: Vec<IdMapping>,
+    /// The UID translation in force (from --translate-uid).
+    #[arg(skip)]
+    pub uids: IdMap,
+    /// The GID translation in force (from --translate-gid).
+    #[arg(skip)]
+    pub gids: IdMap,
     /// Tell the guest about submounts (FUSE_ATTR_SUBMOUNT), so each
     /// gets its own st_dev in the guest (off by default; virtiofsd's
     /// default is on).
@@ -336,12 +357,6 @@ pub struct VirtiofsdArgs {
     /// Not supported.
     #[arg(long, hide = true, value_name = "MAP")]
     pub gid_map: Vec<String>,
-    /// Not supported.
-    #[arg(long, hide = true, value_name = "MAP")]
-    pub translate_uid: Vec<String>,
-    /// Not supported.
-    #[arg(long, hide = true, value_name = "MAP")]
-    pub translate_gid: Vec<String>,
     /// Not supported (no migration yet).
     #[arg(long, hide = true, value_name = "MODE")]
     pub migration_mode: Option<String>,

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use uring_ring::passthrough::{IdMap, IdMapError};
 
 /// The command line could not be turned into options.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,17 @@ pub enum CompatError {
         /// The option it disagrees with.
         other: String,
     },
+    /// --translate-uid or --translate-gid mappings that cannot be taken
+    /// together (overlapping ranges of one direction), or one that runs
+    /// past the highest ID.
+    #[error("{opt}")]
+    Translate {
+        /// The option.
+        opt: &'static str,
+        /// What is wrong.
+        #[source]
+        source: IdMapError,
+    },
     /// Neither --shared-dir nor `-o source`.
     #[error("--shared-dir (or -o source=DIR) is required")]
     NoSharedDir,
@@ -91,7 +103,8 @@ pub enum CompatError {
 const WHY_MODCAPS: &str = "it keeps the capabilities it is started with";
 const WHY_XATTRMAP: &str = "no xattr name mapping; use --xattr";
 const WHY_SECURITY_LABEL: &str = "no FUSE_SECURITY_CTX";
-const WHY_IDMAP: &str = "no user namespace ID mapping or ID translation";
+const WHY_IDMAP: &str =
+    "no user namespace ID mapping yet; --translate-uid and --translate-gid translate IDs without one";
 const WHY_MIGRATION: &str = "no live migration yet";
 const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root";
 
@@ -400,8 +413,6 @@ fn refuse_unsupported(a: &VhostArgs) -> Result<(), CompatError> {
     for (opt, given) in [
         ("--uid-map", !v.uid_map.is_empty()),
         ("--gid-map", !v.gid_map.is_empty()),
-        ("--translate-uid", !v.translate_uid.is_empty()),
-        ("--translate-gid", !v.translate_gid.is_empty()),
     ] {
         if given {
             return refuse(opt, WHY_IDMAP);
@@ -420,10 +431,23 @@ fn refuse_unsupported(a: &VhostArgs) -> Result<(), CompatError> {
     Ok(())
 }
 
-/// Applies `-d`, `-f`, `--socket` and every `-o` to `a`; `root`: whether
-/// the daemon runs as root (KILLPRIV_V2 depends on it).
+/// The ID translations of --translate-uid and --translate-gid (each
+/// mapping was checked by clap; here they must fit together, as virtiofsd
+/// checks when it starts serving).
+fn translations(a: &mut VhostArgs) -> Result<(), CompatError> {
+    let build =
+        |opt, maps: &[_]| IdMap::new(maps).map_err(|source| CompatError::Translate { opt, source });
+    a.uids = build("--translate-uid", &a.translate_uid)?;
+    a.gids = build("--translate-gid", &a.translate_gid)?;
+    Ok(())
+}
+
+/// Applies `-d`, `-f`, `--socket` and every `-o` to `a`, and builds the ID
+/// translations; `root`: whether the daemon runs as root (KILLPRIV_V2
+/// depends on it).
 pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), CompatError> {
     refuse_unsupported(a)?;
+    translations(a)?;
     let mut g = Given {
         m,
         by: HashMap::new(),
@@ -591,3 +615,7 @@ where
 #[cfg(test)]
 #[path = "compat_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "compat_translate_tests.rs"]
+mod translate_tests;

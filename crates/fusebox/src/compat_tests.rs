@@ -2,9 +2,9 @@
 
 use super::*;
 
-const ROOT: bool = true;
+pub(super) const ROOT: bool = true;
 
-fn ok(args: &[&str]) -> VhostArgs {
+pub(super) fn ok(args: &[&str]) -> VhostArgs {
     let argv = std::iter::once("fusebox").chain(args.iter().copied());
     match parse(argv, ROOT) {
         Ok(c) => c.vhost,
@@ -12,7 +12,7 @@ fn ok(args: &[&str]) -> VhostArgs {
     }
 }
 
-fn err(args: &[&str]) -> String {
+pub(super) fn err(args: &[&str]) -> String {
     err_as(args, ROOT)
 }
 
@@ -283,8 +283,6 @@ fn what_fusebox_cannot_honour_is_an_error_naming_it() {
         &["--security-label=auto"],
         &["--uid-map=:0:1000:1:"],
         &["--gid-map=:0:1000:1:"],
-        &["--translate-uid=map:0:1000:1"],
-        &["--translate-gid=map:0:1000:1"],
         &["--migration-mode=find-paths"],
         &["--migration-on-error=abort"],
         &["--migration-verify-handles"],

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uring_ring::devfuse::{DevFuse, MountError, MountOptions};
 use uring_ring::kring::{self, KernelQueue};
-use uring_ring::passthrough::Groups;
+use uring_ring::passthrough::{Groups, IdMap, IdMapError, IdMapping};
 use uring_ring::{Config, PassthroughError, PassthroughFs};
 
 /// Errors of the host mount.
@@ -36,6 +36,16 @@ pub enum HostError {
     /// The fd limit.
     #[error("--rlimit-nofile")]
     Rlimit(#[source] crate::rlimit::RlimitError),
+    /// --translate-uid or --translate-gid mappings that cannot go
+    /// together.
+    #[error("{opt}")]
+    Translate {
+        /// The option.
+        opt: &'static str,
+        /// What is wrong.
+        #[source]
+        source: IdMapError,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -98,6 +108,17 @@ pub struct MountArgs {
     /// Sets /sys/module/fuse/parameters/enable_uring.
     #[arg(long)]
     io_uring: bool,
+    /// Translate UIDs between the mount's users (the "guest" side) and
+    /// the shared directory (the host side), as the vhost-user device's
+    /// --translate-uid: `guest`, `host`, `map`, `squash-guest`,
+    /// `squash-host` `:<source base>:<target base>:<count>`, or
+    /// `forbid-guest:<base>:<count>`. Repeatable.
+    #[arg(long, value_name = "MAP")]
+    translate_uid: Vec<IdMapping>,
+    /// The same as --translate-uid, for GIDs (supplementary groups
+    /// included).
+    #[arg(long, value_name = "MAP")]
+    translate_gid: Vec<IdMapping>,
     /// Fault injection (tests).
     #[command(flatten)]
     faults: FaultArgs,
@@ -244,6 +265,11 @@ fn report_passthrough(disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>) {
 
 /// Runs `fusebox mount`.
 pub fn run(a: MountArgs) -> Result<(), HostError> {
+    let translation = |opt, maps: &[IdMapping]| {
+        IdMap::new(maps).map_err(|source| HostError::Translate { opt, source })
+    };
+    let translate_uid = translation("--translate-uid", &a.translate_uid)?;
+    let translate_gid = translation("--translate-gid", &a.translate_gid)?;
     // Room for the cap and the daemon's own fds (never lowered); a lower
     // hard limit caps the cap.
     let cap = a.rlimit_nofile as u64;
@@ -271,6 +297,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         groups: Groups::Proc,
         io_uring: !a.no_io_uring,
         kernel_passthrough: a.kernel_passthrough,
+        translate_uid,
+        translate_gid,
         ..Config::default()
     };
     let fs = PassthroughFs::new(&a.shared_dir, cfg).map_err(HostError::Share)?;

@@ -222,6 +222,8 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         readdirplus: !a.virtiofsd.no_readdirplus,
         killpriv_v2: !a.virtiofsd.no_killpriv_v2,
         direct_io: !a.no_direct_io,
+        translate_uid: a.uids.clone(),
+        translate_gid: a.gids.clone(),
         ..Config::default()
     };
     if a.sandbox != crate::cli::Sandbox::None

@@ -318,6 +318,24 @@ fn bad_compatibility_options_stop_the_start_naming_them() {
         (
             vec![
                 "-o".into(),
+                src.clone(),
+                "--translate-uid=squash:0:1:1".into(),
+            ],
+            "invalid value 'squash:0:1:1' for '--translate-uid <MAP>'",
+        ),
+        (
+            vec![
+                "-o".into(),
+                src.clone(),
+                "--translate-gid=map:0:1000:10".into(),
+                "--translate-gid=forbid-guest:9:1".into(),
+            ],
+            "fusebox: --translate-gid\n  caused by: forbid-guest:9:1 overlaps map:0:1000:10 \
+             (guest to host)",
+        ),
+        (
+            vec![
+                "-o".into(),
                 "source=/elsewhere".into(),
                 "--shared-dir".into(),
                 dir.into(),

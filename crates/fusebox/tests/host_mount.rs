@@ -171,3 +171,56 @@ fn a_hung_backend_ends_in_the_kernels_connection_abort() {
     }
     let _ = child.wait();
 }
+
+#[test]
+fn translated_ids_on_a_host_mount() {
+    use std::os::unix::fs::MetadataExt;
+    let ids = |p: std::path::PathBuf| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.uid(), m.gid())
+    };
+    // The mount's users 0-99 are the share's 1000-1099, and back.
+    let d = Dirs::new("idmap");
+    let child = start_with(
+        &d,
+        &[
+            "--translate-uid",
+            "map:0:1000:100",
+            "--translate-gid=map:0:1000:100",
+            "--translate-uid=forbid-guest:666:1",
+        ],
+    );
+    std::fs::write(d.mnt().join("f"), b"x").unwrap();
+    assert_eq!(ids(d.share().join("f")), (1000, 1000));
+    assert_eq!(ids(d.mnt().join("f")), (0, 0));
+    std::os::unix::fs::chown(d.mnt().join("f"), Some(5), Some(6)).unwrap();
+    assert_eq!(ids(d.share().join("f")), (1005, 1006));
+    assert_eq!(ids(d.mnt().join("f")), (5, 6));
+    let err = std::os::unix::fs::chown(d.mnt().join("f"), Some(666), None).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    std::fs::write(d.share().join("h"), b"x").unwrap();
+    std::os::unix::fs::chown(d.share().join("h"), Some(1042), Some(1043)).unwrap();
+    assert_eq!(ids(d.mnt().join("h")), (42, 43));
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+
+    // Mappings that cannot go together: no mount.
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("mount")
+        .args([
+            "--translate-gid=map:0:1000:10",
+            "--translate-gid=host:1005:0:1",
+        ])
+        .arg("--shared-dir")
+        .arg(d.share())
+        .arg(d.mnt())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--translate-gid\n  caused by: host:1005:0:1 overlaps map:0:1000:10"),
+        "{err}"
+    );
+    assert!(!mounted(&d.mnt()));
+}

@@ -328,6 +328,59 @@ fn blocks_reserved_for_a_user_go_to_that_users_writes() {
 }
 
 #[test]
+fn data_ops_run_as_the_translated_host_uid() {
+    // --translate-uid: the host decides by the translated fsuid. The
+    // guest's root as host uid 100000 stops where users' space ends (it
+    // would get root's reserved blocks as fsuid 0), by plain and by
+    // writeback writes; the guest's uid 7 as host uid 4242 gets the blocks
+    // reserved for 4242.
+    let ids = |specs: &[&str]| {
+        let m: Vec<uring_ring::passthrough::IdMapping> =
+            specs.iter().map(|s| s.parse().unwrap()).collect();
+        uring_ring::passthrough::IdMap::new(&m).unwrap()
+    };
+    let cfg = Config {
+        translate_uid: ids(&["map:0:100000:1", "guest:7:4242:1"]),
+        translate_gid: ids(&["map:0:100000:1", "guest:7:4242:1"]),
+        ..writeback_cfg()
+    };
+    let m = reserved_share(cfg.clone(), None);
+    let root = &m.client;
+    let d = pub_dir(&m);
+    let (for_users, reserved) = space(&m.path("pub"));
+    assert!(reserved > 16 << 20);
+    let (e, o) = root.create(d, b"root", 0o644, RW, 0o022).unwrap();
+    let (done, err) = fill_by_writes(root, e.nodeid, o.fh, 0);
+    assert_stopped_at_users_space("translated root's write", done, err, for_users);
+    let flusher = root.as_user(0, 0).with_pid(FLUSHER_PID);
+    // (From offset 0: over what is written, then on into free blocks.)
+    let (again, err) = fill_by_writes(&flusher, e.nodeid, o.fh, WRITE_CACHE);
+    assert_eq!(err, Errno::ENOSPC);
+    assert!(
+        again < done + (1 << 20),
+        "writeback went on to {again} bytes, past the {done} of users' space"
+    );
+    root.release(e.nodeid, o.fh, 0).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(m.path("pub/root")).unwrap()),
+        100000
+    );
+    drop(m);
+
+    let m = reserved_share(cfg, Some(4242));
+    let (for_users, reserved) = space(&m.path("pub"));
+    let seven = m.client.as_user(7, 7);
+    let (e, o) = seven.create(pub_dir(&m), b"7", 0o644, RW, 0o022).unwrap();
+    let (done, err) = fill_by_writes(&seven, e.nodeid, o.fh, 0);
+    assert_eq!(err, Errno::ENOSPC);
+    assert!(
+        done > for_users + reserved / 2,
+        "guest uid 7 (host 4242) wrote only {done} bytes ({for_users} free for users)"
+    );
+    seven.release(e.nodeid, o.fh, 0).unwrap();
+}
+
+#[test]
 fn a_writeback_write_clears_setuid_as_its_openers_write_would() {
     let m = reserved_share(writeback_cfg(), None);
     let prog = m.path("pub/prog");

@@ -99,10 +99,17 @@ pub struct Cred {
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Vec<u32>,
+    /// The caller is root where it runs: uid 0 in the request, before any
+    /// ID translation. Root keeps the thread's capabilities under
+    /// [`Caps::Caller`] and [`Caps::Data`] whatever host uid it acts as
+    /// (a guest's root translated to host uid 100000 still chowns and
+    /// reads what root may, as under virtiofsd, which runs such requests
+    /// as itself).
+    pub root: bool,
 }
 
 impl Cred {
-    /// `ctx`'s credentials, with its groups from `groups`.
+    /// `ctx`'s credentials, with its groups from `groups` (untranslated).
     pub fn of(ctx: &Ctx, groups: Groups) -> Cred {
         Cred {
             uid: ctx.uid,
@@ -111,6 +118,7 @@ impl Cred {
                 Groups::None => Vec::new(),
                 Groups::Proc => proc_groups(ctx.pid).unwrap_or_default(),
             },
+            root: ctx.uid == 0,
         }
     }
 }
@@ -118,8 +126,8 @@ impl Cred {
 /// The capabilities a [`CredGuard`] leaves effective, of the thread's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Caps {
-    /// As a local process of the caller's uid: root keeps all of them,
-    /// anyone else none (setfsuid drops only the file-system ones;
+    /// As a local process of the caller's uid: root ([`Cred::root`]) keeps
+    /// all of them, anyone else none (setfsuid drops only the file-system ones;
     /// CAP_SYS_ADMIN would still let it set `trusted.*` xattrs,
     /// CAP_SYS_RESOURCE ignore quotas).
     Caller,
@@ -146,9 +154,10 @@ impl Caps {
         kill_suidgid: false,
     };
 
-    /// The effective set for `uid`, of the thread's own `eff`.
-    fn effective(self, uid: u32, eff: u64) -> u64 {
-        let caller = if uid == 0 { eff } else { 0 };
+    /// The effective set for a caller (`root`: [`Cred::root`]), of the
+    /// thread's own `eff`.
+    fn effective(self, root: bool, eff: u64) -> u64 {
+        let caller = if root { eff } else { 0 };
         match self {
             Caps::Caller => caller,
             Caps::Data { kill_suidgid } => {
@@ -198,6 +207,7 @@ pub fn as_io_delegate<T>(f: impl FnOnce() -> T) -> Result<T, Errno> {
         uid: DELEGATE_ID,
         gid: DELEGATE_ID,
         groups: Vec::new(),
+        root: false,
     };
     let guard = CredGuard::enter(&me, Caps::Only(DELEGATE_CAPS))?;
     let r = f();
@@ -304,7 +314,7 @@ impl CredGuard {
                 return Err(Errno::EPERM);
             }
         }
-        let eff = rule.effective(cred.uid, own.caps[0]);
+        let eff = rule.effective(cred.root, own.caps[0]);
         // A root caller on a thread whose fsuid is root kept every
         // capability through setfsuid: nothing to set unless the rule
         // takes some away. Otherwise setfsuid changed the file-system ones.
@@ -406,6 +416,7 @@ mod tests {
             uid,
             gid: uid,
             groups: groups.to_vec(),
+            root: uid == 0,
         }
     }
 
@@ -431,6 +442,35 @@ mod tests {
                 let caps = now().2;
                 assert_eq!(caps[0], mine.2[0] & !CAP_SYS_RESOURCE & !CAP_FSETID);
                 assert_eq!(caps[1], mine.2[1], "the permitted set stays");
+            }
+            assert_eq!(now(), mine);
+        });
+    }
+
+    #[test]
+    fn capabilities_follow_the_callers_own_root_not_the_host_uid() {
+        // A guest's root translated to host uid 1000 keeps what root
+        // keeps; a guest user translated to host uid 0 gets nothing.
+        on_thread(|| {
+            let mine = now();
+            let translated_root = Cred {
+                root: true,
+                ..cred(1000, &[])
+            };
+            {
+                let _g = CredGuard::enter(&translated_root, Caps::Caller).unwrap();
+                let (u, g, caps, _) = now();
+                assert_eq!((u, g, caps[0]), (1000, 1000, mine.2[0]));
+            }
+            assert_eq!(now(), mine);
+            let user_as_host_root = Cred {
+                root: false,
+                ..cred(0, &[])
+            };
+            {
+                let _g = CredGuard::enter(&user_as_host_root, Caps::Caller).unwrap();
+                let (u, _, caps, _) = now();
+                assert_eq!((u, caps[0]), (0, 0));
             }
             assert_eq!(now(), mine);
         });

@@ -2,7 +2,8 @@
 //! attributes, xattrs, statfs, access.
 
 use super::creds::private_umask;
-use super::{attr_of, component, sys, PassthroughFs, STATX_MASK};
+use super::idmap::{acl_to_guest, acl_to_host};
+use super::{component, sys, PassthroughFs, STATX_MASK};
 use fuse_core::abi::{fattr, Attr, Kstatfs, SetattrIn, Statx, SxTime, ROOT_ID};
 use fuse_core::server::{Ctx, Entry, FsResult, Xattr};
 use fuse_core::Errno;
@@ -124,7 +125,7 @@ impl PassthroughFs {
             Some(h) => sys::statx(h.fd.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)?,
             None => self.stat(&*self.inodes.get(ino)?)?,
         };
-        Ok((attr_of(&st), self.cfg.cache.timeout()))
+        Ok((self.attr(&st), self.cfg.cache.timeout()))
     }
 
     pub(super) fn op_setattr(
@@ -151,13 +152,14 @@ impl PassthroughFs {
             }
         }
         if a.valid & (fattr::UID | fattr::GID) != 0 {
+            // The client's IDs, as the host's (a forbidden one: EPERM).
             let uid = if a.valid & fattr::UID != 0 {
-                a.uid
+                self.cfg.translate_uid.to_host(a.uid)?
             } else {
                 u32::MAX
             };
             let gid = if a.valid & fattr::GID != 0 {
-                a.gid
+                self.cfg.translate_gid.to_host(a.gid)?
             } else {
                 u32::MAX
             };
@@ -204,7 +206,7 @@ impl PassthroughFs {
             // Only ctime: a chown to the same owner updates ctime alone.
             sys::fchownat(fd.raw(), c"", u32::MAX, u32::MAX, libc::AT_EMPTY_PATH)?;
         }
-        Ok((attr_of(&self.stat(&data)?), self.cfg.cache.timeout()))
+        Ok((self.attr(&self.stat(&data)?), self.cfg.cache.timeout()))
     }
 
     pub(super) fn op_readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
@@ -416,6 +418,17 @@ impl PassthroughFs {
     ) -> FsResult<()> {
         self.writable()?;
         self.acl_gate(name)?;
+        // An ACL's IDs as the host's, first: a forbidden one changes
+        // nothing (EPERM).
+        let host_acl;
+        let value = if self.translates_acl(name) {
+            let mut v = value.to_vec();
+            acl_to_host(&mut v, &self.cfg.translate_uid, &self.cfg.translate_gid)?;
+            host_acl = v;
+            &host_acl[..]
+        } else {
+            value
+        };
         let killed = if name == ACL_ACCESS
             && ext_flags & fuse_core::abi::flags::SETXATTR_ACL_KILL_SGID != 0
         {
@@ -436,6 +449,12 @@ impl PassthroughFs {
     /// `Config::pass_acl_xattrs`.
     fn acls_hidden(&self) -> bool {
         !self.posix_acl() && !self.cfg.pass_acl_xattrs
+    }
+
+    /// Whether `name` is an ACL xattr whose IDs are translated.
+    fn translates_acl(&self, name: &[u8]) -> bool {
+        (name == ACL_ACCESS || name == ACL_DEFAULT)
+            && !(self.cfg.translate_uid.is_identity() && self.cfg.translate_gid.is_identity())
     }
 
     fn acl_gate(&self, name: &[u8]) -> Result<(), Errno> {
@@ -472,6 +491,7 @@ impl PassthroughFs {
         size: u32,
     ) -> FsResult<Xattr> {
         self.acl_gate(name)?;
+        let acl = self.translates_acl(name);
         let name = cstr(name)?;
         self.with_xattr(ctx, ino, |p| {
             if size == 0 {
@@ -480,6 +500,10 @@ impl PassthroughFs {
             let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
             let n = sys::getxattr(p, &name, &mut buf)?;
             buf.truncate(n);
+            if acl {
+                // The same length: a size query stays right.
+                acl_to_guest(&mut buf, &self.cfg.translate_uid, &self.cfg.translate_gid);
+            }
             Ok(Xattr::Data(buf))
         })
     }
@@ -544,8 +568,8 @@ impl PassthroughFs {
             blksize: st.stx_blksize,
             attributes: st.stx_attributes,
             nlink: st.stx_nlink,
-            uid: st.stx_uid,
-            gid: st.stx_gid,
+            uid: self.cfg.translate_uid.to_guest(st.stx_uid),
+            gid: self.cfg.translate_gid.to_guest(st.stx_gid),
             mode: st.stx_mode,
             ino: st.stx_ino,
             size: st.stx_size,

@@ -227,7 +227,7 @@ impl PassthroughFs {
         if dir {
             f = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
         }
-        let opener = self.caller(ctx);
+        let opener = self.caller(ctx)?;
         let fd = {
             let _c = self.creds_as(&opener, Caps::Caller)?;
             self.reopen(&data, f)?
@@ -256,7 +256,7 @@ impl PassthroughFs {
         // (regular files only), never by open(O_CREAT), which would open a
         // device node or block on a FIFO a hostile client made.
         let create = f | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-        let opener = self.caller(ctx);
+        let opener = self.caller(ctx)?;
         for _ in 0..8 {
             let made = {
                 let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
@@ -313,7 +313,7 @@ impl PassthroughFs {
         if f & libc::O_ACCMODE == libc::O_RDONLY {
             f |= libc::O_RDWR;
         }
-        let opener = self.caller(ctx);
+        let opener = self.caller(ctx)?;
         let fd = {
             let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
             let _u = private_umask(umask)?;
@@ -387,12 +387,11 @@ impl PassthroughFs {
         // from /proc on every WRITE; they differ only for a process that
         // changed its groups since).
         let cache = flags & wflags::WRITE_CACHE != 0;
-        let same = ctx.uid == h.opener.uid && ctx.gid == h.opener.gid;
         let caller;
-        let cred = if cache || same {
+        let cred = if cache || self.acts_as(ctx, &h.opener)? {
             &h.opener
         } else {
-            caller = self.caller(ctx);
+            caller = self.caller(ctx)?;
             &caller
         };
         // FUSE_WRITE_KILL_SUIDGID says the writer lacks CAP_FSETID: the
@@ -552,7 +551,7 @@ impl PassthroughFs {
     ) -> FsResult<()> {
         self.writable()?;
         let h = self.handles.get(fh)?;
-        let cred = self.caller(ctx);
+        let cred = self.caller(ctx)?;
         let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
         // Allocates: as the caller, without CAP_SYS_RESOURCE.
         let _c = self.creds_as(&cred, Caps::ALLOCATE)?;
@@ -585,7 +584,7 @@ impl PassthroughFs {
         let (i, o) = (self.handles.get(fh_in)?, self.handles.get(fh_out)?);
         // The destination allocates: as the caller, without
         // CAP_SYS_RESOURCE.
-        let _c = self.creds_as(&self.caller(ctx), Caps::ALLOCATE)?;
+        let _c = self.creds_as(&self.caller(ctx)?, Caps::ALLOCATE)?;
         sys::copy_file_range(i.fd.raw(), off_in, o.fd.raw(), off_out, len)
     }
 

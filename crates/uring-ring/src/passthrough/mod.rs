@@ -21,6 +21,19 @@
 //! changes file data runs under the caller's fsuid/fsgid and groups (see
 //! `creds.rs`); a writeback WRITE, whose header names no caller, runs as
 //! the handle's opener.
+//!
+//! # ID translation
+//!
+//! [`Config::translate_uid`] and [`Config::translate_gid`] (virtiofsd's
+//! `--translate-uid` / `--translate-gid`, see `idmap.rs`) stand between
+//! the client's IDs and the host's wherever they cross: the credentials
+//! above (a forbidden ID: EPERM, and nothing runs), the owners a SETATTR
+//! sets, the IDs in the ACL xattrs a client sets; and back, the owners in
+//! every attribute reply and the IDs in the ACLs it reads. Capabilities
+//! follow the caller's own uid 0, not the host uid it is translated to
+//! (`creds.rs`, `Cred::root`): a guest's root translated to host uid
+//! 100000 creates files owned by 100000 and still chowns them, as with
+//! virtiofsd, which runs all but its creating requests as itself.
 
 mod backing;
 mod client_io;
@@ -28,6 +41,7 @@ mod creds;
 mod entry;
 mod file;
 mod fs;
+mod idmap;
 mod inode;
 mod io;
 mod locks;
@@ -35,6 +49,7 @@ mod started;
 mod sys;
 
 pub use creds::Groups;
+pub use idmap::{Forbidden, IdMap, IdMapError, IdMapping};
 pub use inode::{FdBudget, InodeKey};
 pub use io::IoCounts;
 pub use sys::xattrat_supported;
@@ -162,6 +177,11 @@ pub struct Config {
     /// (virtiofsd's `-o no_allow_direct_io`), O_DIRECT is dropped from the
     /// host open and the file is served through the host's page cache.
     pub direct_io: bool,
+    /// How the client's uids become the host's and back (virtiofsd's
+    /// `--translate-uid`); the default translates nothing.
+    pub translate_uid: IdMap,
+    /// The same for gids (`--translate-gid`).
+    pub translate_gid: IdMap,
 }
 
 impl Default for Config {
@@ -188,6 +208,8 @@ impl Default for Config {
             readdirplus: true,
             killpriv_v2: true,
             direct_io: true,
+            translate_uid: IdMap::default(),
+            translate_gid: IdMap::default(),
         }
     }
 }
@@ -429,19 +451,47 @@ impl PassthroughFs {
         self.handles.max_parallel()
     }
 
-    /// `ctx`'s credentials (its groups read only with creds on).
-    fn caller(&self, ctx: &Ctx) -> Cred {
+    /// `ctx`'s credentials on the host (its groups read only with creds
+    /// on): its uid, gid and groups translated by [`Config::translate_uid`]
+    /// and [`Config::translate_gid`]. EPERM if one is forbidden (then no
+    /// host ID may act for it), with creds on or off.
+    fn caller(&self, ctx: &Ctx) -> Result<Cred, Errno> {
         let groups = if self.cfg.creds {
             self.cfg.groups
         } else {
             Groups::None
         };
-        Cred::of(ctx, groups)
+        let mut c = Cred::of(ctx, groups);
+        c.uid = self.cfg.translate_uid.to_host(c.uid)?;
+        c.gid = self.cfg.translate_gid.to_host(c.gid)?;
+        if !self.cfg.translate_gid.is_identity() {
+            c.groups = (c.groups.iter())
+                .map(|&g| self.cfg.translate_gid.to_host(g))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(c)
+    }
+
+    /// Whether `ctx` acts on the host as `cred` does, groups aside: the
+    /// same translated uid and gid, and root alike (EPERM if forbidden).
+    fn acts_as(&self, ctx: &Ctx, cred: &Cred) -> Result<bool, Errno> {
+        Ok(self.cfg.translate_uid.to_host(ctx.uid)? == cred.uid
+            && self.cfg.translate_gid.to_host(ctx.gid)? == cred.gid
+            && (ctx.uid == 0) == cred.root)
+    }
+
+    /// The attributes the client gets for `st`: owner and group translated
+    /// to the client's IDs.
+    fn attr(&self, st: &libc::statx) -> Attr {
+        let mut a = attr_of(st);
+        a.uid = self.cfg.translate_uid.to_guest(a.uid);
+        a.gid = self.cfg.translate_gid.to_guest(a.gid);
+        a
     }
 
     /// The caller's credentials in force until the guard drops.
     fn creds(&self, ctx: &Ctx) -> Result<CredGuard, Errno> {
-        self.creds_as(&self.caller(ctx), Caps::Caller)
+        self.creds_as(&self.caller(ctx)?, Caps::Caller)
     }
 
     /// [`PassthroughFs::creds`] for an operation that may allocate space
@@ -449,7 +499,7 @@ impl PassthroughFs {
     /// CAP_SYS_RESOURCE, root callers included, so quotas and reserved
     /// blocks bind them as they bind data writes.
     fn creds_allocating(&self, ctx: &Ctx) -> Result<CredGuard, Errno> {
-        self.creds_as(&self.caller(ctx), Caps::ALLOCATE)
+        self.creds_as(&self.caller(ctx)?, Caps::ALLOCATE)
     }
 
     /// `cred` in force, with the capabilities `caps` leaves, until the
@@ -474,7 +524,7 @@ impl PassthroughFs {
         Entry {
             inode: data.nodeid,
             generation: 0,
-            attr: attr_of(st),
+            attr: self.attr(st),
             entry_valid: self.cfg.cache.timeout(),
             attr_valid: self.cfg.cache.timeout(),
         }

@@ -1,0 +1,497 @@
+//! `Config::translate_uid` / `translate_gid` (virtiofsd's `--translate-uid`
+//! and `--translate-gid`) over a real host directory, through the
+//! engine's client: who owns what a client creates, what owners the client
+//! sees, chown, forbidden IDs, and the IDs inside ACLs, each checked on
+//! the host itself. Needs root (tmpfs mounts, files of other owners).
+
+#[path = "support/acl.rs"]
+mod acl;
+mod common;
+
+use acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
+use common::{HostDir, Kind, Mount, Via};
+use fuse_core::abi::{fattr, init, SetattrIn, ROOT_ID};
+use fuse_core::client::{Client, XattrReply};
+use fuse_core::Errno;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use uring_ring::passthrough::{IdMap, IdMapping};
+use uring_ring::Config;
+
+const RW: u32 = libc::O_RDWR as u32;
+const ACCESS: &[u8] = b"system.posix_acl_access";
+const DEFAULT: &[u8] = b"system.posix_acl_default";
+/// Forbidden as a uid and as a gid.
+const FORBIDDEN: u32 = 66666;
+
+fn ids(specs: &[&str]) -> IdMap {
+    let m: Vec<IdMapping> = specs.iter().map(|s| s.parse().unwrap()).collect();
+    IdMap::new(&m).unwrap()
+}
+
+/// Guest uids 0-2999 are host 100000-102999 and back; guest 3000-3999 all
+/// host 90000; guest 5000-5009 host 150000-150009 (that way only); host
+/// 160000-160009 guest 6000-6009 (that way only); host 200000-200999 all
+/// guest 65534; guest 66666 forbidden. Gids: 0-2999 as the uids, 66666
+/// forbidden.
+fn cfg() -> Config {
+    Config {
+        translate_uid: ids(&[
+            "map:0:100000:3000",
+            "squash-guest:3000:90000:1000",
+            "guest:5000:150000:10",
+            "host:160000:6000:10",
+            "squash-host:200000:65534:1000",
+            "forbid-guest:66666:1",
+        ]),
+        translate_gid: ids(&["map:0:100000:3000", "forbid-guest:66666:1"]),
+        ..Config::default()
+    }
+}
+
+fn share() -> Mount {
+    Mount::new(Kind::Tmpfs, cfg(), Via::Device(2))
+}
+
+/// Owner and group of `p` on the host (not following a symlink).
+fn owner(p: &Path) -> (u32, u32) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.uid(), m.gid())
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
+}
+
+/// A directory anyone may create in, made by the guest's root.
+fn pub_dir(m: &Mount) -> u64 {
+    let d = m.client.mkdir(ROOT_ID, b"pub", 0o777, 0).unwrap();
+    assert_eq!(owner(&m.path("pub")), (100000, 100000));
+    d.nodeid
+}
+
+#[test]
+fn what_a_client_creates_belongs_to_its_translated_ids() {
+    let m = share();
+    let root = &m.client;
+    let (f, o) = root.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    root.release(f.nodeid, o.fh, 0).unwrap();
+    let made = [
+        ("f", f),
+        ("d", root.mkdir(ROOT_ID, b"d", 0o755, 0).unwrap()),
+        ("s", root.symlink(ROOT_ID, b"s", b"f").unwrap()),
+        (
+            "p",
+            root.mknod(ROOT_ID, b"p", libc::S_IFIFO | 0o644, 0, 0)
+                .unwrap(),
+        ),
+    ];
+    for (name, e) in made {
+        assert_eq!(owner(&m.path(name)), (100000, 100000), "{name} on the host");
+        assert_eq!(
+            (e.attr.uid, e.attr.gid),
+            (0, 0),
+            "{name} as the guest sees it"
+        );
+    }
+    let (t, o) = root.tmpfile(ROOT_ID, 0o600, RW, 0).unwrap();
+    assert_eq!((t.attr.uid, t.attr.gid), (0, 0));
+    root.release(t.nodeid, o.fh, 0).unwrap();
+    // A hard link is made as the caller too.
+    root.link(f.nodeid, ROOT_ID, b"l").unwrap();
+
+    let p = pub_dir(&m);
+    for (uid, gid, name, host) in [
+        (1000, 1000, "u1000", (101000, 101000)),
+        // Squashed: two guest users, one host uid.
+        (3001, 1000, "u3001", (90000, 101000)),
+        (3999, 1000, "u3999", (90000, 101000)),
+        // One way: the host owner is shown as it is.
+        (5003, 1000, "u5003", (150003, 101000)),
+        // Not covered: the same number.
+        (70000, 70000, "u70000", (70000, 70000)),
+    ] {
+        let c = m.client.as_user(uid, gid);
+        let (e, o) = c.create(p, name.as_bytes(), 0o644, RW, 0).unwrap();
+        c.release(e.nodeid, o.fh, 0).unwrap();
+        assert_eq!(owner(&m.path("pub").join(name)), host, "{name} on the host");
+        let seen = (
+            match uid {
+                3000..=3999 => 90000,
+                5000..=5009 => 150000 + uid - 5000,
+                u => u,
+            },
+            gid,
+        );
+        assert_eq!(
+            (e.attr.uid, e.attr.gid),
+            seen,
+            "{name} as the guest sees it"
+        );
+    }
+}
+
+/// The owners of `name` in every reply that carries attributes.
+fn seen_everywhere(c: &Client, name: &str) -> Vec<(&'static str, u32, u32)> {
+    let e = c.lookup(ROOT_ID, name.as_bytes()).unwrap();
+    let a = c.getattr(e.nodeid, None).unwrap().attr;
+    let sx = c
+        .statx(e.nodeid, None, 0, libc::STATX_BASIC_STATS)
+        .unwrap()
+        .stat;
+    let dir = c.opendir(ROOT_ID).unwrap();
+    let listed = c.readdirplus(ROOT_ID, dir.fh, 0, 64 << 10).unwrap();
+    c.releasedir(ROOT_ID, dir.fh).unwrap();
+    let plus = listed
+        .iter()
+        .find(|d| d.dirent.name == name.as_bytes())
+        .unwrap()
+        .entry
+        .attr;
+    vec![
+        ("lookup", e.attr.uid, e.attr.gid),
+        ("getattr", a.uid, a.gid),
+        ("statx", sx.uid, sx.gid),
+        ("readdirplus", plus.uid, plus.gid),
+    ]
+}
+
+#[test]
+fn every_attribute_reply_shows_the_guests_ids() {
+    let m = share();
+    for (name, host, guest) in [
+        ("mapped", (100005, 100007), (5, 7)),
+        ("squashed", (200123, 100001), (65534, 1)),
+        ("one-way-in", (160003, 0), (6003, 0)),
+        // guest 5000 is host 150000, but host 150000 is shown as itself.
+        ("one-way-out", (150000, 0), (150000, 0)),
+        ("uncovered", (424242, 424242), (424242, 424242)),
+    ] {
+        std::fs::write(m.path(name), b"x").unwrap();
+        chown(&m.path(name), host.0, host.1);
+        for (reply, uid, gid) in seen_everywhere(&m.client, name) {
+            assert_eq!((uid, gid), guest, "{name}: {reply}");
+        }
+    }
+    // SETATTR's reply too.
+    let e = m.client.lookup(ROOT_ID, b"mapped").unwrap();
+    let sa = SetattrIn {
+        valid: fattr::MODE,
+        mode: 0o600,
+        ..Default::default()
+    };
+    let a = m.client.setattr(e.nodeid, &sa).unwrap().attr;
+    assert_eq!((a.uid, a.gid), (5, 7));
+}
+
+fn chown_req(
+    c: &Client,
+    node: u64,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> Result<(u32, u32), Errno> {
+    let sa = SetattrIn {
+        valid: uid.map_or(0, |_| fattr::UID) | gid.map_or(0, |_| fattr::GID),
+        uid: uid.unwrap_or(0),
+        gid: gid.unwrap_or(0),
+        ..Default::default()
+    };
+    c.setattr(node, &sa).map(|a| (a.attr.uid, a.attr.gid))
+}
+
+#[test]
+fn chown_gives_the_translated_host_ids_and_never_a_forbidden_one() {
+    let m = share();
+    let (f, o) = m.client.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
+    m.client.release(f.nodeid, o.fh, 0).unwrap();
+    let host = m.path("f");
+    // The guest's root, host uid 100000, still chowns (it is root).
+    assert_eq!(chown_req(&m.client, f.nodeid, Some(5), Some(7)), Ok((5, 7)));
+    assert_eq!(owner(&host), (100005, 100007));
+    assert_eq!(
+        chown_req(&m.client, f.nodeid, Some(3500), None),
+        Ok((90000, 7))
+    );
+    assert_eq!(owner(&host), (90000, 100007));
+    assert_eq!(
+        chown_req(&m.client, f.nodeid, Some(70000), None),
+        Ok((70000, 7))
+    );
+    assert_eq!(owner(&host), (70000, 100007));
+    // Forbidden: EPERM, and nothing changes (not the other ID either).
+    for (uid, gid) in [
+        (Some(FORBIDDEN), None),
+        (None, Some(FORBIDDEN)),
+        (Some(1), Some(FORBIDDEN)),
+    ] {
+        assert_eq!(
+            chown_req(&m.client, f.nodeid, uid, gid),
+            Err(Errno::EPERM),
+            "{uid:?} {gid:?}"
+        );
+        assert_eq!(owner(&host), (70000, 100007));
+    }
+    // A user translated to an unprivileged host uid has no CAP_CHOWN.
+    chown(&host, 101000, 101000);
+    let user = m.client.as_user(1000, 1000);
+    assert_eq!(
+        chown_req(&user, f.nodeid, Some(1001), None),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(owner(&host), (101000, 101000));
+}
+
+#[test]
+fn a_forbidden_caller_gets_eperm_for_whatever_runs_as_the_caller() {
+    let m = share();
+    let p = pub_dir(&m);
+    let (f, o) = m.client.create(p, b"f", 0o666, RW, 0).unwrap();
+    m.client.release(f.nodeid, o.fh, 0).unwrap();
+    for who in [
+        m.client.as_user(FORBIDDEN, 1000),
+        m.client.as_user(1000, FORBIDDEN),
+    ] {
+        assert_eq!(who.create(p, b"g", 0o644, RW, 0).unwrap_err(), Errno::EPERM);
+        assert_eq!(who.mkdir(p, b"h", 0o755, 0).unwrap_err(), Errno::EPERM);
+        assert_eq!(who.symlink(p, b"i", b"f").unwrap_err(), Errno::EPERM);
+        assert_eq!(who.lookup(p, b"f").unwrap_err(), Errno::EPERM);
+        assert_eq!(who.open(f.nodeid, RW).unwrap_err(), Errno::EPERM);
+        assert_eq!(who.access(f.nodeid, 4).unwrap_err(), Errno::EPERM);
+        assert_eq!(who.unlink(p, b"f").unwrap_err(), Errno::EPERM);
+        let sa = SetattrIn {
+            valid: fattr::MODE,
+            mode: 0o600,
+            ..Default::default()
+        };
+        assert_eq!(who.setattr(f.nodeid, &sa).unwrap_err(), Errno::EPERM);
+        // What needs no credentials is answered.
+        assert!(who.getattr(f.nodeid, None).is_ok());
+    }
+    let names: Vec<_> = std::fs::read_dir(m.path("pub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["f"], "nothing made, nothing removed");
+    assert_eq!(
+        std::fs::metadata(m.path("pub/f"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o666
+    );
+    // A handle opened by someone else stays usable by a forbidden
+    // caller only where no credentials are needed (reads).
+    let (g, o) = m.client.create(p, b"g", 0o666, RW, 0).unwrap();
+    m.client.write(g.nodeid, o.fh, 0, b"data", 0).unwrap();
+    let who = m.client.as_user(FORBIDDEN, 1000);
+    assert_eq!(who.read(g.nodeid, o.fh, 0, 4).unwrap(), b"data");
+    assert_eq!(
+        who.write(g.nodeid, o.fh, 0, b"more", 0).unwrap_err(),
+        Errno::EPERM
+    );
+    m.client.release(g.nodeid, o.fh, 0).unwrap();
+}
+
+fn acl_share() -> Mount {
+    let host = HostDir::new(Kind::Tmpfs);
+    let share = host.path.clone();
+    let cfg = Config {
+        posix_acl: true,
+        ..cfg()
+    };
+    Mount::offering(host, &share, cfg, Via::Device(2), init::POSIX_ACL, 0).unwrap()
+}
+
+fn host_xattr(path: &Path, name: &[u8]) -> Option<Vec<u8>> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: both names are NUL-terminated; buf is writable for its length.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| {
+        buf.truncate(r as usize);
+        buf
+    })
+}
+
+fn host_setxattr(path: &Path, name: &[u8], value: &[u8]) {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: both names are NUL-terminated; value is readable for its length.
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
+fn guest_xattr(c: &Client, node: u64, name: &[u8]) -> Vec<u8> {
+    let XattrReply::Size(n) = c.getxattr(node, name, 0).unwrap() else {
+        panic!("no size")
+    };
+    let XattrReply::Data(d) = c.getxattr(node, name, 4096).unwrap() else {
+        panic!("no data")
+    };
+    assert_eq!(n as usize, d.len());
+    d
+}
+
+const ACL_GROUP: u16 = 0x08;
+
+#[test]
+fn acl_entries_name_host_ids_on_the_host_and_guest_ids_in_the_guest() {
+    let m = acl_share();
+    let (f, o) = m.client.create(ROOT_ID, b"f", 0o600, RW, 0).unwrap();
+    m.client.write(f.nodeid, o.fh, 0, b"secret", 0).unwrap();
+    m.client.release(f.nodeid, o.fh, 0).unwrap();
+    // user:5:r (host 100005), group:9:r (host 100009).
+    let guest = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, 5),
+        (GROUP_OBJ, 0, NONE),
+        (ACL_GROUP, 4, 9),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    let host = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 4, 100005),
+        (GROUP_OBJ, 0, NONE),
+        (ACL_GROUP, 4, 100009),
+        (MASK, 4, NONE),
+        (OTHER, 0, NONE),
+    ]);
+    m.client.setxattr(f.nodeid, ACCESS, &guest, 0).unwrap();
+    assert_eq!(host_xattr(&m.path("f"), ACCESS), Some(host));
+    assert_eq!(guest_xattr(&m.client, f.nodeid, ACCESS), guest);
+    // The host enforces the entry for the guest's user 5: it runs as
+    // host 100005, whom the host ACL names.
+    let five = m.client.as_user(5, 5);
+    let o = five.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(five.read(f.nodeid, o.fh, 0, 6).unwrap(), b"secret");
+    five.release(f.nodeid, o.fh, 0).unwrap();
+    assert_eq!(
+        m.client
+            .as_user(6, 6)
+            .open(f.nodeid, libc::O_RDONLY as u32)
+            .unwrap_err(),
+        Errno(libc::EACCES)
+    );
+    // An ACL set on the host shows guest IDs (squashed ones included).
+    host_setxattr(&m.path("f"), ACCESS, &reader_acl(200500));
+    assert_eq!(guest_xattr(&m.client, f.nodeid, ACCESS), reader_acl(65534));
+    // Default ACLs too.
+    let d = m.client.mkdir(ROOT_ID, b"d", 0o755, 0).unwrap();
+    m.client
+        .setxattr(d.nodeid, DEFAULT, &reader_acl(7), 0)
+        .unwrap();
+    assert_eq!(host_xattr(&m.path("d"), DEFAULT), Some(reader_acl(100007)));
+    assert_eq!(guest_xattr(&m.client, d.nodeid, DEFAULT), reader_acl(7));
+    // A forbidden ID in an ACL: EPERM, the ACL unchanged.
+    assert_eq!(
+        m.client
+            .setxattr(d.nodeid, DEFAULT, &reader_acl(FORBIDDEN), 0)
+            .unwrap_err(),
+        Errno::EPERM
+    );
+    assert_eq!(host_xattr(&m.path("d"), DEFAULT), Some(reader_acl(100007)));
+    // Other xattrs pass as they are.
+    m.client
+        .setxattr(f.nodeid, b"user.k", &reader_acl(5), 0)
+        .unwrap();
+    assert_eq!(host_xattr(&m.path("f"), b"user.k"), Some(reader_acl(5)));
+    // The file's owner is the guest's root's host uid all along.
+    assert_eq!(owner(&m.path("f")).0, 100000);
+}
+
+/// A process (`sleep`) whose supplementary groups are `groups`.
+fn with_groups(groups: &'static [libc::gid_t]) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("60");
+    // SAFETY: setgroups is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
+#[test]
+fn supplementary_groups_read_from_proc_are_translated_too() {
+    // Host mounts take a caller's groups from /proc/<pid>/status: those
+    // are the client's gids as well.
+    let m = Mount::new(
+        Kind::Tmpfs,
+        Config {
+            groups: uring_ring::passthrough::Groups::Proc,
+            ..cfg()
+        },
+        Via::Device(2),
+    );
+    let dir = m.path("group5");
+    std::fs::create_dir(&dir).unwrap();
+    chown(&dir, 0, 100005);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o070)).unwrap();
+    let d = m.client.lookup(ROOT_ID, b"group5").unwrap().nodeid;
+    let mut member = with_groups(&[5]);
+    let mut outsider = with_groups(&[6]);
+    let mut forbidden = with_groups(&[5, FORBIDDEN]);
+    let as_pid = |c: &std::process::Child| m.client.as_user(1000, 1000).with_pid(c.id());
+    // Guest group 5 is host group 100005, the directory's.
+    let e = as_pid(&member).mkdir(d, b"in", 0o755, 0).unwrap();
+    assert_eq!((e.attr.uid, e.attr.gid), (1000, 1000));
+    assert_eq!(owner(&dir.join("in")), (101000, 101000));
+    assert_eq!(
+        as_pid(&outsider).mkdir(d, b"out", 0o755, 0).unwrap_err(),
+        Errno(libc::EACCES)
+    );
+    assert_eq!(
+        as_pid(&forbidden).mkdir(d, b"no", 0o755, 0).unwrap_err(),
+        Errno::EPERM
+    );
+    for c in [&mut member, &mut outsider, &mut forbidden] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+}
+
+#[test]
+fn a_writer_squashed_onto_its_openers_host_uid_keeps_its_own_privileges() {
+    // Guests 0 and 1 are both host 100000. A handle the guest's root
+    // opened, written by guest user 1: the write runs without root's
+    // CAP_FSETID, so the host clears setuid as for any user's write.
+    let m = Mount::new(
+        Kind::Tmpfs,
+        Config {
+            translate_uid: ids(&["squash-guest:0:100000:2"]),
+            translate_gid: ids(&["squash-guest:0:100000:2"]),
+            ..Config::default()
+        },
+        Via::Device(2),
+    );
+    let (f, o) = m.client.create(ROOT_ID, b"prog", 0o755, RW, 0).unwrap();
+    let prog = m.path("prog");
+    assert_eq!(owner(&prog), (100000, 100000));
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    m.client.write(f.nodeid, o.fh, 0, b"root", 0).unwrap();
+    let mode = || std::fs::metadata(&prog).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(), 0o4755, "root's write keeps setuid");
+    m.client
+        .as_user(1, 1)
+        .write(f.nodeid, o.fh, 0, b"user", 0)
+        .unwrap();
+    assert_eq!(mode(), 0o755, "a user's write clears it");
+    m.client.release(f.nodeid, o.fh, 0).unwrap();
+}
