@@ -118,11 +118,12 @@ fn guest_ram_as_fixed_buffers_carries_reads_and_direct_writes() {
 }
 
 /// A READ the page cache can answer is read in line (preadv2 RWF_NOWAIT on
-/// the queue thread), one across the end of the file too; one that would
+/// the queue thread), one across the end of the file too, unless it is
+/// large (then an io-wq worker of the ring copies it); one that would
 /// wait for the disk goes through the ring and is answered when it
 /// completes. All with the right data.
 #[test]
-fn cached_reads_are_answered_in_line_and_cold_ones_go_through_the_ring() {
+fn cached_reads_are_answered_in_line_and_cold_or_large_ones_go_through_the_ring() {
     let fs = Ext4::new("cold");
     let share = fs.share();
     let sock = fs.base.join("vfs.sock");
@@ -159,6 +160,17 @@ fn cached_reads_are_answered_in_line_and_cold_ones_go_through_the_ring() {
     let after = counts();
     assert_eq!(after.read_uring, before.read_uring, "{after:?}");
     assert!(after.read_syscall >= before.read_syscall + 3, "{after:?}");
+
+    // A large one, cached too, goes through the ring (an io-wq worker
+    // copies it beside the queue thread), with the right data.
+    let before = counts();
+    assert_eq!(
+        c.read(e.nodeid, o.fh, 1 << 20, 1 << 20).unwrap(),
+        &data[1 << 20..2 << 20]
+    );
+    let after = counts();
+    assert!(after.read_uring > before.read_uring, "{after:?}");
+    assert_eq!(after.read_syscall, before.read_syscall, "{after:?}");
 
     // Dropped from the page cache: through the ring.
     let f = std::fs::File::open(share.join("f")).unwrap();

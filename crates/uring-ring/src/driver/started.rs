@@ -7,7 +7,7 @@
 //! memory stays mapped until the completion is taken.
 
 use super::{result, Driver, DriverError, OpId, Slot, Target, MAX_IOVECS};
-use io_uring::{opcode, types};
+use io_uring::{opcode, squeue, types};
 use std::io;
 use std::os::fd::RawFd;
 
@@ -16,7 +16,10 @@ impl Driver {
     /// through the registered client map (READ_FIXED/READV_FIXED) when
     /// `fixed` and the iovecs lie in one of its pieces, else READV; not
     /// submitted until [`Driver::submit`] (or a wait). `key` names it for
-    /// cancelling. The iovec array moves into the driver until the
+    /// cancelling. With `punt` the kernel runs it on one of the ring's
+    /// io-wq worker threads (IOSQE_ASYNC) instead of trying it inside the
+    /// submit: a long copy from the page cache then runs beside the
+    /// submitting thread. The iovec array moves into the driver until the
     /// completion.
     ///
     /// # Safety
@@ -32,6 +35,7 @@ impl Driver {
         offset: u64,
         key: u64,
         fixed: bool,
+        punt: bool,
     ) -> Result<OpId, DriverError> {
         if !self.supported.read {
             return Err(DriverError::Submit(io::Error::from_raw_os_error(
@@ -50,6 +54,11 @@ impl Driver {
                 .offset(offset)
                 .build()
             }
+        };
+        let entry = if punt {
+            entry.flags(squeue::Flags::ASYNC)
+        } else {
+            entry
         };
         let id = self.alloc(Slot::InFlight {
             buf: None,

@@ -7,9 +7,11 @@
 //!
 //! Only files that can do non-blocking I/O are started so (on the others
 //! io_uring would hand each read to a worker thread: they are served the
-//! usual way). What the page cache holds is read at once with
-//! preadv2(RWF_NOWAIT) and answered before `read_async` returns; only a
-//! read that would wait for the disk (and O_DIRECT) goes on the ring. The
+//! usual way), large reads aside. What the page cache holds is read at
+//! once with preadv2(RWF_NOWAIT) and answered before `read_async` returns;
+//! only a read that would wait for the disk (and O_DIRECT) goes on the
+//! ring, and a large read ([`PARALLEL_READ`]), which an io-wq worker of
+//! the ring copies while the thread serves on. The
 //! client's memory is held for I/O (`ClientMem::begin_io`) from the start
 //! to the completion, so a timed-out request is answered
 //! only once its read is over; the op is cancelled by the request's unique
@@ -39,7 +41,17 @@ struct Pending {
     got: usize,
     key: u64,
     fixed: bool,
+    /// Run on an io-wq worker (a large read: see [`PARALLEL_READ`]).
+    punt: bool,
 }
+
+/// READs at least this long are started on the ring even when the page
+/// cache holds them, and run on its io-wq workers (IOSQE_ASYNC): copying
+/// a 1 MiB read takes the serving thread about 100 µs, in which it could
+/// pop and start the next ones, and a guest with several large reads
+/// queued then has them copied on as many cores. Shorter ones cost less
+/// in line than a hand-off to a worker thread.
+const PARALLEL_READ: usize = 256 * 1024;
 
 /// This thread's started reads, and the eventfd its ring signals.
 #[derive(Default)]
@@ -83,6 +95,7 @@ fn start(d: &mut crate::Driver, p: &Pending, stats: &IoStats) -> Result<OpId, Er
             p.off + p.got as u64,
             p.key,
             fixed,
+            p.punt,
         )
     }
     .map_err(|_| Errno::EAGAIN)?;
@@ -129,7 +142,10 @@ impl PassthroughFs {
         let Ok(h) = self.handles.get(fh) else {
             return Err(done);
         };
-        if !h.uring || (h.odirect && !aligned(&*mem)) {
+        let large = len >= PARALLEL_READ;
+        // Files without non-blocking reads (io_uring would hand each read
+        // to a worker) are read in line, large ones aside.
+        if (!h.uring && !large) || (h.odirect && !aligned(&*mem)) {
             return Err(done);
         }
         if !mem.begin_io() {
@@ -141,7 +157,7 @@ impl PassthroughFs {
         // bookkeeping, an eventfd signal, a wake-up) and completes inside
         // the submit anyway. Only what would wait for the disk goes on.
         let mut got = 0;
-        if !h.odirect {
+        if !h.odirect && !large {
             let fd = h.fd.raw();
             // SAFETY: `ClientMem`'s contract: while the memory is held for
             // I/O (begin_io above, until end_io below or the started read's
@@ -187,6 +203,7 @@ impl PassthroughFs {
             got,
             key: unique,
             fixed: true,
+            punt: large,
         };
         let id = io::with_driver(true, &self.io_stats, |d| {
             if !ensure_eventfd(d) {
