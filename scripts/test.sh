@@ -58,6 +58,8 @@ tests/libvirt/run.sh
 step "guest: fusebox started by an unprivileged user (--sandbox namespace in a user namespace; guest root is that user; 1,000 fsx ops)"
 id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
 tests/guest/run.sh --as-user tests --fsx-ops 1000
+step "guest: fusebox started by an unprivileged user with --sandbox none (every request runs as that user; 400 fsx ops)"
+tests/guest/run.sh --as-user tests --fsx-ops 400 --fusebox-args "--sandbox none"
 
 step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none, POSIX ACLs, guest RAM as fixed buffers)"
 tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none --posix-acl --fixed-guest-memory"
