@@ -9,6 +9,17 @@ export CARGO_TERM_COLOR=never
 
 step() { printf '\n== %s\n' "$*"; }
 
+# Beyond Rust: an unprivileged user with subordinate ids (pjdfstest
+# switches to it; the unprivileged daemon runs as it, in the tests and the
+# guest suite) and newuidmap/newgidmap for its user namespace's ranges.
+id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
+grep -q '^tests:' /etc/subuid 2>/dev/null || usermod --add-subuids 100000-165535 tests
+grep -q '^tests:' /etc/subgid 2>/dev/null || usermod --add-subgids 100000-165535 tests
+if ! command -v newuidmap >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq uidmap
+fi
+
 step "rustfmt"
 cargo fmt --all -- --check
 
@@ -56,7 +67,6 @@ step "libvirt: Debian's libvirt daemon starts fusebox as a TCG domain's virtiofs
 tests/libvirt/run.sh
 
 step "guest: fusebox started by an unprivileged user (--sandbox namespace in a user namespace; guest root is that user; 1,000 fsx ops)"
-id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
 tests/guest/run.sh --as-user tests --fsx-ops 1000
 step "guest: fusebox started by an unprivileged user with --sandbox none (every request runs as that user; 400 fsx ops)"
 tests/guest/run.sh --as-user tests --fsx-ops 400 --fusebox-args "--sandbox none"

@@ -351,12 +351,16 @@ pub struct VirtiofsdArgs {
     /// Not supported beyond `never` (the default).
     #[arg(long, hide = true, require_equals = true, num_args = 0..=1, default_missing_value = "always", value_name = "MODE")]
     pub security_label: Option<String>,
-    /// Not supported.
-    #[arg(long, hide = true, value_name = "MAP")]
-    pub uid_map: Vec<String>,
-    /// Not supported.
-    #[arg(long, hide = true, value_name = "MAP")]
-    pub gid_map: Vec<String>,
+    /// Started unprivileged with --sandbox namespace: map these uids into
+    /// its user namespace, `:inside:outside:count:` (repeatable; written
+    /// by newuidmap(1) from the user's /etc/subuid ranges unless it is the
+    /// user's own uid alone). Default: the user's uid as 0.
+    #[arg(long, value_name = "MAP")]
+    pub uid_map: Vec<crate::userns::NsIdMap>,
+    /// The same for gids (newgidmap(1), /etc/subgid). Default: the user's
+    /// gid as 0.
+    #[arg(long, value_name = "MAP")]
+    pub gid_map: Vec<crate::userns::NsIdMap>,
     /// Not supported (no migration yet).
     #[arg(long, hide = true, value_name = "MODE")]
     pub migration_mode: Option<String>,

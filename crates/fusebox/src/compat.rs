@@ -103,8 +103,6 @@ pub enum CompatError {
 const WHY_MODCAPS: &str = "it keeps the capabilities it is started with";
 const WHY_XATTRMAP: &str = "no xattr name mapping; use --xattr";
 const WHY_SECURITY_LABEL: &str = "no FUSE_SECURITY_CTX";
-const WHY_IDMAP: &str =
-    "no user namespace ID mapping yet; --translate-uid and --translate-gid translate IDs without one";
 const WHY_MIGRATION: &str = "no live migration yet";
 const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root";
 
@@ -409,14 +407,6 @@ fn refuse_unsupported(a: &VhostArgs) -> Result<(), CompatError> {
     }
     if v.security_label.as_deref().is_some_and(|m| m != "never") {
         return refuse("--security-label", WHY_SECURITY_LABEL);
-    }
-    for (opt, given) in [
-        ("--uid-map", !v.uid_map.is_empty()),
-        ("--gid-map", !v.gid_map.is_empty()),
-    ] {
-        if given {
-            return refuse(opt, WHY_IDMAP);
-        }
     }
     for (opt, given) in [
         ("--migration-mode", v.migration_mode.is_some()),

@@ -281,8 +281,6 @@ fn what_fusebox_cannot_honour_is_an_error_naming_it() {
         &["--xattrmap", ":ok:all:::"],
         &["--security-label"],
         &["--security-label=auto"],
-        &["--uid-map=:0:1000:1:"],
-        &["--gid-map=:0:1000:1:"],
         &["--migration-mode=find-paths"],
         &["--migration-on-error=abort"],
         &["--migration-verify-handles"],

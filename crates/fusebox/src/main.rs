@@ -9,6 +9,7 @@ mod rlimit;
 mod sandbox;
 mod seccomp;
 mod signals;
+mod userns;
 mod vhost;
 
 fn report(e: &dyn std::error::Error) {

@@ -10,14 +10,16 @@
 //! Started without root (no CAP_SYS_ADMIN), `namespace` also makes a new
 //! user namespace in which the daemon is root, mapped to the user that
 //! started it (its uid and gid, nothing else: a guest caller of any other
-//! id gets EPERM, as that id cannot be switched to), as virtiofsd does
-//! without `--uid-map`; everything else is the same.
+//! id gets EPERM, as that id cannot be switched to), or to what
+//! `--uid-map` and `--gid-map` say (`userns.rs`), as virtiofsd does;
+//! everything else is the same.
 //! `chroot`: chroot(2) into the shared directory at the same point.
 //! Everything the daemon does afterwards goes through those fds (xattrs
 //! included, which needs the `*xattrat` calls of Linux 6.13: fusebox
 //! refuses `--xattr` in a sandbox without them).
 
 use crate::cli::Sandbox;
+use crate::userns::{Maps, NsIdMap};
 use std::ffi::CString;
 use std::io;
 use std::path::Path;
@@ -31,6 +33,15 @@ pub enum SandboxError {
     /// The shared directory's path cannot be a C string.
     #[error("sandbox: the shared directory's path contains NUL")]
     Path,
+    /// The user namespace of an unprivileged start.
+    #[error("sandbox: the user namespace")]
+    UserNs(#[source] crate::userns::UserNsError),
+    /// --uid-map or --gid-map where no user namespace is made.
+    #[error(
+        "--uid-map and --gid-map need --sandbox namespace started without CAP_SYS_ADMIN \
+         (they say what its user namespace maps)"
+    )]
+    MapsWithoutUserNs,
 }
 
 fn check(what: &'static str, r: libc::c_int) -> Result<(), SandboxError> {
@@ -48,10 +59,24 @@ fn cpath(p: &Path) -> Result<CString, SandboxError> {
 /// First step, while the process has one thread: for `namespace`, enter
 /// the namespaces. Returns only in the process that goes on serving; the
 /// original process waits for it and exits with its status.
-pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
+pub fn enter(
+    mode: Sandbox,
+    shared: &Path,
+    uid_map: &[NsIdMap],
+    gid_map: &[NsIdMap],
+) -> Result<(), SandboxError> {
+    let user_ns = mode == Sandbox::Namespace && !has_sys_admin();
+    let given = !uid_map.is_empty() || !gid_map.is_empty();
+    if given && !user_ns {
+        return Err(SandboxError::MapsWithoutUserNs);
+    }
     if mode != Sandbox::Namespace {
         return Ok(());
     }
+    let maps = user_ns
+        .then(|| Maps::new(uid_map, gid_map))
+        .transpose()
+        .map_err(SandboxError::UserNs)?;
     let dir = cpath(shared)?;
     // Blocked before the fork, so a child that dies at once is still seen
     // (the child inherits the mask; its own later block adds to it).
@@ -62,23 +87,15 @@ pub fn enter(mode: Sandbox, shared: &Path) -> Result<(), SandboxError> {
         libc::SIGUSR1,
         libc::SIGCHLD,
     ]);
-    let user_ns = !has_sys_admin();
-    let (uid, gid) = (
-        // SAFETY: geteuid and getegid have no arguments and cannot fail.
-        unsafe { libc::geteuid() },
-        // SAFETY: as above.
-        unsafe { libc::getegid() },
-    );
-    let mut flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET;
-    if user_ns {
+    let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET;
+    match &maps {
         // The user namespace owns the others made with it, so the daemon
         // may mount and pivot in them.
-        flags |= libc::CLONE_NEWUSER;
-    }
-    // SAFETY: unshare has no memory arguments.
-    check("unshare", unsafe { libc::unshare(flags) })?;
-    if user_ns {
-        map_self(uid, gid)?;
+        Some(m) => m
+            .unshare(flags | libc::CLONE_NEWUSER)
+            .map_err(SandboxError::UserNs)?,
+        // SAFETY: unshare has no memory arguments.
+        None => check("unshare", unsafe { libc::unshare(flags) })?,
     }
     // SAFETY: the process is single-threaded here (nothing has started a
     // thread yet), so the child may go on running Rust code.
@@ -157,27 +174,6 @@ fn has_sys_admin() -> bool {
     let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
     const CAP_SYS_ADMIN: u32 = 21;
     r == 0 && d[0].effective & (1 << CAP_SYS_ADMIN) != 0
-}
-
-/// In a user namespace just made: root inside is `uid`:`gid` outside (the
-/// one mapping an unprivileged process may write for itself), with
-/// setgroups denied, as the kernel requires before an unprivileged
-/// gid_map.
-fn map_self(uid: libc::uid_t, gid: libc::gid_t) -> Result<(), SandboxError> {
-    let write = |what: &'static str, path: &str, text: String| {
-        std::fs::write(path, text).map_err(|e| SandboxError::Sys(what, e))
-    };
-    write(
-        "writing /proc/self/uid_map",
-        "/proc/self/uid_map",
-        format!("0 {uid} 1"),
-    )?;
-    write("denying setgroups", "/proc/self/setgroups", "deny".into())?;
-    write(
-        "writing /proc/self/gid_map",
-        "/proc/self/gid_map",
-        format!("0 {gid} 1"),
-    )
 }
 
 /// The original process of `namespace` mode: forwards stop signals to the

@@ -195,7 +195,8 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     };
     // Namespaces while single-threaded; the root moves once the
     // passthrough holds its fds, before any thread serves.
-    sandbox::enter(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
+    sandbox::enter(a.sandbox, &dir, &a.virtiofsd.uid_map, &a.virtiofsd.gid_map)
+        .map_err(VhostError::Sandbox)?;
     // Before any other thread exists (the engine starts several), so that
     // every thread inherits the mask and only the signal thread takes
     // them; and before anything that could block (the passthrough, the

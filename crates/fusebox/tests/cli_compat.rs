@@ -308,12 +308,8 @@ fn bad_compatibility_options_stop_the_start_naming_them() {
             "-o security_label: not supported by fusebox",
         ),
         (
-            vec![
-                "-o".into(),
-                src.clone(),
-                "--uid-map=:0:100000:65536:".into(),
-            ],
-            "--uid-map: not supported by fusebox",
+            vec!["-o".into(), src.clone(), "--uid-map=:0:100000:0:".into()],
+            "invalid value ':0:100000:0:' for '--uid-map <MAP>'",
         ),
         (
             vec![

@@ -58,15 +58,15 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     }
 }
 
-#[test]
-fn an_unprivileged_user_serves_from_a_user_namespace() {
-    let base = std::env::temp_dir().join(format!("fusebox-unpriv-{}", std::process::id()));
+/// Starts fusebox as `uid`:`gid` with `args` on a share of theirs; the
+/// share, the socket and the daemon.
+fn start_as(tag: &str, uid: u32, gid: u32, args: &[&str]) -> (Dir, PathBuf, PathBuf, Child) {
+    let base = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     let share = base.join("share");
     std::fs::create_dir_all(&share).unwrap();
-    let _dir = Dir(base.clone());
     for p in [&base, &share] {
-        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+        std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
     }
     let sock = base.join("vfs.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
@@ -75,8 +75,9 @@ fn an_unprivileged_user_serves_from_a_user_namespace() {
         .arg("--shared-dir")
         .arg(&share)
         .args(["--sandbox", "namespace", "--seccomp", "kill"])
-        .uid(NOBODY)
-        .gid(NOBODY)
+        .args(args)
+        .uid(uid)
+        .gid(gid)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -88,6 +89,12 @@ fn an_unprivileged_user_serves_from_a_user_namespace() {
         assert!(t.elapsed() < Duration::from_secs(10), "no socket");
         std::thread::sleep(Duration::from_millis(10));
     }
+    (Dir(base), share, sock, child)
+}
+
+#[test]
+fn an_unprivileged_user_serves_from_a_user_namespace() {
+    let (_dir, share, sock, mut child) = start_as("unpriv", NOBODY, NOBODY, &[]);
     let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
     let pid = server_pid(child.id());
     // Root in its own user namespace, which maps that root to nobody only.
@@ -130,4 +137,116 @@ fn an_unprivileged_user_serves_from_a_user_namespace() {
     drop(fe);
     let s = wait_exit(&mut child);
     assert!(s.success(), "{s:?}");
+}
+
+/// The `tests` user's uid and gid, and the first of its subordinate uids
+/// and gids (scripts/test.sh makes them).
+fn tests_user() -> (u32, u32, u32, u32) {
+    let pw = std::fs::read_to_string("/etc/passwd").unwrap();
+    let f: Vec<&str> = pw
+        .lines()
+        .find(|l| l.starts_with("tests:"))
+        .expect("no user `tests` (scripts/test.sh makes it)")
+        .split(':')
+        .collect();
+    let sub = |file: &str| -> u32 {
+        let t = std::fs::read_to_string(file).unwrap_or_default();
+        let l = t
+            .lines()
+            .find(|l| l.starts_with("tests:"))
+            .unwrap_or_else(|| panic!("no `tests` range in {file} (scripts/test.sh adds one)"));
+        let v: Vec<&str> = l.split(':').collect();
+        assert!(v[2].parse::<u32>().unwrap() >= 2000, "{file}: {l}");
+        v[1].parse().unwrap()
+    };
+    (
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+        sub("/etc/subuid"),
+        sub("/etc/subgid"),
+    )
+}
+
+#[test]
+fn uid_and_gid_maps_give_guest_ids_the_users_subordinate_ranges() {
+    assert!(
+        std::path::Path::new("/usr/bin/newuidmap").exists(),
+        "newuidmap is missing (apt-get install uidmap; scripts/test.sh does)"
+    );
+    let (uid, gid, subuid, subgid) = tests_user();
+    let maps = [
+        format!("--uid-map=:0:{uid}:1:"),
+        format!("--uid-map=:1:{subuid}:2000:"),
+        format!("--gid-map=:0:{gid}:1:"),
+        format!("--gid-map=:1:{subgid}:2000:"),
+    ];
+    let args: Vec<&str> = maps.iter().map(String::as_str).collect();
+    let (_dir, share, sock, mut child) = start_as("submap", uid, gid, &args);
+    // Guest users other than root may create files there too.
+    std::fs::set_permissions(&share, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+    let pid = server_pid(child.id());
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
+    let lines: Vec<Vec<String>> = map
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ["0", &uid.to_string(), "1"].map(String::from).to_vec(),
+            ["1", &subuid.to_string(), "2000"]
+                .map(String::from)
+                .to_vec(),
+        ],
+        "uid_map: {map}"
+    );
+    let c = fe.client();
+    // Guest root: the user; guest 1000:1000: the user's subordinate ids.
+    for (who, g_uid, host) in [
+        ("root", 0, (uid, gid)),
+        ("user", 1000, (subuid + 999, subgid + 999)),
+    ] {
+        let c = c.as_user(g_uid, g_uid);
+        let (f, o) = c
+            .create(ROOT_ID, who.as_bytes(), 0o644, libc::O_RDWR as u32, 0)
+            .unwrap();
+        c.release(f.nodeid, o.fh, 0).unwrap();
+        let m = std::fs::metadata(share.join(who)).unwrap();
+        assert_eq!((m.uid(), m.gid()), host, "{who}");
+        let a = c.getattr(f.nodeid, None).unwrap().attr;
+        assert_eq!((a.uid, a.gid), (g_uid, g_uid), "{who} as the guest sees it");
+    }
+    // Past the mapped range: refused.
+    let e = c
+        .as_user(5000, 5000)
+        .create(ROOT_ID, b"unmapped", 0o644, libc::O_RDWR as u32, 0)
+        .unwrap_err();
+    assert_eq!(e, Errno::EPERM);
+    drop(fe);
+    let s = wait_exit(&mut child);
+    assert!(s.success(), "{s:?}");
+}
+
+#[test]
+fn maps_without_a_user_namespace_are_an_error_at_start() {
+    let base = std::env::temp_dir().join(format!("fusebox-mapsroot-{}", std::process::id()));
+    std::fs::create_dir_all(base.join("share")).unwrap();
+    let _dir = Dir(base.clone());
+    for sandbox in ["namespace", "none"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+            .arg("--socket-path")
+            .arg(base.join("s"))
+            .arg("--shared-dir")
+            .arg(base.join("share"))
+            .args(["--sandbox", sandbox, "--uid-map=:0:1000:1:"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{sandbox}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--uid-map and --gid-map need --sandbox namespace"),
+            "{sandbox}: {err}"
+        );
+    }
 }
