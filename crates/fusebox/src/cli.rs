@@ -345,9 +345,12 @@ pub struct VirtiofsdArgs {
     /// Not supported.
     #[arg(long, hide = true, value_name = "MODCAPS")]
     pub modcaps: Option<String>,
-    /// Not supported.
-    #[arg(long, hide = true, value_name = "RULES")]
-    pub xattrmap: Option<String>,
+    /// Rename, hide or refuse xattr names between guest and host, in
+    /// virtiofsd's rule language (e.g. `:map::user.virtiofs.:` keeps every
+    /// guest xattr under `user.virtiofs.` on the host); the rules must end
+    /// with catch-alls for both directions. Implies --xattr.
+    #[arg(long, value_name = "RULES")]
+    pub xattrmap: Option<uring_ring::passthrough::XattrMap>,
     /// Not supported beyond `never` (the default).
     #[arg(long, hide = true, require_equals = true, num_args = 0..=1, default_missing_value = "always", value_name = "MODE")]
     pub security_label: Option<String>,

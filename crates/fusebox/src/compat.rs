@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use uring_ring::passthrough::{IdMap, IdMapError};
+use uring_ring::passthrough::{IdMap, IdMapError, XattrMap, XattrMapError};
 
 /// The command line could not be turned into options.
 #[derive(Debug, thiserror::Error)]
@@ -98,10 +98,15 @@ pub enum CompatError {
     /// Neither --shared-dir nor `-o source`.
     #[error("--shared-dir (or -o source=DIR) is required")]
     NoSharedDir,
+    /// `-o xattrmap=` rules that do not parse.
+    #[error("-o xattrmap")]
+    Xattrmap(#[source] XattrMapError),
+    /// `-o xattrmap=` rules that are not UTF-8.
+    #[error("-o xattrmap")]
+    XattrmapText(#[source] std::str::Utf8Error),
 }
 
 const WHY_MODCAPS: &str = "it keeps the capabilities it is started with";
-const WHY_XATTRMAP: &str = "no xattr name mapping; use --xattr";
 const WHY_SECURITY_LABEL: &str = "no FUSE_SECURITY_CTX";
 const WHY_MIGRATION: &str = "no live migration yet";
 const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root";
@@ -112,7 +117,6 @@ const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root
 fn refused(name: &str) -> Option<&'static str> {
     Some(match name {
         "modcaps" => WHY_MODCAPS,
-        "xattrmap" => WHY_XATTRMAP,
         "norace" => "an option of the old C virtiofsd, with no counterpart in fusebox",
         "timeout" => "an option of the old C virtiofsd; cache timeouts follow --cache",
         "allow_root" | "allow_other" | "default_permissions" | "fsname" | "subtype" => {
@@ -171,6 +175,8 @@ pub enum Sub {
     DirectIo(bool),
     /// `security_label` (refused), `no_security_label` (the default).
     SecurityLabel(bool),
+    /// `xattrmap=RULES`: --xattrmap.
+    Xattrmap(Box<XattrMap>),
 }
 
 /// Splits one `-o` string at its commas; `,,` is a comma inside an item
@@ -258,6 +264,12 @@ pub fn parse_item(item: &[u8]) -> Result<Sub, CompatError> {
             b"none" => Sandbox::None,
             _ => return Err(bad("namespace, chroot or none")),
         }),
+        "xattrmap" => Sub::Xattrmap(Box::new(
+            std::str::from_utf8(value)
+                .map_err(CompatError::XattrmapText)?
+                .parse::<XattrMap>()
+                .map_err(CompatError::Xattrmap)?,
+        )),
         "log_level" | "loglevel" => Sub::LogLevel(match value {
             b"err" => LogLevel::Error,
             b"warn" => LogLevel::Warn,
@@ -294,7 +306,7 @@ fn flag(name: &str) -> Result<Sub, CompatError> {
         "security_label" => Sub::SecurityLabel(true),
         "no_security_label" => Sub::SecurityLabel(false),
         "debug" => Sub::Debug,
-        "source" | "cache" | "sandbox" | "log_level" | "loglevel" => {
+        "source" | "cache" | "sandbox" | "log_level" | "loglevel" | "xattrmap" => {
             return Err(CompatError::MissingValue(name.into()))
         }
         _ => return Err(CompatError::Unknown(name.into())),
@@ -323,6 +335,7 @@ fn instead(sub: &Sub) -> Option<Instead> {
         Sub::Source(p) => Opt(format!("--shared-dir {}", p.display())),
         Sub::Cache(c) => Opt(format!("--cache {}", v(c))),
         Sub::Sandbox(s) => Opt(format!("--sandbox {}", v(s))),
+        Sub::Xattrmap(_) => Opt("--xattrmap RULES".into()),
         Sub::Xattr(true) => Opt("--xattr".into()),
         Sub::Xattr(false) => Opt("no --xattr".into()),
         Sub::PosixAcl(m) => Opt(format!("--posix-acl={}", v(m))),
@@ -401,9 +414,6 @@ fn refuse_unsupported(a: &VhostArgs) -> Result<(), CompatError> {
     };
     if v.modcaps.is_some() {
         return refuse("--modcaps", WHY_MODCAPS);
-    }
-    if v.xattrmap.is_some() {
-        return refuse("--xattrmap", WHY_XATTRMAP);
     }
     if v.security_label.as_deref().is_some_and(|m| m != "never") {
         return refuse("--security-label", WHY_SECURITY_LABEL);
@@ -521,6 +531,12 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
                 Sub::Flock(on) => a.no_flock = !on,
                 Sub::PosixLock(on) => a.no_posix_lock = !on,
                 Sub::SecurityLabel(on) => security_label = *on,
+                Sub::Xattrmap(m) => g.set(
+                    "xattrmap",
+                    &mut a.virtiofsd.xattrmap,
+                    Some((**m).clone()),
+                    &what,
+                )?,
             }
             match instead(&sub) {
                 Some(Instead::Opt(o)) => opt.push(o),

@@ -258,10 +258,6 @@ fn malformed_and_unknown_suboptions_are_errors_naming_them() {
 fn what_fusebox_cannot_honour_is_an_error_naming_it() {
     for (o, named) in [
         ("modcaps=+sys_admin", "-o modcaps: not supported by fusebox"),
-        (
-            "xattrmap=:ok:all:::",
-            "-o xattrmap: not supported by fusebox",
-        ),
         ("modcaps", "-o modcaps: not supported by fusebox"),
         (
             "security_label",
@@ -278,7 +274,6 @@ fn what_fusebox_cannot_honour_is_an_error_naming_it() {
     );
     for args in [
         &["--modcaps=+sys_admin"][..],
-        &["--xattrmap", ":ok:all:::"],
         &["--security-label"],
         &["--security-label=auto"],
         &["--migration-mode=find-paths"],
@@ -689,4 +684,38 @@ fn a_non_utf8_source_path() {
         dir.map(|d| d.into_os_string().into_vec()),
         Some(b"/a\xff,b".to_vec())
     );
+}
+
+#[test]
+fn xattrmap_rules_are_taken_from_the_option_and_from_o() {
+    let rules = |args: &[&str]| {
+        let argv = std::iter::once("fusebox").chain(args.iter().copied());
+        parse(argv, true).map(|c| c.vhost.virtiofsd.xattrmap)
+    };
+    let want: uring_ring::passthrough::XattrMap = ":map::user.virtiofs.:".parse().unwrap();
+    let a = rules(&[
+        "--socket-path=/s",
+        "--shared-dir=/a",
+        "--xattrmap",
+        ":map::user.virtiofs.:",
+    ]);
+    assert_eq!(a.ok().flatten().as_ref(), Some(&want));
+    let o = rules(&[
+        "--socket-path=/s",
+        "-o",
+        "source=/a,xattrmap=:map::user.virtiofs.:",
+    ]);
+    assert_eq!(o.ok().flatten().as_ref(), Some(&want));
+    // Rules that do not parse, or leave names without an answer: errors
+    // naming the option.
+    for bad in [":map::user.virtiofs.", ":ok:client:::", ":nope:all:::"] {
+        let e = err(&["--socket-path=/s", "--shared-dir=/a", "--xattrmap", bad]);
+        assert!(e.contains("--xattrmap"), "{bad}: {e}");
+        let e = err(&[
+            "--socket-path=/s",
+            "-o",
+            &format!("source=/a,xattrmap={bad}"),
+        ]);
+        assert!(e.contains("-o xattrmap"), "{bad}: {e}");
+    }
 }

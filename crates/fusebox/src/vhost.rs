@@ -208,8 +208,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         cache: a.cache.policy(),
         writeback: a.writeback,
         readonly: a.readonly,
-        // As virtiofsd: --posix-acl implies --xattr.
-        xattr: a.xattr || a.posix_acl != AclMode::Never,
+        // As virtiofsd: --posix-acl and --xattrmap imply --xattr.
+        xattr: a.xattr || a.posix_acl != AclMode::Never || a.virtiofsd.xattrmap.is_some(),
+        xattrmap: a.virtiofsd.xattrmap.clone(),
         posix_acl: a.posix_acl != AclMode::Never,
         posix_acl_optional: a.posix_acl == AclMode::Auto,
         inode_file_handles: a.inode_file_handles != FileHandles::Never,

@@ -25,7 +25,7 @@ const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
 /// The xattr names of `p` without the ACL ones (NUL-terminated, in order).
-fn list_without_acls(p: &sys::FdName) -> Result<Vec<u8>, Errno> {
+fn list_all(p: &sys::FdName) -> Result<Vec<u8>, Errno> {
     let mut buf = Vec::new();
     // The list may grow between the size query and the read: ask again.
     for _ in 0..8 {
@@ -34,21 +34,26 @@ fn list_without_acls(p: &sys::FdName) -> Result<Vec<u8>, Errno> {
         match sys::listxattr(p, &mut buf) {
             Ok(n) => {
                 buf.truncate(n);
-                return Ok(buf
-                    .split_inclusive(|&b| b == 0)
-                    .filter(|n| {
-                        let name = n.strip_suffix(&[0]).unwrap_or(n);
-                        name != ACL_ACCESS && name != ACL_DEFAULT
-                    })
-                    .flatten()
-                    .copied()
-                    .collect());
+                return Ok(buf);
             }
             Err(Errno(libc::ERANGE)) => continue,
             Err(e) => return Err(e),
         }
     }
     Err(Errno(libc::ERANGE))
+}
+
+/// A list of NUL-terminated xattr names without the ACL ones.
+fn without_acls(names: &[u8]) -> Vec<u8> {
+    names
+        .split_inclusive(|&b| b == 0)
+        .filter(|n| {
+            let name = n.strip_suffix(&[0]).unwrap_or(n);
+            name != ACL_ACCESS && name != ACL_DEFAULT
+        })
+        .flatten()
+        .copied()
+        .collect()
 }
 
 fn ts(sec: u64, nsec: u32, now: bool, set: bool) -> libc::timespec {
@@ -205,6 +210,9 @@ impl PassthroughFs {
         {
             // Only ctime: a chown to the same owner updates ctime alone.
             sys::fchownat(fd.raw(), c"", u32::MAX, u32::MAX, libc::AT_EMPTY_PATH)?;
+        }
+        if a.valid & (fattr::UID | fattr::GID | fattr::SIZE) != 0 {
+            self.kill_mapped_caps(ino);
         }
         Ok((self.attr(&self.stat(&data)?), self.cfg.cache.timeout()))
     }
@@ -395,16 +403,7 @@ impl PassthroughFs {
         f: impl FnOnce(&sys::FdName) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let _c = self.creds_allocating(ctx)?;
-        match self.xattr_path(ino) {
-            Ok((_data, path)) => f(&path),
-            Err(Errno::EAGAIN) => {
-                let data = self.inodes.get(ino)?;
-                let fd = data.fd(&self.budget)?;
-                let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
-                f(&sys::FdName::new(proc, fd.raw()))
-            }
-            Err(e) => Err(e),
-        }
+        self.daemon_xattr(ino, f)
     }
 
     pub(super) fn op_setxattr(
@@ -436,13 +435,55 @@ impl PassthroughFs {
         } else {
             None
         };
-        let name = cstr(name)?;
+        let name = cstr(&self.host_xattr(name)?)?;
         let r = self.with_xattr(ctx, ino, |p| sys::setxattr(p, &name, value, flags as i32));
         if let (Err(_), Some(old)) = (&r, killed) {
             // No ACL was set: the setgid bit comes back (best effort).
             let _ = self.set_mode(ctx, ino, |_| old);
         }
         r
+    }
+
+    /// Removes the renamed `security.capability` of `ino` (see
+    /// `PassthroughFs::mapped_caps`) after a write, truncate or chown, as
+    /// the host kernel removes file capabilities then: a guest's file
+    /// keeps no capabilities its new contents or owner were not given.
+    /// Best effort (ENODATA is the usual answer).
+    pub(super) fn kill_mapped_caps(&self, ino: u64) {
+        let Some(name) = &self.mapped_caps else {
+            return;
+        };
+        let _ = self.daemon_xattr(ino, |p| sys::removexattr(p, name));
+    }
+
+    /// An xattr call on `ino` with the daemon's own credentials.
+    fn daemon_xattr<T>(
+        &self,
+        ino: u64,
+        f: impl FnOnce(&sys::FdName) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        match self.xattr_path(ino) {
+            Ok((_data, path)) => f(&path),
+            Err(Errno::EAGAIN) => {
+                let data = self.inodes.get(ino)?;
+                let fd = data.fd(&self.budget)?;
+                let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+                f(&sys::FdName::new(proc, fd.raw()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The host's name for the client's xattr `name` (`Config::xattrmap`),
+    /// or the errno its rule refuses it with.
+    fn host_xattr<'a>(&self, name: &'a [u8]) -> Result<std::borrow::Cow<'a, [u8]>, Errno> {
+        match &self.cfg.xattrmap {
+            None => Ok(std::borrow::Cow::Borrowed(name)),
+            Some(m) => match m.to_host(name) {
+                super::Mapped::Name(n) => Ok(n),
+                super::Mapped::Refused(e) => Err(e),
+            },
+        }
     }
 
     /// Without FUSE_POSIX_ACL, the ACL xattrs are hidden unless
@@ -492,7 +533,7 @@ impl PassthroughFs {
     ) -> FsResult<Xattr> {
         self.acl_gate(name)?;
         let acl = self.translates_acl(name);
-        let name = cstr(name)?;
+        let name = cstr(&self.host_xattr(name)?)?;
         self.with_xattr(ctx, ino, |p| {
             if size == 0 {
                 return sys::getxattr(p, &name, &mut []).map(|n| Xattr::Size(n as u32));
@@ -509,9 +550,15 @@ impl PassthroughFs {
     }
 
     pub(super) fn op_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> FsResult<Xattr> {
-        if self.acls_hidden() {
+        if self.acls_hidden() || self.cfg.xattrmap.is_some() {
             return self.with_xattr(ctx, ino, |p| {
-                let names = list_without_acls(p)?;
+                let mut names = list_all(p)?;
+                if let Some(m) = &self.cfg.xattrmap {
+                    names = m.list_to_guest(&names);
+                }
+                if self.acls_hidden() {
+                    names = without_acls(&names);
+                }
                 match size {
                     0 => Ok(Xattr::Size(names.len() as u32)),
                     s if (s as usize) < names.len() => Err(Errno(libc::ERANGE)),
@@ -533,7 +580,7 @@ impl PassthroughFs {
     pub(super) fn op_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> FsResult<()> {
         self.writable()?;
         self.acl_gate(name)?;
-        let name = cstr(name)?;
+        let name = cstr(&self.host_xattr(name)?)?;
         self.with_xattr(ctx, ino, |p| sys::removexattr(p, &name))
     }
 

@@ -438,6 +438,9 @@ impl PassthroughFs {
             )
         })();
         h.inode.writers.fetch_sub(1, Ordering::AcqRel);
+        if matches!(r, Ok(n) if n > 0) {
+            self.kill_mapped_caps(h.inode.nodeid);
+        }
         r
     }
 

@@ -47,12 +47,17 @@ mod io;
 mod locks;
 mod started;
 mod sys;
+mod xattrmap;
 
 pub use creds::Groups;
 pub use idmap::{Forbidden, IdMap, IdMapError, IdMapping};
 pub use inode::{FdBudget, InodeKey};
 pub use io::IoCounts;
 pub use sys::xattrat_supported;
+pub use xattrmap::{Mapped, XattrMap, XattrMapError};
+
+/// The file capabilities' xattr.
+const CAPS_XATTR: &[u8] = b"security.capability";
 
 use creds::{Caps, Cred, CredGuard};
 use file::Handles;
@@ -118,6 +123,9 @@ pub struct Config {
     pub readonly: bool,
     /// Serve extended attributes (off: ENOSYS, and the client stops asking).
     pub xattr: bool,
+    /// `--xattrmap`: how xattr names are renamed, hidden or refused
+    /// between the client and the host (`xattrmap.rs`); None: unchanged.
+    pub xattrmap: Option<XattrMap>,
     /// POSIX ACLs: INIT must agree on FUSE_POSIX_ACL (the client then
     /// enforces ACLs and default permissions itself), DONT_MASK and
     /// SETXATTR_EXT, or fails with EPROTO. Needs `xattr`.
@@ -191,6 +199,7 @@ impl Default for Config {
             writeback: false,
             readonly: false,
             xattr: true,
+            xattrmap: None,
             posix_acl: false,
             posix_acl_optional: false,
             pass_acl_xattrs: false,
@@ -217,6 +226,11 @@ impl Default for Config {
 /// The passthrough filesystem.
 pub struct PassthroughFs {
     cfg: Config,
+    /// The host name `Config::xattrmap` gives `security.capability`, if
+    /// not its own: the host kernel clears its own on a write, truncate
+    /// or chown of the file, not a renamed one, so the daemon does
+    /// (`kill_mapped_caps`).
+    mapped_caps: Option<std::ffi::CString>,
     inodes: InodeTable,
     handles: Handles,
     budget: Arc<FdBudget>,
@@ -346,7 +360,15 @@ impl PassthroughFs {
         let reservation = budget
             .open(|| Ok(root))
             .map_err(|e| io_err(dir, std::io::Error::from_raw_os_error(e.0)))?;
+        let mapped_caps = cfg
+            .xattrmap
+            .as_ref()
+            .and_then(|m| match m.to_host(CAPS_XATTR) {
+                Mapped::Name(n) if *n != *CAPS_XATTR => std::ffi::CString::new(n.into_owned()).ok(),
+                _ => None,
+            });
         Ok(PassthroughFs {
+            mapped_caps,
             inodes: InodeTable::new(Found {
                 fd: reservation,
                 st,
