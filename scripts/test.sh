@@ -66,7 +66,7 @@ tests/guest/run.sh
 step "libvirt: Debian's libvirt daemon starts fusebox as a TCG domain's virtiofsd (memfd memory; xattr, cache, sandbox, locks, thread pool; the guest's locks held on the host; virsh destroy ends fusebox)"
 tests/libvirt/run.sh
 
-step "guest: fusebox started by an unprivileged user (--sandbox namespace in a user namespace; guest root is that user; 1,000 fsx ops)"
+step "guest: fusebox started by an unprivileged user (--sandbox namespace in a user namespace where only that user is mapped; 1,000 fsx ops)"
 tests/guest/run.sh --as-user tests --fsx-ops 1000
 step "guest: fusebox started by an unprivileged user with --sandbox none (every request runs as that user; 400 fsx ops)"
 tests/guest/run.sh --as-user tests --fsx-ops 400 --fusebox-args "--sandbox none"

@@ -76,7 +76,10 @@ cleanup() {
 		logs
 	fi
 	# A fusebox that outlived its domain (the failure reported above).
-	for p in $fbpids; do kill -9 "$p" 2>/dev/null || true; done
+	# Only while the pid is still fusebox (not reused since).
+	for p in $fbpids; do
+		[ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$fusebox" ] && kill -9 "$p" 2>/dev/null || true
+	done
 	if [ -n "$lvpid" ]; then
 		log "stopping the libvirtd started here"
 		kill "$lvpid" 2>/dev/null || true

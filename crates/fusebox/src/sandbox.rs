@@ -7,11 +7,12 @@
 //! onto itself and a fresh /proc is mounted; once the passthrough
 //! filesystem holds its fds (the root, /proc/self/fd), the shared
 //! directory becomes the root (pivot_root) and the old root is detached.
-//! Started without root (no CAP_SYS_ADMIN), `namespace` also makes a new
-//! user namespace in which the daemon is root, mapped to the user that
-//! started it (its uid and gid, nothing else: a guest caller of any other
-//! id gets EPERM, as that id cannot be switched to), or to what
-//! `--uid-map` and `--gid-map` say (`userns.rs`), as virtiofsd does;
+//! Started by a user other than root, `namespace` also makes a new user
+//! namespace in which the daemon is root, mapped to the user that started
+//! it (its uid and gid, nothing else: every request then runs as that
+//! user, whatever guest id made it, as with `--sandbox none` started so),
+//! or to what `--uid-map` and `--gid-map` say (`userns.rs`; requests then
+//! run as their guest ids, EPERM for ids the ranges leave out);
 //! everything else is the same.
 //! `chroot`: chroot(2) into the shared directory at the same point.
 //! Everything the daemon does afterwards goes through those fds (xattrs
@@ -38,7 +39,7 @@ pub enum SandboxError {
     UserNs(#[source] crate::userns::UserNsError),
     /// --uid-map or --gid-map where no user namespace is made.
     #[error(
-        "--uid-map and --gid-map need --sandbox namespace started without CAP_SYS_ADMIN \
+        "--uid-map and --gid-map need --sandbox namespace started by a user other than root \
          (they say what its user namespace maps)"
     )]
     MapsWithoutUserNs,
@@ -56,23 +57,44 @@ fn cpath(p: &Path) -> Result<CString, SandboxError> {
     CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_nul| SandboxError::Path)
 }
 
+/// Whose ids the daemon serves with, after [`enter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ids {
+    /// The host's (no user namespace).
+    Host,
+    /// A user namespace where only the starting user is mapped (as root):
+    /// no other id can be switched to, so every request runs as that
+    /// user, whatever guest id made it.
+    OwnOnly,
+    /// A user namespace with the ranges of `--uid-map` / `--gid-map`:
+    /// requests run as their guest ids, which those ranges map.
+    Ranges,
+}
+
 /// First step, while the process has one thread: for `namespace`, enter
-/// the namespaces. Returns only in the process that goes on serving; the
-/// original process waits for it and exits with its status.
+/// the namespaces (started by a user other than root, a user namespace
+/// too). Returns only in the process that goes on serving; the original
+/// process waits for it and exits with its status.
 pub fn enter(
     mode: Sandbox,
     shared: &Path,
     uid_map: &[NsIdMap],
     gid_map: &[NsIdMap],
-) -> Result<(), SandboxError> {
-    let user_ns = mode == Sandbox::Namespace && !has_sys_admin();
+) -> Result<Ids, SandboxError> {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let user_ns = mode == Sandbox::Namespace && unsafe { libc::geteuid() } != 0;
     let given = !uid_map.is_empty() || !gid_map.is_empty();
     if given && !user_ns {
         return Err(SandboxError::MapsWithoutUserNs);
     }
     if mode != Sandbox::Namespace {
-        return Ok(());
+        return Ok(Ids::Host);
     }
+    let ids = match (user_ns, given) {
+        (false, _) => Ids::Host,
+        (true, false) => Ids::OwnOnly,
+        (true, true) => Ids::Ranges,
+    };
     let maps = user_ns
         .then(|| Maps::new(uid_map, gid_map))
         .transpose()
@@ -144,36 +166,7 @@ pub fn enter(
             ),
         )?;
     }
-    Ok(())
-}
-
-/// Whether this process has CAP_SYS_ADMIN in its effective set (what the
-/// namespaces and mounts of `namespace` need without a user namespace).
-fn has_sys_admin() -> bool {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const _: () = assert!(std::mem::size_of::<Header>() == 8);
-    const _: () = assert!(std::mem::size_of::<Data>() == 12);
-    let mut h = Header {
-        // _LINUX_CAPABILITY_VERSION_3: two Data, 64 capability bits.
-        version: 0x2008_0522,
-        pid: 0,
-    };
-    let mut d = [Data::default(); 2];
-    // SAFETY: capget with version 3 writes two `Data`, which `d` holds.
-    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
-    const CAP_SYS_ADMIN: u32 = 21;
-    r == 0 && d[0].effective & (1 << CAP_SYS_ADMIN) != 0
+    Ok(ids)
 }
 
 /// The original process of `namespace` mode: forwards stop signals to the

@@ -195,7 +195,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     };
     // Namespaces while single-threaded; the root moves once the
     // passthrough holds its fds, before any thread serves.
-    sandbox::enter(a.sandbox, &dir, &a.virtiofsd.uid_map, &a.virtiofsd.gid_map)
+    let ids = sandbox::enter(a.sandbox, &dir, &a.virtiofsd.uid_map, &a.virtiofsd.gid_map)
         .map_err(VhostError::Sandbox)?;
     // Before any other thread exists (the engine starts several), so that
     // every thread inherits the mask and only the signal thread takes
@@ -226,6 +226,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         direct_io: !a.no_direct_io,
         translate_uid: a.uids.clone(),
         translate_gid: a.gids.clone(),
+        // Only the starting user is mapped: there is no other id to switch
+        // to, so every request runs as that user.
+        creds: ids != sandbox::Ids::OwnOnly && Config::default().creds,
         ..Config::default()
     };
     if a.sandbox != crate::cli::Sandbox::None

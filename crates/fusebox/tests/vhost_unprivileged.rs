@@ -1,13 +1,14 @@
-//! The vhost-user daemon started by an unprivileged user (uid 65534, no
-//! capabilities), as rootless setups run it: with `--sandbox namespace`
-//! it makes a user namespace in which guest root is that user and nothing
-//! else is mapped, and serves from there (the guest suite runs that way
-//! in CI too: `tests/guest/run.sh --as-user`).
+//! The vhost-user daemon started by an unprivileged user (no
+//! capabilities, a supplementary group), as rootless setups run it: with
+//! `--sandbox namespace` it makes a user namespace in which root is that
+//! user and nothing else is mapped, so every request runs as the user; or,
+//! with `--uid-map` / `--gid-map`, one that maps the user's subordinate
+//! ranges, where requests run as their guest ids (the guest suite runs
+//! unprivileged in CI too: `tests/guest/run.sh --as-user`).
 
 use fuse_core::abi::ROOT_ID;
 use fuse_core::Errno;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -58,26 +59,37 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     }
 }
 
-/// Starts fusebox as `uid`:`gid` with `args` on a share of theirs; the
-/// share, the socket and the daemon.
+/// Starts fusebox as `uid`:`gid`, with supplementary group 100 as most
+/// users have some (setpriv(1): no capabilities), with `args` on a share
+/// of theirs; the share, the socket and the daemon. The binary is copied
+/// into the test's directory first: the checkout may sit where that user
+/// cannot reach.
 fn start_as(tag: &str, uid: u32, gid: u32, args: &[&str]) -> (Dir, PathBuf, PathBuf, Child) {
     let base = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     let share = base.join("share");
     std::fs::create_dir_all(&share).unwrap();
+    let bin = base.join("fusebox");
+    std::fs::copy(env!("CARGO_BIN_EXE_fusebox"), &bin).unwrap();
     for p in [&base, &share] {
         std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
     }
     let sock = base.join("vfs.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    let mut child = Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={gid}"),
+            "--groups=100".into(),
+            "--inh-caps=-all".into(),
+            "--".into(),
+        ])
+        .arg(&bin)
         .arg("--socket-path")
         .arg(&sock)
         .arg("--shared-dir")
         .arg(&share)
         .args(["--sandbox", "namespace", "--seccomp", "kill"])
         .args(args)
-        .uid(uid)
-        .gid(gid)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -127,13 +139,17 @@ fn an_unprivileged_user_serves_from_a_user_namespace() {
     // ... and the guest sees it as its root's.
     let a = c.getattr(f.nodeid, None).unwrap().attr;
     assert_eq!((a.uid, a.gid), (0, 0));
-    // Another guest id cannot be switched to: refused, nothing made.
-    let e = c
-        .as_user(1000, 1000)
+    // Any other guest id: no other id is mapped, so it acts as the user
+    // too (and the guest sees the file as root's, the user's inside).
+    let u = c.as_user(1000, 1000);
+    let (g, o) = u
         .create(ROOT_ID, b"by-guest-user", 0o644, libc::O_RDWR as u32, 0)
-        .unwrap_err();
-    assert_eq!(e, Errno::EPERM);
-    assert!(!share.join("by-guest-user").exists());
+        .unwrap();
+    u.release(g.nodeid, o.fh, 0).unwrap();
+    let m = std::fs::metadata(share.join("by-guest-user")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (NOBODY, NOBODY));
+    let a = u.getattr(g.nodeid, None).unwrap().attr;
+    assert_eq!((a.uid, a.gid), (0, 0));
     drop(fe);
     let s = wait_exit(&mut child);
     assert!(s.success(), "{s:?}");
@@ -249,4 +265,34 @@ fn maps_without_a_user_namespace_are_an_error_at_start() {
             "{sandbox}: {err}"
         );
     }
+}
+
+#[test]
+fn uid_ranges_with_the_users_own_gid_keep_its_groups() {
+    // No --gid-map: the gid map is the user's own gid alone, written with
+    // setgroups denied, so no call may change the groups (each would fail
+    // with EPERM): they keep the user's.
+    let (uid, gid, subuid, _) = tests_user();
+    let maps = [
+        format!("--uid-map=:0:{uid}:1:"),
+        format!("--uid-map=:1:{subuid}:2000:"),
+    ];
+    let args: Vec<&str> = maps.iter().map(String::as_str).collect();
+    let (_dir, share, sock, mut child) = start_as("uidonly", uid, gid, &args);
+    std::fs::set_permissions(&share, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+    let c = fe.client();
+    for (who, g_uid, host_uid) in [("root", 0, uid), ("user", 1000, subuid + 999)] {
+        let c = c.as_user(g_uid, 0);
+        let (f, o) = c
+            .create(ROOT_ID, who.as_bytes(), 0o644, libc::O_RDWR as u32, 0)
+            .unwrap();
+        c.write(f.nodeid, o.fh, 0, b"x", 0).unwrap();
+        c.release(f.nodeid, o.fh, 0).unwrap();
+        let m = std::fs::metadata(share.join(who)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (host_uid, gid), "{who}");
+    }
+    drop(fe);
+    let s = wait_exit(&mut child);
+    assert!(s.success(), "{s:?}");
 }

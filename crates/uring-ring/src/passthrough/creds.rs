@@ -34,6 +34,20 @@ pub enum Groups {
     Proc,
 }
 
+/// Set when this process may not change its supplementary groups: in an
+/// unprivileged user namespace whose setgroups is "deny" (the kernel's
+/// price for a gid_map written without privilege). Calls then keep the
+/// thread's own groups, since setgroups would fail every one of them.
+static GROUPS_LOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Reads whether setgroups is denied to this process (before any
+/// sandbox hides /proc; see [`GROUPS_LOCKED`]).
+pub(super) fn probe_groups_locked() {
+    if std::fs::read("/proc/self/setgroups").is_ok_and(|v| v.starts_with(b"deny")) {
+        GROUPS_LOCKED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 thread_local! {
     static UNSHARED: Cell<bool> = const { Cell::new(false) };
     /// Capabilities this thread had before the innermost [`CredGuard`]
@@ -290,7 +304,11 @@ impl CredGuard {
             thread::capset(own.caps)?;
             g.caps = Some((before, own.caps));
         }
+        let locked = GROUPS_LOCKED.load(std::sync::atomic::Ordering::Relaxed);
         g.groups = OWN_GROUPS.with(|o| -> Result<_, Errno> {
+            if locked {
+                return Ok(None);
+            }
             let mine = o.get_or_init(thread::getgroups);
             if !nested && cred.groups == *mine && !GROUPS_UNKNOWN.with(Cell::get) {
                 return Ok(None);

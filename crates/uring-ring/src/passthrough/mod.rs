@@ -325,6 +325,7 @@ fn attr_of(st: &libc::statx) -> Attr {
 impl PassthroughFs {
     /// Serves `dir` with `cfg`.
     pub fn new(dir: impl AsRef<Path>, cfg: Config) -> Result<PassthroughFs, PassthroughError> {
+        creds::probe_groups_locked();
         let dir = dir.as_ref();
         let budget = FdBudget::new(cfg.max_fds.max(2));
         let cpath = CString::new(dir.as_os_str().as_encoded_bytes())
