@@ -16,6 +16,12 @@
 //! its ring workers idle). Batches of 16 (submit 16, then serve and commit
 //! 16) and of 1; per-request times with `Throughput::Elements`.
 //!
+//! Two forms of the same work: one engine call per request
+//! (`try_send_background`, `fetch_own`, `commit`: the rows `getattr`,
+//! `read_4k`, …) and the batch forms (`try_send_background_batch`,
+//! `fetch_own_batch`, `commit_batch`: the rows `…_batched`), where the
+//! engine takes its locks once per batch rather than per request.
+//!
 //! GETATTR (no payload, a 104-byte reply through a pool buffer), and a
 //! 4 KiB READ into "guest memory" by reference (`Args::client`, as the
 //! device does with zero_copy on) copied from a static buffer by the
@@ -24,9 +30,9 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fuse_core::abi::{encode::Body, init, Attr, GetattrIn, Opcode, ReadIn};
-use fuse_core::chan::{ClientMem, HostSpan};
+use fuse_core::chan::{ClientMem, EndFn, HostSpan};
 use fuse_core::embedded::{Embedded, Options};
-use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, RingEnd};
+use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::server::{
     serve_slot, Ctx, Dispatcher, Filesystem, FsResult, ReadDone, ReadSink, ServerConfig,
 };
@@ -209,6 +215,12 @@ struct Bench {
     done: DoneList,
     scratch: Vec<u8>,
     next_unique: u64,
+    /// The batch forms' vectors, reused from batch to batch (as a queue
+    /// thread would keep them).
+    to_send: Vec<(Args, EndFn)>,
+    tickets: Vec<Arc<Ticket>>,
+    sent: Vec<Result<u64, Errno>>,
+    fetched: Vec<Fetched>,
 }
 
 impl Bench {
@@ -255,6 +267,10 @@ impl Bench {
             done: Arc::new(Mutex::new(Vec::new())),
             scratch: vec![0u8; 64 * 1024],
             next_unique: 2,
+            to_send: Vec::with_capacity(MAX_BATCH),
+            tickets: Vec::with_capacity(MAX_BATCH),
+            sent: Vec::with_capacity(MAX_BATCH),
+            fetched: Vec::with_capacity(MAX_BATCH),
         }
     }
 
@@ -288,6 +304,24 @@ impl Bench {
         }
     }
 
+    /// The device's ticket and end callback for one request.
+    fn ticket(&mut self) -> (Arc<Ticket>, EndFn) {
+        let ticket = Arc::new(Ticket {
+            unique: self.next_unique,
+            engine_unique: AtomicU64::new(0),
+            state: AtomicU8::new(0),
+        });
+        self.next_unique += 2;
+        let weak: Weak<Device> = Arc::downgrade(&self.dev);
+        let t2 = ticket.clone();
+        let end: EndFn = Box::new(move |r: ReqResult| {
+            if let Some(dev) = weak.upgrade() {
+                dev.finish(&t2, r);
+            }
+        });
+        (ticket, end)
+    }
+
     /// One kick of `n` requests: submitted while this thread's entries are
     /// preferred, then served and committed here.
     fn batch(&mut self, kind: Kind, n: usize) {
@@ -299,19 +333,7 @@ impl Bench {
         for i in 0..n {
             // submit_requests, per popped chain.
             let args = self.args(kind, i);
-            let ticket = Arc::new(Ticket {
-                unique: self.next_unique,
-                engine_unique: AtomicU64::new(0),
-                state: AtomicU8::new(0),
-            });
-            self.next_unique += 2;
-            let weak: Weak<Device> = Arc::downgrade(&self.dev);
-            let t2 = ticket.clone();
-            let end = Box::new(move |r: ReqResult| {
-                if let Some(dev) = weak.upgrade() {
-                    dev.finish(&t2, r);
-                }
-            });
+            let (ticket, end) = self.ticket();
             match self.chan().try_send_background(args, end) {
                 Ok(unique) => ticket.engine_unique.store(unique, Ordering::Relaxed),
                 Err(e) => panic!("refused: {e:?}"),
@@ -341,6 +363,64 @@ impl Bench {
         assert_eq!(served, n, "a request went elsewhere");
         assert_eq!(self.dev.answered.load(Ordering::Relaxed) - before, n as u64);
     }
+
+    /// The same kick with the batch forms: the `n` requests admitted with
+    /// one `try_send_background_batch`, fetched with one `fetch_own_batch`,
+    /// served, and committed with one `commit_batch`.
+    fn batch_batched(&mut self, kind: Kind, n: usize) {
+        let before = self.dev.answered.load(Ordering::Relaxed);
+        self.ring
+            .prefer(self.qid, self.ents.first().copied())
+            .unwrap();
+        for i in 0..n {
+            let args = self.args(kind, i);
+            let (ticket, end) = self.ticket();
+            self.to_send.push((args, end));
+            self.tickets.push(ticket);
+        }
+        let mut to_send = std::mem::take(&mut self.to_send);
+        let taken = self
+            .engine
+            .chan()
+            .try_send_background_batch(&mut to_send, &mut self.sent);
+        assert!(taken == n && to_send.is_empty(), "refused");
+        self.to_send = to_send;
+        for (t, r) in self.tickets.drain(..).zip(self.sent.drain(..)) {
+            match r {
+                Ok(unique) => t.engine_unique.store(unique, Ordering::Relaxed),
+                Err(e) => panic!("closed: {e:?}"),
+            }
+        }
+        let mut served = 0;
+        loop {
+            let got = self
+                .ring
+                .fetch_own_batch(self.qid, MAX_BATCH, &mut self.fetched)
+                .unwrap_or(0);
+            if got == 0 {
+                break;
+            }
+            served += got;
+            let done = self.done.clone();
+            let make = move |unique: u64| {
+                let done = done.clone();
+                ReadDone::new(move |r| {
+                    done.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((unique, r));
+                })
+            };
+            let disp: &Dispatcher<NullFs> = self.engine.dispatcher();
+            for f in &mut self.fetched {
+                serve_slot(disp, f, &mut self.scratch, None, Some(&make));
+            }
+            let committed = self.ring.commit_batch(&mut self.fetched, None);
+            assert_eq!(committed, got);
+        }
+        self.ring.prefer(self.qid, None).unwrap();
+        assert_eq!(served, n, "a request went elsewhere");
+        assert_eq!(self.dev.answered.load(Ordering::Relaxed) - before, n as u64);
+    }
 }
 
 fn device_path(c: &mut Criterion) {
@@ -351,6 +431,10 @@ fn device_path(c: &mut Criterion) {
             g.throughput(Throughput::Elements(n as u64));
             g.bench_function(BenchmarkId::new(kind.name(), n), |bn| {
                 bn.iter(|| b.batch(kind, n))
+            });
+            let batched = format!("{}_batched", kind.name());
+            g.bench_function(BenchmarkId::new(batched, n), |bn| {
+                bn.iter(|| b.batch_batched(kind, n))
             });
         }
     }

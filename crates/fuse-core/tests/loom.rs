@@ -145,3 +145,93 @@ fn interrupt_vs_reply_leaves_no_stale_interrupt() {
         assert!(dev.queued_interrupts().is_empty(), "stale interrupt");
     });
 }
+
+/// A batch admission racing a completion: the batch takes the slots free
+/// at its instant (1 or 2 of 2 at max_background 2 with one in flight)
+/// and leaves the rest untouched, and every request it took ends exactly
+/// once.
+#[test]
+fn batch_admission_vs_completion() {
+    model(|| {
+        let chan = chan(2);
+        let dev = chan.device().unwrap();
+        chan.send_background(noop(), Box::new(|_| {})).unwrap();
+        let first = read_unique(&dev);
+        let ends = Arc::new(AtomicUsize::new(0));
+        let c = chan.clone();
+        let e = ends.clone();
+        let sender = thread::spawn(move || {
+            let mut batch: Vec<(Args, fuse_core::chan::EndFn)> = (0..2)
+                .map(|_| {
+                    let e = e.clone();
+                    let end: fuse_core::chan::EndFn = Box::new(move |r| {
+                        assert!(r.is_ok(), "{r:?}");
+                        e.fetch_add(1, Ordering::SeqCst);
+                    });
+                    (noop(), end)
+                })
+                .collect();
+            let mut sent = Vec::new();
+            let k = c.try_send_background_batch(&mut batch, &mut sent);
+            assert_eq!(k + batch.len(), 2);
+            assert!(sent.iter().all(Result::is_ok));
+            k
+        });
+        dev.write(&abi::encode::reply(first, 0, &[])).unwrap();
+        let k = sender.join().unwrap();
+        assert!(k == 1 || k == 2, "{k}");
+        assert_eq!(chan.stats().background, k as u32);
+        for _ in 0..k {
+            let u = read_unique(&dev);
+            dev.write(&abi::encode::reply(u, 0, &[])).unwrap();
+        }
+        assert_eq!(ends.load(Ordering::SeqCst), k);
+        assert_eq!(chan.stats().background, 0);
+        assert_eq!(chan.stats().waiting, 0);
+    });
+}
+
+/// A batch send racing an abort: each request of the batch is either
+/// sent (then ended exactly once, by the abort) or refused as closed
+/// (then its callback never runs), and nothing stays counted.
+#[test]
+fn batch_send_vs_abort() {
+    model(|| {
+        let chan = chan(4);
+        let ends: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+        let c = chan.clone();
+        let counters = ends.clone();
+        let sender = thread::spawn(move || {
+            let mut batch: Vec<(Args, fuse_core::chan::EndFn)> = counters
+                .iter()
+                .map(|n| {
+                    let n = n.clone();
+                    let end: fuse_core::chan::EndFn = Box::new(move |r| {
+                        assert_eq!(r.unwrap_err(), Errno::ENOTCONN);
+                        n.fetch_add(1, Ordering::SeqCst);
+                    });
+                    (noop(), end)
+                })
+                .collect();
+            let mut sent = Vec::new();
+            assert_eq!(c.try_send_background_batch(&mut batch, &mut sent), 2);
+            sent
+        });
+        let c = chan.clone();
+        let aborter = thread::spawn(move || c.abort());
+        let sent = sender.join().unwrap();
+        aborter.join().unwrap();
+        chan.wait_aborted();
+        for (r, n) in sent.iter().zip(&ends) {
+            let n = n.load(Ordering::SeqCst);
+            match r {
+                Ok(_) => assert_eq!(n, 1, "a sent request ended {n} times"),
+                Err(e) => {
+                    assert_eq!(*e, Errno::ENOTCONN);
+                    assert_eq!(n, 0, "a refused request's callback ran");
+                }
+            }
+        }
+        assert_eq!(chan.stats().waiting, 0);
+    });
+}

@@ -178,8 +178,25 @@ impl BgState {
     /// Returns a reserved slot that was not used (e.g. the connection died
     /// between admission and queueing) and hands it on.
     pub(crate) fn unreserve(&mut self, budget: WakeBudget) {
-        self.num_background = self.num_background.saturating_sub(1);
-        self.grant(budget);
+        self.unreserve_n(1, budget);
+    }
+
+    /// Returns `n` slots at once. With [`WakeBudget::PerFreeSlot`] this
+    /// is `n` calls of [`BgState::unreserve`] (each free slot goes to a
+    /// waiter either way); the single wake-up grants one per call.
+    pub(crate) fn unreserve_n(&mut self, n: u32, budget: WakeBudget) {
+        match budget {
+            WakeBudget::PerFreeSlot => {
+                self.num_background = self.num_background.saturating_sub(n);
+                self.grant(budget);
+            }
+            WakeBudget::One => {
+                for _ in 0..n {
+                    self.num_background = self.num_background.saturating_sub(1);
+                    self.grant(budget);
+                }
+            }
+        }
     }
 
     /// Moves background requests to the active set while under the limit

@@ -4,16 +4,19 @@
 //!
 //! Lock order (outer to inner): `bg` (`bg_lock`) → transport locks (`iq`,
 //! `pq`) → a request's `data`. The connection lock `conn` and the
-//! `waiting` lock are leaves: nothing is taken while holding them.
+//! `waiting` lock are leaves: nothing is taken while holding them; so is
+//! `spares`, the ended requests kept for reuse.
 
 pub mod bg;
 mod call;
 pub mod client_mem;
 mod config;
 mod dev;
+mod end;
 pub mod errno;
 mod negotiate;
 pub mod req;
+mod send;
 mod timeout;
 pub mod transport;
 
@@ -23,6 +26,7 @@ pub use config::{ChanConfig, Negotiated, Stats};
 pub use dev::Device;
 pub use errno::Errno;
 pub use req::{flag, Args, EndFn, Location, Reply, ReqResult};
+pub use send::TrySendError;
 pub use timeout::{Clock, ManualClock, MonotonicClock};
 pub use transport::{InFlight, Transport};
 
@@ -84,6 +88,11 @@ pub(crate) struct Core {
     ring: std::sync::OnceLock<Arc<crate::ring::Ring>>,
     /// max_background, readable without `bg_lock` (the ring's flush).
     max_bg: std::sync::atomic::AtomicU32,
+    /// Ended requests nobody holds, kept for the batch send to reuse
+    /// (`Request::recycle`, `Request::renew`): the allocation per request
+    /// a batch would otherwise make and free. At most [`SPARES`]. A leaf
+    /// lock.
+    spares: Mutex<Vec<Arc<Request>>>,
 }
 
 impl Core {
@@ -188,7 +197,11 @@ impl Core {
     }
 
     pub(crate) fn drop_waiting(&self) {
-        if self.num_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+        self.drop_waiting_n(1);
+    }
+
+    fn drop_waiting_n(&self, n: usize) {
+        if n > 0 && self.num_waiting.fetch_sub(n, Ordering::SeqCst) == n {
             let g = lock(&self.waiting_mx);
             if *g > 0 {
                 self.waiting_cv.notify_all();
@@ -245,61 +258,6 @@ impl Core {
         for r in refused {
             r.set_error(self.abort_errno().0);
             self.request_end(&r);
-        }
-    }
-
-    /// Ends a request exactly once (kernel `fuse_request_end`).
-    pub(crate) fn request_end(&self, req: &Arc<Request>) {
-        if req.flags.test_and_set(flag::FINISHED) {
-            return;
-        }
-        // Never made active: still queued, or refused before queueing.
-        let was_queued = matches!(req.location(), Location::BgQueue | Location::New);
-        let _ = req.move_to(Location::Ended);
-        if req.flags.test(flag::INTERRUPTED) {
-            // No stale interrupt may outlive its request.
-            self.transport.drop_interrupt(&InFlight(req.clone()));
-        }
-        if req.flags.test(flag::BACKGROUND) && req.flags.test(flag::URING) {
-            // Ring background requests are queued and made active per ring
-            // queue; bg_lock only holds their admission slot.
-            lock(&self.bg).unreserve(self.budget());
-            if let (false, Some(ring)) = (was_queued, self.ring.get()) {
-                ring.bg_done(req.args.qid);
-            }
-        } else if req.flags.test(flag::BACKGROUND) {
-            let refused = {
-                let mut bg = lock(&self.bg);
-                if was_queued {
-                    bg.unreserve(self.budget());
-                } else {
-                    bg.end_one(self.budget());
-                }
-                let next = bg.flush();
-                self.send_to_transport(next)
-            };
-            self.end_refused(refused);
-        }
-        if req.flags.test(flag::ASYNC) {
-            let (end, result) = {
-                let mut d = lock(&req.data);
-                let result = if d.error != 0 {
-                    Err(Errno(d.error))
-                } else {
-                    Ok(Reply {
-                        data: std::mem::take(&mut d.out),
-                        pages: std::mem::take(&mut d.pages),
-                        in_client: d.in_client,
-                    })
-                };
-                (d.end.take(), result)
-            };
-            if let Some(end) = end {
-                end(result);
-            }
-        } else {
-            let _d = lock(&req.data);
-            req.waitq.notify_all();
         }
     }
 
@@ -434,24 +392,6 @@ impl Drop for Owner {
     }
 }
 
-/// Why [`Chan::try_send_background`] did not send.
-pub enum TrySendError {
-    /// Admission is closed for now: the request and its end callback,
-    /// given back.
-    Full(Box<(Args, EndFn)>),
-    /// The connection is gone (or the request could not be queued).
-    Closed(Errno),
-}
-
-impl std::fmt::Debug for TrySendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TrySendError::Full(b) => f.debug_tuple("Full").field(&b.0.opcode).finish(),
-            TrySendError::Closed(e) => f.debug_tuple("Closed").field(e).finish(),
-        }
-    }
-}
-
 /// A request in flight from [`Chan::send_async`].
 #[derive(Debug, Clone)]
 pub struct Sent {
@@ -557,6 +497,7 @@ impl Chan {
             scan: Arc::new(timeout::ScanCtl::default()),
             ring: std::sync::OnceLock::new(),
             max_bg: std::sync::atomic::AtomicU32::new(bg::DEFAULT_MAX_BACKGROUND),
+            spares: Mutex::new(Vec::new()),
         });
         Chan {
             owner: Arc::new(Owner(core)),
@@ -594,93 +535,6 @@ impl Chan {
     /// Sends a synchronous request and waits for its reply.
     pub fn send(&self, args: Args) -> ReqResult {
         self.call(args).wait()
-    }
-
-    /// Sends a background request; `end` runs once with its result (on the
-    /// thread that ends it). Blocks while background admission is closed.
-    /// An error here means the request was not sent and `end` will not run.
-    pub fn send_background(&self, args: Args, end: EndFn) -> Result<(), Errno> {
-        let core = self.core();
-        core.add_waiting();
-        if !args.force {
-            if let Err(e) = core.get_req(true, &SigState::new(core.clone())) {
-                core.drop_waiting();
-                return Err(e);
-            }
-        }
-        self.send_admitted(args, end).map(drop)
-    }
-
-    /// [`Chan::send_background`] that never waits: when background
-    /// admission is closed (max_background reached, or earlier background
-    /// requesters still parked) it gives the request back untouched, so a
-    /// transport can leave it where it came from (a virtqueue leaves the
-    /// descriptors in its avail ring) and retry once a slot frees. Returns
-    /// the unique the server will see (to interrupt it by).
-    pub fn try_send_background(&self, args: Args, end: EndFn) -> Result<u64, TrySendError> {
-        let core = self.core();
-        core.add_waiting();
-        if !args.force {
-            let admitted = {
-                let mut bg = lock(&core.bg);
-                if !bg.connected {
-                    drop(bg);
-                    core.drop_waiting();
-                    return Err(TrySendError::Closed(Errno::ENOTCONN));
-                }
-                bg.try_admit(true)
-            };
-            if !admitted {
-                core.drop_waiting();
-                return Err(TrySendError::Full(Box::new((args, end))));
-            }
-        }
-        self.send_admitted(args, end).map_err(TrySendError::Closed)
-    }
-
-    /// The part of sending a background request after admission (the
-    /// caller has counted it as waiting and, unless FORCE, holds a slot).
-    fn send_admitted(&self, args: Args, end: EndFn) -> Result<u64, Errno> {
-        let core = self.core();
-        let force = args.force;
-        let mut flags = flag::ISREPLY | flag::WAITING | flag::BACKGROUND | flag::ASYNC;
-        if force {
-            flags |= flag::FORCE;
-        }
-        let unique = core.next_unique();
-        let req = Request::new(core, unique, args, flags, core.clock.now(), Some(end));
-        let ring = core.route();
-        let refused = {
-            let mut bg = lock(&core.bg);
-            if !bg.connected {
-                if !force {
-                    bg.unreserve(core.budget());
-                }
-                drop(bg);
-                // Not sent: the caller keeps responsibility, `end` is dropped.
-                lock(&req.data).end = None;
-                return Err(Errno::ENOTCONN);
-            }
-            if force {
-                bg.num_background += 1;
-            }
-            if ring.is_some() {
-                // Ring background requests queue per ring queue (below),
-                // outside bg_lock.
-                Vec::new()
-            } else {
-                bg.enqueue(req.clone());
-                let next = bg.flush();
-                core.send_to_transport(next)
-            }
-        };
-        if let Some(ring) = ring {
-            if let Err(r) = ring.queue_req(req, true) {
-                core.end_refused(vec![r]);
-            }
-        }
-        core.end_refused(refused);
-        Ok(unique)
     }
 
     /// Sends a synchronous request without waiting for it: `end` runs once

@@ -55,9 +55,9 @@ impl Flags {
     pub(crate) fn clear(&self, f: u32) {
         self.0.fetch_and(!f, Ordering::SeqCst);
     }
-    /// Sets `f`; returns whether it was already set.
-    pub(crate) fn test_and_set(&self, f: u32) -> bool {
-        self.0.fetch_or(f, Ordering::SeqCst) & f != 0
+    /// Sets `f`; returns every flag as it was before.
+    pub(crate) fn fetch_set(&self, f: u32) -> u32 {
+        self.0.fetch_or(f, Ordering::SeqCst)
     }
     pub(crate) fn bits(&self) -> u32 {
         self.0.load(Ordering::SeqCst)
@@ -335,11 +335,55 @@ impl Request {
     pub(crate) fn new(
         core: &Arc<Core>,
         unique: u64,
-        mut args: Args,
+        args: Args,
         flags: u32,
         create_time: Duration,
         end: Option<EndFn>,
     ) -> Arc<Request> {
+        Arc::new(Request::build(
+            Arc::downgrade(core),
+            unique,
+            args,
+            flags,
+            create_time,
+            end,
+        ))
+    }
+
+    /// [`Request::new`] into `slot`, reusing the request there (one
+    /// recycled with [`Request::recycle`]: its allocation and its handle
+    /// on the connection) when nobody else holds it, which is always
+    /// unless a `Weak` was made of it since.
+    pub(crate) fn renew(
+        slot: &mut Arc<Request>,
+        unique: u64,
+        args: Args,
+        flags: u32,
+        create_time: Duration,
+        end: Option<EndFn>,
+    ) {
+        match Arc::get_mut(slot) {
+            Some(r) => {
+                let core = std::mem::take(&mut r.core);
+                // Drops what the recycled request still held (nothing
+                // counted: it is no longer WAITING).
+                *r = Request::build(core, unique, args, flags, create_time, end);
+            }
+            None => {
+                let core = slot.core.clone();
+                *slot = Arc::new(Request::build(core, unique, args, flags, create_time, end));
+            }
+        }
+    }
+
+    fn build(
+        core: Weak<Core>,
+        unique: u64,
+        mut args: Args,
+        flags: u32,
+        create_time: Duration,
+        end: Option<EndFn>,
+    ) -> Request {
         let mut out = std::mem::take(&mut args.out_buf);
         // A READ into client memory replies there: nothing to reserve.
         let in_client = args.client.is_some() && args.opcode == Opcode::Read;
@@ -347,7 +391,7 @@ impl Request {
             out.reserve(args.out_size.min(1 << 20));
         }
         let pages = std::mem::take(&mut args.data);
-        Arc::new(Request {
+        Request {
             unique: AtomicU64::new(unique),
             flags: Flags::new(flags),
             loc: AtomicU8::new(Location::New as u8),
@@ -366,8 +410,23 @@ impl Request {
             }),
             waitq: Condvar::new(),
             intr_queued: AtomicBool::new(false),
-            core: Arc::downgrade(core),
-        })
+            core,
+        }
+    }
+
+    /// Takes an ended request that nobody else holds for reuse by
+    /// [`Request::renew`]: it stops counting as waiting (what dropping it
+    /// would do; returns whether it was, for the caller to uncount) and
+    /// lets go of the client's memory. None when someone else still holds
+    /// it (then it is just dropped).
+    pub(crate) fn recycle(mut req: Arc<Request>) -> Option<(Arc<Request>, bool)> {
+        let r = Arc::get_mut(&mut req)?;
+        let waiting = r.flags.test(flag::WAITING);
+        r.flags = Flags::new(flag::FINISHED);
+        // A spare keeps nothing of the client's.
+        r.args.client = None;
+        r.args.body = Vec::new();
+        Some((req, waiting))
     }
 
     pub(crate) fn unique(&self) -> u64 {
@@ -376,6 +435,12 @@ impl Request {
 
     pub(crate) fn location(&self) -> Location {
         Location::from_u8(self.loc.load(Ordering::SeqCst))
+    }
+
+    /// Moves the request to `Ended` (from anywhere: always valid);
+    /// returns where it was.
+    pub(crate) fn end_location(&self) -> Location {
+        Location::from_u8(self.loc.swap(Location::Ended as u8, Ordering::SeqCst))
     }
 
     /// Moves the request to `to`. The caller holds the lock guarding the

@@ -83,16 +83,7 @@ impl Ring {
         q.exists = true;
         let first = q.ents.iter().all(|e| e.state == EntState::Released);
         let id = q.ents.len() as u32;
-        q.ents.push(Ent {
-            state: EntState::Invalid,
-            header: Some(bufs.header),
-            own_payload: own,
-            pool_buf: None,
-            req: None,
-            copying: false,
-            client_pages: false,
-            reserved: false,
-        });
+        q.ents.push(Ent::new(bufs.header, own));
         q.mv(id, EntState::Available)?;
         self.dispatch(&mut q, qi);
         Ok((
@@ -125,10 +116,9 @@ impl Ring {
                     EntState::Available,
                     EntState::FuseReq,
                     EntState::Userspace,
-                    EntState::Commit,
                     EntState::Teardown,
                 ] {
-                    let n = q.lists.count(s, id);
+                    let n = q.lists.count(&q.ents, s, id);
                     if n > 1 || (n == 1 && e.state != s) {
                         return Err(format!(
                             "queue {qi} entry {id} ({:?}) on the {s:?} list",
@@ -137,7 +127,10 @@ impl Ring {
                     }
                     lists += n;
                 }
-                let listed = !matches!(e.state, EntState::Invalid | EntState::Released);
+                let listed = !matches!(
+                    e.state,
+                    EntState::Invalid | EntState::Commit | EntState::Released
+                );
                 if lists != usize::from(listed) {
                     return Err(format!(
                         "queue {qi} entry {id} ({:?}) on {lists} lists",
@@ -145,6 +138,9 @@ impl Ring {
                     ));
                 }
             }
+            q.lists
+                .check(&q.ents)
+                .map_err(|e| format!("queue {qi}: {e}"))?;
             let held = q.ents.iter().filter(|e| e.pool_buf.is_some()).count();
             let lent = q.lent;
             if let Some(p) = q.pool.as_mut() {
@@ -232,6 +228,32 @@ impl RingEnd {
         self.ring()?.fetch_own(qid)
     }
 
+    /// [`RingEnd::fetch_own`] for up to `max` entries at once: appends to
+    /// `out` the requests of queue `qid`'s reserved entries that hold one,
+    /// oldest first, without blocking, and returns how many it appended
+    /// (0: none holds a request). The queue's lock is taken once to take
+    /// them and once to hand them over (the copies happen between, as for
+    /// one). A request that does not fit its entry fails (EIO) as with
+    /// [`RingEnd::fetch_own`]. ENOTCONN once the ring is torn down and
+    /// nothing was appended.
+    pub fn fetch_own_batch(
+        &self,
+        qid: u16,
+        max: usize,
+        out: &mut Vec<Fetched>,
+    ) -> Result<usize, Errno> {
+        let ring = self.ring()?;
+        if max == 1 {
+            // One entry: the single form costs less than the batch's
+            // bookkeeping.
+            return Ok(ring.fetch_own(qid)?.map_or(0, |f| {
+                out.push(f);
+                1
+            }));
+        }
+        ring.fetch_own_batch(qid, max, out)
+    }
+
     /// Reserves entry `h` for its owner without making its queue prefer
     /// reserved entries now (see [`RingEnd::prefer`]).
     pub fn reserve(&self, h: EntHandle) -> Result<(), Errno> {
@@ -247,8 +269,58 @@ impl RingEnd {
         f: Fetched,
         fixed: Option<u16>,
     ) -> Result<EntHandle, (Errno, Option<Fetched>)> {
-        let ring = f.ring.clone();
+        let ring = f.held.ring.clone();
         ring.commit(area, f, fixed)
+    }
+
+    /// Commits several entries, each with its own commit id (what
+    /// [`Fetched::commit_cmd`] gives; the reply set with
+    /// [`Fetched::set_reply`]), in order, taking each queue's lock twice
+    /// per run of entries of that queue rather than per entry; their
+    /// requests then end in the same order, each exactly once, their end
+    /// callbacks run on this thread with no engine lock held. Empties
+    /// `batch`, except for entries a single [`RingEnd::commit`] would
+    /// refuse with EINVAL (a commit id that does not name the entry's
+    /// request, a wrong `fixed`): those stay in `batch`, unchanged, in
+    /// order (dropping one fails its request with EIO). Returns how many
+    /// were committed (on a torn-down ring too: their requests end with
+    /// ECONNABORTED and the entries are released).
+    pub fn commit_batch(&self, batch: &mut Vec<Fetched>, fixed: Option<u16>) -> usize {
+        if batch.len() == 1 {
+            // One entry: the single form costs less than the batch's
+            // bookkeeping.
+            let Some(f) = batch.pop() else { return 0 };
+            let area = f.commit_cmd();
+            let ring = f.held.ring.clone();
+            return match ring.commit(&area, f, fixed) {
+                // Committed (on a torn-down ring too: its request ended).
+                Ok(_) | Err((_, None)) => 1,
+                Err((_, Some(f))) => {
+                    batch.push(f);
+                    0
+                }
+            };
+        }
+        let mut refused = Vec::new();
+        let mut n = 0;
+        while let Some(first) = batch.first() {
+            // Runs of entries of one ring (one connection); normally one.
+            let ring = first.held.ring.clone();
+            let run = batch
+                .iter()
+                .position(|f| !Arc::ptr_eq(&f.held.ring, &ring))
+                .unwrap_or(batch.len());
+            if run == batch.len() {
+                n += ring.commit_batch(batch, fixed, &mut refused);
+            } else {
+                let mut rest = batch.split_off(run);
+                n += ring.commit_batch(batch, fixed, &mut refused);
+                std::mem::swap(batch, &mut rest);
+            }
+        }
+        // `batch` is empty and keeps its capacity for the caller's next.
+        batch.append(&mut refused);
+        n
     }
 
     /// Waits until one of `entries()` (entries of queue `qid` the caller
@@ -273,7 +345,7 @@ impl RingEnd {
     /// COMMIT_AND_FETCH: commits `f` and waits for the entry's next request.
     pub fn commit_and_fetch(&self, f: Fetched, fixed: Option<u16>) -> Result<Fetched, Errno> {
         // Commit and fetch on the ring the entry belongs to.
-        let ring = f.ring.clone();
+        let ring = f.held.ring.clone();
         let area = f.commit_cmd();
         let h = ring.commit(&area, f, fixed).map_err(|(e, _)| e)?;
         ring.fetch(h, true)?.ok_or(Errno::EAGAIN)

@@ -4,49 +4,51 @@
 
 use super::*;
 
+/// What copying a request into an entry gave ([`Ring::copy_in`]); small
+/// and `Copy`, returned in registers.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct CopiedIn {
+    /// The client's pages went instead (ENT_ZERO_COPY).
+    pub zc: bool,
+    /// The request does not fit the entry (EIO).
+    pub err: Option<Errno>,
+}
+
 impl Ring {
-    /// Copies a request into an entry's buffers, or hands over the client's
-    /// pages on a zero-copy queue. Returns the payload, the request payload
-    /// size, whether it is zero-copy, an error for a request that does not
-    /// fit, and the buffers zero-copy did not need (given back to the entry
-    /// and the pool).
-    #[allow(clippy::type_complexity)]
+    /// Copies a request into an entry's header and payload buffer (its
+    /// own or a pool buffer, in `payload`), or hands over the client's
+    /// pages on a zero-copy queue (then `payload` becomes them and the
+    /// buffer it held goes to `spare`, for the entry and the pool). Fills
+    /// `ring_ent_in_out` but its offset (set by the caller).
+    #[inline]
     pub(super) fn copy_in(
         &self,
         req: &Arc<Request>,
         header: &mut UringReqHeader,
-        pool_buf: Option<PoolBuf>,
-        own: Option<Vec<u8>>,
+        payload: &mut Payload,
         zero_copy_queue: bool,
-    ) -> (
-        Payload,
-        usize,
-        bool,
-        Option<Errno>,
-        Option<Vec<u8>>,
-        Option<PoolBuf>,
-    ) {
+        spare: &mut Payload,
+    ) -> CopiedIn {
         let h = req.in_header();
-        header.in_out = [0; abi::URING_IN_OUT_HEADER_SZ];
-        header.in_out[..40].copy_from_slice(h.as_bytes());
+        let hb = h.as_bytes();
+        header.in_out[..hb.len()].copy_from_slice(hb);
+        header.in_out[hb.len()..].fill(0);
         let body = &req.args.body;
-        let k = op_in_size(req.args.opcode, self.opts)
+        let op = req.args.opcode;
+        let k = op_in_size(op, self.opts)
             .min(body.len())
             .min(abi::URING_OP_IN_OUT_SZ);
-        header.op_in = [0; abi::URING_OP_IN_OUT_SZ];
         header.op_in[..k].copy_from_slice(&body[..k]);
+        header.op_in[k..].fill(0);
         let rest = &body[k..];
-        let op = req.args.opcode;
-        let zc = zero_copy_queue
-            && client_mem(req).is_none()
-            && matches!(op, Opcode::Read | Opcode::Write)
-            && self
-                .zc_files
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&read_fh(req));
-        let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut header.ring_ent_in_out;
+        e.flags = 0;
+        e.commit_id = req.unique();
+        e.payload_sz = 0;
+        e.reserved = 0;
+        let zc = zero_copy_queue && self.goes_zero_copy(true, req);
         if zc {
+            let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
             // The client's pages themselves: no payload copy at all.
             let (pages, n) = if op == Opcode::Write {
                 let p = std::mem::take(&mut d.pages);
@@ -58,20 +60,26 @@ impl Ring {
                 out.resize(req.args.out_size, 0);
                 (out, 0)
             };
-            return (Payload::Client(pages), n, true, None, own, pool_buf);
+            header.ring_ent_in_out.flags = uring::ENT_ZERO_COPY;
+            header.ring_ent_in_out.payload_sz = n as u32;
+            *spare = std::mem::replace(payload, Payload::Client(pages));
+            return CopiedIn {
+                zc: true,
+                err: None,
+            };
         }
-        let mut payload = match (pool_buf, own) {
-            (Some(b), own) => {
-                if own.is_some() {
-                    // Per-entry and pool modes are exclusive; keep the buffer.
-                    return (Payload::Pool(b), 0, false, Some(Errno::EIO), own, None);
-                }
-                Payload::Pool(b)
-            }
-            (None, Some(v)) => Payload::Own(v),
-            (None, None) => Payload::None,
+        let fail = CopiedIn {
+            zc: false,
+            err: Some(Errno::EIO),
         };
-        let n = rest.len() + d.pages.len();
+        // The client's data pages (none when its length says so: the
+        // request's data lock is not needed then).
+        let n = rest.len()
+            + if client_mem(req).is_some() {
+                0
+            } else {
+                req.data_len
+            };
         let dst = payload.slice_mut();
         // A READ into client memory needs no room for its reply here.
         let out_here = if client_mem(req).is_some() {
@@ -80,11 +88,18 @@ impl Ring {
             req.args.out_size
         };
         if n > dst.len() || out_here > dst.len() {
-            return (payload, 0, false, Some(Errno::EIO), None, None);
+            return fail;
         }
         dst[..rest.len()].copy_from_slice(rest);
-        dst[rest.len()..n].copy_from_slice(&d.pages);
-        (payload, n, false, None, None, None)
+        if n > rest.len() {
+            let d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(to) = dst.get_mut(rest.len()..rest.len() + d.pages.len()) else {
+                return fail;
+            };
+            to.copy_from_slice(&d.pages);
+        }
+        header.ring_ent_in_out.payload_sz = n as u32;
+        CopiedIn::default()
     }
 
     /// Returns client pages taken for zero-copy to their request (other
@@ -147,15 +162,20 @@ impl Ring {
             Ok(())
         };
         let ok = result.is_ok();
+        if ok && !client_read {
+            self.note_zero_copy(req, &src[..sz]);
+        }
+        // The result and the reply under one lock of the request's data.
+        let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+        d.error = match result {
+            Ok(()) => 0,
+            Err(e) => e.0,
+        };
         if client_read {
-            self.apply(req, result, &[]);
-            let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
             d.out.clear();
             d.in_client = if ok { sz } else { 0 };
             return payload;
         }
-        self.apply(req, result, if ok { &src[..sz] } else { &[] });
-        let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
         match payload {
             Payload::Client(v) if zc_write => {
                 d.pages = v;

@@ -35,21 +35,40 @@ impl Payload {
 /// it with [`RingEnd::commit`](super::RingEnd::commit); dropping it without committing gives the
 /// buffers back and fails the request with EIO.
 pub struct Fetched {
-    pub(crate) ring: Arc<Ring>,
-    pub(crate) handle: EntHandle,
     /// The 288-byte header: `in_out` holds `fuse_in_header` on fetch and
     /// must hold `fuse_out_header` on commit; `op_in` the op struct.
     pub header: Box<UringReqHeader>,
+    /// Everything else. The drop guard lives here rather than on
+    /// `Fetched`, so a commit moves the header back to its entry (no new
+    /// header per request); a dropped `Fetched` loses its header, and the
+    /// entry's next fetch makes one.
+    pub(crate) held: Held,
+}
+
+/// What a [`Fetched`] holds besides its header; dropping it uncommitted
+/// abandons the entry.
+pub(crate) struct Held {
+    pub(crate) ring: Arc<Ring>,
+    pub(crate) handle: EntHandle,
     pub(crate) payload: Payload,
     /// The client memory of a READ or WRITE sent by reference.
     pub(crate) client: Option<Arc<dyn crate::chan::ClientMem>>,
     pub(crate) done: bool,
 }
 
+impl Held {
+    /// Takes the payload for a commit (the entry is no longer abandoned
+    /// when this is dropped).
+    pub(crate) fn take_for_commit(&mut self) -> Payload {
+        self.done = true;
+        std::mem::replace(&mut self.payload, Payload::None)
+    }
+}
+
 impl std::fmt::Debug for Fetched {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fetched")
-            .field("handle", &self.handle)
+            .field("handle", &self.held.handle)
             .finish_non_exhaustive()
     }
 }
@@ -57,7 +76,7 @@ impl std::fmt::Debug for Fetched {
 impl Fetched {
     /// The entry.
     pub fn handle(&self) -> EntHandle {
-        self.handle
+        self.held.handle
     }
     /// The request's `fuse_in_header`.
     pub fn in_header(&self) -> InHeader {
@@ -72,22 +91,23 @@ impl Fetched {
     /// The request's payload (arguments after the op struct).
     pub fn request_payload(&self) -> &[u8] {
         let n = self.header.ring_ent_in_out.payload_sz as usize;
-        &self.payload.slice()[..n.min(self.payload.slice().len())]
+        let p = self.held.payload.slice();
+        &p[..n.min(p.len())]
     }
     /// The header and the whole payload buffer, together (the request's
     /// arguments are read from them while the reply is written).
     pub fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
-        (&mut self.header, self.payload.slice_mut())
+        (&mut self.header, self.held.payload.slice_mut())
     }
     /// The whole payload buffer, for writing the reply.
     pub fn payload_mut(&mut self) -> &mut [u8] {
-        self.payload.slice_mut()
+        self.held.payload.slice_mut()
     }
     /// The client memory a READ's data goes to, or a WRITE's data comes
     /// from (then the payload holds no data and the WRITE's size is this
     /// memory's length).
     pub fn client_mem(&self) -> Option<&Arc<dyn crate::chan::ClientMem>> {
-        self.client.as_ref()
+        self.held.client.as_ref()
     }
     /// Whether the payload is the client's own pages (ENT_ZERO_COPY).
     pub fn is_zero_copy(&self) -> bool {
@@ -109,7 +129,7 @@ impl Fetched {
     pub fn commit_cmd(&self) -> [u8; 80] {
         let c = UringCmdReq {
             commit_id: self.commit_id(),
-            qid: self.handle.qid,
+            qid: self.held.handle.qid,
             ..Default::default()
         };
         let mut area = [0u8; 80];
@@ -118,12 +138,11 @@ impl Fetched {
     }
 }
 
-impl Drop for Fetched {
+impl Drop for Held {
     fn drop(&mut self) {
         if !self.done {
             let payload = std::mem::replace(&mut self.payload, Payload::None);
-            let header = std::mem::take(&mut self.header);
-            self.ring.abandon(self.handle, header, payload);
+            self.ring.abandon(self.handle, payload);
         }
     }
 }

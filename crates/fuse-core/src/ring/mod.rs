@@ -18,6 +18,7 @@ mod copy;
 mod ent;
 mod fetched;
 mod pool;
+mod serve;
 mod wait;
 
 pub use commands::{bufpool_area, cmd_area, RingEnd};
@@ -27,11 +28,11 @@ use fetched::Payload;
 
 use crate::abi::{
     self, decode::op_in_size, fopen, uring, DecodeOptions, EntryOut, Opcode, OpenOut, OutHeader,
-    UringCmdReq, UringEntInOut, UringReqHeader,
+    UringCmdReq, UringReqHeader,
 };
 use crate::chan::req::{flag, Location, Request};
 use crate::chan::{Core, Errno};
-use ent::{Ent, Lists};
+use ent::{Ent, ListId, Lists};
 use pool::{Pool, PoolBuf};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -90,6 +91,9 @@ impl Queue {
 
     /// Wakes the thread waiting for entry `id`, if one is.
     fn wake_ent(&self, id: u32) {
+        if self.sleepers.is_empty() {
+            return;
+        }
         for (e, cv) in &self.sleepers {
             if *e == id {
                 cv.notify_one();
@@ -129,6 +133,19 @@ impl Queue {
         self.lists
             .move_ent(&mut self.ents, id, to)
             .map_err(|_| Errno::EINVAL)
+    }
+
+    /// Marks entry `id` reserved (its lists follow).
+    fn set_reserved(&mut self, id: u32) {
+        self.lists.set_reserved(&mut self.ents, id, true);
+    }
+
+    /// A reserved entry of this queue holding a request that nobody is
+    /// copying (the oldest).
+    fn own_with_request(&self) -> Option<u32> {
+        self.lists
+            .iter(&self.ents, ListId::FuseReqOwn)
+            .find(|id| self.ents.get(*id as usize).is_some_and(|e| !e.copying))
     }
 
     fn put_buf(&mut self, b: Option<PoolBuf>) {
@@ -258,12 +275,10 @@ impl Ring {
             // A reserved entry first while its owner submits, but never
             // with a request that may wait (its owner serves it in line
             // and must not block); other entries otherwise.
-            let reserved = |a: &u32| q.ents.get(*a as usize).is_some_and(|e| e.reserved);
             let own = (q.preferring && req.args.opcode != Opcode::Setlkw)
-                .then(|| q.lists.avail.iter().copied().find(reserved))
+                .then(|| q.lists.front(ListId::AvailOwn))
                 .flatten();
-            let Some(id) = own.or_else(|| q.lists.avail.iter().copied().find(|a| !reserved(a)))
-            else {
+            let Some(id) = own.or_else(|| q.lists.front(ListId::Avail)) else {
                 break;
             };
             let zc = self.goes_zero_copy(q.zero_copy, req);
@@ -304,8 +319,8 @@ impl Ring {
             return Err(Errno::EINVAL);
         }
         q.preferring = h.is_some();
-        if let Some(e) = h.and_then(|h| q.ents.get_mut(h.ent as usize)) {
-            e.reserved = true;
+        if let Some(h) = h {
+            q.set_reserved(h.ent);
         }
         if q.preferring {
             // Requests already waiting may go to the owner's entries now.
@@ -320,19 +335,29 @@ impl Ring {
             .map_or(u32::MAX, |c| c.max_background_now())
     }
 
-    /// Moves background requests to the queue while under the limit; each
-    /// queue may always run one (the ring's exception to max_background).
-    fn flush_bg(&self, q: &mut Queue) {
-        let max = self.max_background();
-        while !q.bg.is_empty() && (self.active_bg.load(Ordering::SeqCst) < max || q.active_bg == 0)
-        {
+    /// Moves background requests to the queue while under the limit
+    /// (`max`, max_background); each queue may always run one (the ring's
+    /// exception to max_background).
+    fn flush_bg(&self, q: &mut Queue, max: u32) {
+        while !q.bg.is_empty() && self.may_activate(q, max) {
             let Some(req) = q.bg.pop_front() else { break };
-            q.active_bg += 1;
-            self.active_bg.fetch_add(1, Ordering::SeqCst);
-            let _ = req.move_to(Location::Transport);
-            req.flags.set(flag::PENDING);
-            q.reqs.push_back(req);
+            self.activate(q, req, 0);
         }
+    }
+
+    /// Whether queue `q` may make one more background request active.
+    fn may_activate(&self, q: &Queue, max: u32) -> bool {
+        self.active_bg.load(Ordering::SeqCst) < max || q.active_bg == 0
+    }
+
+    /// Makes a background request active: it waits for an entry now (its
+    /// flags get PENDING and `flags`, in one go).
+    fn activate(&self, q: &mut Queue, req: Arc<Request>, flags: u32) {
+        q.active_bg += 1;
+        self.active_bg.fetch_add(1, Ordering::SeqCst);
+        let _ = req.move_to(Location::Transport);
+        req.flags.set(flag::PENDING | flags);
+        q.reqs.push_back(req);
     }
 
     /// Whether `req` hands the client's pages over: READ or WRITE of a file
@@ -348,47 +373,91 @@ impl Ring {
                 .contains(&read_fh(req))
     }
 
+    /// Queues `reqs` (in order) on the ring queues they name, taking each
+    /// queue's lock once per run of requests for it; a request whose
+    /// queue is stopped or missing is put on `refused` (its caller ends
+    /// it, with no queue lock held).
+    pub(crate) fn queue_reqs(
+        &self,
+        reqs: impl IntoIterator<Item = Arc<Request>>,
+        background: bool,
+        refused: &mut Vec<Arc<Request>>,
+    ) {
+        let max = if background {
+            self.max_background()
+        } else {
+            u32::MAX
+        };
+        let nq = self.queues.len();
+        let qi_of = |r: &Arc<Request>| usize::from(r.args.qid) % nq;
+        let mut reqs = reqs.into_iter().peekable();
+        while let Some(first) = reqs.next() {
+            let qi = qi_of(&first);
+            let mut q = lk(&self.queues[qi]);
+            let open = !q.stopped && q.exists;
+            let mut next = Some(first);
+            while let Some(req) = next {
+                if !open {
+                    refused.push(req);
+                } else if background {
+                    if q.bg.is_empty() && self.may_activate(&q, max) {
+                        // What queueing and flushing at once would do.
+                        self.activate(&mut q, req, flag::URING);
+                    } else {
+                        req.flags.set(flag::URING);
+                        let _ = req.move_to(Location::BgQueue);
+                        q.bg.push_back(req);
+                    }
+                } else {
+                    req.flags.set(flag::URING | flag::PENDING);
+                    let _ = req.move_to(Location::Transport);
+                    q.reqs.push_back(req);
+                }
+                next = reqs.next_if(|r| qi_of(r) == qi);
+            }
+            if open {
+                if background {
+                    self.flush_bg(&mut q, max);
+                }
+                self.dispatch(&mut q, qi);
+            }
+        }
+    }
+
     pub(crate) fn queue_req(
         &self,
         req: Arc<Request>,
         background: bool,
     ) -> Result<(), Arc<Request>> {
-        let qi = usize::from(req.args.qid) % self.queues.len();
-        let mut q = lk(&self.queues[qi]);
-        if q.stopped || !q.exists {
-            return Err(req);
+        let mut refused = Vec::new();
+        self.queue_reqs(std::iter::once(req), background, &mut refused);
+        match refused.pop() {
+            Some(r) => Err(r),
+            None => Ok(()),
         }
-        req.flags.set(flag::URING);
-        if background {
-            let _ = req.move_to(Location::BgQueue);
-            q.bg.push_back(req);
-            self.flush_bg(&mut q);
-        } else {
-            let _ = req.move_to(Location::Transport);
-            req.flags.set(flag::PENDING);
-            q.reqs.push_back(req);
-        }
-        self.dispatch(&mut q, qi);
-        Ok(())
     }
 
-    /// A flushed background request of queue `qid` ended.
-    pub(crate) fn bg_done(&self, qid: u16) {
+    /// `n` flushed background requests of queue `qid` ended.
+    pub(crate) fn bg_done(&self, qid: u16, n: u32) {
+        let max = self.max_background();
         let qi = usize::from(qid) % self.queues.len();
         let mut q = lk(&self.queues[qi]);
-        q.active_bg = q.active_bg.saturating_sub(1);
+        q.active_bg = q.active_bg.saturating_sub(n);
         let _ = self
             .active_bg
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1));
-        self.flush_bg(&mut q);
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                Some(v.saturating_sub(n))
+            });
+        self.flush_bg(&mut q, max);
         self.dispatch(&mut q, qi);
     }
 
     /// Re-evaluates every queue's background queue (the limit changed).
     pub(crate) fn flush_all(&self) {
+        let max = self.max_background();
         for (qi, m) in self.queues.iter().enumerate() {
             let mut q = lk(m);
-            self.flush_bg(&mut q);
+            self.flush_bg(&mut q, max);
             self.dispatch(&mut q, qi);
         }
     }
@@ -411,16 +480,18 @@ impl Ring {
         let old = |r: &Arc<Request>| now.saturating_sub(r.create_time) > timeout;
         self.queues.iter().any(|m| {
             let q = lk(m);
-            let ent_old = |l: &VecDeque<u32>| {
-                l.front()
-                    .and_then(|id| q.ents.get(*id as usize))
+            let ent_old = |l: ListId| {
+                q.lists
+                    .front(l)
+                    .and_then(|id| q.ents.get(id as usize))
                     .and_then(|e| e.req.as_ref())
                     .is_some_and(old)
             };
             q.reqs.front().is_some_and(old)
                 || q.bg.front().is_some_and(old)
-                || ent_old(&q.lists.fuse_req)
-                || ent_old(&q.lists.userspace)
+                || ent_old(ListId::FuseReq)
+                || ent_old(ListId::FuseReqOwn)
+                || ent_old(ListId::Userspace)
         })
     }
 
@@ -438,8 +509,8 @@ impl Ring {
             let q = lk(m);
             s.queued += q.reqs.len();
             s.bg_queued += q.bg.len();
-            s.in_userspace += q.lists.userspace.len();
-            s.available += q.lists.avail.len();
+            s.in_userspace += q.lists.count_state(EntState::Userspace);
+            s.available += q.lists.count_state(EntState::Available);
             s.enobufs += q.enobufs;
         }
         s
@@ -498,356 +569,30 @@ impl Ring {
         }
     }
 
-    fn end(&self, req: &Arc<Request>, err: Option<Errno>) {
-        if req.flags.test(flag::FINISHED) {
-            return;
-        }
-        if let Some(e) = err {
-            req.set_error(e.0);
-        }
-        if let Some(core) = self.core.upgrade() {
-            core.request_end(req);
-        }
-    }
-
-    /// Hands over the request of one of queue `qid`'s reserved entries
-    /// that holds one, if any (without blocking).
-    fn fetch_own(self: &Arc<Self>, qid: u16) -> Result<Option<Fetched>, Errno> {
-        let qi = self.qidx(qid)?;
-        let found = {
-            let q = lk(&self.queues[qi]);
-            if q.stopped {
-                return Err(Errno::ENOTCONN);
-            }
-            q.lists.fuse_req.iter().copied().find(|id| {
-                q.ents
-                    .get(*id as usize)
-                    .is_some_and(|e| e.reserved && !e.copying)
-            })
-        };
-        match found {
-            // Only the owner fetches its entries, so it is still there.
-            Some(ent) => self.fetch(EntHandle { qid, ent }, false),
-            None => Ok(None),
-        }
-    }
-
-    /// Marks entry `h` reserved (see [`Queue::preferring`]).
-    fn reserve(&self, h: EntHandle) -> Result<(), Errno> {
-        let qi = self.qidx(h.qid)?;
-        let mut q = lk(&self.queues[qi]);
-        let e = q.ents.get_mut(h.ent as usize).ok_or(Errno::EINVAL)?;
-        e.reserved = true;
-        Ok(())
-    }
-
-    fn fetch(self: &Arc<Self>, h: EntHandle, block: bool) -> Result<Option<Fetched>, Errno> {
-        let qi = self.qidx(h.qid)?;
-        loop {
-            let mut q = lk(&self.queues[qi]);
-            loop {
-                let e = q.ents.get(h.ent as usize).ok_or(Errno::EINVAL)?;
-                match e.state {
-                    EntState::FuseReq if !e.copying => break,
-                    EntState::Available | EntState::FuseReq => {
-                        if q.stopped && e.state == EntState::Available {
-                            let _ = q.mv(h.ent, EntState::Teardown);
-                            let _ = q.mv(h.ent, EntState::Released);
-                            return Err(Errno::ENOTCONN);
-                        }
-                        if !block {
-                            return Ok(None);
-                        }
-                        q.cv_waiters += 1;
-                        q = self.cvs[qi].wait(q).unwrap_or_else(|e| e.into_inner());
-                        q.cv_waiters -= 1;
-                    }
-                    EntState::Teardown | EntState::Released => return Err(Errno::ENOTCONN),
-                    _ => return Err(Errno::EINVAL),
-                }
-            }
-            let zq = q.zero_copy;
-            let e = &mut q.ents[h.ent as usize];
-            e.copying = true;
-            let Some(req) = e.req.clone() else {
-                return Err(Errno::EINVAL);
-            };
-            let mut header = e.header.take().unwrap_or_default();
-            let pool_buf = e.pool_buf.take();
-            let own = e.own_payload.take();
-            let offset = match (&pool_buf, q.pool.as_ref()) {
-                (Some(b), Some(p)) => p.offset(b.index),
-                _ => 0,
-            };
-            if pool_buf.is_some() {
-                // Lent from here until it is back on an entry or in the pool.
-                q.lent += 1;
-            }
-            req.flags.set(flag::LOCKED);
-            drop(q);
-
-            let (payload, sz, zc, err, spare_own, spare_pool) =
-                self.copy_in(&req, &mut header, pool_buf, own, zq);
-            header.ring_ent_in_out = UringEntInOut {
-                flags: if zc { uring::ENT_ZERO_COPY } else { 0 },
-                commit_id: req.unique(),
-                payload_sz: sz as u32,
-                offset,
-                reserved: 0,
-            };
-
-            let mut q = lk(&self.queues[qi]);
-            req.flags.clear(flag::LOCKED);
-            q.ents[h.ent as usize].copying = false;
-            if spare_own.is_some() {
-                q.ents[h.ent as usize].own_payload = spare_own;
-            }
-            if spare_pool.is_some() {
-                q.lent = q.lent.saturating_sub(1);
-                q.put_buf(spare_pool);
-                // A request may be waiting for exactly this buffer.
-                self.dispatch(&mut q, qi);
-            }
-            // Another thread may wait on this entry (copying is over).
-            q.wake_ent(h.ent);
-            q.notify_cv(&self.cvs[qi]);
-            if q.stopped || req.flags.test(flag::ABORTED) {
-                match payload {
-                    Payload::Pool(b) => {
-                        q.lent = q.lent.saturating_sub(1);
-                        q.put_buf(Some(b));
-                    }
-                    p => self.give_back(&req, p),
-                }
-                let _ = q.mv(h.ent, EntState::Teardown);
-                let _ = q.mv(h.ent, EntState::Released);
-                drop(q);
-                self.end(&req, Some(Errno::ECONNABORTED));
-                return Err(Errno::ENOTCONN);
-            }
-            if let Some(e) = err {
-                // The request does not fit this entry: fail it, keep serving.
-                let ent = &mut q.ents[h.ent as usize];
-                ent.req = None;
-                ent.header = Some(header);
-                match payload {
-                    Payload::Own(v) => ent.own_payload = Some(v),
-                    Payload::Pool(b) => {
-                        q.lent = q.lent.saturating_sub(1);
-                        q.put_buf(Some(b));
-                    }
-                    Payload::Client(_) | Payload::None => {}
-                }
-                let _ = q.mv(h.ent, EntState::Available);
-                self.dispatch(&mut q, qi);
-                drop(q);
-                self.end(&req, Some(e));
-                continue;
-            }
-            q.mv(h.ent, EntState::Userspace)?;
-            q.ents[h.ent as usize].client_pages = zc;
-            drop(q);
-            req.flags.set(flag::SENT);
-            if req.flags.test(flag::INTERRUPTED) {
-                if let Some(core) = self.core.upgrade() {
-                    core.interrupt(&req);
-                }
-            }
-            if zc {
-                self.zero_copies.fetch_add(1, Ordering::Relaxed);
-            }
-            return Ok(Some(Fetched {
-                ring: self.clone(),
-                handle: h,
-                header,
-                payload,
-                client: client_mem(&req).cloned(),
-                done: false,
-            }));
-        }
-    }
-
-    /// A server dropped a [`Fetched`] without committing it.
-    /// A server dropped a [`Fetched`] without committing it: its request
-    /// fails (EIO, or ECONNABORTED after an abort) and the entry goes back to
-    /// Available with its buffers, so the queue keeps its capacity.
-    pub(crate) fn abandon(&self, h: EntHandle, header: Box<UringReqHeader>, payload: Payload) {
-        let Ok(qi) = self.qidx(h.qid) else { return };
-        let mut q = lk(&self.queues[qi]);
-        let stopped = q.stopped;
-        let idx = h.ent as usize;
-        if q.ents.get(idx).map(|e| e.state) != Some(EntState::Userspace) {
-            return;
-        }
-        let req = q.ents[idx].req.take();
-        q.ents[idx].client_pages = false;
-        match payload {
-            Payload::Pool(b) => {
-                q.lent = q.lent.saturating_sub(1);
-                q.put_buf(Some(b));
-            }
-            Payload::Own(v) => q.ents[idx].own_payload = Some(v),
-            p @ Payload::Client(_) => {
-                if let Some(r) = &req {
-                    self.give_back(r, p);
-                }
-            }
-            Payload::None => {}
-        }
-        if stopped {
-            let _ = q.mv(h.ent, EntState::Teardown);
-            let _ = q.mv(h.ent, EntState::Released);
-        } else {
-            q.ents[idx].header = Some(header);
-            let _ = q.mv(h.ent, EntState::Available);
-            self.dispatch(&mut q, qi);
-        }
-        q.notify_cv(&self.cvs[qi]);
-        drop(q);
-        if let Some(r) = req {
-            self.end(
-                &r,
-                Some(if stopped {
-                    Errno::ECONNABORTED
-                } else {
-                    Errno::EIO
-                }),
-            );
-        }
-    }
-
-    fn commit(
-        self: &Arc<Self>,
-        area: &[u8],
-        mut f: Fetched,
-        fixed: Option<u16>,
-    ) -> Result<EntHandle, (Errno, Option<Fetched>)> {
-        let Ok(cmd) = Self::cmd(area) else {
-            return Err((Errno::EINVAL, Some(f)));
-        };
-        let h = f.handle;
-        if cmd.qid != h.qid {
-            return Err((Errno::EINVAL, Some(f)));
-        }
-        let qi = usize::from(h.qid);
-        let mut q = lk(&self.queues[qi]);
-        if Self::check_fixed(&q, fixed).is_err() {
-            drop(q);
-            return Err((Errno::EINVAL, Some(f)));
-        }
-        let req = match q.ents.get(h.ent as usize) {
-            Some(e) if e.state == EntState::Userspace => e.req.clone(),
+    /// Records what a successful reply says about zero-copy files: OPEN
+    /// and CREATE replies with FOPEN_IO_URING_ZERO_COPY add their handle,
+    /// RELEASE removes it. (The result itself is stored by the caller.)
+    fn note_zero_copy(&self, req: &Arc<Request>, reply: &[u8]) {
+        let open_out = match req.args.opcode {
+            Opcode::Open => reply.get(..16),
+            Opcode::Create => reply.get(std::mem::size_of::<EntryOut>()..),
             _ => None,
         };
-        let Some(req) = req else {
-            drop(q);
-            return Err((Errno::EINVAL, Some(f)));
-        };
-        if cmd.commit_id != req.unique() {
-            drop(q);
-            return Err((Errno::EINVAL, Some(f)));
+        if open_out.is_none() && req.args.opcode != Opcode::Release {
+            // Only OPEN, CREATE and RELEASE change the set.
+            return;
         }
-        let _ = q.mv(h.ent, EntState::Commit);
-        q.ents[h.ent as usize].client_pages = false;
-        let was_pool = matches!(f.payload, Payload::Pool(_));
-        let stopped = q.stopped;
-        drop(q);
-        f.done = true;
-        let header = std::mem::take(&mut f.header);
-        let payload = std::mem::replace(&mut f.payload, Payload::None);
-        drop(f);
-
-        // Copy the result back (no lock held).
-        let payload = self.copy_out(&req, &header, payload, stopped);
-        self.end(&req, None);
-
-        let mut q = lk(&self.queues[qi]);
-        if was_pool {
-            q.lent = q.lent.saturating_sub(1);
-        }
-        let e = &mut q.ents[h.ent as usize];
-        e.req = None;
-        let leftover = match payload {
-            Payload::Own(v) => {
-                e.own_payload = Some(v);
-                None
-            }
-            Payload::Pool(b) => Some(b),
-            _ => None,
-        };
-        if q.stopped {
-            q.put_buf(leftover);
-            let _ = q.mv(h.ent, EntState::Teardown);
-            let _ = q.mv(h.ent, EntState::Released);
-            return Err((Errno::ENOTCONN, None));
-        }
-        q.ents[h.ent as usize].header = Some(header);
-        // Fetch in the same call: the next request goes straight to this
-        // entry, reusing its pool buffer when it needs one.
-        // (A reserved entry never takes a SETLKW: its owner serves in line
-        // and must not block; `dispatch` gives it to another entry.)
-        let reserved = q.ents[h.ent as usize].reserved;
-        let next_needs = q
-            .reqs
-            .front()
-            .filter(|r| !(reserved && r.args.opcode == Opcode::Setlkw))
-            .map(|r| q.mode == Mode::Pool && needs_payload(r, self.opts));
-        match next_needs {
-            Some(needs) => {
-                let buf = match (needs, leftover) {
-                    (true, Some(b)) => Some(b),
-                    (true, None) => q.pool.as_mut().and_then(Pool::claim),
-                    (false, b) => {
-                        q.put_buf(b);
-                        None
-                    }
-                };
-                if needs && buf.is_none() {
-                    q.enobufs += 1;
-                    let _ = q.mv(h.ent, EntState::Available);
-                } else if let Some(r) = q.reqs.pop_front() {
-                    let _ = q.mv(h.ent, EntState::FuseReq);
-                    let e = &mut q.ents[h.ent as usize];
-                    e.req = Some(r);
-                    e.pool_buf = buf;
-                }
-            }
-            None => {
-                q.put_buf(leftover);
-                let _ = q.mv(h.ent, EntState::Available);
+        let mut zc = self.zc_files.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = open_out
+            .and_then(|b| OpenOut::read_from_prefix(b).ok())
+            .map(|(o, _)| o)
+        {
+            if o.open_flags & fopen::IO_URING_ZERO_COPY != 0 {
+                zc.insert(o.fh);
             }
         }
-        self.dispatch(&mut q, qi);
-        Ok(h)
-    }
-
-    fn apply(&self, req: &Arc<Request>, result: Result<(), Errno>, reply: &[u8]) {
-        match result {
-            Err(e) => req.set_error(e.0),
-            Ok(()) => {
-                req.set_error(0);
-                let open_out = match req.args.opcode {
-                    Opcode::Open => reply.get(..16),
-                    Opcode::Create => reply.get(std::mem::size_of::<EntryOut>()..),
-                    _ => None,
-                };
-                if open_out.is_none() && req.args.opcode != Opcode::Release {
-                    // Only OPEN, CREATE and RELEASE change the set.
-                    return;
-                }
-                let mut zc = self.zc_files.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(o) = open_out
-                    .and_then(|b| OpenOut::read_from_prefix(b).ok())
-                    .map(|(o, _)| o)
-                {
-                    if o.open_flags & fopen::IO_URING_ZERO_COPY != 0 {
-                        zc.insert(o.fh);
-                    }
-                }
-                if req.args.opcode == Opcode::Release {
-                    zc.remove(&read_fh(req));
-                }
-            }
+        if req.args.opcode == Opcode::Release {
+            zc.remove(&read_fh(req));
         }
     }
 }
