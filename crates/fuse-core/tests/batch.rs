@@ -385,3 +385,86 @@ fn many_batches_recycle_requests_and_leave_nothing_waiting() {
     chan.abort();
     chan.wait_aborted();
 }
+
+/// An abort that lands while `fetch_own_batch` copies 16 large WRITEs
+/// (between its two queue locks): every request ends once, and none stays
+/// counted as waiting (an aborted landing left its request on the
+/// released entry, so `waiting` never came back to 0).
+#[test]
+fn an_abort_during_a_batch_fetch_leaves_nothing_waiting() {
+    use fuse_core::abi::WriteIn;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    const MW: u32 = 1 << 20;
+    for round in 0..40u64 {
+        let chan = Chan::new(ChanConfig {
+            spawn_scanner: false,
+            ring_queues: 1,
+            ..Default::default()
+        });
+        chan.set_initialized(Negotiated {
+            max_write: MW,
+            flags: init::OVER_IO_URING,
+            ring_queues: 1,
+            ..Negotiated::with_max_background(64)
+        });
+        let end = chan.ring_end(false);
+        end.add_queue(&cmd_area(0, 0, 0)).unwrap();
+        let hs: Vec<_> = (0..16)
+            .map(|_| {
+                let h = end
+                    .register(
+                        &cmd_area(0, 0, 0),
+                        EntryBufs::with_payload(MW as usize + 4096),
+                        None,
+                    )
+                    .unwrap();
+                end.reserve(h).unwrap();
+                h
+            })
+            .collect();
+        end.prefer(0, hs.first().copied()).unwrap();
+        let ended = Arc::new(AtomicUsize::new(0));
+        let mut batch: Vec<(Args, EndFn)> = (0..16)
+            .map(|_| {
+                let e = ended.clone();
+                let f: EndFn = Box::new(move |_| {
+                    e.fetch_add(1, Ordering::SeqCst);
+                });
+                let args = Args::new(Opcode::Write, 1)
+                    .body(
+                        Body::new()
+                            .push(&WriteIn {
+                                size: MW,
+                                ..Default::default()
+                            })
+                            .into_vec(),
+                    )
+                    .data(vec![7u8; MW as usize])
+                    .out(std::mem::size_of::<fuse_core::abi::WriteOut>(), false);
+                (args, f)
+            })
+            .collect();
+        let mut sent = Vec::new();
+        assert_eq!(chan.try_send_background_batch(&mut batch, &mut sent), 16);
+        let c = chan.clone();
+        let delay = Duration::from_micros((round % 20) * 150);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            c.abort();
+        });
+        let mut fs = Vec::new();
+        let _ = end.fetch_own_batch(0, 16, &mut fs);
+        t.join().unwrap();
+        drop(fs);
+        let t0 = Instant::now();
+        while (ended.load(Ordering::SeqCst) < 16 || chan.stats().waiting != 0)
+            && t0.elapsed() < Duration::from_secs(2)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ended.load(Ordering::SeqCst), 16, "round {round}");
+        assert_eq!(chan.stats().waiting, 0, "round {round}");
+        end.check_invariants().unwrap();
+    }
+}

@@ -203,6 +203,11 @@ impl Ring {
         let e = &mut q.ents[ent as usize];
         e.header = Some(header);
         if aborted {
+            // The entry lets go of its request: held by a released entry it
+            // would stay counted as waiting for the life of the connection
+            // (`wait_aborted` would never return). Not its last reference:
+            // the caller holds `req`.
+            e.req = None;
             match payload {
                 Payload::Pool(b) => {
                     q.lent = q.lent.saturating_sub(1);
