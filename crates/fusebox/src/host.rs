@@ -64,11 +64,12 @@ pub struct MountArgs {
     /// Serve extended attributes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     xattr: bool,
-    /// POSIX ACLs: negotiated with the kernel, which then checks them
-    /// beside the mode bits (implies --xattr). On unless --xattr false.
-    /// Off (`--posix-acl=false`), the kernel checks the mode bits alone
-    /// and the ACL xattrs pass through as data: an ACL entry can then only
-    /// take access away (the host checks it too), never grant it.
+    /// POSIX ACLs, negotiated with the kernel, which then checks them
+    /// beside the mode bits (implies --xattr). Without it the kernel checks
+    /// the mode bits alone and the ACL xattrs pass through as data: an ACL
+    /// entry then only takes access away (the host checks it too), never
+    /// grants it. Off by default: with ACLs on, the kernel asks for the
+    /// root directory's ACL on every path walk (it never caches it).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     posix_acl: Option<bool>,
     /// Refuse every change.
@@ -280,7 +281,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let room = nofile
         .soft
         .saturating_sub(crate::rlimit::reserve(nofile.soft, 1));
-    let posix_acl = a.posix_acl.unwrap_or(a.xattr);
+    let posix_acl = a.posix_acl.unwrap_or(false);
     let cfg = Config {
         cache: a.cache.policy(),
         writeback: a.writeback,
@@ -288,7 +289,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         xattr: a.xattr || posix_acl,
         posix_acl,
         // Calls run as the caller with its groups from /proc: the host
-        // checks ACLs too (with --posix-acl=false they only take access
+        // checks ACLs too (without --posix-acl they only take access
         // away: the kernel checks the mode bits first).
         pass_acl_xattrs: true,
         inode_file_handles: a.inode_file_handles,

@@ -1,9 +1,9 @@
-//! `fusebox mount` and its POSIX ACLs (on by default) against the host
-//! kernel: the kernel itself checks permissions and ACLs stored on the
-//! host, a default ACL decides a new file's mode where the umask would,
-//! and a caller without CAP_FSETID loses the setgid bit when it sets an
-//! ACL. With `--posix-acl=false` the kernel checks the mode bits alone and
-//! the ACL xattrs pass through, where the host enforces them.
+//! `fusebox mount --posix-acl` against the host kernel: the kernel itself
+//! checks permissions and ACLs stored on the host, a default ACL decides a
+//! new file's mode where the umask would, and a caller without CAP_FSETID
+//! loses the setgid bit when it sets an ACL. Without it (the default) the
+//! kernel checks the mode bits alone and the ACL xattrs pass through,
+//! where the host enforces them.
 
 #[path = "../../uring-ring/tests/support/acl.rs"]
 mod acl;
@@ -217,7 +217,7 @@ fn the_kernel_itself_checks_modes_and_acls() {
         // in; without, it checks the mode bits alone.
         let a = reader_acl(0);
         setxattr(&f, ACCESS, &a).unwrap();
-        if tag == "knoacl" {
+        if tag != "kcheck" {
             assert_eq!(read_without_dac_caps(&f), Err(Some(libc::EACCES)), "{tag}");
         } else {
             assert_eq!(
