@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
 
+mod vhost_support;
+
 struct Dir(PathBuf);
 impl Drop for Dir {
     fn drop(&mut self) {
@@ -44,20 +46,7 @@ fn start(tag: &str, args: &[&str]) -> (Dir, PathBuf, PathBuf, Child) {
 
 /// The process that serves: the started one, or its child in namespace mode.
 fn server_pid(started: u32) -> u32 {
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
-        if ppid == started {
-            return pid;
-        }
-    }
-    started
+    vhost_support::child_of(started).unwrap_or(started)
 }
 
 fn link(pid: u32, what: &str) -> PathBuf {

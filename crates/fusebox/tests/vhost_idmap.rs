@@ -12,66 +12,15 @@ use fuse_core::abi::{fattr, SetattrIn, ROOT_ID};
 use fuse_core::client::Client;
 use fuse_core::Errno;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use std::path::Path;
+use vhost_support::Daemon;
+use virtio_fs::frontend::VhostFrontend;
 
-struct Daemon {
-    base: PathBuf,
-    child: Child,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.base);
-    }
-}
-
-impl Daemon {
-    fn share(&self) -> PathBuf {
-        self.base.join("share")
-    }
-}
+mod vhost_support;
 
 /// fusebox serving a fresh share with `args`, and the guest connected.
 fn start(tag: &str, args: &[&str]) -> (Daemon, VhostFrontend) {
-    let base = std::env::temp_dir().join(format!("fusebox-idmap-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(base.join("share")).unwrap();
-    let sock = base.join("vfs.sock");
-    let log = base.join("stderr");
-    let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
-        .arg("--socket-path")
-        .arg(&sock)
-        .arg("--shared-dir")
-        .arg(base.join("share"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut d = Daemon { base, child };
-    let t = Instant::now();
-    let fe = loop {
-        match VhostFrontend::connect(&sock, &FrontendConfig::default()) {
-            Ok(fe) => break fe,
-            Err(e) => {
-                if let Some(s) = d.child.try_wait().unwrap() {
-                    panic!("fusebox exited ({s}): {}", read(&log));
-                }
-                assert!(t.elapsed() < Duration::from_secs(10), "{e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
-    (d, fe)
-}
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
+    vhost_support::start(&format!("idmap-{tag}"), args, |_| {})
 }
 
 fn owner(p: &Path) -> (u32, u32) {

@@ -14,6 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
 
+mod vhost_support;
+
 const NOBODY: u32 = 65534;
 
 struct Dir(PathBuf);
@@ -27,18 +29,8 @@ impl Drop for Dir {
 fn server_pid(started: u32) -> u32 {
     let t = Instant::now();
     loop {
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            let after = &stat[stat.rfind(')').unwrap() + 2..];
-            let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
-            if ppid == started {
-                return pid;
-            }
+        if let Some(pid) = vhost_support::child_of(started) {
+            return pid;
         }
         assert!(t.elapsed() < Duration::from_secs(10), "no serving child");
         std::thread::sleep(Duration::from_millis(10));

@@ -14,58 +14,20 @@ use fuse_core::client::XattrReply;
 use fuse_core::Errno;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use vhost_support::Daemon;
+use virtio_fs::frontend::VhostFrontend;
 
-struct Daemon {
-    base: PathBuf,
-    child: Child,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.base);
-    }
-}
+mod vhost_support;
 
 /// fusebox serving a fresh share with `--xattrmap RULES`, the guest
 /// connected, and `f` made in the share beforehand with the host xattr
 /// `user.host` (the host's own, not the guest's).
 fn start(tag: &str, rules: &str) -> (Daemon, VhostFrontend, PathBuf) {
-    let base = std::env::temp_dir().join(format!("fusebox-xmap-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    let share = base.join("share");
-    std::fs::create_dir_all(&share).unwrap();
-    std::fs::write(share.join("f"), b"data").unwrap();
-    host_set(&share.join("f"), "user.host", b"h");
-    let sock = base.join("vfs.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
-        .arg("--socket-path")
-        .arg(&sock)
-        .arg("--shared-dir")
-        .arg(&share)
-        .args(["--xattrmap", rules])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut d = Daemon { base, child };
-    let t = Instant::now();
-    let fe = loop {
-        match VhostFrontend::connect(&sock, &FrontendConfig::default()) {
-            Ok(fe) => break fe,
-            Err(e) => {
-                if let Some(s) = d.child.try_wait().unwrap() {
-                    panic!("fusebox exited ({s})");
-                }
-                assert!(t.elapsed() < Duration::from_secs(10), "{e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
+    let (d, fe) = vhost_support::start(&format!("xmap-{tag}"), &["--xattrmap", rules], |share| {
+        std::fs::write(share.join("f"), b"data").unwrap();
+        host_set(&share.join("f"), "user.host", b"h");
+    });
+    let share = d.share();
     (d, fe, share)
 }
 

@@ -8,7 +8,9 @@
 mod acl;
 mod common;
 
-use acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
+use acl::{
+    acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
+};
 use common::{HostDir, Kind, Mount, Via};
 use fuse_core::abi::{fattr, init, SetattrIn, ROOT_ID};
 use fuse_core::client::{Client, XattrReply};
@@ -301,34 +303,6 @@ fn acl_share() -> Mount {
         ..cfg()
     };
     Mount::offering(host, &share, cfg, Via::Device(2), init::POSIX_ACL, 0).unwrap()
-}
-
-fn host_xattr(path: &Path, name: &[u8]) -> Option<Vec<u8>> {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: both names are NUL-terminated; buf is writable for its length.
-    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (r >= 0).then(|| {
-        buf.truncate(r as usize);
-        buf
-    })
-}
-
-fn host_setxattr(path: &Path, name: &[u8], value: &[u8]) {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    // SAFETY: both names are NUL-terminated; value is readable for its length.
-    let r = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
 }
 
 fn guest_xattr(c: &Client, node: u64, name: &[u8]) -> Vec<u8> {

@@ -8,7 +8,9 @@
 mod acl;
 mod common;
 
-use acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
+use acl::{
+    acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
+};
 use common::{HostDir, Kind, Mount, Via};
 use fuse_core::abi::{flags, init, ROOT_ID};
 use fuse_core::client::XattrReply;
@@ -34,22 +36,6 @@ fn acl_mount_without(add: u64, drop: u64) -> Result<Mount, Errno> {
     Mount::offering(host, &share, cfg, Via::Device(2), add, drop)
 }
 
-fn host_setxattr(path: &std::path::Path, name: &[u8], value: &[u8]) {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    // SAFETY: both names are NUL-terminated; value is readable for its length.
-    let r = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-}
-
 /// The names of a listxattr reply, and that its size query agrees.
 fn names(c: &fuse_core::client::Client, node: u64) -> Vec<Vec<u8>> {
     let XattrReply::Size(n) = c.listxattr(node, 0).unwrap() else {
@@ -63,18 +49,6 @@ fn names(c: &fuse_core::client::Client, node: u64) -> Vec<Vec<u8>> {
         .filter(|n| !n.is_empty())
         .map(<[u8]>::to_vec)
         .collect()
-}
-
-fn host_xattr(path: &std::path::Path, name: &[u8]) -> Option<Vec<u8>> {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: both names are NUL-terminated; buf is writable for its length.
-    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (r >= 0).then(|| {
-        buf.truncate(r as usize);
-        buf
-    })
 }
 
 #[test]

@@ -33,3 +33,33 @@ pub fn reader_acl(uid: u32) -> Vec<u8> {
         (OTHER, 0, NONE),
     ])
 }
+
+/// The host file's xattr `name` (the host's own view), if it has one.
+pub fn host_xattr(path: &std::path::Path, name: &[u8]) -> Option<Vec<u8>> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: both names are NUL-terminated; buf is writable for its length.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| {
+        buf.truncate(r as usize);
+        buf
+    })
+}
+
+/// Sets the host file's xattr `name` directly on the host.
+pub fn host_setxattr(path: &std::path::Path, name: &[u8], value: &[u8]) {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: both names are NUL-terminated; value is readable for its length.
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}

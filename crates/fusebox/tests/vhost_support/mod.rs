@@ -1,0 +1,88 @@
+//! Helpers of the vhost-user daemon tests: the fusebox binary serving a
+//! fresh share over its socket with the engine as the guest
+//! (virtio_fs::frontend), and the processes it makes.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+
+/// A daemon and its directory (share, socket, stderr log): killed and
+/// removed when dropped.
+pub struct Daemon {
+    pub base: PathBuf,
+    pub child: Child,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+impl Daemon {
+    pub fn share(&self) -> PathBuf {
+        self.base.join("share")
+    }
+}
+
+/// fusebox serving a fresh share with `args` (`before` prepares the share
+/// first), and the guest connected; its stderr is in `base/stderr`, shown
+/// if it exits before the guest connects.
+pub fn start(tag: &str, args: &[&str], before: impl FnOnce(&Path)) -> (Daemon, VhostFrontend) {
+    let base = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let share = base.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    before(&share);
+    let sock = base.join("vfs.sock");
+    let log = base.join("stderr");
+    let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--shared-dir")
+        .arg(&share)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon { base, child };
+    let t = Instant::now();
+    let fe = loop {
+        match VhostFrontend::connect(&sock, &FrontendConfig::default()) {
+            Ok(fe) => break fe,
+            Err(e) => {
+                if let Some(s) = d.child.try_wait().unwrap() {
+                    let said = std::fs::read_to_string(&log).unwrap_or_default();
+                    panic!("fusebox exited ({s}): {said}");
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "{e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    (d, fe)
+}
+
+/// A child of process `parent` (the serving process of a daemon in
+/// namespace mode), if it has one now.
+pub fn child_of(parent: u32) -> Option<u32> {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == parent {
+            return Some(pid);
+        }
+    }
+    None
+}
