@@ -111,14 +111,14 @@ pub enum FileHandles {
     Mandatory,
 }
 
-/// --posix-acl (as virtiofsd's negotiation mode).
+/// --posix-acl and --security-label (virtiofsd's negotiation mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AclMode {
-    /// No ACLs (the ACL xattrs are refused).
+    /// Off (--posix-acl: the ACL xattrs are refused).
     Never,
-    /// ACLs if the guest kernel can negotiate them, else none.
+    /// On if the guest kernel can negotiate it, else off.
     Auto,
-    /// ACLs, or no connection.
+    /// On, or no connection.
     Always,
 }
 
@@ -186,6 +186,26 @@ pub struct VhostArgs {
     /// negotiate them gets no connection; `auto` serves it without.
     #[arg(long, value_enum, require_equals = true, num_args = 0..=1, default_missing_value = "always", default_value = "never")]
     pub posix_acl: AclMode,
+    /// Security labels (FUSE_SECURITY_CTX, as virtiofsd; implies --xattr
+    /// unless never): the label the guest's LSM gives a file, directory,
+    /// node or symlink it creates is set on the host inode before the
+    /// guest sees it (as `security.selinux` by the host's SELinux where it
+    /// runs, otherwise as an xattr under the name --xattrmap gives it,
+    /// e.g. `user.virtiofs.security.selinux`); if it cannot be, the
+    /// creation is undone and fails. `--security-label` alone is
+    /// `always`: a guest that cannot negotiate it gets no connection;
+    /// `auto` serves it without.
+    #[arg(long, value_enum, require_equals = true, num_args = 0..=1, default_missing_value = "always", default_value = "never", value_name = "MODE")]
+    pub security_label: AclMode,
+    /// Modify the capabilities the serving process keeps, as virtiofsd:
+    /// `+name` keeps, `-name` drops, `:`-separated (e.g.
+    /// `--modcaps=+sys_admin:-mknod`), starting from virtiofsd's set
+    /// (chown, dac_override, fowner, fsetid, setgid, setuid, mknod,
+    /// setfcap; dac_read_search with inode file handles; ipc_lock with
+    /// --fixed-guest-memory). Without it fusebox keeps the capabilities
+    /// it was started with.
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    pub modcaps: Option<crate::caps::ModCaps>,
     /// Refuse every change.
     #[arg(long)]
     pub readonly: bool,
@@ -279,9 +299,9 @@ pub struct VhostArgs {
     /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,
     /// log_level, debug; xattr, flock, posix_lock, posix_acl,
     /// readdirplus, writeback, announce_submounts, killpriv_v2 and
-    /// allow_direct_io, each also as no_NAME; no_security_label; `,,` is
-    /// a comma; a later item overrides an earlier one). Deprecated: use
-    /// the separate options.
+    /// allow_direct_io, security_label, each also as no_NAME; modcaps=;
+    /// `,,` is a comma; a later item overrides an earlier one).
+    /// Deprecated: use the separate options.
     #[arg(short = 'o', value_name = "SUBOPTS", value_parser = clap::value_parser!(OsString))]
     pub compat_options: Vec<OsString>,
     /// Log level debug [deprecated: use --log-level debug].
@@ -342,18 +362,12 @@ pub struct VirtiofsdArgs {
     /// and looks entries up one by one.
     #[arg(long)]
     pub no_readdirplus: bool,
-    /// Not supported.
-    #[arg(long, hide = true, value_name = "MODCAPS")]
-    pub modcaps: Option<String>,
     /// Rename, hide or refuse xattr names between guest and host, in
     /// virtiofsd's rule language (e.g. `:map::user.virtiofs.:` keeps every
     /// guest xattr under `user.virtiofs.` on the host); the rules must end
     /// with catch-alls for both directions. Implies --xattr.
     #[arg(long, value_name = "RULES")]
     pub xattrmap: Option<uring_ring::passthrough::XattrMap>,
-    /// Not supported beyond `never` (the default).
-    #[arg(long, hide = true, require_equals = true, num_args = 0..=1, default_missing_value = "always", value_name = "MODE")]
-    pub security_label: Option<String>,
     /// Started unprivileged with --sandbox namespace: map these uids into
     /// its user namespace, `:inside:outside:count:` (repeatable; written
     /// by newuidmap(1) from the user's /etc/subuid ranges unless it is the

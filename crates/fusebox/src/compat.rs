@@ -6,7 +6,7 @@
 //! it asks for what fusebox does by default, or refused with an error
 //! naming it and why: never ignored. Within `-o` a later item overrides an
 //! earlier one, and refusals look at the last word only (`-o
-//! security_label,no_security_label` is taken).
+//! killpriv_v2,no_killpriv_v2` is taken by a daemon not started as root).
 //!
 //! [`parse`] goes from the command line to the options in force, so that
 //! everything here is tested without starting a daemon.
@@ -104,10 +104,14 @@ pub enum CompatError {
     /// `-o xattrmap=` rules that are not UTF-8.
     #[error("-o xattrmap")]
     XattrmapText(#[source] std::str::Utf8Error),
+    /// `-o modcaps=` that does not parse.
+    #[error("-o modcaps")]
+    Modcaps(#[source] crate::caps::ModCapsError),
+    /// `-o modcaps=` that is not UTF-8.
+    #[error("-o modcaps")]
+    ModcapsText(#[source] std::str::Utf8Error),
 }
 
-const WHY_MODCAPS: &str = "it keeps the capabilities it is started with";
-const WHY_SECURITY_LABEL: &str = "no FUSE_SECURITY_CTX";
 const WHY_MIGRATION: &str = "no live migration yet";
 const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root";
 
@@ -116,7 +120,6 @@ const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root
 /// (and its libfuse's) that no virtiofsd takes any more.
 fn refused(name: &str) -> Option<&'static str> {
     Some(match name {
-        "modcaps" => WHY_MODCAPS,
         "norace" => "an option of the old C virtiofsd, with no counterpart in fusebox",
         "timeout" => "an option of the old C virtiofsd; cache timeouts follow --cache",
         "allow_root" | "allow_other" | "default_permissions" | "fsname" | "subtype" => {
@@ -173,8 +176,11 @@ pub enum Sub {
     /// `allow_direct_io` (the default), `no_allow_direct_io`: whether
     /// O_DIRECT reaches the host open.
     DirectIo(bool),
-    /// `security_label` (refused), `no_security_label` (the default).
+    /// `security_label` (--security-label=always), `no_security_label`
+    /// (the default).
     SecurityLabel(bool),
+    /// `modcaps=LIST` (as written): --modcaps.
+    ModCaps(String, crate::caps::ModCaps),
     /// `xattrmap=RULES`: --xattrmap.
     Xattrmap(Box<XattrMap>),
 }
@@ -270,6 +276,10 @@ pub fn parse_item(item: &[u8]) -> Result<Sub, CompatError> {
                 .parse::<XattrMap>()
                 .map_err(CompatError::Xattrmap)?,
         )),
+        "modcaps" => {
+            let text = std::str::from_utf8(value).map_err(CompatError::ModcapsText)?;
+            Sub::ModCaps(text.into(), text.parse().map_err(CompatError::Modcaps)?)
+        }
         "log_level" | "loglevel" => Sub::LogLevel(match value {
             b"err" => LogLevel::Error,
             b"warn" => LogLevel::Warn,
@@ -306,7 +316,7 @@ fn flag(name: &str) -> Result<Sub, CompatError> {
         "security_label" => Sub::SecurityLabel(true),
         "no_security_label" => Sub::SecurityLabel(false),
         "debug" => Sub::Debug,
-        "source" | "cache" | "sandbox" | "log_level" | "loglevel" | "xattrmap" => {
+        "source" | "cache" | "sandbox" | "log_level" | "loglevel" | "xattrmap" | "modcaps" => {
             return Err(CompatError::MissingValue(name.into()))
         }
         _ => return Err(CompatError::Unknown(name.into())),
@@ -323,15 +333,15 @@ enum Instead {
     OnlyHere(&'static str),
 }
 
-/// The deprecation notice's word on `sub` (None: refused at the end).
-fn instead(sub: &Sub) -> Option<Instead> {
+/// The deprecation notice's word on `sub`.
+fn instead(sub: &Sub) -> Instead {
     fn v(x: &impl clap::ValueEnum) -> String {
         x.to_possible_value()
             .map(|p| p.get_name().to_string())
             .unwrap_or_default()
     }
     use Instead::{Default, OnlyHere, Opt};
-    Some(match sub {
+    match sub {
         Sub::Source(p) => Opt(format!("--shared-dir {}", p.display())),
         Sub::Cache(c) => Opt(format!("--cache {}", v(c))),
         Sub::Sandbox(s) => Opt(format!("--sandbox {}", v(s))),
@@ -353,11 +363,12 @@ fn instead(sub: &Sub) -> Option<Instead> {
         Sub::PosixLock(true) => Default("posix_lock"),
         Sub::DirectIo(true) => Default("allow_direct_io"),
         Sub::SecurityLabel(false) => Default("no_security_label"),
+        Sub::SecurityLabel(true) => Opt("--security-label".into()),
+        Sub::ModCaps(text, _) => Opt(format!("--modcaps={text}")),
         Sub::Flock(false) => OnlyHere("no_flock"),
         Sub::PosixLock(false) => OnlyHere("no_posix_lock"),
         Sub::DirectIo(false) => OnlyHere("no_allow_direct_io"),
-        Sub::SecurityLabel(true) => return None,
-    })
+    }
 }
 
 /// Which options the command line gave (not clap's defaults), each with
@@ -412,12 +423,6 @@ fn refuse_unsupported(a: &VhostArgs) -> Result<(), CompatError> {
             why,
         })
     };
-    if v.modcaps.is_some() {
-        return refuse("--modcaps", WHY_MODCAPS);
-    }
-    if v.security_label.as_deref().is_some_and(|m| m != "never") {
-        return refuse("--security-label", WHY_SECURITY_LABEL);
-    }
     for (opt, given) in [
         ("--migration-mode", v.migration_mode.is_some()),
         ("--migration-on-error", v.migration_on_error.is_some()),
@@ -457,6 +462,8 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
     g.record("sandbox", &[("sandbox", "--sandbox")]);
     g.record("xattr", &[("xattr", "--xattr")]);
     g.record("posix_acl", &[("posix_acl", "--posix-acl")]);
+    g.record("security_label", &[("security_label", "--security-label")]);
+    g.record("modcaps", &[("modcaps", "--modcaps")]);
     g.record("writeback", &[("writeback", "--writeback")]);
     g.record("log_level", &[("log_level", "--log-level")]);
     g.record("readdirplus", &[("no_readdirplus", "--no-readdirplus")]);
@@ -484,7 +491,6 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
         None
     };
     let mut killpriv_by = String::from("--killpriv-v2");
-    let mut security_label = false;
     if a.compat_foreground {
         a.notices
             .push("-f is deprecated and has no effect: remove it".into());
@@ -530,7 +536,11 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
                 Sub::DirectIo(on) => g.set("direct_io", &mut a.no_direct_io, !on, &what)?,
                 Sub::Flock(on) => a.no_flock = !on,
                 Sub::PosixLock(on) => a.no_posix_lock = !on,
-                Sub::SecurityLabel(on) => security_label = *on,
+                Sub::SecurityLabel(on) => {
+                    let mode = if *on { AclMode::Always } else { AclMode::Never };
+                    g.set("security_label", &mut a.security_label, mode, &what)?
+                }
+                Sub::ModCaps(_, m) => g.set("modcaps", &mut a.modcaps, Some(*m), &what)?,
                 Sub::Xattrmap(m) => g.set(
                     "xattrmap",
                     &mut a.virtiofsd.xattrmap,
@@ -539,10 +549,9 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
                 )?,
             }
             match instead(&sub) {
-                Some(Instead::Opt(o)) => opt.push(o),
-                Some(Instead::Default(n)) => default.push(n),
-                Some(Instead::OnlyHere(n)) => only_here.push(n),
-                None => {}
+                Instead::Opt(o) => opt.push(o),
+                Instead::Default(n) => default.push(n),
+                Instead::OnlyHere(n) => only_here.push(n),
             }
         }
         let mut notice = format!(
@@ -568,9 +577,6 @@ pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), Comp
     }
     // What the last word on each asked for (a later item overrides an
     // earlier one, so these are checked once every -o is read).
-    if security_label {
-        return Err(unsupported("security_label", WHY_SECURITY_LABEL));
-    }
     if killpriv == Some(true) && !root {
         return Err(CompatError::Unsupported {
             opt: killpriv_by,

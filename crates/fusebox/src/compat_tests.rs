@@ -256,27 +256,13 @@ fn malformed_and_unknown_suboptions_are_errors_naming_them() {
 
 #[test]
 fn what_fusebox_cannot_honour_is_an_error_naming_it() {
-    for (o, named) in [
-        ("modcaps=+sys_admin", "-o modcaps: not supported by fusebox"),
-        ("modcaps", "-o modcaps: not supported by fusebox"),
-        (
-            "security_label",
-            "-o security_label: not supported by fusebox",
-        ),
-    ] {
-        let e = err(&["--socket-path=/s", "-o", &format!("source=/a,{o}")]);
-        assert!(e.contains(named), "-o {o}: {e}");
-    }
     let e = err_as(&["--socket-path=/s", "-o", "source=/a,killpriv_v2"], false);
     assert!(
         e.contains("-o killpriv_v2: not supported by fusebox"),
         "{e}"
     );
     for args in [
-        &["--modcaps=+sys_admin"][..],
-        &["--security-label"],
-        &["--security-label=auto"],
-        &["--migration-mode=find-paths"],
+        &["--migration-mode=find-paths"][..],
         &["--migration-on-error=abort"],
         &["--migration-verify-handles"],
         &["--migration-confirm-paths"],
@@ -294,6 +280,81 @@ fn what_fusebox_cannot_honour_is_an_error_naming_it() {
         false,
     );
     assert!(e.contains("--killpriv-v2: not supported by fusebox"), "{e}");
+}
+
+#[test]
+fn security_label_as_virtiofsd_takes_it() {
+    let base = ["--socket-path=/s", "--shared-dir=/a"];
+    let with = |more: &[&'static str]| -> Vec<&'static str> { [&base[..], more].concat() };
+    assert_eq!(ok(&with(&[])).security_label, AclMode::Never);
+    for (args, mode) in [
+        (&["--security-label"][..], AclMode::Always),
+        (&["--security-label=always"], AclMode::Always),
+        (&["--security-label=auto"], AclMode::Auto),
+        (&["--security-label=never"], AclMode::Never),
+        (&["-o", "security_label"], AclMode::Always),
+        (&["-o", "no_security_label"], AclMode::Never),
+        (
+            &["--security-label", "-o", "security_label"],
+            AclMode::Always,
+        ),
+    ] {
+        assert_eq!(ok(&with(args)).security_label, mode, "{args:?}");
+    }
+    let a = ok(&with(&["-o", "security_label"]));
+    let o = a.notices.last().cloned().unwrap_or_default();
+    assert!(o.contains("means --security-label"), "{o}");
+    // A bad mode, and an -o that says otherwise than the option.
+    let e = err(&with(&["--security-label=sometimes"]));
+    assert!(e.contains("sometimes"), "{e}");
+    let e = err(&with(&["--security-label=auto", "-o", "security_label"]));
+    assert!(
+        e.contains("-o security_label conflicts with --security-label"),
+        "{e}"
+    );
+}
+
+#[test]
+fn modcaps_as_virtiofsd_takes_it() {
+    let base = ["--socket-path=/s", "--shared-dir=/a"];
+    let with = |more: &[&'static str]| -> Vec<&'static str> { [&base[..], more].concat() };
+    assert_eq!(ok(&with(&[])).modcaps, None);
+    let want = crate::caps::ModCaps {
+        add: 1 << 21,
+        drop: 1,
+    };
+    for args in [
+        &["--modcaps=+sys_admin:-chown"][..],
+        &["--modcaps", "+sys_admin:-chown"],
+        &["--modcaps", "-chown:+SYS_ADMIN"],
+        &["-o", "modcaps=+sys_admin:-chown"],
+        &["-o", "source=/a,modcaps=+sys_admin:-chown"],
+    ] {
+        assert_eq!(ok(&with(args)).modcaps, Some(want), "{args:?}");
+    }
+    let a = ok(&with(&["-o", "modcaps=-chown"]));
+    let o = a.notices.last().cloned().unwrap_or_default();
+    assert!(o.contains("means --modcaps=-chown"), "{o}");
+    // Unknown names, bad items: errors at start.
+    for (args, named) in [
+        (&["--modcaps=+nosuch"][..], "unknown capability \"nosuch\""),
+        (&["--modcaps=chown"], "starts with + (keep) or - (drop)"),
+        (&["--modcaps=+chown::-mknod"], "empty item"),
+        (&["-o", "modcaps=-nosuch"], "-o modcaps"),
+        (
+            &["-o", "modcaps"],
+            "-o modcaps: the suboption needs a value",
+        ),
+        (
+            &["--modcaps=-chown", "-o", "modcaps=-mknod"],
+            "-o modcaps=-mknod conflicts with --modcaps",
+        ),
+    ] {
+        let e = err(&with(args));
+        assert!(e.contains(named), "{args:?}: {e}");
+    }
+    let e = err(&with(&["-o", "modcaps=-nosuch"]));
+    assert!(e.contains("-o modcaps"), "{e}");
 }
 
 #[test]
@@ -409,10 +470,10 @@ fn a_later_suboption_overrides_an_earlier_one_for_every_pair() {
         [base, &[o]].concat()
     }
     let with = |o: &'static str| with(&base, o);
-    // Refused only when the last word asks for it.
-    ok(&with("security_label,no_security_label"));
-    let e = err(&with("no_security_label,security_label"));
-    assert!(e.contains("-o security_label: not supported"), "{e}");
+    let a = ok(&with("security_label,no_security_label"));
+    assert_eq!(a.security_label, AclMode::Never);
+    let a = ok(&with("no_security_label,security_label"));
+    assert_eq!(a.security_label, AclMode::Always);
     let a = ok(&with("no_flock,flock"));
     assert!(!a.no_flock);
     let a = ok(&with("flock,no_flock"));

@@ -1,6 +1,7 @@
 //! `fusebox`: share a host directory with a VM as a vhost-user-fs device,
 //! or serve it to the host kernel over FUSE.
 
+mod caps;
 mod cli;
 mod compat;
 mod host;

@@ -1,6 +1,7 @@
 //! The default mode: a vhost-user-fs device serving the shared directory
 //! to one VMM connection, then exiting when the frontend disconnects.
 
+use crate::caps;
 use crate::cli::{AclMode, FileHandles, VhostArgs};
 use crate::log;
 use crate::rlimit;
@@ -49,6 +50,9 @@ pub enum VhostError {
     /// The seccomp filter.
     #[error("seccomp")]
     Seccomp(#[source] crate::seccomp::SeccompError),
+    /// --modcaps.
+    #[error("capabilities")]
+    Caps(#[source] crate::caps::CapsError),
     /// An option this build does not implement.
     #[error("{0} is not supported yet (see issue 5); use {1}")]
     Unsupported(&'static str, &'static str),
@@ -58,16 +62,18 @@ pub enum VhostError {
 }
 
 /// What `--print-capabilities` prints: the vhost-user backend JSON that
-/// libvirt reads, listing only what works. Left out on purpose:
-/// `migrate-precopy` (no migration yet), `security-label-negotiation-mode`
-/// (no --security-label), and `separate-options`: with it libvirt passes
+/// libvirt reads, listing only what works: `posix-acl-negotiation-mode`
+/// and `security-label-negotiation-mode` (--posix-acl and
+/// --security-label take never|auto|always, as virtiofsd 1.14's). Left out
+/// on purpose: `migrate-precopy` (no migration yet) and
+/// `separate-options`: with it libvirt passes
 /// --shared-dir, --cache and the like, which fusebox takes, but refuses a
 /// domain with a `<lock>` element ("locking options are not supported by
 /// this virtiofsd"); without it libvirt uses `-o source=...,flock,posix_lock`
 /// or `no_flock,no_posix_lock` (`crate::compat`), which fusebox honours:
 /// it serves both kinds of lock, or does not offer them.
-const CAPABILITIES: &str =
-    "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"posix-acl-negotiation-mode\"\n  ]\n}";
+const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
+    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\"\n  ]\n}";
 
 fn socket_group(path: &std::path::Path, group: &str) -> Result<(), VhostError> {
     let err = |e| VhostError::Socket(path.display().to_string(), e);
@@ -115,31 +121,46 @@ const REPORT_GRACE: Duration = Duration::from_secs(1);
 /// once (the VMM sees the device go away, as with virtiofsd), whatever
 /// the other threads are blocked in, after logging the counters if that
 /// takes less than [`REPORT_GRACE`].
-fn on_signals(sigs: libc::sigset_t, serving: Arc<OnceLock<FsDevice<Faulty<PassthroughFs>>>>) {
-    std::thread::spawn(move || loop {
-        let sig = signals::wait(&sigs);
-        let dev = serving.get().cloned();
-        if sig == libc::SIGUSR1 {
-            if let Some(d) = dev {
-                log::info(&report(&d));
+fn on_signals(
+    sigs: libc::sigset_t,
+    serving: Arc<OnceLock<FsDevice<Faulty<PassthroughFs>>>>,
+    no_caps: bool,
+) {
+    let (dropped, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if no_caps {
+            if let Err(e) = caps::keep_only(0) {
+                log::error(&format!("the signal thread's capabilities: {e}"));
             }
-            continue;
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let logger = std::thread::Builder::new().spawn(move || {
-            match dev {
-                Some(d) => log::info(&format!("signal {sig}: exiting\n{}", report(&d))),
-                None => log::info(&format!("signal {sig}: exiting")),
+        let _ = dropped.send(());
+        loop {
+            let sig = signals::wait(&sigs);
+            let dev = serving.get().cloned();
+            if sig == libc::SIGUSR1 {
+                if let Some(d) = dev {
+                    log::info(&report(&d));
+                }
+                continue;
             }
-            let _ = tx.send(());
-        });
-        if logger.is_ok() {
-            let _ = rx.recv_timeout(REPORT_GRACE);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let logger = std::thread::Builder::new().spawn(move || {
+                match dev {
+                    Some(d) => log::info(&format!("signal {sig}: exiting\n{}", report(&d))),
+                    None => log::info(&format!("signal {sig}: exiting")),
+                }
+                let _ = tx.send(());
+            });
+            if logger.is_ok() {
+                let _ = rx.recv_timeout(REPORT_GRACE);
+            }
+            // SAFETY: _exit ends the process without running destructors or
+            // atexit handlers, which could wait for threads that are stuck.
+            unsafe { libc::_exit(0) };
         }
-        // SAFETY: _exit ends the process without running destructors or
-        // atexit handlers, which could wait for threads that are stuck.
-        unsafe { libc::_exit(0) };
     });
+    // Done before the seccomp filter, which need not allow it.
+    let _ = wait.recv();
 }
 
 /// Runs the device until the frontend disconnects or a stop signal.
@@ -203,16 +224,25 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     // device, the VMM), so a stop signal always ends the daemon.
     let sigs = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1]);
     let serving: Arc<OnceLock<FsDevice<Faulty<PassthroughFs>>>> = Arc::new(OnceLock::new());
-    on_signals(sigs, serving.clone());
+    // --modcaps: the signal thread needs no capability at all (it waits,
+    // logs and exits), so it gives them all up as it starts; every other
+    // thread starts after the main thread kept only the list's (below).
+    on_signals(sigs, serving.clone(), a.modcaps.is_some());
     let cfg = Config {
         cache: a.cache.policy(),
         writeback: a.writeback,
         readonly: a.readonly,
-        // As virtiofsd: --posix-acl and --xattrmap imply --xattr.
-        xattr: a.xattr || a.posix_acl != AclMode::Never || a.virtiofsd.xattrmap.is_some(),
+        // As virtiofsd: --posix-acl, --security-label and --xattrmap
+        // imply --xattr.
+        xattr: a.xattr
+            || a.posix_acl != AclMode::Never
+            || a.security_label != AclMode::Never
+            || a.virtiofsd.xattrmap.is_some(),
         xattrmap: a.virtiofsd.xattrmap.clone(),
         posix_acl: a.posix_acl != AclMode::Never,
         posix_acl_optional: a.posix_acl == AclMode::Auto,
+        security_label: a.security_label != AclMode::Never,
+        security_label_optional: a.security_label == AclMode::Auto,
         inode_file_handles: a.inode_file_handles != FileHandles::Never,
         max_fds: usize::try_from(max_fds).unwrap_or(usize::MAX),
         // Guest pids mean nothing on the host: no /proc groups.
@@ -253,9 +283,20 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             dir.display()
         ));
     }
+    let fs_handles = fs.config().inode_file_handles;
     let plan = a.faults.plan().map_err(VhostError::Faults)?;
     sandbox::load_lazy_files();
     sandbox::confine(a.sandbox, &dir).map_err(VhostError::Sandbox)?;
+    // The capabilities the serving process keeps, once the sandbox no
+    // longer needs any and before any serving thread starts (they inherit
+    // the main thread's).
+    if let Some(m) = &a.modcaps {
+        let needs = caps::Needs {
+            file_handles: fs_handles,
+            fixed_memory: a.fixed_guest_memory,
+        };
+        caps::keep_only(m.kept(needs).map_err(VhostError::Caps)?).map_err(VhostError::Caps)?;
+    }
     let dev = FsDevice::new(
         Faulty::new(fs, plan),
         DeviceConfig {

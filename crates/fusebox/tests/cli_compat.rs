@@ -289,8 +289,12 @@ fn bad_compatibility_options_stop_the_start_naming_them() {
             "-o nonsense: unknown suboption",
         ),
         (
-            vec!["-o".into(), format!("{src},modcaps=+sys_admin")],
-            "-o modcaps: not supported by fusebox",
+            vec!["-o".into(), format!("{src},modcaps=+nosuch")],
+            "unknown capability \"nosuch\"",
+        ),
+        (
+            vec!["--modcaps=sys_admin".into(), "-o".into(), src.clone()],
+            "starts with + (keep) or - (drop)",
         ),
         (
             vec!["-o".into(), format!("{src},norace")],
@@ -303,9 +307,10 @@ fn bad_compatibility_options_stop_the_start_naming_them() {
         (
             vec![
                 "-o".into(),
-                format!("{src},no_security_label,security_label"),
+                src.clone(),
+                "--security-label=sometimes".into(),
             ],
-            "-o security_label: not supported by fusebox",
+            "invalid value 'sometimes' for '--security-label[=<MODE>]'",
         ),
         (
             vec!["-o".into(), src.clone(), "--uid-map=:0:100000:0:".into()],
@@ -464,7 +469,10 @@ fn print_capabilities_is_json_listing_what_works() {
                 // Not separate-options: libvirt then refuses <lock>, which
                 // fusebox honours through -o; not migrate-precopy: no
                 // migration yet.
-                Json::Arr(vec![Json::Str("posix-acl-negotiation-mode".into())])
+                Json::Arr(vec![
+                    Json::Str("posix-acl-negotiation-mode".into()),
+                    Json::Str("security-label-negotiation-mode".into())
+                ])
             ),
         ]),
         "{text}"

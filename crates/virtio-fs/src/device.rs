@@ -332,10 +332,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // what needs one, a buffer per thread that serves.
                 ring_pool: cfg.workers_per_queue.max(1) + 2,
                 // What a guest kernel offers beyond the engine's set: the
-                // server may insist on them (--posix-acl does). The guest's
-                // own INIT, forwarded later, decides what is in force.
+                // server may insist on them (--posix-acl and
+                // --security-label do). The guest's own INIT, forwarded
+                // later, decides what is in force.
                 offer_flags: fuse_core::abi::init::WRITEBACK_CACHE
-                    | fuse_core::abi::init::POSIX_ACL,
+                    | fuse_core::abi::init::POSIX_ACL
+                    | fuse_core::abi::init::SECURITY_CTX,
                 // The engine's device carries FORGETs, INTERRUPTs and lock
                 // calls: two, so one slow lock call holds up no forget.
                 workers: 2,

@@ -83,6 +83,9 @@ pub struct FrontendConfig {
     /// max_background the engine starts with (the server's INIT may change
     /// it).
     pub max_background: u32,
+    /// INIT flags offered on top of the engine's usual ones (e.g.
+    /// FUSE_SECURITY_CTX, as a guest kernel with an LSM offers).
+    pub offer_flags: u64,
 }
 
 impl Default for FrontendConfig {
@@ -92,6 +95,7 @@ impl Default for FrontendConfig {
             queue_size: 128,
             max_msg: (1 << 20) + 4096,
             max_background: 64,
+            offer_flags: 0,
         }
     }
 }
@@ -284,7 +288,7 @@ impl VhostFrontend {
             max_background: cfg.max_background,
             congestion_threshold: cfg.max_background * 3 / 4,
             spawn_scanner: false,
-            init_flags: dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE,
+            init_flags: dflt.init_flags | fuse_core::abi::init::WRITEBACK_CACHE | cfg.offer_flags,
             ..dflt
         });
         let dev = chan.device().ok_or(FrontendError::Init(Errno::ENODEV))?;

@@ -488,6 +488,80 @@ pub fn validate_extensions(ext: &[u8]) -> Result<(), DecodeError> {
     Ok(())
 }
 
+/// A security label a client sends with a creating request (CREATE,
+/// MKNOD, MKDIR, SYMLINK, TMPFILE) once FUSE_SECURITY_CTX is negotiated:
+/// the xattr name it belongs under (e.g. `security.selinux`, without its
+/// NUL) and the value, as the client's LSM made it (SELinux counts the
+/// context's own trailing NUL in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SecCtx<'a> {
+    /// The xattr name.
+    pub name: &'a [u8],
+    /// The label.
+    pub value: &'a [u8],
+}
+
+/// Longest xattr name (XATTR_NAME_MAX).
+const XATTR_NAME_MAX: usize = 255;
+
+/// The security label among a request's extensions (`Request::ext`,
+/// already checked by [`validate_extensions`]).
+///
+/// Wire layout (Linux `fuse_get_security_ctx` / `fuse_secctx_header`):
+/// the label travels as an extension whose `fuse_ext_header` is a
+/// `fuse_secctx_header` — `size` is the extension's length header
+/// included, and the type field, `nr_secctx`, counts the labels
+/// (0..=[`MAX_NR_SECCTX`](super::consts::MAX_NR_SECCTX); types above are
+/// other extensions, such as `FUSE_EXT_GROUPS`, which are skipped). Each
+/// label is a `fuse_secctx` (`size`: the value's length), the name with
+/// its NUL, the value, and the extension ends padded to 8 bytes.
+///
+/// Ok(None): no label (no such extension, or one with `nr_secctx` 0, as
+/// the kernel sends when no LSM labels the new inode). A second label
+/// extension, more than one label (the kernel sends one; virtiofsd
+/// refuses more, so does this), an empty or overlong name, an empty value
+/// or one that runs past the extension, or trailing bytes beyond the
+/// padding: an error (the request gets EINVAL).
+pub fn security_context(ext: &[u8]) -> Result<Option<SecCtx<'_>>, DecodeError> {
+    let mut c = Cursor::new(ext);
+    let mut found: Option<Option<SecCtx<'_>>> = None;
+    while !c.is_empty() {
+        let h: ExtHeader = c.read("fuse_ext_header")?;
+        let body_len = (h.size as usize)
+            .checked_sub(core::mem::size_of::<ExtHeader>())
+            .ok_or(DecodeError::BadExtension)?;
+        let body = c.bytes(body_len, "extension")?;
+        if h.typ > super::consts::MAX_NR_SECCTX {
+            continue;
+        }
+        if found.is_some() {
+            return Err(DecodeError::BadExtension);
+        }
+        found = Some(match h.typ {
+            0 => None,
+            1 => Some(one_label(body)?),
+            _ => return Err(DecodeError::BadExtension),
+        });
+    }
+    Ok(found.flatten())
+}
+
+/// The one `fuse_secctx` record of a label extension's body.
+fn one_label(body: &[u8]) -> Result<SecCtx<'_>, DecodeError> {
+    let mut c = Cursor::new(body);
+    let rec: Secctx = c.read("fuse_secctx")?;
+    let name = c.cstr("security context name")?;
+    if name.is_empty() || name.len() > XATTR_NAME_MAX {
+        return Err(DecodeError::BadName("security context name"));
+    }
+    let value = c.bytes(rec.size as usize, "security context")?;
+    // Only the padding to the next 8 bytes may follow.
+    if value.is_empty() || c.len() >= 8 {
+        return Err(DecodeError::BadExtension);
+    }
+    Ok(SecCtx { name, value })
+}
+
 fn decode_op<'a>(
     opcode: Opcode,
     c: &mut ArgBytes<'a>,

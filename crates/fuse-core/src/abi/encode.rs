@@ -1,7 +1,7 @@
 //! Building FUSE messages: a small byte builder used by clients, servers and
 //! tests so that nobody hand-assembles headers.
 
-use super::structs::{Dirent, DirentPlus, EntryOut, InHeader, OutHeader};
+use super::structs::{Dirent, DirentPlus, EntryOut, InHeader, OutHeader, Secctx, SecctxHeader};
 use zerocopy::{Immutable, IntoBytes};
 
 /// Appends structs, bytes and C strings to a message body.
@@ -33,6 +33,30 @@ impl Body {
     pub fn into_vec(self) -> Vec<u8> {
         self.0
     }
+}
+
+/// A request extension with one security label (FUSE_SECURITY_CTX) as
+/// the kernel builds it: a `fuse_secctx_header` (total size, one label),
+/// a `fuse_secctx` (the value's size), `name` with its NUL, `value`, zero
+/// padding to 8 bytes. Append it after the request's arguments and add
+/// its length / 8 to `total_extlen`.
+pub fn secctx_ext(name: &[u8], value: &[u8]) -> Vec<u8> {
+    let rec = core::mem::size_of::<Secctx>() + name.len() + 1 + value.len();
+    let total = core::mem::size_of::<SecctxHeader>() + rec.next_multiple_of(8);
+    let mut b = Body::new()
+        .push(&SecctxHeader {
+            size: total as u32,
+            nr_secctx: 1,
+        })
+        .push(&Secctx {
+            size: value.len() as u32,
+            padding: 0,
+        })
+        .cstr(name)
+        .bytes(value)
+        .into_vec();
+    b.resize(total, 0);
+    b
 }
 
 /// A complete request message: header followed by `body`.

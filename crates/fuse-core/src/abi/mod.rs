@@ -9,7 +9,8 @@ pub mod structs;
 
 pub use consts::*;
 pub use decode::{
-    decode_reply, decode_request, decode_split, DecodeError, DecodeOptions, Operation, Reply,
+    decode_reply, decode_request, decode_split, security_context, DecodeError, DecodeOptions,
+    Operation, Reply, SecCtx,
 };
 pub use ring::*;
 pub use structs::*;

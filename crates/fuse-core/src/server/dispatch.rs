@@ -327,7 +327,20 @@ impl<F: Filesystem> Dispatcher<F> {
         client: Option<&dyn ClientMem>,
     ) -> Handled {
         let h = &req.header;
-        let ctx = ctx_of(h);
+        let mut ctx = ctx_of(h);
+        if creates(&req.op) && self.flags.load(Ordering::Relaxed) & init::SECURITY_CTX != 0 {
+            match abi::security_context(req.ext) {
+                Ok(label) => ctx.secctx = label,
+                // A label the filesystem cannot trust: nothing is made.
+                Err(_) => {
+                    return Handled::Reply(Outcome {
+                        unique: h.unique,
+                        error: Errno::EINVAL.to_wire(),
+                        len: 0,
+                    })
+                }
+            }
+        }
         let direct = match (client, &req.op) {
             (Some(mem), Operation::Read { arg }) => {
                 Some(self.read_client(&ctx, h.nodeid, arg, mem, &mut *out))
@@ -779,11 +792,24 @@ impl super::WriteSource for ClientSource<'_> {
 }
 
 /// The caller of the request with header `h`.
-fn ctx_of(h: &crate::abi::InHeader) -> Ctx {
+fn ctx_of(h: &crate::abi::InHeader) -> Ctx<'static> {
     Ctx {
         unique: h.unique,
         uid: h.uid,
         gid: h.gid,
         pid: h.pid,
+        secctx: None,
     }
+}
+
+/// Whether `op` makes an inode, and so may carry a security label.
+fn creates(op: &Operation<'_>) -> bool {
+    matches!(
+        op,
+        Operation::Create { .. }
+            | Operation::Mknod { .. }
+            | Operation::Mkdir { .. }
+            | Operation::Symlink { .. }
+            | Operation::Tmpfile { .. }
+    )
 }

@@ -27,16 +27,16 @@ pub use ring_worker::{
 };
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
-use crate::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
+use crate::abi::{Attr, FileLock, Kstatfs, SecCtx, SetattrIn, Statx};
 use crate::chan::{ClientMem, Errno};
 use std::time::Duration;
 
 /// Result of a filesystem operation.
 pub type FsResult<T> = Result<T, Errno>;
 
-/// Who is asking.
+/// Who is asking, and what the request's extensions say about it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ctx {
+pub struct Ctx<'a> {
     /// The request's unique id.
     pub unique: u64,
     /// Caller uid.
@@ -45,6 +45,13 @@ pub struct Ctx {
     pub gid: u32,
     /// Caller pid.
     pub pid: u32,
+    /// The security label the new inode is to get: only on CREATE, MKNOD,
+    /// MKDIR, SYMLINK and TMPFILE, only once the filesystem asked for
+    /// FUSE_SECURITY_CTX in INIT ([`Filesystem::init`]) and the client
+    /// agreed, and only when the client's LSM made one. A label extension
+    /// that does not parse fails the request with EINVAL before the
+    /// filesystem sees it.
+    pub secctx: Option<SecCtx<'a>>,
 }
 
 /// A directory entry handed to the kernel (adds one lookup reference).

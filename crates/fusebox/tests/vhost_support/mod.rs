@@ -33,6 +33,16 @@ impl Daemon {
 /// first), and the guest connected; its stderr is in `base/stderr`, shown
 /// if it exits before the guest connects.
 pub fn start(tag: &str, args: &[&str], before: impl FnOnce(&Path)) -> (Daemon, VhostFrontend) {
+    start_with(tag, args, &FrontendConfig::default(), before)
+}
+
+/// [`start`] with the guest configured by `cfg`.
+pub fn start_with(
+    tag: &str,
+    args: &[&str],
+    cfg: &FrontendConfig,
+    before: impl FnOnce(&Path),
+) -> (Daemon, VhostFrontend) {
     let base = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     let share = base.join("share");
@@ -53,7 +63,7 @@ pub fn start(tag: &str, args: &[&str], before: impl FnOnce(&Path)) -> (Daemon, V
     let mut d = Daemon { base, child };
     let t = Instant::now();
     let fe = loop {
-        match VhostFrontend::connect(&sock, &FrontendConfig::default()) {
+        match VhostFrontend::connect(&sock, cfg) {
             Ok(fe) => break fe,
             Err(e) => {
                 if let Some(s) = d.child.try_wait().unwrap() {

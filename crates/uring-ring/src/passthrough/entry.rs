@@ -3,6 +3,7 @@
 
 use super::creds::private_umask;
 use super::idmap::{acl_to_guest, acl_to_host};
+use super::label::Plan;
 use super::{component, sys, PassthroughFs, STATX_MASK};
 use fuse_core::abi::{fattr, Attr, Kstatfs, SetattrIn, Statx, SxTime, ROOT_ID};
 use fuse_core::server::{Ctx, Entry, FsResult, Xattr};
@@ -224,7 +225,8 @@ impl PassthroughFs {
     }
 
     /// Runs a creating operation in `parent` as the caller with its umask,
-    /// then looks the new name up.
+    /// gives the new inode the caller's security label (`label.rs`), then
+    /// looks the new name up.
     fn make(
         &self,
         ctx: &Ctx,
@@ -236,11 +238,32 @@ impl PassthroughFs {
         self.writable()?;
         let p = self.inodes.get(parent)?;
         let name = component(name)?;
-        let _c = self.creds_allocating(ctx)?;
-        let _u = private_umask(umask)?;
+        let plan = self.label_plan(ctx.secctx)?;
         let pfd = p.fd(&self.budget)?;
-        f(pfd.fd(), &name)?;
-        self.do_lookup(&p, &name)
+        let found = {
+            let _c = self.creds_allocating(ctx)?;
+            let _u = private_umask(umask)?;
+            f(pfd.fd(), &name)?;
+            self.open_beneath(&p, &name)
+        };
+        let found = match plan {
+            Plan::None => found?,
+            // Labelled by the host as it was made; the guard clears the
+            // thread's fscreate label now.
+            Plan::Atomic(guard) => {
+                drop(guard);
+                found?
+            }
+            Plan::After(label) => {
+                let found = found?;
+                if let Err(e) = self.set_label(found.fd.raw(), &label) {
+                    self.unmake(pfd.fd(), &name, &found.st);
+                    return Err(e);
+                }
+                found
+            }
+        };
+        self.enter_found(&p, found)
     }
 
     pub(super) fn op_symlink(
@@ -476,7 +499,10 @@ impl PassthroughFs {
 
     /// The host's name for the client's xattr `name` (`Config::xattrmap`),
     /// or the errno its rule refuses it with.
-    fn host_xattr<'a>(&self, name: &'a [u8]) -> Result<std::borrow::Cow<'a, [u8]>, Errno> {
+    pub(super) fn host_xattr<'a>(
+        &self,
+        name: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, Errno> {
         match &self.cfg.xattrmap {
             None => Ok(std::borrow::Cow::Borrowed(name)),
             Some(m) => match m.to_host(name) {

@@ -4,6 +4,7 @@
 use super::backing::Grant;
 use super::creds::{private_umask, Caps, Cred};
 use super::inode::{CountedFd, InodeData};
+use super::label::Plan;
 use super::{component, io, sys, PassthroughFs};
 use fuse_core::abi::flags as wflags;
 use fuse_core::server::{
@@ -258,6 +259,9 @@ impl PassthroughFs {
         let create = f | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let opener = self.caller(ctx)?;
         for _ in 0..8 {
+            // Made afresh each time: an fscreate label is cleared once the
+            // file is made (or not).
+            let plan = self.label_plan(ctx.secctx)?;
             let made = {
                 let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
                 let _u = private_umask(umask)?;
@@ -273,6 +277,21 @@ impl PassthroughFs {
             };
             match made {
                 Ok(fd) => {
+                    if let Plan::After(label) = &plan {
+                        if let Err(e) = self.set_label(fd.raw(), label) {
+                            let st = sys::statx(
+                                fd.raw(),
+                                c"",
+                                libc::AT_EMPTY_PATH,
+                                libc::STATX_INO | libc::STATX_TYPE,
+                            );
+                            if let (Ok(st), Ok(pfd)) = (st, p.fd(&self.budget)) {
+                                self.unmake(pfd.fd(), &name, &st);
+                            }
+                            return Err(e);
+                        }
+                    }
+                    drop(plan);
                     let entry = self.enter_fd(fd.raw())?;
                     let data = self.inodes.get(entry.inode)?;
                     return Ok((entry, self.new_handle(fd, data, f, false, opener)));
@@ -314,6 +333,7 @@ impl PassthroughFs {
             f |= libc::O_RDWR;
         }
         let opener = self.caller(ctx)?;
+        let plan = self.label_plan(ctx.secctx)?;
         let fd = {
             let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
             let _u = private_umask(umask)?;
@@ -321,6 +341,11 @@ impl PassthroughFs {
             self.budget
                 .open(|| sys::openat(pfd.raw(), c".", f | libc::O_TMPFILE, mode))?
         };
+        // Unlabelled, the nameless inode goes with its fd.
+        if let Plan::After(label) = &plan {
+            self.set_label(fd.raw(), label)?;
+        }
+        drop(plan);
         let entry = self.enter_fd(fd.raw())?;
         let data = self.inodes.get(entry.inode)?;
         Ok((entry, self.new_handle(fd, data, f, false, opener)))

@@ -44,6 +44,7 @@ mod fs;
 mod idmap;
 mod inode;
 mod io;
+mod label;
 mod locks;
 mod started;
 mod sys;
@@ -133,6 +134,15 @@ pub struct Config {
     /// With `posix_acl`: a client that cannot negotiate ACLs is served
     /// without them (as if `posix_acl` were off) instead of refused.
     pub posix_acl_optional: bool,
+    /// Security labels (virtiofsd's `--security-label`): INIT offers
+    /// FUSE_SECURITY_CTX, and the label a client sends with a creating
+    /// request is set on the new host inode before the reply (`label.rs`),
+    /// or the request fails and nothing is made. A client that cannot
+    /// negotiate it fails INIT with EPROTO. Needs `xattr`.
+    pub security_label: bool,
+    /// With `security_label`: a client that cannot negotiate
+    /// FUSE_SECURITY_CTX is served without labels instead of refused.
+    pub security_label_optional: bool,
     /// Without `posix_acl`: pass the ACL xattrs (`system.posix_acl_access`,
     /// `system.posix_acl_default`) through as any other. Right for host
     /// mounts: every call runs as the caller with its real groups, so the
@@ -202,6 +212,8 @@ impl Default for Config {
             xattrmap: None,
             posix_acl: false,
             posix_acl_optional: false,
+            security_label: false,
+            security_label_optional: false,
             pass_acl_xattrs: false,
             parallel_direct_writes: true,
             inode_file_handles: false,
@@ -237,6 +249,8 @@ pub struct PassthroughFs {
     locks: locks::Locks,
     /// `/proc/self/fd`, for reopening held O_PATH fds.
     proc_fd: OwnedFd,
+    /// How new inodes get their labels atomically (`label.rs`).
+    fscreate: label::Fscreate,
     openat2: std::sync::atomic::AtomicBool,
     /// FUSE_SUBMOUNTS was negotiated (and asked for).
     submounts: std::sync::atomic::AtomicBool,
@@ -369,6 +383,7 @@ impl PassthroughFs {
                 _ => None,
             });
         Ok(PassthroughFs {
+            fscreate: label::Fscreate::probe(cfg.security_label && cfg.xattr),
             mapped_caps,
             inodes: InodeTable::new(Found {
                 fd: reservation,
@@ -582,6 +597,12 @@ impl PassthroughFs {
     /// Looks `name` up in `parent` and enters it with one reference.
     fn do_lookup(&self, parent: &InodeData, name: &CStr) -> Result<Entry<u64>, Errno> {
         let found = self.open_beneath(parent, name)?;
+        self.enter_found(parent, found)
+    }
+
+    /// Enters what [`PassthroughFs::open_beneath`] found in `parent` with
+    /// one reference.
+    fn enter_found(&self, parent: &InodeData, found: Found) -> Result<Entry<u64>, Errno> {
         let st = found.st;
         let data = self.insert(found)?;
         let mut e = self.entry(&data, &st);
@@ -683,6 +704,16 @@ impl PassthroughFs {
                 return Err(Errno(libc::EPROTO));
             }
             f |= acl;
+        }
+        if self.cfg.security_label && self.cfg.xattr {
+            if capable & init::SECURITY_CTX != 0 {
+                f |= init::SECURITY_CTX;
+            } else if !self.cfg.security_label_optional {
+                // --security-label=always: a client that would create
+                // inodes without telling their labels gets no connection
+                // (virtiofsd answers EPROTO too).
+                return Err(Errno(libc::EPROTO));
+            }
         }
         self.posix_acl.store(
             f & init::POSIX_ACL != 0,

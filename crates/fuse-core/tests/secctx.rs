@@ -1,0 +1,361 @@
+//! FUSE_SECURITY_CTX: the label extension's decoder on well-formed,
+//! malformed and arbitrary input, and the dispatcher handing the label of
+//! CREATE, MKNOD, MKDIR, SYMLINK and TMPFILE to the filesystem only when
+//! the filesystem asked for it in INIT; a malformed extension gets EINVAL
+//! (the filesystem is not called), an extension length past the message
+//! EIO, and the dispatcher keeps serving.
+
+use fuse_core::abi::{encode, encode::Body, *};
+use fuse_core::server::{Created, Ctx, Dispatcher, Entry, Filesystem, FsResult, Opened};
+use fuse_core::Errno;
+use proptest::prelude::*;
+use std::sync::Mutex;
+use std::time::Duration;
+
+const NAME: &[u8] = b"security.selinux";
+const LABEL: &[u8] = b"system_u:object_r:container_file_t:s0\0";
+
+#[test]
+fn a_label_the_kernel_would_send_reads_back() {
+    let ext = encode::secctx_ext(NAME, LABEL);
+    assert_eq!(ext.len() % 8, 0);
+    let got = security_context(&ext).unwrap().unwrap();
+    assert_eq!(got.name, NAME);
+    assert_eq!(got.value, LABEL);
+}
+
+#[test]
+fn no_label_and_other_extensions() {
+    // nr_secctx 0: the kernel's message when no LSM labels the inode.
+    let none = Body::new()
+        .push(&SecctxHeader {
+            size: 8,
+            nr_secctx: 0,
+        })
+        .into_vec();
+    assert_eq!(security_context(&none).unwrap(), None);
+    assert_eq!(security_context(&[]).unwrap(), None);
+    // Supplementary groups after the label: skipped.
+    let groups = Body::new()
+        .push(&ExtHeader {
+            size: 16,
+            typ: EXT_GROUPS,
+        })
+        .push(&SuppGroups { nr_groups: 1 })
+        .bytes(&[0; 4])
+        .into_vec();
+    let mut both = encode::secctx_ext(NAME, LABEL);
+    both.extend_from_slice(&groups);
+    assert_eq!(security_context(&both).unwrap().unwrap().value, LABEL);
+    assert_eq!(security_context(&groups).unwrap(), None);
+}
+
+#[test]
+fn malformed_labels_are_errors() {
+    let good = encode::secctx_ext(NAME, LABEL);
+    let with = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut v = good.clone();
+        f(&mut v);
+        v
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        // Two labels claimed (the kernel sends one).
+        ("nr 2", with(&|v| v[4] = 2)),
+        // The label's size runs past the extension.
+        ("value too long", with(&|v| v[8] = 0xff)),
+        // An empty value.
+        (
+            "empty value",
+            with(&|v| v[8..12].copy_from_slice(&0u32.to_ne_bytes())),
+        ),
+        // The extension's size below its header.
+        (
+            "size 4",
+            with(&|v| v[0..4].copy_from_slice(&4u32.to_ne_bytes())),
+        ),
+        // The extension's size past the area.
+        (
+            "size past",
+            with(&|v| v[0..4].copy_from_slice(&4096u32.to_ne_bytes())),
+        ),
+        // No NUL after the name.
+        (
+            "no nul",
+            Body::new()
+                .push(&SecctxHeader {
+                    size: 24,
+                    nr_secctx: 1,
+                })
+                .push(&Secctx {
+                    size: 1,
+                    padding: 0,
+                })
+                .bytes(b"abcdefgh")
+                .into_vec(),
+        ),
+        // An empty name.
+        ("empty name", encode::secctx_ext(b"", LABEL)),
+        // More than padding after the value.
+        ("trailing", {
+            let mut v = encode::secctx_ext(NAME, b"x");
+            let extra = v.len() as u32 + 8;
+            v.extend_from_slice(&[0; 8]);
+            v[0..4].copy_from_slice(&extra.to_ne_bytes());
+            v
+        }),
+        // Two label extensions.
+        ("twice", [good.clone(), good.clone()].concat()),
+        // A header cut short.
+        ("cut", good[..4].to_vec()),
+    ];
+    for (what, ext) in cases {
+        assert!(security_context(&ext).is_err(), "{what}: accepted");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Any bytes: an answer, never a panic.
+    #[test]
+    fn arbitrary_extensions_never_panic(ext in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = security_context(&ext);
+    }
+
+    /// A kernel-made label with some bytes overwritten: an answer, never a
+    /// panic, and a label it returns lies inside the extension.
+    #[test]
+    fn corrupted_labels_never_panic(
+        name in proptest::collection::vec(1u8..=255, 1..40),
+        value in proptest::collection::vec(any::<u8>(), 1..80),
+        hits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+    ) {
+        let name: Vec<u8> = name.into_iter().map(|b| if b == 0 { 1 } else { b }).collect();
+        let mut ext = encode::secctx_ext(&name, &value);
+        for (at, b) in hits {
+            let i = at % ext.len();
+            ext[i] = b;
+        }
+        if let Ok(Some(l)) = security_context(&ext) {
+            prop_assert!(l.name.len() + l.value.len() < ext.len());
+        }
+    }
+
+    /// Every well-formed label reads back as made.
+    #[test]
+    fn well_formed_labels_round_trip(
+        name in proptest::collection::vec(1u8..=255, 1..=255),
+        value in proptest::collection::vec(any::<u8>(), 1..300),
+    ) {
+        let ext = encode::secctx_ext(&name, &value);
+        let l = security_context(&ext).unwrap().unwrap();
+        prop_assert_eq!(l.name, &name[..]);
+        prop_assert_eq!(l.value, &value[..]);
+    }
+}
+
+/// A label as the filesystem saw it: name and value.
+type Seen = Option<(Vec<u8>, Vec<u8>)>;
+
+/// Records the label each creating call saw.
+struct Labels {
+    ask: bool,
+    seen: Mutex<Vec<(Opcode, Seen)>>,
+}
+
+impl Labels {
+    fn note(&self, op: Opcode, ctx: &Ctx) -> FsResult<Entry<u64>> {
+        let l = ctx.secctx.map(|l| (l.name.to_vec(), l.value.to_vec()));
+        self.seen.lock().unwrap().push((op, l));
+        Ok(Entry {
+            inode: 2,
+            generation: 0,
+            attr: Attr::default(),
+            entry_valid: Duration::ZERO,
+            attr_valid: Duration::ZERO,
+        })
+    }
+    fn opened() -> Opened<u64> {
+        Opened {
+            handle: 1,
+            open_flags: 0,
+            backing_id: 0,
+        }
+    }
+}
+
+impl Filesystem for Labels {
+    type Inode = u64;
+    type Handle = u64;
+    fn init(&self, _capable: u64) -> FsResult<u64> {
+        Ok(if self.ask { init::SECURITY_CTX } else { 0 })
+    }
+    fn mkdir(&self, ctx: &Ctx, _: u64, _: &[u8], _: u32, _: u32) -> FsResult<Entry<u64>> {
+        self.note(Opcode::Mkdir, ctx)
+    }
+    fn mknod(&self, ctx: &Ctx, _: u64, _: &[u8], _: u32, _: u32, _: u32) -> FsResult<Entry<u64>> {
+        self.note(Opcode::Mknod, ctx)
+    }
+    fn symlink(&self, ctx: &Ctx, _: u64, _: &[u8], _: &[u8]) -> FsResult<Entry<u64>> {
+        self.note(Opcode::Symlink, ctx)
+    }
+    fn create(
+        &self,
+        ctx: &Ctx,
+        _: u64,
+        _: &[u8],
+        _: u32,
+        _: u32,
+        _: u32,
+    ) -> FsResult<Created<u64, u64>> {
+        Ok((self.note(Opcode::Create, ctx)?, Self::opened()))
+    }
+    fn tmpfile(&self, ctx: &Ctx, _: u64, _: u32, _: u32, _: u32) -> FsResult<Created<u64, u64>> {
+        Ok((self.note(Opcode::Tmpfile, ctx)?, Self::opened()))
+    }
+}
+
+fn header(op: Opcode, unique: u64, extlen: u16) -> InHeader {
+    InHeader {
+        opcode: op as u32,
+        unique,
+        nodeid: ROOT_ID,
+        total_extlen: extlen,
+        ..Default::default()
+    }
+}
+
+/// A dispatcher over [`Labels`] after an INIT offering `offer`.
+fn served(ask: bool, offer: u64) -> Dispatcher<Labels> {
+    let d = Dispatcher::new(
+        Labels {
+            ask,
+            seen: Mutex::new(Vec::new()),
+        },
+        Default::default(),
+    );
+    let (f1, f2) = init::split(offer | init::INIT_EXT);
+    let arg = InitIn {
+        major: KERNEL_VERSION,
+        minor: KERNEL_MINOR_VERSION,
+        flags: f1,
+        flags2: f2,
+        ..Default::default()
+    };
+    let msg = encode::request(header(Opcode::Init, 2, 0), &Body::new().push(&arg).0);
+    let mut out = vec![0u8; 4096];
+    let o = d.handle_bytes(&msg, &mut out).unwrap();
+    assert_eq!(o.error, 0);
+    d
+}
+
+/// The arguments of `op` (named "n"), then `ext`.
+fn message(op: Opcode, unique: u64, ext: &[u8]) -> Vec<u8> {
+    let args = match op {
+        Opcode::Mkdir => Body::new().push(&MkdirIn {
+            mode: 0o755,
+            umask: 0,
+        }),
+        Opcode::Mknod => Body::new().push(&MknodIn {
+            mode: 0o010_644,
+            ..Default::default()
+        }),
+        Opcode::Symlink => Body::new().cstr(b"n").cstr(b"target"),
+        Opcode::Create | Opcode::Tmpfile => Body::new().push(&CreateIn {
+            mode: 0o644,
+            ..Default::default()
+        }),
+        _ => unreachable!(),
+    };
+    let args = match op {
+        Opcode::Symlink => args,
+        Opcode::Tmpfile => args.cstr(b"/"),
+        _ => args.cstr(b"n"),
+    };
+    let body = args.bytes(ext).into_vec();
+    encode::request(header(op, unique, (ext.len() / 8) as u16), &body)
+}
+
+const CREATING: [Opcode; 5] = [
+    Opcode::Create,
+    Opcode::Mknod,
+    Opcode::Mkdir,
+    Opcode::Symlink,
+    Opcode::Tmpfile,
+];
+
+#[test]
+fn the_filesystem_gets_the_label_of_every_creating_request() {
+    let d = served(true, init::SECURITY_CTX);
+    assert_ne!(d.decode_options().flags & init::SECURITY_CTX, 0);
+    let ext = encode::secctx_ext(NAME, LABEL);
+    let mut out = vec![0u8; 4096];
+    for (i, op) in CREATING.into_iter().enumerate() {
+        let o = d
+            .handle_bytes(&message(op, 10 + 2 * i as u64, &ext), &mut out)
+            .unwrap();
+        assert_eq!(o.error, 0, "{op:?}");
+    }
+    let seen = d.fs().seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), CREATING.len());
+    for (op, l) in seen {
+        assert_eq!(l, Some((NAME.to_vec(), LABEL.to_vec())), "{op:?}");
+    }
+}
+
+#[test]
+fn no_label_unless_the_filesystem_asked_and_the_client_agreed() {
+    let ext = encode::secctx_ext(NAME, LABEL);
+    let mut out = vec![0u8; 4096];
+    // Not asked for (the client offers it): not negotiated, not passed.
+    let d = served(false, init::SECURITY_CTX);
+    assert_eq!(d.decode_options().flags & init::SECURITY_CTX, 0);
+    let o = d
+        .handle_bytes(&message(Opcode::Mkdir, 4, &ext), &mut out)
+        .unwrap();
+    assert_eq!(o.error, 0);
+    // Asked for, but not offered.
+    let d2 = served(true, 0);
+    assert_eq!(d2.decode_options().flags & init::SECURITY_CTX, 0);
+    let o = d2
+        .handle_bytes(&message(Opcode::Mkdir, 4, &ext), &mut out)
+        .unwrap();
+    assert_eq!(o.error, 0);
+    for d in [&d, &d2] {
+        assert_eq!(d.fs().seen.lock().unwrap().clone(), [(Opcode::Mkdir, None)]);
+    }
+}
+
+#[test]
+fn malformed_extensions_get_a_clean_errno_and_serving_goes_on() {
+    let d = served(true, init::SECURITY_CTX);
+    let mut out = vec![0u8; 4096];
+    let mut bad = encode::secctx_ext(NAME, LABEL);
+    bad[4] = 2; // two labels
+    for (i, op) in CREATING.into_iter().enumerate() {
+        let o = d
+            .handle_bytes(&message(op, 20 + 2 * i as u64, &bad), &mut out)
+            .unwrap();
+        assert_eq!(o.error, Errno::EINVAL.to_wire(), "{op:?}");
+    }
+    // A total_extlen past the message: undecodable, EIO.
+    let mut msg = message(Opcode::Mkdir, 40, &[]);
+    msg[36..38].copy_from_slice(&200u16.to_ne_bytes());
+    let o = d.handle_bytes(&msg, &mut out).unwrap();
+    assert_eq!(o.error, Errno::EIO.to_wire());
+    // An extension chain whose size breaks the 8-byte rule: EIO.
+    let mut odd = encode::secctx_ext(NAME, LABEL);
+    odd[0..4].copy_from_slice(&12u32.to_ne_bytes());
+    let o = d
+        .handle_bytes(&message(Opcode::Mkdir, 42, &odd), &mut out)
+        .unwrap();
+    assert_eq!(o.error, Errno::EIO.to_wire());
+    assert!(d.fs().seen.lock().unwrap().is_empty(), "the fs was called");
+    // Still serving.
+    let ok = encode::secctx_ext(NAME, LABEL);
+    let o = d
+        .handle_bytes(&message(Opcode::Mkdir, 44, &ok), &mut out)
+        .unwrap();
+    assert_eq!(o.error, 0);
+    assert_eq!(d.fs().seen.lock().unwrap().len(), 1);
+}
