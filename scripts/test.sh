@@ -37,6 +37,9 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 
 step "decoder fuzz harness (${FUSEBOX_FUZZ_ITERS:=5000000} inputs; the fuzz profile: optimised with overflow checks)"
 FUSEBOX_FUZZ_ITERS="$FUSEBOX_FUZZ_ITERS" cargo test -p fuse-core --profile fuzz --test decode_fuzz
+# The cargo-fuzz targets (run by hand with a nightly toolchain) must keep
+# compiling against the ABI they drive.
+CARGO_TARGET_DIR=target/fuzz-check cargo check --manifest-path fuzz/Cargo.toml --bins
 
 step "conformance: pjdfstest through the host mount (/dev/fuse and io_uring; kernel passthrough; cache=never; file handles)"
 tests/conformance/pjdfstest.sh

@@ -9,6 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let opts = DecodeOptions {
         minor: [8, 12, 16, 45][usize::from(sel & 3)],
         flags: if sel & 4 != 0 { init::SETXATTR_EXT } else { 0 },
+        write_data_elsewhere: sel & 8 != 0,
     };
     let _ = decode_request(msg, opts);
 });
