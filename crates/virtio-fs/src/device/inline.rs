@@ -121,8 +121,8 @@ impl QueueServer {
 
     /// Serves what this thread's entries hold, up to `budget` requests:
     /// starts READs where the filesystem can, serves the rest in line and
-    /// commits them, taking the entries' requests and committing their
-    /// answers in batches. With `until`, stops early once that instant
+    /// commits each before it serves the next, taking the entries'
+    /// requests in batches. With `until`, stops early once that instant
     /// passed (the caller signals what it answered so far, and serves the
     /// rest in another call). Returns how many it served or started.
     pub(crate) fn serve<F: Filesystem>(
@@ -146,6 +146,11 @@ impl QueueServer {
                 fetched.reverse();
             }
             while let Some(mut f) = fetched.pop() {
+                // What was answered goes to the guest's used ring before
+                // the next request is served: that one may hang in a host
+                // call, and the watchdog that then takes the queue over
+                // can signal only answers already there.
+                self.commit_all(&mut answered);
                 n += 1;
                 let done = self.done.clone();
                 let make = move |unique: u64| {
@@ -178,7 +183,6 @@ impl QueueServer {
                     break 'serve;
                 }
             }
-            self.commit_all(&mut answered);
         }
         self.commit_all(&mut answered);
         self.fetched = fetched;
