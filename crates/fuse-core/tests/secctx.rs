@@ -138,6 +138,26 @@ proptest! {
         }
         if let Ok(Some(l)) = security_context(&ext) {
             prop_assert!(l.name.len() + l.value.len() < ext.len());
+            // Both slices lie inside the buffer...
+            let range = ext.as_ptr_range();
+            for part in [l.name, l.value] {
+                let r = part.as_ptr_range();
+                prop_assert!(range.start <= r.start && r.end <= range.end);
+            }
+            // ...the name right after a fuse_secctx_header that says one
+            // label and its fuse_secctx...
+            let name_at = l.name.as_ptr() as usize - range.start as usize;
+            prop_assert!(name_at >= 16);
+            let nr = u32::from_ne_bytes(ext[name_at - 12..name_at - 8].try_into().unwrap());
+            prop_assert_eq!(nr, 1);
+            // ...whose size is the value's, which follows the name's NUL.
+            let size = u32::from_ne_bytes(ext[name_at - 8..name_at - 4].try_into().unwrap());
+            prop_assert_eq!(size as usize, l.value.len());
+            prop_assert_eq!(ext[name_at + l.name.len()], 0);
+            prop_assert_eq!(
+                l.value.as_ptr() as usize,
+                l.name.as_ptr() as usize + l.name.len() + 1
+            );
         }
     }
 
@@ -227,6 +247,11 @@ fn header(op: Opcode, unique: u64, extlen: u16) -> InHeader {
 
 /// A dispatcher over [`Labels`] after an INIT offering `offer`.
 fn served(ask: bool, offer: u64) -> Dispatcher<Labels> {
+    served_at(ask, offer, KERNEL_MINOR_VERSION)
+}
+
+/// [`served`] by a kernel speaking protocol 7.`minor`.
+fn served_at(ask: bool, offer: u64, minor: u32) -> Dispatcher<Labels> {
     let d = Dispatcher::new(
         Labels {
             ask,
@@ -237,7 +262,7 @@ fn served(ask: bool, offer: u64) -> Dispatcher<Labels> {
     let (f1, f2) = init::split(offer | init::INIT_EXT);
     let arg = InitIn {
         major: KERNEL_VERSION,
-        minor: KERNEL_MINOR_VERSION,
+        minor,
         flags: f1,
         flags2: f2,
         ..Default::default()
@@ -249,8 +274,14 @@ fn served(ask: bool, offer: u64) -> Dispatcher<Labels> {
     d
 }
 
-/// The arguments of `op` (named "n"), then `ext`.
+/// The arguments of `op` (named "n"), then `ext` as a request extension
+/// (counted in `total_extlen`), as Linux 6.3 on sends it.
 fn message(op: Opcode, unique: u64, ext: &[u8]) -> Vec<u8> {
+    message_with(op, unique, ext, (ext.len() / 8) as u16)
+}
+
+/// The arguments of `op`, then `ext`, with `total_extlen` `extlen`.
+fn message_with(op: Opcode, unique: u64, ext: &[u8], extlen: u16) -> Vec<u8> {
     let args = match op {
         Opcode::Mkdir => Body::new().push(&MkdirIn {
             mode: 0o755,
@@ -273,7 +304,7 @@ fn message(op: Opcode, unique: u64, ext: &[u8]) -> Vec<u8> {
         _ => args.cstr(b"n"),
     };
     let body = args.bytes(ext).into_vec();
-    encode::request(header(op, unique, (ext.len() / 8) as u16), &body)
+    encode::request(header(op, unique, extlen), &body)
 }
 
 const CREATING: [Opcode; 5] = [
@@ -358,4 +389,107 @@ fn malformed_extensions_get_a_clean_errno_and_serving_goes_on() {
         .unwrap();
     assert_eq!(o.error, 0);
     assert_eq!(d.fs().seen.lock().unwrap().len(), 1);
+}
+
+/// The labels the filesystem saw, emptied.
+fn take_seen(d: &Dispatcher<Labels>) -> Vec<(Opcode, Seen)> {
+    std::mem::take(&mut *d.fs().seen.lock().unwrap())
+}
+
+#[test]
+fn linux_5_17_to_6_2_send_the_label_after_the_last_argument() {
+    // Protocol 7.36 and 7.37: the fuse_secctx_header block is one more
+    // plain argument after the name (a SYMLINK's after its target), and
+    // total_extlen is still zero padding.
+    let ext = encode::secctx_ext(NAME, LABEL);
+    let empty = Body::new()
+        .push(&SecctxHeader {
+            size: 8,
+            nr_secctx: 0,
+        })
+        .into_vec();
+    let mut out = vec![0u8; 4096];
+    for minor in [36, 37] {
+        let d = served_at(true, init::SECURITY_CTX, minor);
+        assert_ne!(d.decode_options().flags & init::SECURITY_CTX, 0);
+        for (i, op) in CREATING.into_iter().enumerate() {
+            for (j, block) in [&ext, &empty].into_iter().enumerate() {
+                let unique = 10 + 4 * i as u64 + 2 * j as u64;
+                let o = d
+                    .handle_bytes(&message_with(op, unique, block, 0), &mut out)
+                    .unwrap();
+                assert_eq!(o.error, 0, "7.{minor} {op:?}");
+            }
+        }
+        let seen = take_seen(&d);
+        assert_eq!(seen.len(), 2 * CREATING.len());
+        for pair in seen.chunks(2) {
+            let op = pair[0].0;
+            assert_eq!(pair[0].1, Some((NAME.to_vec(), LABEL.to_vec())), "{op:?}");
+            assert_eq!(pair[1].1, None, "{op:?}");
+        }
+        // A malformed block there: EINVAL, the filesystem not called.
+        let mut bad = ext.clone();
+        bad[4] = 2;
+        for (k, block) in [bad, ext[..5].to_vec(), vec![0; 3]].iter().enumerate() {
+            let o = d
+                .handle_bytes(
+                    &message_with(Opcode::Mkdir, 90 + 2 * k as u64, block, 0),
+                    &mut out,
+                )
+                .unwrap();
+            assert_eq!(o.error, Errno::EINVAL.to_wire(), "case {k}");
+        }
+        assert!(take_seen(&d).is_empty());
+    }
+}
+
+#[test]
+fn stable_6_1_kernels_send_the_extension_at_minor_37() {
+    // 6.1.110 on carry 6.3's request extensions at protocol 7.37.
+    let d = served_at(true, init::SECURITY_CTX, 37);
+    let ext = encode::secctx_ext(NAME, LABEL);
+    let mut out = vec![0u8; 4096];
+    for (i, op) in CREATING.into_iter().enumerate() {
+        let o = d
+            .handle_bytes(&message(op, 10 + 2 * i as u64, &ext), &mut out)
+            .unwrap();
+        assert_eq!(o.error, 0, "{op:?}");
+    }
+    for (op, l) in take_seen(&d) {
+        assert_eq!(l, Some((NAME.to_vec(), LABEL.to_vec())), "{op:?}");
+    }
+}
+
+#[test]
+fn a_creating_request_without_its_label_block_is_refused() {
+    // Every kernel that negotiates FUSE_SECURITY_CTX sends the block with
+    // every creating request; a request without one is not served
+    // unlabelled.
+    let ext = encode::secctx_ext(NAME, LABEL);
+    let mut out = vec![0u8; 4096];
+    for minor in [37, 38, KERNEL_MINOR_VERSION] {
+        let d = served_at(true, init::SECURITY_CTX, minor);
+        for (i, op) in CREATING.into_iter().enumerate() {
+            let o = d
+                .handle_bytes(&message(op, 10 + 2 * i as u64, &[]), &mut out)
+                .unwrap();
+            assert_eq!(o.error, Errno::EINVAL.to_wire(), "7.{minor} {op:?}");
+        }
+        if minor >= FIRST_EXTENSION_MINOR {
+            // From 7.38 a block after the arguments with total_extlen 0
+            // is not the label: still refused.
+            let o = d
+                .handle_bytes(&message_with(Opcode::Mkdir, 40, &ext, 0), &mut out)
+                .unwrap();
+            assert_eq!(o.error, Errno::EINVAL.to_wire(), "7.{minor}");
+        }
+        assert!(take_seen(&d).is_empty(), "7.{minor}: the fs was called");
+    }
+    // Not negotiated: nothing is required.
+    let d = served_at(false, init::SECURITY_CTX, 37);
+    let o = d
+        .handle_bytes(&message(Opcode::Mkdir, 4, &[]), &mut out)
+        .unwrap();
+    assert_eq!(o.error, 0);
 }

@@ -36,6 +36,10 @@ pub enum DecodeError {
     /// An extension header is inconsistent.
     #[error("malformed request extension")]
     BadExtension,
+    /// A creating request lacks the security label block every kernel
+    /// sends once FUSE_SECURITY_CTX is negotiated.
+    #[error("creating request without its security context block")]
+    MissingSecurityContext,
     /// A count field asks for more elements than the message holds.
     #[error("count {count} of {what} exceeds the message")]
     BadCount {
@@ -174,6 +178,11 @@ pub struct Request<'a> {
     pub op: Operation<'a>,
     /// Raw request extensions (security contexts, supplementary groups).
     pub ext: &'a [u8],
+    /// The bytes after the opcode's arguments and before the extensions:
+    /// ignored by every opcode, except that before protocol 7.38 a
+    /// creating request's security label travelled there (see
+    /// [`creation_security_context`]).
+    pub trailing: &'a [u8],
 }
 
 /// Typed arguments of every request opcode.
@@ -390,15 +399,18 @@ pub fn decode_request<'a>(buf: &'a [u8], opts: DecodeOptions) -> Result<Request<
     }
     let (body, ext) = c.rest().split_at(c.len() - ext_len);
     validate_extensions(ext)?;
-    let op = decode_op(
-        opcode,
-        &mut ArgBytes {
-            fixed: None,
-            rest: Cursor::new(body),
-        },
-        opts,
-    )?;
-    Ok(Request { header, op, ext })
+    let mut args = ArgBytes {
+        fixed: None,
+        rest: Cursor::new(body),
+    };
+    let op = decode_op(opcode, &mut args, opts)?;
+    let trailing = args.rest.rest();
+    Ok(Request {
+        header,
+        op,
+        ext,
+        trailing,
+    })
 }
 
 /// Decodes a request whose arguments arrive split, as over the ring: the
@@ -424,7 +436,13 @@ pub fn decode_split<'a>(
         rest: Cursor::new(body),
     };
     let op = decode_op(opcode, &mut args, opts)?;
-    Ok(Request { header, op, ext })
+    let trailing = args.rest.rest();
+    Ok(Request {
+        header,
+        op,
+        ext,
+        trailing,
+    })
 }
 
 /// A request's argument bytes: contiguous (device), or split into the
@@ -523,6 +541,12 @@ const XATTR_NAME_MAX: usize = 255;
 /// or one that runs past the extension, or trailing bytes beyond the
 /// padding: an error (the request gets EINVAL).
 pub fn security_context(ext: &[u8]) -> Result<Option<SecCtx<'_>>, DecodeError> {
+    Ok(secctx_block(ext)?.flatten())
+}
+
+/// The label block among `ext`: None when there is none at all,
+/// Some(None) for one with `nr_secctx` 0 (see [`security_context`]).
+fn secctx_block(ext: &[u8]) -> Result<Option<Option<SecCtx<'_>>>, DecodeError> {
     let mut c = Cursor::new(ext);
     let mut found: Option<Option<SecCtx<'_>>> = None;
     while !c.is_empty() {
@@ -543,7 +567,43 @@ pub fn security_context(ext: &[u8]) -> Result<Option<SecCtx<'_>>, DecodeError> {
             _ => return Err(DecodeError::BadExtension),
         });
     }
-    Ok(found.flatten())
+    Ok(found)
+}
+
+/// The first protocol minor whose requests carry extensions after
+/// `total_extlen` (Linux 6.3).
+pub const FIRST_EXTENSION_MINOR: u32 = 38;
+
+/// The security label of a creating request `req` (CREATE, MKNOD, MKDIR,
+/// SYMLINK, TMPFILE) on a connection that negotiated FUSE_SECURITY_CTX at
+/// protocol minor `minor`.
+///
+/// Where the label block is depends on the kernel:
+/// - protocol 7.38 on (Linux 6.3): a request extension, counted by the
+///   header's `total_extlen` (`Request::ext`);
+/// - 7.36 and 7.37 (Linux 5.17 to 6.2): the same `fuse_secctx_header`
+///   block as one more plain argument after the request's last one (the
+///   name, or a SYMLINK's target), with `total_extlen` still the zero
+///   padding it was (`Request::trailing`). Stable 6.1 kernels from 6.1.110
+///   carry the 6.3 extension code at minor 37, so there a non-zero
+///   `total_extlen` means the extension layout.
+///
+/// Every such kernel sends the block with every creating request, an
+/// empty one (`nr_secctx` 0) when no LSM labels the inode, so a request
+/// without one is refused ([`DecodeError::MissingSecurityContext`]), as
+/// virtiofsd refuses it, rather than served unlabelled. Malformed blocks
+/// are errors as in [`security_context`].
+pub fn creation_security_context<'a>(
+    req: &Request<'a>,
+    minor: u32,
+) -> Result<Option<SecCtx<'a>>, DecodeError> {
+    let block = if minor < FIRST_EXTENSION_MINOR && req.header.total_extlen == 0 {
+        validate_extensions(req.trailing)?;
+        req.trailing
+    } else {
+        req.ext
+    };
+    secctx_block(block)?.ok_or(DecodeError::MissingSecurityContext)
 }
 
 /// The one `fuse_secctx` record of a label extension's body.

@@ -9,8 +9,8 @@ pub mod structs;
 
 pub use consts::*;
 pub use decode::{
-    decode_reply, decode_request, decode_split, security_context, DecodeError, DecodeOptions,
-    Operation, Reply, SecCtx,
+    creation_security_context, decode_reply, decode_request, decode_split, security_context,
+    DecodeError, DecodeOptions, Operation, Reply, SecCtx, FIRST_EXTENSION_MINOR,
 };
 pub use ring::*;
 pub use structs::*;

@@ -329,9 +329,10 @@ impl<F: Filesystem> Dispatcher<F> {
         let h = &req.header;
         let mut ctx = ctx_of(h);
         if creates(&req.op) && self.flags.load(Ordering::Relaxed) & init::SECURITY_CTX != 0 {
-            match abi::security_context(req.ext) {
+            match abi::creation_security_context(req, self.minor.load(Ordering::Relaxed)) {
                 Ok(label) => ctx.secctx = label,
-                // A label the filesystem cannot trust: nothing is made.
+                // A label the filesystem cannot trust, or none where the
+                // kernel always sends one: nothing is made.
                 Err(_) => {
                     return Handled::Reply(Outcome {
                         unique: h.unique,

@@ -1,9 +1,9 @@
 //! Names and attributes: lookup, creation and removal, rename, links,
 //! attributes, xattrs, statfs, access.
 
-use super::creds::private_umask;
+use super::creds::{private_umask, Caps};
 use super::idmap::{acl_to_guest, acl_to_host};
-use super::label::Plan;
+use super::label::{same_inode, Fresh};
 use super::{component, sys, PassthroughFs, STATX_MASK};
 use fuse_core::abi::{fattr, Attr, Kstatfs, SetattrIn, Statx, SxTime, ROOT_ID};
 use fuse_core::server::{Ctx, Entry, FsResult, Xattr};
@@ -225,44 +225,59 @@ impl PassthroughFs {
     }
 
     /// Runs a creating operation in `parent` as the caller with its umask,
-    /// gives the new inode the caller's security label (`label.rs`), then
-    /// looks the new name up.
-    fn make(
+    /// making an inode of type `kind`, gives the new inode the caller's
+    /// security label (`label.rs`), then looks the new name up.
+    pub(super) fn make(
         &self,
         ctx: &Ctx,
         parent: u64,
         name: &[u8],
         umask: u32,
+        kind: u32,
         f: impl FnOnce(std::os::fd::BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
     ) -> FsResult<Entry<u64>> {
         self.writable()?;
         let p = self.inodes.get(parent)?;
         let name = component(name)?;
-        let plan = self.label_plan(ctx.secctx)?;
+        let cred = self.caller(ctx)?;
+        let mut plan = self.label_plan(ctx.secctx)?;
         let pfd = p.fd(&self.budget)?;
+        // What the inode made looks like, to know it again by.
+        let fresh = Fresh::before(kind, self.owner_of(&cred));
         let found = {
-            let _c = self.creds_allocating(ctx)?;
+            let _c = self.creds_as(&cred, Caps::ALLOCATE)?;
             let _u = private_umask(umask)?;
-            f(pfd.fd(), &name)?;
-            self.open_beneath(&p, &name)
+            f(pfd.fd(), &name).map(|()| self.open_beneath(&p, &name))
         };
-        let found = match plan {
-            Plan::None => found?,
-            // Labelled by the host as it was made; the guard clears the
-            // thread's fscreate label now.
-            Plan::Atomic(guard) => {
-                drop(guard);
-                found?
-            }
-            Plan::After(label) => {
-                let found = found?;
-                if let Err(e) = self.set_label(found.fd.raw(), &label) {
-                    self.unmake(pfd.fd(), &name, &found.st);
-                    return Err(e);
-                }
-                found
+        plan.created();
+        let found = found?;
+        if !plan.labels() {
+            return self.enter_found(&p, found?);
+        }
+        let ours = |st: &libc::statx| fresh.matches(st);
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                self.unmake(&cred, pfd.fd(), &name, &ours);
+                return Err(e);
             }
         };
+        // MKDIR, MKNOD and SYMLINK return no fd: what the name leads to now
+        // must look like what was made before anything is set on it (or it
+        // is unlinked).
+        if !fresh.matches(&found.st) {
+            eprintln!(
+                "fusebox: {name:?} changed while it was being made; its security label is not set"
+            );
+            return Err(Errno::EIO);
+        }
+        if let Err(e) = plan.apply(self, found.fd.raw()) {
+            let made = found.st;
+            self.unmake(&cred, pfd.fd(), &name, &|st| {
+                same_inode(&made, st) && fresh.matches(st)
+            });
+            return Err(e);
+        }
         self.enter_found(&p, found)
     }
 
@@ -274,7 +289,9 @@ impl PassthroughFs {
         target: &[u8],
     ) -> FsResult<Entry<u64>> {
         let target = cstr(target)?;
-        self.make(ctx, parent, name, 0, |d, n| sys::symlinkat(&target, d, n))
+        self.make(ctx, parent, name, 0, libc::S_IFLNK, |d, n| {
+            sys::symlinkat(&target, d, n)
+        })
     }
 
     pub(super) fn op_mknod(
@@ -286,7 +303,12 @@ impl PassthroughFs {
         rdev: u32,
         umask: u32,
     ) -> FsResult<Entry<u64>> {
-        self.make(ctx, parent, name, umask, |d, n| {
+        // mknod(2) makes a regular file of type bits 0.
+        let kind = match mode & libc::S_IFMT {
+            0 => libc::S_IFREG,
+            k => k,
+        };
+        self.make(ctx, parent, name, umask, kind, |d, n| {
             sys::mknodat(d, n, mode, u64::from(rdev))
         })
     }
@@ -299,7 +321,9 @@ impl PassthroughFs {
         mode: u32,
         umask: u32,
     ) -> FsResult<Entry<u64>> {
-        self.make(ctx, parent, name, umask, |d, n| sys::mkdirat(d, n, mode))
+        self.make(ctx, parent, name, umask, libc::S_IFDIR, |d, n| {
+            sys::mkdirat(d, n, mode)
+        })
     }
 
     fn remove(&self, ctx: &Ctx, parent: u64, name: &[u8], flags: i32) -> FsResult<()> {

@@ -4,7 +4,7 @@
 use super::backing::Grant;
 use super::creds::{private_umask, Caps, Cred};
 use super::inode::{CountedFd, InodeData};
-use super::label::Plan;
+use super::label::{same_inode, Fresh};
 use super::{component, io, sys, PassthroughFs};
 use fuse_core::abi::flags as wflags;
 use fuse_core::server::{
@@ -258,14 +258,16 @@ impl PassthroughFs {
         // device node or block on a FIFO a hostile client made.
         let create = f | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let opener = self.caller(ctx)?;
+        // Held from before the creation, for undoing it.
+        let pfd = p.fd(&self.budget)?;
         for _ in 0..8 {
             // Made afresh each time: an fscreate label is cleared once the
             // file is made (or not).
-            let plan = self.label_plan(ctx.secctx)?;
+            let mut plan = self.label_plan(ctx.secctx)?;
+            let fresh = Fresh::before(libc::S_IFREG, self.owner_of(&opener));
             let made = {
                 let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
                 let _u = private_umask(umask)?;
-                let pfd = p.fd(&self.budget)?;
                 let resolve =
                     sys::RESOLVE_BENEATH | sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS;
                 self.budget.open(
@@ -275,23 +277,27 @@ impl PassthroughFs {
                     },
                 )
             };
+            plan.created();
             match made {
                 Ok(fd) => {
-                    if let Plan::After(label) = &plan {
-                        if let Err(e) = self.set_label(fd.raw(), label) {
-                            let st = sys::statx(
-                                fd.raw(),
-                                c"",
-                                libc::AT_EMPTY_PATH,
-                                libc::STATX_INO | libc::STATX_TYPE,
-                            );
-                            if let (Ok(st), Ok(pfd)) = (st, p.fd(&self.budget)) {
-                                self.unmake(pfd.fd(), &name, &st);
-                            }
-                            return Err(e);
-                        }
+                    if let Err(e) = plan.apply(self, fd.raw()) {
+                        // Undone if the name still names the file made:
+                        // known by its inode, or, if even fstat fails,
+                        // by what a file just made looks like.
+                        let st = sys::statx(
+                            fd.raw(),
+                            c"",
+                            libc::AT_EMPTY_PATH,
+                            libc::STATX_INO | libc::STATX_TYPE,
+                        )
+                        .ok();
+                        let ours = |now: &libc::statx| match &st {
+                            Some(made) => same_inode(made, now),
+                            None => fresh.matches(now),
+                        };
+                        self.unmake(&opener, pfd.fd(), &name, &ours);
+                        return Err(e);
                     }
-                    drop(plan);
                     let entry = self.enter_fd(fd.raw())?;
                     let data = self.inodes.get(entry.inode)?;
                     return Ok((entry, self.new_handle(fd, data, f, false, opener)));
@@ -333,19 +339,18 @@ impl PassthroughFs {
             f |= libc::O_RDWR;
         }
         let opener = self.caller(ctx)?;
-        let plan = self.label_plan(ctx.secctx)?;
+        let mut plan = self.label_plan(ctx.secctx)?;
         let fd = {
             let _c = self.creds_as(&opener, Caps::ALLOCATE)?;
             let _u = private_umask(umask)?;
             let pfd = p.fd(&self.budget)?;
             self.budget
-                .open(|| sys::openat(pfd.raw(), c".", f | libc::O_TMPFILE, mode))?
+                .open(|| sys::openat(pfd.raw(), c".", f | libc::O_TMPFILE, mode))
         };
+        plan.created();
+        let fd = fd?;
         // Unlabelled, the nameless inode goes with its fd.
-        if let Plan::After(label) = &plan {
-            self.set_label(fd.raw(), label)?;
-        }
-        drop(plan);
+        plan.apply(self, fd.raw())?;
         let entry = self.enter_fd(fd.raw())?;
         let data = self.inodes.get(entry.inode)?;
         Ok((entry, self.new_handle(fd, data, f, false, opener)))

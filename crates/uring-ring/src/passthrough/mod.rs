@@ -510,6 +510,17 @@ impl PassthroughFs {
         Ok(c)
     }
 
+    /// The host uid an inode `cred` makes is owned by: its own when
+    /// operations run as the caller, else the daemon's.
+    fn owner_of(&self, cred: &Cred) -> u32 {
+        if self.cfg.creds {
+            cred.uid
+        } else {
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() }
+        }
+    }
+
     /// Whether `ctx` acts on the host as `cred` does, groups aside: the
     /// same translated uid and gid, and root alike (EPERM if forbidden).
     fn acts_as(&self, ctx: &Ctx, cred: &Cred) -> Result<bool, Errno> {
