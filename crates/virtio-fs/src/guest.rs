@@ -12,7 +12,7 @@
 //! then for a READ the out header and the data pages, page-aligned, as
 //! separate descriptors; for a WRITE the data pages after the request).
 
-use fuse_core::abi::{init, InHeader, InitIn, InitOut, Opcode, OutHeader};
+use fuse_core::abi::{init, ForgetIn, InHeader, InitIn, InitOut, Opcode, OutHeader};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
@@ -151,7 +151,12 @@ pub struct GuestDriver {
     peer_pid: Option<u32>,
     /// Per request queue and slot: when it was published and its unique.
     posted: Vec<Vec<(Instant, u64)>>,
+    /// FORGETs out on the hiprio queue (at most [`HIPRIO_SLOTS`]).
+    forgets_out: u16,
 }
+
+/// Slots of the hiprio queue (FORGETs: a request page each, no reply).
+const HIPRIO_SLOTS: u16 = 4;
 
 impl std::fmt::Debug for GuestDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -220,7 +225,11 @@ impl GuestDriver {
         let mut layout = Vec::new();
         let mut at = 0u64;
         for q in 0..nq {
-            let slots = if q == 0 { 4 } else { u64::from(cfg.slots) };
+            let slots = if q == 0 {
+                u64::from(HIPRIO_SLOTS)
+            } else {
+                u64::from(cfg.slots)
+            };
             layout.push(at);
             at += ring_bytes + slots * (SLOT_HEAD + if q == 0 { 0 } else { data });
         }
@@ -320,6 +329,7 @@ impl GuestDriver {
             unique: 0,
             peer_pid: peer,
             posted,
+            forgets_out: 0,
         })
     }
 
@@ -433,6 +443,70 @@ impl GuestDriver {
         vq.avail_idx = vq.avail_idx.wrapping_add(1);
         self.posted[q][usize::from(slot)] = (Instant::now(), unique);
         Ok(unique)
+    }
+
+    /// Sends a FORGET of `nlookup` lookups of `nodeid` on the hiprio queue,
+    /// as a guest kernel does when it evicts an inode (after the UNLINK of
+    /// a file it no longer holds open, at once): a readable chain, given
+    /// back unused. Waits (up to `timeout`) while every hiprio slot is out.
+    pub fn forget(
+        &mut self,
+        nodeid: u64,
+        nlookup: u64,
+        timeout: Duration,
+    ) -> Result<(), GuestError> {
+        let t0 = Instant::now();
+        loop {
+            // Take back what the device is done with.
+            let vq = &mut self.vqs[0];
+            let used: u16 = self
+                .mem
+                .read_obj(GuestAddress(vq.used + 2))
+                .map_err(|e| GuestError::Memory(e.to_string()))?;
+            let back = used.wrapping_sub(vq.last_used);
+            vq.last_used = used;
+            self.forgets_out = self.forgets_out.saturating_sub(back);
+            if self.forgets_out < HIPRIO_SLOTS {
+                break;
+            }
+            if t0.elapsed() >= timeout {
+                return Err(GuestError::Timeout(timeout));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        self.unique += 2;
+        let h = InHeader {
+            len: (40 + std::mem::size_of::<ForgetIn>()) as u32,
+            opcode: Opcode::Forget as u32,
+            unique: self.unique,
+            nodeid,
+            uid: 0,
+            gid: 0,
+            pid: 1,
+            total_extlen: 0,
+            padding: 0,
+        };
+        let f = ForgetIn { nlookup };
+        let vq = &self.vqs[0];
+        // The slots go round with the avail index: at most HIPRIO_SLOTS
+        // are out, so the one this index names is free.
+        let slot = vq.avail_idx % HIPRIO_SLOTS;
+        let at = vq.slots + u64::from(slot) * SLOT_HEAD;
+        let mut msg = [0u8; 40 + 8];
+        msg[..40].copy_from_slice(h.as_bytes());
+        msg[40..].copy_from_slice(f.as_bytes());
+        self.mem
+            .write_slice(&msg, GuestAddress(at))
+            .map_err(|e| GuestError::Memory(e.to_string()))?;
+        let head = slot * DESCS;
+        self.desc(0, head, at, msg.len() as u32, 0, 0);
+        let vq = &mut self.vqs[0];
+        let pos = vq.avail + 4 + 2 * u64::from(vq.avail_idx % vq.size);
+        let _ = self.mem.write_obj(head, GuestAddress(pos));
+        vq.avail_idx = vq.avail_idx.wrapping_add(1);
+        self.forgets_out += 1;
+        self.publish(0);
+        Ok(())
     }
 
     /// Publishes what was posted since the last call and kicks the device

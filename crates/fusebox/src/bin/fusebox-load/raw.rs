@@ -161,6 +161,10 @@ struct Work {
     seq: u64,
     args: Vec<u8>,
     meta: Vec<MetaSlot>,
+    /// Nodes unlinked since the last batch of completions: the guest
+    /// forgets them (a guest kernel evicts an unlinked file it does not
+    /// hold open at once, and sends a FORGET for it).
+    forgets: Vec<u64>,
 }
 
 impl Work {
@@ -289,6 +293,10 @@ impl Work {
                         .0
                         .fh;
                 }
+                if m.step == 3 {
+                    // UNLINK done: CREATE gave the one lookup.
+                    self.forgets.push(m.node);
+                }
                 m.step = (m.step + 1) % 4;
                 let finished = m.step == 0;
                 if finished {
@@ -371,6 +379,7 @@ pub fn run(a: &Args) -> Result<Report, LoadError> {
         seq: 0,
         args: Vec::with_capacity(512),
         meta: vec![MetaSlot::default(); usize::from(slots)],
+        forgets: Vec::new(),
     };
     let pid = a.daemon_pid.or(g.backend_pid());
     let mut hist = Histogram(vec![0; 1_000_000]);
@@ -403,6 +412,9 @@ pub fn run(a: &Args) -> Result<Report, LoadError> {
             } else {
                 in_flight -= 1;
             }
+        }
+        for node in work.forgets.drain(..) {
+            g.forget(node, 1, Duration::from_secs(30)).map_err(guest)?;
         }
         g.publish(Q);
     }
