@@ -28,7 +28,9 @@
 #   randwrite-16             4 KiB random writes, depth 16
 #   seqread-4 / seqwrite-4   1 MiB sequential reads / writes, depth 4
 #   getattr-16               GETATTR of the data file, depth 16
-#   meta-4                   create+close+stat+unlink (one op), depth 4
+#   meta-4                   create+close+stat+unlink (one op), depth 4; the
+#                            unlinked file is then forgotten (a FORGET on
+#                            the hiprio queue), as a guest kernel does
 # Each round runs every contender once per row, interleaved, the order
 # rotating from round to round. Ratios (fusebox/virtiofsd, fusebox/tp16,
 # fusebox/fio) are taken within a round; the tables show the median over
