@@ -2,15 +2,39 @@
 # Host-mount benchmark, side by side in one run: fio (psync, O_DIRECT) on
 #   raw tmpfs · fusebox mount (/dev/fuse) · fusebox mount --io-uring ·
 #   fusebox mount --io-uring --kernel-passthrough (the kernel does the data
-#   I/O of open files on the host files) ·
+#   I/O of open files on the host files itself) ·
 #   libfuse 3.14 passthrough_hp (Debian's fuse3 source, built with g++; 3.14
 #   predates kernel passthrough, so it serves every read and write)
 # for 4 KiB random read and write and 1 MiB sequential read and write.
 # Prints a table of IOPS and MiB/s and the ratios to libfuse and to tmpfs.
+#
+# Then the depth rows (issue 16): fio ioengine=io_uring direct=1, iodepth=16
+# with one job, and numjobs=4 with iodepth=1 (many synchronous callers), 4 KiB
+# random read and write and 1 MiB sequential read and write, on a tmpfs share
+# and on an ext4 share on this machine's disk (page cache warm:
+# --invalidate=0 after a warming pass), plus a cold 4 GiB file read at
+# iodepth=16 on the ext4 share (the host file's page cache dropped before
+# every job); contenders: raw fio on the backing directory, fusebox mount
+# --io-uring, and libfuse master's passthrough_hp over io_uring with
+# --nopassthrough (built from source). Every contender runs in each round,
+# one after the other; ratios are taken within a round and the median of
+# the rounds is printed.
+#
 # Usage (root): benches/host-fio.sh [seconds per job, default 10]
+# Environment:
+#   FIO_PARTS="psync depth" which parts to run (default both)
+#   FIO_ROUNDS=3            rounds of the depth rows
+#   FIO_ROWS=REGEX          only depth rows whose name matches (e.g. qd16-randread4k)
+#   FIO_SHARES="tmpfs ext4" which shares the depth rows use
+#   FIO_EXT4_DIR=/var/tmp   an ext4 directory for the ext4 share (its own
+#                           filesystem is checked)
+#   FIO_COLD_SIZE=4g        the cold row's file size
+#   FIO_CONTENDERS="raw fusebox-iouring libfuse-master-iouring"
+#   FUSEBOX_RING_DEPTH=16   fusebox mount --ring-depth
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
+parts=${FIO_PARTS:-psync depth}
 export DEBIAN_FRONTEND=noninteractive
 
 need=()
@@ -28,7 +52,7 @@ fi
 # passthrough_hp is not among the examples Debian ships in libfuse3-dev:
 # build it from the fuse3 3.14 source package.
 hp=target/bench/passthrough_hp
-if [ ! -x "$hp" ]; then
+if [[ " $parts " == *" psync "* ]] && [ ! -x "$hp" ]; then
   mkdir -p target/bench/src
   src_list=/etc/apt/sources.list.d/fusebox-deb-src.sources
   if ! grep -rqs "deb-src" /etc/apt/sources.list.d/; then
@@ -95,6 +119,7 @@ bench_target() { # name dir
   rm -f "$dir/fio.dat"
 }
 
+if [[ " $parts " == *" psync "* ]]; then
 bench_target tmpfs "$work/tmpfs"
 
 target/release/fusebox mount --shared-dir "$work/tmpfs" "$work/mnt" >"$work/log1" 2>&1 &
@@ -133,5 +158,155 @@ for t in fusebox-devfuse fusebox-iouring fusebox-iouring-kpt; do
     set -- ${res[libfuse-passthrough_hp,$j]}; lf=$1
     set -- ${res[tmpfs,$j]}; raw=$1
     echo "$t $j: $(ratio "$mine" "$lf")x libfuse, $(ratio "$mine" "$raw")x tmpfs"
+  done
+done
+fi
+
+[[ " $parts " == *" depth "* ]] || exit 0
+
+# ---- depth rows --------------------------------------------------------
+rounds=${FIO_ROUNDS:-3}
+rows_re=${FIO_ROWS:-.}
+shares=${FIO_SHARES:-tmpfs ext4}
+cold_size=${FIO_COLD_SIZE:-4g}
+contenders=${FIO_CONTENDERS:-raw fusebox-iouring libfuse-master-iouring}
+ring_depth=${FUSEBOX_RING_DEPTH:-16}
+
+# libfuse master's passthrough_hp, FUSE-over-io_uring capable (3.18+).
+hpm=target/bench/libfuse-master/build/example/passthrough_hp
+if [[ " $contenders " == *" libfuse-master-iouring "* ]] && [ ! -x "$hpm" ]; then
+  need=()
+  for p in git meson ninja-build liburing-dev libnuma-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+  rm -rf target/bench/libfuse-master
+  git clone -q --depth 1 https://github.com/libfuse/libfuse target/bench/libfuse-master
+  (cd target/bench/libfuse-master && meson setup -q build -Dexamples=true -Denable-io-uring=true >/dev/null &&
+     ninja -C build >/dev/null)
+fi
+
+ext4_base=${FIO_EXT4_DIR:-/var/tmp}
+if [[ " $shares " == *" ext4 "* ]]; then
+  fstype=$(findmnt -no FSTYPE -T "$ext4_base")
+  [ "$fstype" = ext4 ] || { echo "FIO_EXT4_DIR=$ext4_base is on $fstype, not ext4" >&2; exit 1; }
+  ext4_dir=$(mktemp -d "$ext4_base/fusebox-fio-ext4.XXXXXX")
+  chmod 755 "$ext4_dir"
+  trap 'cleanup; rm -rf "$ext4_dir"' EXIT
+fi
+share_dir() { case $1 in tmpfs) echo "$work/tmpfs" ;; ext4) echo "$ext4_dir" ;; esac; }
+
+# row name -> fio arguments (all: io_uring, O_DIRECT, 256 MiB file)
+declare -A drows=(
+  [qd16-randread4k]="--iodepth=16 --numjobs=1 --rw=randread --bs=4k"
+  [qd16-randwrite4k]="--iodepth=16 --numjobs=1 --rw=randwrite --bs=4k"
+  [qd16-seqread1m]="--iodepth=16 --numjobs=1 --rw=read --bs=1m"
+  [qd16-seqwrite1m]="--iodepth=16 --numjobs=1 --rw=write --bs=1m"
+  [nj4-randread4k]="--iodepth=1 --numjobs=4 --rw=randread --bs=4k"
+  [nj4-randwrite4k]="--iodepth=1 --numjobs=4 --rw=randwrite --bs=4k"
+  [nj4-seqread1m]="--iodepth=1 --numjobs=4 --rw=read --bs=1m"
+  [nj4-seqwrite1m]="--iodepth=1 --numjobs=4 --rw=write --bs=1m"
+  [qd1-randread4k]="--iodepth=1 --numjobs=1 --rw=randread --bs=4k"
+)
+drow_order=(qd16-randread4k qd16-randwrite4k qd16-seqread1m qd16-seqwrite1m
+  nj4-randread4k nj4-randwrite4k nj4-seqread1m nj4-seqwrite1m qd1-randread4k)
+
+fio_depth() { # dir file size extra-args... -> "iops bw_mib"
+  local dir=$1 file=$2 size=$3; shift 3
+  fio --name=depth --directory="$dir" --filename="$file" --size="$size" \
+    --ioengine=io_uring --direct=1 "$@" \
+    --time_based --runtime="$secs" --ramp_time=1 --group_reporting \
+    --output-format=terse --terse-version=3 2>/dev/null |
+    awk -F';' '{ r=$8+0; w=$49+0; rb=$7+0; wb=$48+0; printf "%d %.1f\n", r+w, (rb+wb)/1024 }'
+}
+
+# Drops the page cache of one host file (cold rows).
+drop_file_cache() { dd if=/dev/null of="$1" oflag=nocache conv=notrunc,fdatasync count=0 status=none; }
+
+mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
+  local c=$1 dir=$2
+  case $c in
+    raw) cdir=$dir; return ;;
+    fusebox-iouring)
+      target/release/fusebox mount --io-uring --ring-depth "$ring_depth" \
+        --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
+    libfuse-master-iouring)
+      "$hpm" --foreground --nopassthrough -o io_uring -o "io_uring_q_depth=$ring_depth" \
+        "$dir" "$work/mnt" >>"$work/log-depth-libfuse" 2>&1 & ;;
+  esac
+  pids+=($!)
+  wait_mount
+  cdir=$work/mnt
+}
+unmount_contender() {
+  [ "$1" = raw ] && return
+  umount "$work/mnt" 2>/dev/null || umount -l "$work/mnt"
+  wait "${pids[-1]}" || true
+}
+
+declare -A dres # round,share,contender,row -> "iops mib"
+for round in $(seq "$rounds"); do
+  for share in $shares; do
+    sdir=$(share_dir "$share")
+    # The 256 MiB warm file, and on ext4 the cold one, laid out once.
+    [ -f "$sdir/warm.dat" ] || fio --name=prep --directory="$sdir" --filename=warm.dat \
+      --size=256m --rw=write --bs=1m --direct=1 --ioengine=psync >/dev/null 2>&1
+    if [ "$share" = ext4 ] && [ ! -f "$sdir/cold.dat" ] && [[ cold-qd16-randread4k =~ $rows_re ]]; then
+      fio --name=prep --directory="$sdir" --filename=cold.dat --size="$cold_size" \
+        --rw=write --bs=1m --direct=1 --ioengine=psync >/dev/null 2>&1
+    fi
+    for c in $contenders; do
+      mount_contender "$c" "$sdir"; dir=$cdir
+      # Warm the host page cache (and the mount's) once per mount.
+      cat "$dir/warm.dat" >/dev/null
+      for row in "${drow_order[@]}"; do
+        [[ $row =~ $rows_re ]] || continue
+        dres[$round,$share,$c,$row]=$(fio_depth "$dir" warm.dat 256m --invalidate=0 ${drows[$row]})
+      done
+      if [ "$share" = ext4 ] && [[ cold-qd16-randread4k =~ $rows_re ]]; then
+        drop_file_cache "$sdir/cold.dat"
+        dres[$round,$share,$c,cold-qd16-randread4k]=$(fio_depth "$dir" cold.dat "$cold_size" \
+          --iodepth=16 --numjobs=1 --rw=randread --bs=4k)
+      fi
+      unmount_contender "$c"
+    done
+  done
+done
+
+median() { sort -g | awk '{ v[NR]=$1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR+1)/2]; else printf "%.2f\n", (v[NR/2]+v[NR/2+1])/2 }'; }
+dratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f\n", a / b }'; }
+
+printf '\nfio io_uring O_DIRECT, %ss per job, medians of %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"
+printf '%-6s %-22s' share row
+for c in $contenders; do printf ' %22s' "$c"; done
+printf ' %14s %14s\n' "fusebox/libfuse" "fusebox/raw"
+for share in $shares; do
+  for row in "${drow_order[@]}" cold-qd16-randread4k; do
+    [[ $row =~ $rows_re ]] || continue
+    [ "$row" = cold-qd16-randread4k ] && [ "$share" != ext4 ] && continue
+    printf '%-6s %-22s' "$share" "$row"
+    for c in $contenders; do
+      # IOPS for 4k rows, MiB/s for 1m rows.
+      col=1; [[ $row == *1m ]] && col=2
+      m=$(for r in $(seq "$rounds"); do set -- ${dres[$r,$share,$c,$row]:-0 0}; echo "${!col}"; done | median)
+      printf ' %22s' "$m"
+    done
+    for other in libfuse-master-iouring raw; do
+      if [[ " $contenders " == *" fusebox-iouring "* && " $contenders " == *" $other "* ]]; then
+        col=1; [[ $row == *1m ]] && col=2
+        m=$(for r in $(seq "$rounds"); do
+              set -- ${dres[$r,$share,fusebox-iouring,$row]:-0 0}; a=${!col}
+              set -- ${dres[$r,$share,$other,$row]:-0 0}; b=${!col}
+              dratio "$a" "$b"
+            done | median)
+        printf ' %14s' "$m"
+      else
+        printf ' %14s' "-"
+      fi
+    done
+    echo
   done
 done

@@ -180,3 +180,42 @@ fn an_interrupt_ends_a_hang() {
     // The connection is fine.
     assert!(c.getattr(ROOT_ID, None).is_ok());
 }
+
+#[test]
+fn times_limits_a_rule_and_gather_holds_calls_until_enough_are_held() {
+    use fuse_core::server::{Ctx, Filesystem};
+    use std::sync::Arc;
+    let p = FaultPlan::parse("read:gather=16:times=2", 0).unwrap();
+    assert_eq!(p.rules[0].fault, Fault::Gather(16));
+    assert_eq!(p.rules[0].times, Some(2));
+    assert!(FaultPlan::parse("read:gather=0", 0).is_err());
+
+    let plan = FaultPlan::parse("getattr:error=EIO:times=2", 0).unwrap();
+    let fs = Faulty::new(MemFs::new(), plan);
+    let ctx = Ctx::default();
+    let errs: Vec<bool> = (0..5)
+        .map(|_| fs.getattr(&ctx, ROOT_ID, None).is_err())
+        .collect();
+    assert_eq!(errs, [true, true, false, false, false]);
+
+    // Three calls go on together once the third is held; a fourth alone
+    // waits until released.
+    let plan = FaultPlan::parse("getattr:gather=3", 0).unwrap();
+    let fs = Arc::new(Faulty::new(MemFs::new(), plan));
+    let call = |fs: &Arc<Faulty<MemFs>>| {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.getattr(&Ctx::default(), ROOT_ID, None).is_ok())
+    };
+    let first: Vec<_> = (0..2).map(|_| call(&fs)).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(first.iter().all(|t| !t.is_finished()));
+    let third = call(&fs);
+    for t in first.into_iter().chain([third]) {
+        assert!(t.join().unwrap());
+    }
+    let alone = call(&fs);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!alone.is_finished());
+    fs.release_hangs();
+    assert!(alone.join().unwrap());
+}

@@ -397,9 +397,10 @@ pub struct VirtiofsdArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct FaultArgs {
     /// Testing only: make filesystem operations misbehave. Comma-separated
-    /// rules `OP:FAULT[:p=P][:after=N]`, OP a FUSE opcode name or *, FAULT
-    /// one of delay=DUR (5ms, 2s), hang (until interrupted), error=ERRNO,
-    /// short (READ/WRITE on part of the data). Example:
+    /// rules `OP:FAULT[:p=P][:after=N][:times=N]`, OP a FUSE opcode name or
+    /// *, FAULT one of delay=DUR (5ms, 2s), hang (until interrupted),
+    /// error=ERRNO, short (READ/WRITE on part of the data), gather=N (held
+    /// until N calls are held at once). Example:
     /// read:error=EIO:p=0.1,getattr:hang:after=100
     #[arg(long, value_name = "RULES")]
     pub inject_faults: Option<String>,

@@ -6,7 +6,7 @@ use crate::cli::{Cache, FaultArgs};
 use crate::signals;
 use fuse_core::abi::init;
 use fuse_core::server::faults::{Faulty, PlanError};
-use fuse_core::server::{run_ring_worker, serve_device, Dispatcher, ServerConfig};
+use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,10 +92,12 @@ pub struct MountArgs {
     /// RLIMIT_NOFILE is raised to cover it and the daemon's own).
     #[arg(long, default_value_t = 65536)]
     rlimit_nofile: usize,
-    /// max_background to negotiate (0: the kernel's default).
+    /// max_background to negotiate (0: the kernel's default; with
+    /// --io-uring, --ring-depth times the queue count).
     #[arg(long, default_value_t = 0)]
     max_background: u16,
-    /// congestion_threshold to negotiate (0: the kernel's default).
+    /// congestion_threshold to negotiate (0: the kernel's default; 3/4 of
+    /// max_background when --io-uring raised that).
     #[arg(long, default_value_t = 0)]
     congestion_threshold: u16,
     /// FUSE_REQUEST_TIMEOUT in seconds (0: none).
@@ -109,6 +111,12 @@ pub struct MountArgs {
     /// Sets /sys/module/fuse/parameters/enable_uring.
     #[arg(long)]
     io_uring: bool,
+    /// With --io-uring: ring entries per queue, so requests in flight per
+    /// queue thread (READs run on while the thread serves the others; one
+    /// entry per request a CPU's callers keep in flight, e.g. fio's
+    /// iodepth).
+    #[arg(long, default_value_t = kring::serve::DEFAULT_DEPTH as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    ring_depth: u16,
     /// Translate UIDs between the mount's users (the "guest" side) and
     /// the shared directory (the host side), as the vhost-user device's
     /// --translate-uid: `guest`, `host`, `map`, `squash-guest`,
@@ -191,11 +199,18 @@ fn ring_failed(dev: &DevFuse, qid: u16, e: impl std::fmt::Display) {
     }
 }
 
+/// The ring queues being served, for the daemon to stop them once the
+/// connection is gone (a thread whose entries all hold READs that hang
+/// has no command in flight that could tell it).
+type Queues = Arc<std::sync::Mutex<Vec<KernelQueue>>>;
+
 /// Starts one ring worker per kernel queue, once INIT is done.
 fn start_ring(
     dev: &DevFuse,
     disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>,
     max_payload: usize,
+    depth: usize,
+    queues: &Queues,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, HostError> {
     // INIT is served over /dev/fuse by the device workers; the kernel then
     // holds every request until each queue has an entry, so nothing here
@@ -214,29 +229,42 @@ fn start_ring(
     }
     let mut out = Vec::new();
     for qid in 0..kring::possible_cpus() as u16 {
-        let (dev, d) = (dev.clone(), disp.clone());
+        let (dev, d, queues) = (dev.clone(), disp.clone(), queues.clone());
         out.push(std::thread::spawn(move || {
             kring::pin_to_cpu(usize::from(qid));
             // A REGISTER may race the kernel's processing of the INIT reply
             // (EAGAIN, before this queue ever served): retry for a while.
             for _ in 0..2000 {
-                let q = match KernelQueue::new(&dev, qid, max_payload) {
+                let q = match KernelQueue::with_depth(&dev, qid, max_payload, depth) {
                     Ok(q) => q,
                     Err(e) => return ring_failed(&dev, qid, e),
                 };
-                match run_ring_worker(&q, qid, max_payload, None, &d) {
+                queues
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(q.clone());
+                match kring::serve::serve_queue(&q, &d, depth) {
                     Err(fuse_core::Errno::EAGAIN) => {
                         std::thread::sleep(std::time::Duration::from_millis(5))
                     }
                     Err(e) => return ring_failed(&dev, qid, e),
-                    Ok(()) => return,
+                    Ok(st) => {
+                        if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
+                            eprintln!(
+                                "fusebox: ring queue {qid}: {} requests, {} READs started, \
+                                 at most {} in flight",
+                                st.served, st.started, st.max_in_flight
+                            );
+                        }
+                        return;
+                    }
                 }
             }
             ring_failed(&dev, qid, "REGISTER kept failing with EAGAIN")
         }));
     }
     eprintln!(
-        "fusebox: serving over FUSE-over-io_uring ({} queues)",
+        "fusebox: serving over FUSE-over-io_uring ({} queues of {depth} entries)",
         out.len()
     );
     Ok(out)
@@ -312,7 +340,22 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     if a.io_uring {
         // Before the mount: the kernel offers the flag in INIT only then.
         kring::enable().map_err(HostError::Ring)?;
-        scfg.flags |= init::OVER_IO_URING;
+        // FUSE_ASYNC_DIO: an O_DIRECT read or write submitted without
+        // waiting (io_uring, libaio) goes to the daemon as a background
+        // request and the caller goes on; without it the kernel serves
+        // each in the caller's context, one at a time, and no depth
+        // reaches the ring (libfuse offers it by default too).
+        scfg.flags |= init::OVER_IO_URING | init::ASYNC_DIO;
+        // Those requests count against max_background (the kernel's
+        // default is 12): room for every ring entry, unless told.
+        if a.max_background == 0 {
+            let all = usize::from(a.ring_depth) * kring::possible_cpus();
+            let bg = u16::try_from(all.max(12)).unwrap_or(u16::MAX);
+            scfg.max_background = bg;
+            if a.congestion_threshold == 0 {
+                scfg.congestion_threshold = (u32::from(bg) * 3 / 4) as u16;
+            }
+        }
     }
     // The kernel's ring payload size: max(8 KiB, max_write, max_pages x
     // page size), where max_pages is what the dispatcher offers.
@@ -321,7 +364,10 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let max_write = scfg.max_write as usize;
     let max_payload = (max_write.div_ceil(4096) * page).max(max_write).max(8192);
     let plan = a.faults.plan().map_err(HostError::Faults)?;
-    let disp = Arc::new(Dispatcher::new(Faulty::new(fs, plan), scfg));
+    // On the ring, READs are started without waiting even under a plan:
+    // a hang then holds its entry, not the queue's thread.
+    let faulty = Faulty::new(fs, plan).with_async_reads(a.io_uring);
+    let disp = Arc::new(Dispatcher::new(faulty, scfg));
     let signals = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     // The kernel checks permissions itself (`default_permissions`), as a
     // guest's virtiofs mount always does. The daemon runs each call with
@@ -349,8 +395,15 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     );
     // The workers return when the connection goes (unmount, abort).
     let mut workers = serve_device(dev.clone(), disp.clone(), a.thread_pool_size);
+    let queues = Queues::default();
     if a.io_uring {
-        workers.extend(start_ring(&dev, &disp, max_payload)?);
+        workers.extend(start_ring(
+            &dev,
+            &disp,
+            max_payload,
+            usize::from(a.ring_depth),
+            &queues,
+        )?);
     }
     if a.kernel_passthrough {
         report_passthrough(&disp);
@@ -364,6 +417,12 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     }
     // Calls hung by --inject-faults would keep their workers: release them.
     disp.fs().release_hangs();
+    // Ring threads whose every entry holds a READ that has not completed
+    // see no command fail: tell them. Their READs' payload slots stay
+    // mapped until those READs complete (see kring's arena).
+    for q in queues.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        q.shutdown();
+    }
     let t = Instant::now();
     while !workers.iter().all(|w| w.is_finished()) && t.elapsed() < WORKERS_GRACE {
         std::thread::sleep(Duration::from_millis(20));

@@ -1,22 +1,48 @@
-//! The host kernel's FUSE-over-io_uring ring as a
-//! [`fuse_core::server::RingTransport`], so `run_ring_worker` (the code that
-//! serves the emulated ring) serves the real one.
+//! The host kernel's FUSE-over-io_uring ring: [`KernelQueue`], one queue
+//! of it, served either by [`serve::serve_queue`] (many requests in flight
+//! per thread, READs started without waiting: what `fusebox mount
+//! --io-uring` runs) or, as a [`fuse_core::server::RingTransport`], by
+//! `run_ring_worker` (the code that serves the emulated ring; one request
+//! at a time).
 //!
 //! One [`KernelQueue`] per queue (the kernel has one per possible CPU),
 //! each with its own io_uring of 128-byte SQEs on `/dev/fuse`. An entry's
-//! buffers (the 288-byte header and its payload buffer, plus the iovec pair
-//! REGISTER points at) live in a `Box` that is owned by the in-flight table
-//! from the moment its command is queued until its completion is reaped,
-//! and by the worker's slot in between: the kernel never holds a pointer
-//! into memory someone else owns.
+//! buffers (the 288-byte header and the iovec pair REGISTER points at) live
+//! in a `Box` that is owned by the in-flight table from the moment its
+//! command is queued until its completion is reaped, and by the serving
+//! thread in between: the kernel never holds a pointer into memory someone
+//! else owns. Its payload buffer is a slot of the queue's `arena`, held
+//! through an `Arc` by the entry and by any READ running into it.
 //!
-//! Waiting: `fetch_any` waits for completions of this queue's commands and
-//! for a poll on an eventfd that [`KernelQueue::wake`] writes, so a parked
-//! request answered on another thread wakes the worker.
+//! Entry lifecycle ([`EntState`]; the kernel's own states in brackets):
+//!
+//! ```text
+//!  New ─REGISTER─▶ Fetching ─CQE 0─▶ Fetched ─take─▶ Serving ─answered──────▶ Fetching
+//!  [INVALID]       [AVAILABLE,                       [USERSPACE]  │         (COMMIT_AND_FETCH)
+//!                   FUSE_REQ]                                     ├─READ started─▶ Started
+//!                                                                 │   Started ─I/O done─▶ Fetching
+//!                                                                 └─SETLKW waits─▶ Parked
+//!                                                                     Parked ─answer─▶ Fetching
+//!  Fetching ─CQE error (ENOTCONN at teardown)─▶ dropped (memory ours again)
+//! ```
+//!
+//! `Fetching` entries are in `State::inflight` and `Fetched` ones in
+//! `State::done`, both guarded by the `Shared::state` mutex; `Serving`,
+//! `Started` and `Parked` entries are owned by the one serving thread
+//! (in its own maps, no lock). Only the serving thread moves entries.
+//!
+//! Waiting: the serving thread waits in one io_uring_enter for completions
+//! of this queue's commands, for a poll on an eventfd that
+//! [`KernelQueue::wake_queue`] writes (a parked request or a READ answered
+//! on another thread), and, with [`serve`], for a poll on the
+//! filesystem's completion eventfd.
 //!
 //! Lock: `State` (the ring, the in-flight table, completed entries) is
-//! guarded by one mutex, held by the worker while it waits in
+//! guarded by one mutex, held by the serving thread while it waits in
 //! io_uring_enter; other threads only write the eventfd.
+
+mod arena;
+pub mod serve;
 
 use crate::devfuse::DevFuse;
 use fuse_core::abi::{uring, InHeader, OutHeader, UringCmdReq, UringReqHeader};
@@ -30,6 +56,8 @@ use zerocopy::{FromBytes, IntoBytes};
 
 /// user_data of the eventfd poll.
 const WAKE: u64 = u64::MAX;
+/// user_data of the poll on the filesystem's completion eventfd.
+const ASYNC: u64 = u64::MAX - 1;
 
 /// Errors setting a queue up.
 #[derive(Debug, thiserror::Error)]
@@ -42,37 +70,65 @@ pub enum KringError {
     Enable(#[source] std::io::Error),
 }
 
+/// Where an entry is in its life (see the module docs for the diagram
+/// and the lock guarding each state's list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntState {
+    /// Made, no command sent yet.
+    New,
+    /// REGISTER or COMMIT_AND_FETCH in flight: the kernel may write the
+    /// header and the payload (in `State::inflight`).
+    Fetching,
+    /// Its command completed with a request (in `State::done`).
+    Fetched,
+    /// Taken by the serving thread, being served in line.
+    Serving,
+    /// A READ whose host I/O runs into the payload buffer.
+    Started,
+    /// A request that waits for something outside the server (SETLKW).
+    Parked,
+}
+
+impl EntState {
+    /// Whether the lifecycle allows `self` → `to`.
+    fn may_become(self, to: EntState) -> bool {
+        use EntState::*;
+        matches!(
+            (self, to),
+            (New, Fetching)
+                | (Fetching, Fetched)
+                | (Fetched, Serving)
+                | (Serving, Started | Parked | Fetching)
+                | (Started | Parked, Fetching)
+        )
+    }
+}
+
 /// One ring entry's memory.
 struct Ent {
     id: u64,
+    state: EntState,
     header: UringReqHeader,
-    payload: PageBuf,
+    payload: arena::Payload,
     iov: [libc::iovec; 2],
 }
 
-/// A payload buffer that starts on a page, so that a file opened O_DIRECT
-/// (fio --direct=1 asks for one) reads and writes it in place instead of
-/// through a bounce buffer. Never resized, so its address is stable.
-struct PageBuf {
-    mem: Vec<u8>,
-    off: usize,
-    len: usize,
-}
-
-impl PageBuf {
-    const PAGE: usize = 4096;
-    fn new(len: usize) -> PageBuf {
-        let mem = vec![0u8; len + Self::PAGE];
-        let off = mem.as_ptr().align_offset(Self::PAGE).min(Self::PAGE);
-        PageBuf { mem, off, len }
-    }
-    fn get_mut(&mut self) -> &mut [u8] {
-        &mut self.mem[self.off..self.off + self.len]
+impl Ent {
+    fn step(&mut self, to: EntState) {
+        debug_assert!(
+            self.state.may_become(to),
+            "entry {}: {:?} -> {:?}",
+            self.id,
+            self.state,
+            to
+        );
+        self.state = to;
     }
 }
 
-// SAFETY: the raw pointers in `iov` point into the same Box (header and
-// payload); the entry moves between threads only as a whole.
+// SAFETY: the raw pointers in `iov` point into the same Box (header) and
+// into the payload slot the entry holds; the entry moves between threads
+// only as a whole.
 unsafe impl Send for Ent {}
 
 /// An entry holding a request, between its completion and its commit.
@@ -84,7 +140,23 @@ impl std::fmt::Debug for KernelSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KernelSlot")
             .field("id", &self.ent.id)
+            .field("state", &self.ent.state)
             .finish()
+    }
+}
+
+impl KernelSlot {
+    /// The entry's state.
+    pub fn state(&self) -> EntState {
+        self.ent.state
+    }
+    /// Moves a fetched entry on (`Serving`, then `Started` or `Parked`);
+    /// the serving thread's own bookkeeping, checked against the lifecycle.
+    pub fn set_state(&mut self, to: EntState) {
+        self.ent.step(to);
+    }
+    fn is_read(&self) -> bool {
+        self.in_header().opcode == fuse_core::abi::Opcode::Read as u32
     }
 }
 
@@ -93,7 +165,14 @@ struct State {
     inflight: HashMap<u64, Box<Ent>>,
     done: VecDeque<Box<Ent>>,
     next: u64,
+    /// The queue's payload slots; entries past its size get their own.
+    arena: Arc<arena::Arena>,
+    next_slot: usize,
     wake_armed: bool,
+    /// The fd a poll on the filesystem's completion eventfd is armed for.
+    async_armed: Option<i32>,
+    /// Set when that poll completed (the eventfd is to be read).
+    async_fired: bool,
     /// The first error a command completed with (teardown: ENOTCONN).
     failed: Option<Errno>,
 }
@@ -105,6 +184,8 @@ struct Shared {
     state: Mutex<State>,
     wake: OwnedFd,
     wake_count: std::cell::UnsafeCell<u64>,
+    /// Set by [`KernelQueue::shutdown`].
+    stop: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: `wake_count` is only the read target of the eventfd drain, done
@@ -170,6 +251,20 @@ impl KernelQueue {
     /// FUSE_OVER_IO_URING); payload buffers of `max_payload` bytes (at
     /// least the connection's max_write and max_pages × 4 KiB).
     pub fn new(dev: &DevFuse, qid: u16, max_payload: usize) -> Result<KernelQueue, KringError> {
+        Self::with_depth(dev, qid, max_payload, 1)
+    }
+
+    /// [`KernelQueue::new`] with room for `depth` entries: their payload
+    /// slots in one mapping (offered to the filesystem as fixed buffers),
+    /// and an SQ ring that takes all their commits and the two polls.
+    pub fn with_depth(
+        dev: &DevFuse,
+        qid: u16,
+        max_payload: usize,
+        depth: usize,
+    ) -> Result<KernelQueue, KringError> {
+        let depth = depth.max(1);
+        let sq = u32::try_from((depth + 2).next_power_of_two().max(64)).unwrap_or(4096);
         // Created on the worker thread that will be its only submitter:
         // completions (the kernel's task work) then run only when that
         // thread waits, instead of interrupting it.
@@ -177,8 +272,9 @@ impl KernelQueue {
             .setup_single_issuer()
             .setup_defer_taskrun()
             .setup_coop_taskrun()
-            .build(64)
+            .build(sq)
             .map_err(KringError::Setup)?;
+        let arena = arena::Arena::new(max_payload, depth, true).map_err(KringError::Setup)?;
         // SAFETY: plain syscall; the result is a new fd or -1.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {
@@ -196,11 +292,16 @@ impl KernelQueue {
                     inflight: HashMap::new(),
                     done: VecDeque::new(),
                     next: 0,
+                    arena,
+                    next_slot: 0,
                     wake_armed: false,
+                    async_armed: None,
+                    async_fired: false,
                     failed: None,
                 }),
                 wake,
                 wake_count: std::cell::UnsafeCell::new(0),
+                stop: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -225,10 +326,11 @@ impl KernelQueue {
                 iov_len: std::mem::size_of::<UringReqHeader>(),
             },
             libc::iovec {
-                iov_base: ent.payload.get_mut().as_mut_ptr().cast(),
-                iov_len: ent.payload.len,
+                iov_base: ent.payload.as_mut_ptr().cast(),
+                iov_len: ent.payload.len(),
             },
         ];
+        ent.step(EntState::Fetching);
         let sqe = opcode::UringCmd80::new(types::Fd(self.shared.dev.raw_fd()), cmd_op)
             .cmd(cmd)
             .addr(Some(ent.iov.as_ptr() as u64))
@@ -238,19 +340,145 @@ impl KernelQueue {
         let id = ent.id;
         let mut st = self.state();
         st.inflight.insert(id, ent);
-        // SAFETY: the SQE points at `iov`, the header and the payload, all
-        // inside the Box now owned by `inflight`, which keeps it (unmoved on
-        // the heap) until this SQE's completion is reaped.
+        // SAFETY: the SQE points at `iov` and the header, inside the Box
+        // now owned by `inflight`, which keeps it (unmoved on the heap) until
+        // this SQE's completion is reaped, and at the payload slot, which the
+        // Box's `Payload` keeps mapped; no READ runs into that slot (the
+        // entry is committed only once its READ's completion was taken).
         let pushed = unsafe { st.ring.submission().push(&sqe) };
         if pushed.is_err() {
             st.ring.submit().map_err(|e| errno_of(&e))?;
             // SAFETY: as above.
-            unsafe { st.ring.submission().push(&sqe) }.map_err(|_| Errno(libc::EBUSY))?;
+            unsafe { st.ring.submission().push(&sqe) }
+                .map_err(|squeue::PushError { .. }| Errno(libc::EBUSY))?;
         }
         // Not submitted here: the worker's next `fetch_any` submits it in
         // the same io_uring_enter that waits for the next request (one
         // syscall per request, as COMMIT_AND_FETCH intends).
         Ok(id)
+    }
+
+    /// Registers one more entry (its REGISTER is queued, submitted with
+    /// the next wait); its payload buffer is the next slot of the queue's
+    /// arena, or a mapping of its own past the queue's depth.
+    pub fn register_entry(&self, payload: usize) -> Result<u64, Errno> {
+        let (id, slot) = {
+            let mut st = self.state();
+            st.next += 1;
+            let want = payload.max(self.shared.max_payload);
+            let slot = if st.next_slot < st.arena.slots() && st.arena.slot_len() >= want {
+                st.next_slot += 1;
+                arena::Payload::new(st.arena.clone(), st.next_slot - 1)
+            } else {
+                let own = arena::Arena::new(want, 1, false).map_err(|e| errno_of(&e))?;
+                arena::Payload::new(own, 0)
+            };
+            (st.next, slot)
+        };
+        let ent = Box::new(Ent {
+            id,
+            state: EntState::New,
+            header: UringReqHeader::default(),
+            payload: slot,
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2],
+        });
+        self.send(ent, uring::CMD_REGISTER, 0)
+    }
+
+    /// Queues the COMMIT_AND_FETCH of a served entry (its reply set with
+    /// [`RingSlot::set_reply`]); submitted with the next wait.
+    pub fn commit_slot(&self, slot: KernelSlot) -> Result<u64, Errno> {
+        let commit_id = slot.ent.header.ring_ent_in_out.commit_id;
+        self.send(slot.ent, uring::CMD_COMMIT_AND_FETCH, commit_id)
+    }
+
+    /// Every entry that holds a request now (they are `Serving` once
+    /// returned), without waiting; and the error a command ended with, if
+    /// one did (ENOTCONN and the like when the connection goes).
+    pub fn take_fetched(&self, out: &mut Vec<KernelSlot>) -> Option<Errno> {
+        let mut st = self.state();
+        self.reap(&mut st);
+        out.extend(st.done.drain(..).map(|mut ent| {
+            ent.step(EntState::Serving);
+            KernelSlot { ent }
+        }));
+        st.failed.map(|e| match e {
+            Errno::ENOTCONN | Errno::ENODEV | Errno::ECONNABORTED => Errno::ENOTCONN,
+            Errno(libc::ECANCELED) => Errno::ENOTCONN,
+            e => e,
+        })
+    }
+
+    /// Submits the queued commits and waits, in one io_uring_enter, until
+    /// something happens: an entry got a request or a command failed, the
+    /// wake eventfd was written, or `async_fd` (the filesystem's completion
+    /// eventfd, polled on this ring) became readable. Returns whether that
+    /// poll fired (then read the eventfd before waiting again, or the
+    /// poll, re-armed, fires at once).
+    pub fn wait(&self, async_fd: Option<i32>) -> Result<bool, Errno> {
+        let mut st = self.state();
+        if !st.done.is_empty() || self.stopping() {
+            return Ok(std::mem::take(&mut st.async_fired));
+        }
+        if !st.wake_armed {
+            push_poll(&mut st, self.shared.wake.as_raw_fd(), WAKE)?;
+            st.wake_armed = true;
+        }
+        if let (Some(fd), None, false) = (async_fd, st.async_armed, st.async_fired) {
+            // The fd is the filesystem's per-thread eventfd, open while
+            // this thread lives (a poll on a closed fd just completes).
+            push_poll(&mut st, fd, ASYNC)?;
+            st.async_armed = Some(fd);
+        }
+        if !st.async_fired {
+            match st.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                // Transient: the queued commits are still in the SQ ring
+                // and go with the next attempt.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
+                    ) =>
+                {
+                    if e.raw_os_error() != Some(libc::EINTR) {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                }
+                Err(e) => return Err(errno_of(&e)),
+            }
+        } else if !st.ring.submission().is_empty() {
+            st.ring.submit().map_err(|e| errno_of(&e))?;
+        }
+        self.reap(&mut st);
+        Ok(std::mem::take(&mut st.async_fired))
+    }
+
+    /// Asks the serving thread to stop (the connection is gone but it may
+    /// hold every entry, so no failed command would tell it).
+    pub fn shutdown(&self) {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.wake_queue();
+    }
+
+    /// Whether [`KernelQueue::shutdown`] was called.
+    pub fn stopping(&self) -> bool {
+        self.shared.stop.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Wakes the serving thread (an answer given on another thread).
+    pub fn wake_queue(&self) {
+        RingTransport::wake(self, self.shared.qid);
+    }
+
+    /// This queue's id.
+    pub fn qid(&self) -> u16 {
+        self.shared.qid
     }
 
     fn reap(&self, st: &mut State) {
@@ -260,6 +488,11 @@ impl KernelQueue {
             .map(|c| (c.user_data(), c.result()))
             .collect();
         for (ud, res) in cqes {
+            if ud == ASYNC {
+                st.async_armed = None;
+                st.async_fired = true;
+                continue;
+            }
             if ud == WAKE {
                 st.wake_armed = false;
                 // SAFETY: reads 8 bytes into the counter, which only the
@@ -277,6 +510,8 @@ impl KernelQueue {
                 continue;
             };
             if res == 0 {
+                let mut ent = ent;
+                ent.step(EntState::Fetched);
                 st.done.push_back(ent);
             } else {
                 // The command ended without a request (teardown: ENOTCONN,
@@ -286,6 +521,24 @@ impl KernelQueue {
             }
         }
     }
+}
+
+/// Queues a one-shot POLLIN poll of `fd` tagged `ud`, making room in the
+/// SQ ring (submitting what is queued) if it is full: a wait without its
+/// polls could sleep through the events they stand for.
+fn push_poll(st: &mut State, fd: i32, ud: u64) -> Result<(), Errno> {
+    let poll: squeue::Entry128 = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+        .build()
+        .user_data(ud)
+        .into();
+    // SAFETY: a poll SQE points at no memory.
+    if unsafe { st.ring.submission().push(&poll) }.is_ok() {
+        return Ok(());
+    }
+    st.ring.submit().map_err(|e| errno_of(&e))?;
+    // SAFETY: as above.
+    unsafe { st.ring.submission().push(&poll) }
+        .map_err(|squeue::PushError { .. }| Errno(libc::EBUSY))
 }
 
 /// Sets `sqe->len` (REGISTER's iovec count), which `UringCmd80` leaves 0.
@@ -307,14 +560,28 @@ impl RingSlot for KernelSlot {
             .unwrap_or_default()
     }
     fn request_payload_len(&self) -> usize {
-        (self.ent.header.ring_ent_in_out.payload_sz as usize).min(self.ent.payload.len)
+        (self.ent.header.ring_ent_in_out.payload_sz as usize).min(self.ent.payload.len())
     }
     fn is_zero_copy(&self) -> bool {
         self.ent.header.ring_ent_in_out.flags & uring::ENT_ZERO_COPY != 0
     }
+    /// A READ's payload buffer is its [`RingSlot::client_mem`]: the data
+    /// is read there by reference, and no slice of it is handed out.
     fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
+        let read = self.is_read();
         let e = &mut *self.ent;
-        (&mut e.header, e.payload.get_mut())
+        if read {
+            return (&mut e.header, &mut []);
+        }
+        // SAFETY: the entry is held by the serving thread (no command of it
+        // in flight, so the kernel does not touch the slot), and it is not
+        // a READ, so no `PayloadMem` of it does I/O (one is made only for
+        // READs); the slice borrows the entry mutably.
+        (&mut e.header, unsafe { e.payload.slice_mut() })
+    }
+    fn client_mem(&self) -> Option<Arc<dyn fuse_core::ClientMem>> {
+        self.is_read()
+            .then(|| Arc::new(self.ent.payload.client_mem()) as Arc<dyn fuse_core::ClientMem>)
     }
     fn set_reply(&mut self, error: i32, len: usize) {
         let unique = self.in_header().unique;
@@ -337,21 +604,7 @@ impl RingTransport for KernelQueue {
         if qid != self.shared.qid {
             return Err(Errno::EINVAL);
         }
-        let id = {
-            let mut st = self.state();
-            st.next += 1;
-            st.next
-        };
-        let ent = Box::new(Ent {
-            id,
-            header: UringReqHeader::default(),
-            payload: PageBuf::new(payload.max(self.shared.max_payload)),
-            iov: [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; 2],
-        });
-        self.send(ent, uring::CMD_REGISTER, 0)
+        self.register_entry(payload)
     }
 
     fn commit(&self, slot: KernelSlot, _fixed: Option<u16>) -> Result<u64, Errno> {
@@ -377,7 +630,8 @@ impl RingTransport for KernelQueue {
                 }
                 return match hit {
                     Some(i) if !ready() => {
-                        let ent = st.done.remove(i).ok_or(Errno::EIO)?;
+                        let mut ent = st.done.remove(i).ok_or(Errno::EIO)?;
+                        ent.step(EntState::Serving);
                         Ok(Some(KernelSlot { ent }))
                     }
                     _ => Ok(None),
@@ -448,15 +702,23 @@ impl Drop for Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::PageBuf;
+    use super::EntState::*;
 
     #[test]
-    fn payload_buffers_start_on_a_page() {
-        for len in [1, 4096, 8192, 1 << 20, (1 << 20) + 4096] {
-            let mut b = PageBuf::new(len);
-            let p = b.get_mut();
-            assert_eq!(p.len(), len);
-            assert_eq!(p.as_ptr() as usize % PageBuf::PAGE, 0, "{len}");
+    fn the_entry_lifecycle_allows_only_its_transitions() {
+        assert!(New.may_become(Fetching));
+        assert!(Fetching.may_become(Fetched));
+        assert!(Fetched.may_become(Serving));
+        for s in [Started, Parked, Fetching] {
+            assert!(Serving.may_become(s));
         }
+        assert!(Started.may_become(Fetching));
+        assert!(Parked.may_become(Fetching));
+        // A fetched entry is never committed unserved, a started READ never
+        // re-served, and nothing skips its command.
+        assert!(!Fetched.may_become(Fetching));
+        assert!(!Started.may_become(Serving));
+        assert!(!New.may_become(Fetched));
+        assert!(!Fetching.may_become(Serving));
     }
 }

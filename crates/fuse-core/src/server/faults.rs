@@ -18,8 +18,18 @@
 //!   `EIO`, or a number);
 //! - `short` runs a READ or WRITE on part of its data (a random length,
 //!   never 0): a short read or write reaches the caller;
+//! - `gather=N` holds a call until N calls are held at once (all rules'
+//!   gathers together), then lets them all go on: N requests in flight at
+//!   once, or a hang for a server that cannot have that many (released
+//!   like a hang);
 //! - `p=P` is the probability (default 1), `after=N` skips the first N
-//!   matching calls.
+//!   matching calls, `times=N` applies the rule at most N times.
+//!
+//! With [`Faulty::with_async_reads`], a READ that the transport offers to
+//! start without waiting ([`Filesystem::read_async`]) gets its fault
+//! without blocking the serving thread: a hung READ holds its answer (and
+//! its request's place in the transport) until interrupted or released, a
+//! gathered one is read at once and answered when its gather is complete.
 //!
 //! The first rule whose operation matches and whose draw succeeds applies.
 //! Draws come from one seeded generator, so a single-threaded run repeats
@@ -37,6 +47,9 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 use thiserror::Error;
 
+mod async_reads;
+mod plan;
+
 /// What a rule does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -48,6 +61,8 @@ pub enum Fault {
     Error(Errno),
     /// READ/WRITE on part of the data only (other operations: no effect).
     Short,
+    /// Held until this many calls are held at once.
+    Gather(u32),
 }
 
 /// One rule of a [`FaultPlan`].
@@ -61,6 +76,8 @@ pub struct Rule {
     pub p: f64,
     /// Matching calls to let through first.
     pub after: u64,
+    /// Most times it applies (None: no limit).
+    pub times: Option<u64>,
 }
 
 /// Why a plan does not parse.
@@ -72,8 +89,17 @@ pub enum PlanError {
     /// A field that is not understood.
     #[error("bad field {0:?} in fault rule")]
     Field(String),
+    /// A count field whose value is not a number.
+    #[error("bad count in field {field:?} of fault rule")]
+    Count {
+        /// The field.
+        field: String,
+        /// Why its value is not a count.
+        #[source]
+        source: std::num::ParseIntError,
+    },
     /// A rule with no fault.
-    #[error("rule {0:?} names no fault (delay=, hang, error=, short)")]
+    #[error("rule {0:?} names no fault (delay=, hang, error=, short, gather=)")]
     NoFault(String),
 }
 
@@ -84,77 +110,6 @@ pub struct FaultPlan {
     pub rules: Vec<Rule>,
     /// Seed of the draws.
     pub seed: u64,
-}
-
-impl FaultPlan {
-    /// Parses comma-separated rules.
-    pub fn parse(spec: &str, seed: u64) -> Result<FaultPlan, PlanError> {
-        let mut rules = Vec::new();
-        for r in spec.split(',').map(str::trim).filter(|r| !r.is_empty()) {
-            let mut parts = r.split(':').map(str::trim);
-            let op = match parts.next().unwrap_or("") {
-                "*" => None,
-                name => Some(opcode_named(name).ok_or_else(|| PlanError::Op(name.into()))?),
-            };
-            let (mut fault, mut p, mut after) = (None, 1.0, 0);
-            for f in parts {
-                let (k, v) = f.split_once('=').unwrap_or((f, ""));
-                let bad = || PlanError::Field(f.into());
-                match k {
-                    "delay" => fault = Some(Fault::Delay(duration(v).ok_or_else(bad)?)),
-                    "hang" => fault = Some(Fault::Hang),
-                    "short" => fault = Some(Fault::Short),
-                    "error" => fault = Some(Fault::Error(errno_named(v).ok_or_else(bad)?)),
-                    "p" => {
-                        p = v
-                            .parse::<f64>()
-                            .ok()
-                            .filter(|p| (0.0..=1.0).contains(p))
-                            .ok_or_else(bad)?
-                    }
-                    "after" => after = v.parse().map_err(|_e| bad())?,
-                    _ => return Err(bad()),
-                }
-            }
-            let fault = fault.ok_or_else(|| PlanError::NoFault(r.into()))?;
-            rules.push(Rule {
-                op,
-                fault,
-                p,
-                after,
-            });
-        }
-        Ok(FaultPlan { rules, seed })
-    }
-}
-
-fn opcode_named(name: &str) -> Option<Opcode> {
-    let want = name.to_ascii_lowercase().replace('_', "");
-    (1..=64u32)
-        .filter_map(Opcode::from_u32)
-        .find(|o| format!("{o:?}").to_ascii_lowercase() == want)
-}
-
-fn errno_named(v: &str) -> Option<Errno> {
-    if let Ok(n) = v.parse::<i32>() {
-        return (n > 0 && n < 4096).then_some(Errno(n));
-    }
-    (1..134)
-        .map(Errno)
-        .find(|e| e.name().eq_ignore_ascii_case(v))
-}
-
-fn duration(v: &str) -> Option<Duration> {
-    let (n, unit) = v
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((v, "ms"), |i| v.split_at(i));
-    let n: u64 = n.parse().ok()?;
-    match unit {
-        "us" => Some(Duration::from_micros(n)),
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        _ => None,
-    }
 }
 
 /// Faults injected so far, by kind.
@@ -170,14 +125,18 @@ pub struct FaultCounts {
     pub errors: AtomicU64,
     /// Short reads and writes.
     pub shorts: AtomicU64,
+    /// Calls held by a gather.
+    pub gathers: AtomicU64,
 }
 
 /// Hung calls (guarded by `Faulty::hung`): uniques interrupted, and
-/// whether every hang is released.
+/// whether every hang is released; hung READs started without waiting,
+/// whose answers are held here.
 #[derive(Debug, Default)]
 struct Hung {
     interrupted: HashSet<u64>,
     released: bool,
+    parked: Vec<(u64, super::ReadDone)>,
 }
 
 /// `inner` with the faults of a plan (see the module docs).
@@ -185,10 +144,16 @@ struct Hung {
 pub struct Faulty<F> {
     inner: F,
     plan: FaultPlan,
-    /// Generator state (splitmix64) and calls seen per rule.
-    draw: Mutex<(u64, Vec<u64>)>,
+    /// Generator state (splitmix64), calls seen per rule and times each
+    /// applied.
+    draw: Mutex<(u64, Vec<u64>, Vec<u64>)>,
     hung: Mutex<Hung>,
     hung_cv: Condvar,
+    /// Calls held by `gather` (see [`async_reads::Gather`]).
+    gather: std::sync::Arc<Mutex<async_reads::Gather>>,
+    gather_cv: Condvar,
+    /// READs offered to start without waiting get their faults so.
+    async_reads: bool,
     counts: FaultCounts,
 }
 
@@ -207,11 +172,23 @@ impl<F: Filesystem> Faulty<F> {
         Faulty {
             inner,
             plan,
-            draw: Mutex::new((seed, vec![0; n])),
+            draw: Mutex::new((seed, vec![0; n], vec![0; n])),
             hung: Mutex::new(Hung::default()),
             hung_cv: Condvar::new(),
+            gather: std::sync::Arc::default(),
+            gather_cv: Condvar::new(),
+            async_reads: false,
             counts: FaultCounts::default(),
         }
+    }
+
+    /// Applies the plan to READs the transport offers to start without
+    /// waiting ([`Filesystem::read_async`]) without blocking its thread
+    /// (see the module docs). Off by default: such READs then go the usual
+    /// way whenever there is a plan.
+    pub fn with_async_reads(mut self, on: bool) -> Self {
+        self.async_reads = on;
+        self
     }
 
     /// The wrapped filesystem.
@@ -226,8 +203,16 @@ impl<F: Filesystem> Faulty<F> {
 
     /// Ends every hang, now and later (they fail with EINTR).
     pub fn release_hangs(&self) {
-        lock(&self.hung).released = true;
+        let parked = {
+            let mut h = lock(&self.hung);
+            h.released = true;
+            std::mem::take(&mut h.parked)
+        };
         self.hung_cv.notify_all();
+        for (_, done) in parked {
+            done.complete(Err(Errno::EINTR));
+        }
+        self.release_gathers();
     }
 
     fn next(state: &mut u64) -> u64 {
@@ -238,32 +223,38 @@ impl<F: Filesystem> Faulty<F> {
         z ^ (z >> 31)
     }
 
+    /// The fault the plan draws for a call of `op`, and a random word.
+    fn draw(&self, op: Opcode) -> Option<(Fault, u64)> {
+        let mut d = lock(&self.draw);
+        let (state, seen, applied) = &mut *d;
+        for (i, r) in self.plan.rules.iter().enumerate() {
+            if r.op.is_some_and(|o| o != op) {
+                continue;
+            }
+            seen[i] += 1;
+            if seen[i] <= r.after || r.times.is_some_and(|t| applied[i] >= t) {
+                continue;
+            }
+            let x = (Self::next(state) >> 11) as f64 / (1u64 << 53) as f64;
+            if x < r.p {
+                applied[i] += 1;
+                return Some((r.fault, Self::next(state)));
+            }
+        }
+        None
+    }
+
     /// Applies the plan to a call of `op` by request `unique`.
     fn decide(&self, op: Opcode, unique: u64) -> Decision {
         if self.plan.rules.is_empty() {
             return Decision::Run;
         }
-        let fault = {
-            let mut d = lock(&self.draw);
-            let (state, seen) = &mut *d;
-            let mut hit = None;
-            for (i, r) in self.plan.rules.iter().enumerate() {
-                if r.op.is_some_and(|o| o != op) {
-                    continue;
-                }
-                seen[i] += 1;
-                if seen[i] <= r.after {
-                    continue;
-                }
-                let x = (Self::next(state) >> 11) as f64 / (1u64 << 53) as f64;
-                if x < r.p {
-                    hit = Some((r.fault, Self::next(state)));
-                    break;
-                }
-            }
-            hit
-        };
+        let fault = self.draw(op);
         match fault {
+            Some((Fault::Gather(n), _)) => {
+                self.gather_wait(n);
+                Decision::Run
+            }
             None => Decision::Run,
             Some((Fault::Delay(d), _)) => {
                 self.counts.delays.fetch_add(1, Ordering::Relaxed);
@@ -484,12 +475,26 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         mem: std::sync::Arc<dyn crate::chan::ClientMem>,
         done: super::ReadDone,
     ) -> Result<(), super::ReadDone> {
-        // With a plan, READs go the usual way, where their faults apply.
-        if !self.plan.rules.is_empty() {
+        if self.plan.rules.is_empty() {
+            return self
+                .inner
+                .read_async(ctx, inode, handle, offset, len, mem, done);
+        }
+        // Without async faults, READs go the usual way, where the plan
+        // applies.
+        if !self.async_reads {
             return Err(done);
         }
-        self.inner
-            .read_async(ctx, inode, handle, offset, len, mem, done)
+        let read = async_reads::Read {
+            ctx,
+            inode,
+            handle,
+            offset,
+            len,
+            mem,
+        };
+        self.read_started(read, done);
+        Ok(())
     }
     fn submit_async(&self) {
         self.inner.submit_async()
@@ -686,6 +691,15 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
     fn interrupt(&self, unique: u64) {
         if self.plan.rules.iter().any(|r| r.fault == Fault::Hang) {
             let mut h = lock(&self.hung);
+            if let Some(i) = h.parked.iter().position(|(u, _)| *u == unique) {
+                let (_, done) = h.parked.swap_remove(i);
+                drop(h);
+                self.counts
+                    .hangs_interrupted
+                    .fetch_add(1, Ordering::Relaxed);
+                done.complete(Err(Errno::EINTR));
+                return self.inner.interrupt(unique);
+            }
             // Interrupts of calls that never hung would pile up: keep a
             // bounded set (a hang checks it as soon as it starts).
             if h.interrupted.len() >= 4096 {

@@ -1,0 +1,423 @@
+//! `fusebox mount --io-uring` keeps many requests in flight per queue
+//! thread: READs start on the thread's io_uring and the thread goes on
+//! serving. Callers are pinned to CPU 0, so their requests all land on the
+//! kernel ring's queue 0 and its one serving thread.
+
+mod common;
+
+use common::*;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+fn pin_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it and
+    // sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// `fusebox mount --io-uring` with `extra`, its stderr in `log`, and the
+/// per-queue statistics printed at its end.
+fn start_ring(d: &Dirs, log: &Path, extra: &[&str]) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .env("FUSEBOX_RING_STATS", "1")
+        .arg("mount")
+        .arg("--io-uring")
+        .args(extra)
+        .arg("--shared-dir")
+        .arg(d.share())
+        .arg(d.mnt())
+        .stdout(Stdio::null())
+        .stderr(File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    wait("mounted", || mounted(&d.mnt()));
+    child
+}
+
+/// The "at most N in flight" of queue `qid` in the daemon's log.
+fn max_in_flight(log: &Path, qid: u16) -> Option<usize> {
+    let text = std::fs::read_to_string(log).unwrap();
+    let prefix = format!("fusebox: ring queue {qid}: ");
+    let line = text.lines().find(|l| l.starts_with(&prefix))?;
+    line.split("at most ")
+        .nth(1)?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn started(log: &Path, qid: u16) -> Option<u64> {
+    let text = std::fs::read_to_string(log).unwrap();
+    let prefix = format!("fusebox: ring queue {qid}: ");
+    let line = text.lines().find(|l| l.starts_with(&prefix))?;
+    line.split(", ").nth(1)?.split(' ').next()?.parse().ok()
+}
+
+/// Ends the daemon (SIGTERM, the lazy unmount) and checks it exits
+/// cleanly; its log is then complete.
+fn stop(child: Child) {
+    signal(&child, libc::SIGTERM);
+    exits_cleanly(child);
+}
+
+#[test]
+fn sixteen_reads_are_in_flight_at_once_on_one_queue_thread() {
+    let d = Dirs::new("ring-depth16");
+    let data = pattern(16 * 65536, 7);
+    std::fs::write(d.share().join("f"), &data).unwrap();
+    let log = d.share().with_file_name("log");
+    // Every READ is held until 16 are held at once: a queue thread that
+    // served one READ at a time would never get there (the callers'
+    // reads would hang until the abort below).
+    let child = start_ring(
+        &d,
+        &log,
+        &["--cache", "never", "--inject-faults", "read:gather=16"],
+    );
+    let conn = fusectl_connection(&d.mnt());
+    let f = Arc::new(File::open(d.mnt().join("f")).unwrap());
+    let go = Arc::new(Barrier::new(16));
+    let readers: Vec<_> = (0..16usize)
+        .map(|i| {
+            let (f, go) = (f.clone(), go.clone());
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                go.wait();
+                let mut buf = vec![0u8; 4096];
+                let n = f.read_at(&mut buf, (i * 65536) as u64);
+                (i, n.map(|n| buf[..n].to_vec()))
+            })
+        })
+        .collect();
+    let t = Instant::now();
+    while !readers.iter().all(|r| r.is_finished()) {
+        if t.elapsed() > Duration::from_secs(10) {
+            // Free the callers before failing: abort the connection.
+            let _ = std::fs::write(conn.join("abort"), "1");
+            for r in readers {
+                let _ = r.join();
+            }
+            panic!("16 READs were never in flight at once");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for r in readers {
+        let (i, got) = r.join().unwrap();
+        let got = got.unwrap();
+        assert_eq!(got, data[i * 65536..i * 65536 + 4096], "read {i}");
+    }
+    drop(f);
+    stop(child);
+    let most = max_in_flight(&log, 0).expect("queue 0's statistics");
+    assert!(most >= 16, "at most {most} READs in flight on queue 0");
+}
+
+#[test]
+fn reads_at_depth_match_the_host_file_at_random_offsets() {
+    let d = Dirs::new("ring-integrity");
+    let len = 8 << 20;
+    let data = Arc::new(pattern(len, 11));
+    let host = d.share().join("f");
+    std::fs::write(&host, &*data).unwrap();
+    let log = d.share().with_file_name("log");
+    let child = start_ring(&d, &log, &["--cache", "never"]);
+    // Out of the host's page cache, so that reads wait for the disk and
+    // run on the serving thread's io_uring.
+    let hf = File::open(&host).unwrap();
+    hf.sync_all().unwrap();
+    // SAFETY: an advice call on an fd we own.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&hf),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    let f = Arc::new(File::open(d.mnt().join("f")).unwrap());
+    let go = Arc::new(Barrier::new(16));
+    let readers: Vec<_> = (0..16u64)
+        .map(|t| {
+            let (f, go, data) = (f.clone(), go.clone(), data.clone());
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                go.wait();
+                let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(t + 1);
+                let mut next = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                for _ in 0..200 {
+                    // Sizes up to 256 KiB, offsets anywhere (some past the
+                    // end: short reads).
+                    let size = 1 + (next() % (256 << 10)) as usize;
+                    let off = next() % (len as u64 + 4096);
+                    let mut buf = vec![0u8; size];
+                    let n = f.read_at(&mut buf, off).unwrap();
+                    let start = (off as usize).min(len);
+                    let want = &data[start..(start + size).min(len)];
+                    assert_eq!(n, want.len(), "size at {off}+{size}");
+                    assert!(buf[..n] == *want, "data at {off}+{size}");
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    drop(f);
+    stop(child);
+    let s = started(&log, 0).expect("queue 0's statistics");
+    assert!(s > 0, "no READ was started without waiting");
+}
+
+/// A no-op handler, so that a signal interrupts a system call (no
+/// SA_RESTART) without killing the process.
+fn catch_sigusr1() {
+    extern "C" fn nothing(_: i32) {}
+    // SAFETY: a zeroed sigaction with a handler that does nothing.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = nothing as *const () as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+#[test]
+fn a_hung_read_does_not_stall_the_other_requests_of_its_queue() {
+    catch_sigusr1();
+    let d = Dirs::new("ring-hang");
+    std::fs::write(d.share().join("slow"), pattern(65536, 3)).unwrap();
+    let fast = pattern(65536, 5);
+    std::fs::write(d.share().join("fast"), &fast).unwrap();
+    let log = d.share().with_file_name("log");
+    // The first READ hangs until interrupted; the rest are served.
+    let child = start_ring(
+        &d,
+        &log,
+        &["--cache", "never", "--inject-faults", "read:hang:times=1"],
+    );
+    let slow = File::open(d.mnt().join("slow")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hung = std::thread::spawn(move || {
+        pin_to_cpu0();
+        // SAFETY: pthread_self has no preconditions.
+        tx.send(unsafe { libc::pthread_self() }).unwrap();
+        let mut buf = [0u8; 4096];
+        slow.read_at(&mut buf, 0)
+    });
+    let tid = rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!hung.is_finished(), "the first READ should hang");
+    // Everything else on the same queue is served meanwhile.
+    pin_to_cpu0();
+    let t = Instant::now();
+    let f = File::open(d.mnt().join("fast")).unwrap();
+    for i in 0..50u64 {
+        let mut buf = [0u8; 1000];
+        let off = (i * 1237) % 60000;
+        assert_eq!(f.read_at(&mut buf, off).unwrap(), 1000);
+        assert_eq!(buf[..], fast[off as usize..off as usize + 1000]);
+        assert_eq!(
+            std::fs::metadata(d.mnt().join("fast")).unwrap().len(),
+            65536
+        );
+    }
+    std::fs::write(d.mnt().join("new"), b"x").unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(!hung.is_finished());
+    // A signal makes the kernel send FUSE_INTERRUPT: the hung READ ends
+    // with EINTR, as on every other path.
+    // SAFETY: signals a thread of ours that is still running.
+    unsafe { libc::pthread_kill(tid, libc::SIGUSR1) };
+    let t = Instant::now();
+    while !hung.is_finished() {
+        assert!(t.elapsed() < Duration::from_secs(5), "not interrupted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let err = hung.join().unwrap().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINTR), "{err:?}");
+    drop(f);
+    stop(child);
+}
+
+#[test]
+fn an_abort_with_every_entry_holding_a_hung_read_ends_cleanly() {
+    let d = Dirs::new("ring-abort");
+    std::fs::write(d.share().join("f"), pattern(65536, 9)).unwrap();
+    let log = d.share().with_file_name("log");
+    let child = start_ring(
+        &d,
+        &log,
+        &[
+            "--cache",
+            "never",
+            "--ring-depth",
+            "4",
+            "--inject-faults",
+            "read:hang",
+        ],
+    );
+    // Before the READs hang: looking it up asks the mount for attributes,
+    // which could land on the blocked queue.
+    let conn = fusectl_connection(&d.mnt());
+    let f = Arc::new(File::open(d.mnt().join("f")).unwrap());
+    // More hung READs than queue 0 has entries: the queue holds no command
+    // the kernel could end, so only the daemon can tell its thread.
+    let readers: Vec<_> = (0..6u64)
+        .map(|i| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                let mut buf = [0u8; 512];
+                f.read_at(&mut buf, i * 4096)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(readers.iter().all(|r| !r.is_finished()));
+    std::fs::write(conn.join("abort"), "1").unwrap();
+    for r in readers {
+        let err = r.join().unwrap().unwrap_err();
+        assert!(
+            matches!(
+                err.raw_os_error(),
+                Some(libc::ECONNABORTED | libc::ENOTCONN)
+            ),
+            "{err:?}"
+        );
+    }
+    drop(f);
+    let t = Instant::now();
+    exits_cleanly_within(child, Duration::from_secs(10));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("still blocked"), "{text}");
+}
+
+/// A 4 KiB-aligned buffer (O_DIRECT).
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, len }
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: our own allocation of `len` bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+#[test]
+fn one_io_uring_caller_at_depth_16_gets_16_reads_in_flight() {
+    // O_DIRECT reads submitted without waiting reach the daemon at once
+    // (FUSE_ASYNC_DIO, max_background raised for the ring's entries):
+    // without that the kernel would serve them one by one and the gather
+    // of 16 would never complete.
+    let d = Dirs::new("ring-uring-client");
+    let data = pattern(16 * 65536, 13);
+    std::fs::write(d.share().join("f"), &data).unwrap();
+    let log = d.share().with_file_name("log");
+    let child = start_ring(&d, &log, &["--inject-faults", "read:gather=16"]);
+    let conn = fusectl_connection(&d.mnt());
+    let t = std::thread::spawn({
+        let path = d.mnt().join("f");
+        move || {
+            pin_to_cpu0();
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .unwrap();
+            let bufs: Vec<Aligned> = (0..16).map(|_| Aligned::new(4096)).collect();
+            let mut ring = io_uring::IoUring::new(32).unwrap();
+            for (i, b) in bufs.iter().enumerate() {
+                let sqe = io_uring::opcode::Read::new(
+                    io_uring::types::Fd(std::os::fd::AsRawFd::as_raw_fd(&f)),
+                    b.ptr,
+                    4096,
+                )
+                .offset((i * 65536) as u64)
+                .build()
+                .user_data(i as u64);
+                // SAFETY: the buffers outlive the ring's use of them (we
+                // wait for every completion below before dropping them).
+                unsafe { ring.submission().push(&sqe).unwrap() };
+            }
+            ring.submit_and_wait(16).unwrap();
+            let mut got: Vec<(u64, i32)> = ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            got.sort();
+            (
+                got,
+                bufs.iter()
+                    .map(|b| b.as_slice().to_vec())
+                    .collect::<Vec<_>>(),
+            )
+        }
+    });
+    let started = Instant::now();
+    while !t.is_finished() {
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = std::fs::write(conn.join("abort"), "1");
+            let _ = t.join();
+            panic!("16 READs of one io_uring caller were never in flight at once");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (got, bufs) = t.join().unwrap();
+    assert_eq!(got.len(), 16);
+    for (i, (ud, res)) in got.into_iter().enumerate() {
+        assert_eq!((ud, res), (i as u64, 4096));
+        assert_eq!(bufs[i], data[i * 65536..i * 65536 + 4096], "read {i}");
+    }
+    stop(child);
+    let most = (0..2).filter_map(|q| max_in_flight(&log, q)).max();
+    assert!(
+        most >= Some(16),
+        "at most {most:?} READs in flight on a queue"
+    );
+}

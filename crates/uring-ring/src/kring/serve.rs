@@ -1,0 +1,252 @@
+//! Serving one queue of the kernel's FUSE ring with many requests in
+//! flight on one thread.
+//!
+//! The thread registers `depth` entries. Whatever they fetched is served
+//! in one pass: a READ the filesystem can start without waiting
+//! ([`Filesystem::read_async`], the passthrough's per-thread io_uring) is
+//! started straight into the entry's payload buffer and left running, so
+//! the thread goes on to the next fetched request; everything else is
+//! served in line and its COMMIT_AND_FETCH queued. Then the started I/O is
+//! submitted (one system call for the pass), finished READs are taken and
+//! their entries' commits queued, and the thread waits: the queued commits
+//! go to the kernel in the same io_uring_enter that waits for what comes
+//! next. A started READ's COMMIT_AND_FETCH is issued when its I/O
+//! completes, in any order with the others (the kernel's entries are
+//! independent).
+//!
+//! One wait point: the filesystem's completion eventfd is polled
+//! (IORING_OP_POLL_ADD) on the queue's own ring, beside its FUSE commands
+//! and the eventfd [`KernelQueue::wake_queue`] writes. That ring is the thread's
+//! (SINGLE_ISSUER, DEFER_TASKRUN): the one `io_uring_enter` that submits
+//! the pass's commits also waits for new requests, READ completions and
+//! answers given on other threads, with no epoll set and no extra system
+//! call to wait on a second ring. (The READs themselves run on the
+//! filesystem's own per-thread io_uring, which this crate's passthrough
+//! owns and registers its fixed buffers with; sharing one ring for both
+//! would tie the passthrough to this transport.)
+//!
+//! Requests still go through the same dispatcher as every other transport
+//! (the kernel did admission and times requests out; FUSE_INTERRUPT
+//! arrives on /dev/fuse and cancels a started READ by its unique through
+//! the filesystem). A request that waits (SETLKW) is parked on its entry
+//! and another entry is registered in its place, as `run_ring_worker`
+//! does. WRITE, FSYNC and the rest are served in line (see docs/DESIGN.md).
+//!
+//! A READ that hangs holds only its own entry: the others keep serving.
+//! When the connection goes, the thread ends without waiting for such a
+//! READ: its entry is dropped but the payload slot it reads into stays
+//! mapped until the READ's completion is taken (see `kring::arena`).
+
+use super::{EntState, KernelQueue, KernelSlot};
+use fuse_core::server::RingSlot;
+use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, FsResult, ReadDone, Served};
+use fuse_core::Errno;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Entries per queue when nothing else is said: fio at iodepth=16 on one
+/// CPU keeps 16 requests in flight on that CPU's queue.
+pub const DEFAULT_DEPTH: usize = 16;
+
+/// Most entries a queue registers beyond its depth for parked requests.
+const MAX_PARKED: usize = 64;
+
+/// Answers by unique (completed READs, parked requests answered), pushed
+/// from whichever thread answers them.
+type Answers<T> = Arc<Mutex<Vec<(u64, T)>>>;
+
+/// What a queue served (for the daemon's log).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct QueueStats {
+    /// Requests served.
+    pub served: u64,
+    /// READs the filesystem took to start without waiting (those the
+    /// page cache held were answered at once, in the same pass).
+    pub started: u64,
+    /// The most started READs unanswered at once (the one just started
+    /// included).
+    pub max_in_flight: usize,
+}
+
+/// Serves queue `q` with `disp` until the connection goes (or
+/// [`KernelQueue::shutdown`]), keeping up to `depth` requests in flight.
+/// A clean end (ENOTCONN) is Ok.
+pub fn serve_queue<F: Filesystem>(
+    q: &KernelQueue,
+    disp: &Dispatcher<F>,
+    depth: usize,
+) -> Result<QueueStats, Errno> {
+    let mut s = Server::new(q, disp);
+    match s.run(depth.max(1)) {
+        Err(Errno::ENOTCONN) => Ok(s.stats),
+        Err(e) => Err(e),
+        Ok(()) => Ok(s.stats),
+    }
+}
+
+/// One serving thread's entries that hold requests, by unique: this
+/// thread alone touches them (no lock).
+struct Server<'a, F: Filesystem> {
+    q: &'a KernelQueue,
+    disp: &'a Dispatcher<F>,
+    /// READs whose host I/O runs (`Started` entries).
+    started: HashMap<u64, KernelSlot>,
+    /// Requests waiting for something outside the server (`Parked`).
+    parked: HashMap<u64, KernelSlot>,
+    /// Completed READs (guarded by their own mutex; pushed by the
+    /// filesystem's completions, on this thread or another).
+    reads: Answers<FsResult<usize>>,
+    /// Answered parked requests (errno, as [`Deferred`] gives it).
+    answered: Answers<i32>,
+    /// Entries registered beyond the depth, for parked requests.
+    extra: usize,
+    scratch: Vec<u8>,
+    stats: QueueStats,
+}
+
+impl<'a, F: Filesystem> Server<'a, F> {
+    fn new(q: &'a KernelQueue, disp: &'a Dispatcher<F>) -> Self {
+        Server {
+            q,
+            disp,
+            started: HashMap::new(),
+            parked: HashMap::new(),
+            reads: Arc::new(Mutex::new(Vec::new())),
+            answered: Arc::new(Mutex::new(Vec::new())),
+            extra: 0,
+            scratch: vec![0u8; 64 * 1024],
+            stats: QueueStats::default(),
+        }
+    }
+
+    fn run(&mut self, depth: usize) -> Result<(), Errno> {
+        for _ in 0..depth {
+            self.q.register_entry(0)?;
+        }
+        let mut fetched = Vec::new();
+        loop {
+            let failed = self.q.take_fetched(&mut fetched);
+            for slot in fetched.drain(..) {
+                self.serve(slot)?;
+            }
+            self.disp.fs().submit_async();
+            self.finish()?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if self.q.stopping() {
+                return Err(Errno::ENOTCONN);
+            }
+            if self.q.wait(self.disp.fs().async_fd())? {
+                if let Some(fd) = self.disp.fs().async_fd() {
+                    let mut v = 0u64;
+                    // SAFETY: reads 8 bytes into a local u64 from the
+                    // filesystem's non-blocking eventfd: that resets it.
+                    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+                }
+            }
+        }
+    }
+
+    /// Serves one fetched request: starts it, parks it, or answers it and
+    /// queues its commit.
+    fn serve(&mut self, mut slot: KernelSlot) -> Result<(), Errno> {
+        self.stats.served += 1;
+        let unique = slot.in_header().unique;
+        let me = std::thread::current().id();
+        let make = |unique: u64| {
+            let (reads, q) = (self.reads.clone(), self.q.clone());
+            ReadDone::new(move |r| {
+                lock(&reads).push((unique, r));
+                // Answered by this thread's own pass (its completions, a
+                // page-cache hit): seen before it waits. Else wake it.
+                if std::thread::current().id() != me {
+                    q.wake_queue();
+                }
+            })
+        };
+        let defer = |unique: u64| {
+            let (answered, q) = (self.answered.clone(), self.q.clone());
+            Deferred::new(move |error| {
+                lock(&answered).push((unique, error));
+                q.wake_queue();
+            })
+        };
+        match serve_slot(
+            self.disp,
+            &mut slot,
+            &mut self.scratch,
+            Some(&defer),
+            Some(&make),
+        ) {
+            Served::Started => {
+                self.stats.started += 1;
+                self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len() + 1);
+                slot.set_state(EntState::Started);
+                // Answered before read_async returned (the page cache held
+                // it): its commit goes with this pass.
+                if let Some(r) = take(&self.reads, unique) {
+                    set_result(&mut slot, r);
+                    self.q.commit_slot(slot)?;
+                } else {
+                    self.started.insert(unique, slot);
+                }
+            }
+            Served::Parked => {
+                slot.set_state(EntState::Parked);
+                self.parked.insert(unique, slot);
+                // The parked request keeps its entry: another one takes its
+                // place, so the queue keeps its depth.
+                if self.extra < MAX_PARKED {
+                    self.extra += 1;
+                    self.q.register_entry(0)?;
+                }
+            }
+            Served::Answered => {
+                self.q.commit_slot(slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the filesystem's completions and queues the commits of every
+    /// READ and parked request answered since the last pass.
+    fn finish(&mut self) -> Result<(), Errno> {
+        if !self.started.is_empty() {
+            self.disp.fs().complete_async();
+        }
+        let reads = std::mem::take(&mut *lock(&self.reads));
+        for (unique, r) in reads {
+            if let Some(mut slot) = self.started.remove(&unique) {
+                set_result(&mut slot, r);
+                self.q.commit_slot(slot)?;
+            }
+        }
+        let answered = std::mem::take(&mut *lock(&self.answered));
+        for (unique, error) in answered {
+            if let Some(mut slot) = self.parked.remove(&unique) {
+                slot.set_reply(error, 0);
+                self.q.commit_slot(slot)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The answer of `unique` if it is already in.
+fn take<T>(list: &Answers<T>, unique: u64) -> Option<T> {
+    let mut l = lock(list);
+    let i = l.iter().rposition(|(u, _)| *u == unique)?;
+    Some(l.swap_remove(i).1)
+}
+
+fn set_result(slot: &mut KernelSlot, r: FsResult<usize>) {
+    match r {
+        Ok(bytes) => slot.set_reply(0, bytes),
+        Err(e) => slot.set_reply(e.to_wire(), 0),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
