@@ -216,7 +216,10 @@ fn start_ring(
     // holds every request until each queue has an entry, so nothing here
     // may touch the mount before the ring workers are up.
     let t = std::time::Instant::now();
-    while !disp.init_done() {
+    // INIT answered, and its reply written (so processed by the kernel: a
+    // REGISTER before that is refused with EAGAIN, and with many entries
+    // registered at once some could be refused and others not).
+    while !disp.init_done() || dev.replies_written() == 0 {
         if t.elapsed() > std::time::Duration::from_secs(30) {
             let _ = dev.abort();
             return Err(HostError::NoRing);
@@ -232,8 +235,9 @@ fn start_ring(
         let (dev, d, queues) = (dev.clone(), disp.clone(), queues.clone());
         out.push(std::thread::spawn(move || {
             kring::pin_to_cpu(usize::from(qid));
-            // A REGISTER may race the kernel's processing of the INIT reply
-            // (EAGAIN, before this queue ever served): retry for a while.
+            // INIT's reply was processed before this thread started, so a
+            // REGISTER should not meet EAGAIN; should one all the same
+            // (before this queue ever served), retry for a while.
             for _ in 0..2000 {
                 let q = match KernelQueue::with_depth(&dev, qid, max_payload, depth) {
                     Ok(q) => q,

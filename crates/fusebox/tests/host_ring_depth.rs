@@ -421,3 +421,61 @@ fn one_io_uring_caller_at_depth_16_gets_16_reads_in_flight() {
         "at most {most:?} READs in flight on a queue"
     );
 }
+
+/// More lock waits than a queue has entries: each waiting SETLKW keeps
+/// its entry and another is registered in its place, however many wait,
+/// so the holder's unlock still finds an entry and ends them all. (A cap
+/// of 64 replacements once left every entry holding a wait and the unlock
+/// with nowhere to go.) The waiters are processes of their own (POSIX
+/// locks are per process) pinned to CPU 0, so their requests land on
+/// queue 0: a small Python program forks them.
+#[test]
+fn more_lock_waits_than_entries_do_not_stall_the_unlock() {
+    let d = Dirs::new("ring-lockwaits");
+    std::fs::write(d.share().join("lk"), b"x").unwrap();
+    let log = d.share().with_file_name("log");
+    let child = start_ring(&d, &log, &["--ring-depth", "1"]);
+    let conn = fusectl_connection(&d.mnt());
+    const PROGRAM: &str = r#"
+import fcntl, os, sys, time
+os.sched_setaffinity(0, {0})
+path, n = sys.argv[1], int(sys.argv[2])
+h = open(path, "r+")
+fcntl.lockf(h, fcntl.LOCK_EX)
+kids = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        f = open(path, "r+")
+        fcntl.lockf(f, fcntl.LOCK_EX)
+        fcntl.lockf(f, fcntl.LOCK_UN)
+        os._exit(0)
+    kids.append(pid)
+time.sleep(2)
+fcntl.lockf(h, fcntl.LOCK_UN)
+bad = sum(os.waitpid(k, 0)[1] != 0 for k in kids)
+sys.exit(1 if bad else 0)
+"#;
+    let mut waiters = Command::new("python3")
+        .arg("-c")
+        .arg(PROGRAM)
+        .arg(d.mnt().join("lk"))
+        .arg("80")
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = waiters.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            // Free them before failing.
+            let _ = std::fs::write(conn.join("abort"), "1");
+            let _ = waiters.wait();
+            panic!("80 lock waits on a queue of one entry still parked after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    stop(child);
+}

@@ -37,6 +37,9 @@ pub struct DevFuse {
     /// this connection and no other for as long as it lives.
     dev: Option<(u32, u32)>,
     conn: Option<u32>,
+    /// Replies written so far (shared by the clones): the first is INIT's,
+    /// and once its write has returned the kernel has processed it.
+    replies: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Options of a host mount.
@@ -126,6 +129,7 @@ impl DevFuse {
             fd: Arc::new(fd),
             dev,
             conn: dev.and_then(|(major, minor)| kernel_dev(major, minor)),
+            replies: Arc::default(),
         })
     }
 
@@ -208,7 +212,17 @@ impl DevFuse {
             fd: Arc::new(fd),
             dev: None,
             conn: None,
+            replies: Arc::default(),
         }
+    }
+
+    /// How many replies were written to the device so far. The kernel
+    /// processes a reply inside the write that carries it, so once INIT's
+    /// (the connection's first) is counted, the connection is initialized
+    /// as far as the kernel is concerned: FUSE-over-io_uring REGISTERs made
+    /// after that are not refused with EAGAIN.
+    pub fn replies_written(&self) -> u64 {
+        self.replies.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The fd.
@@ -368,6 +382,8 @@ impl DeviceEnd for DevFuse {
         if n < 0 {
             return Err(last_errno());
         }
+        self.replies
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 

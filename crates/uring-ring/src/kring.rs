@@ -274,7 +274,12 @@ impl KernelQueue {
             .setup_coop_taskrun()
             .build(sq)
             .map_err(KringError::Setup)?;
-        let arena = arena::Arena::new(max_payload, depth, true).map_err(KringError::Setup)?;
+        // Not offered as io_uring fixed buffers: registering pins the whole
+        // arena (depth x max_payload, 16 MiB per queue at the defaults, and
+        // a queue per possible CPU) where plain READV into it touches only
+        // the pages a READ fills; fixed buffers measured 0.85-1.07x of plain
+        // ones (docs/BENCHMARKS.md, uring-ring driver).
+        let arena = arena::Arena::new(max_payload, depth, false).map_err(KringError::Setup)?;
         // SAFETY: plain syscall; the result is a new fd or -1.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {

@@ -47,7 +47,8 @@ impl Arena {
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
         // SAFETY: a fresh private anonymous mapping; no memory of ours is
         // passed in. Pages are only backed once touched (a 4 KiB READ
-        // touches one page of its 1 MiB slot).
+        // touches one page of its 1 MiB slot), unless the map is offered
+        // and registered as fixed buffers, which pins all of it.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

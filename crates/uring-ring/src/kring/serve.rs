@@ -33,9 +33,12 @@
 //! does. WRITE, FSYNC and the rest are served in line (see docs/DESIGN.md).
 //!
 //! A READ that hangs holds only its own entry: the others keep serving.
-//! When the connection goes, the thread ends without waiting for such a
-//! READ: its entry is dropped but the payload slot it reads into stays
-//! mapped until the READ's completion is taken (see `kring::arena`).
+//! When the connection goes, the thread's entries are dropped, but the
+//! payload slot a READ still reads into stays mapped until its completion
+//! is taken (see `kring::arena`); the thread itself ends only once the
+//! passthrough's per-thread ring has cancelled and drained its I/O, so a
+//! READ stuck in the host (a hard NFS mount) holds the thread until the
+//! daemon's grace period at exit.
 
 use super::{EntState, KernelQueue, KernelSlot};
 use fuse_core::server::RingSlot;
@@ -47,9 +50,6 @@ use std::sync::{Arc, Mutex};
 /// Entries per queue when nothing else is said: fio at iodepth=16 on one
 /// CPU keeps 16 requests in flight on that CPU's queue.
 pub const DEFAULT_DEPTH: usize = 16;
-
-/// Most entries a queue registers beyond its depth for parked requests.
-const MAX_PARKED: usize = 64;
 
 /// Answers by unique (completed READs, parked requests answered), pushed
 /// from whichever thread answers them.
@@ -98,7 +98,11 @@ struct Server<'a, F: Filesystem> {
     reads: Answers<FsResult<usize>>,
     /// Answered parked requests (errno, as [`Deferred`] gives it).
     answered: Answers<i32>,
-    /// Entries registered beyond the depth, for parked requests.
+    /// Entries registered beyond the depth, for parked requests: as many
+    /// as were ever parked at once, so `depth` entries always stay free for
+    /// new requests (the unlock that ends the waits among them). No cap: a
+    /// cap left a queue with every entry holding a lock wait, and the
+    /// holder's unlock with nowhere to go.
     extra: usize,
     scratch: Vec<u8>,
     stats: QueueStats,
@@ -196,8 +200,9 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 slot.set_state(EntState::Parked);
                 self.parked.insert(unique, slot);
                 // The parked request keeps its entry: another one takes its
-                // place, so the queue keeps its depth.
-                if self.extra < MAX_PARKED {
+                // place (unless one freed by an earlier wait's end already
+                // has), so the queue keeps its depth.
+                if self.parked.len() > self.extra {
                     self.extra += 1;
                     self.q.register_entry(0)?;
                 }
