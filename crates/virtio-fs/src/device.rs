@@ -26,7 +26,7 @@ use crate::stats::DeviceStats;
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
 };
-use fuse_core::chan::{Args, EndFn, Errno, ReqResult};
+use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::{Filesystem, ServerConfig};
 use fuse_core::Sent;
@@ -652,7 +652,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         s.prefer(true);
         let stalled = self.submit_requests(vring, q, Some((s, k)));
         s.prefer(false);
-        self.serve_inline(s, q, usize::MAX, None);
+        self.serve_inline(s, q, usize::MAX);
         self.complete_inline(s, q);
         stalled
     }
@@ -669,7 +669,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let _batch = Batch::begin();
             s.complete(disp)
         } > 0
-            && self.serve_inline(s, q, usize::MAX, None) > 0
+            && self.serve_inline(s, q, usize::MAX) > 0
         {}
         if s.fd_registered.is_none() {
             if let Some(fd) = disp.fs().async_fd() {
@@ -704,16 +704,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
     /// Serves up to `budget` requests on this thread's entries, marking the
     /// queue busy for the watchdog meanwhile.
-    fn serve_inline(
-        &self,
-        s: &mut QueueServer,
-        q: usize,
-        budget: usize,
-        until: Option<Instant>,
-    ) -> usize {
+    fn serve_inline(&self, s: &mut QueueServer, q: usize, budget: usize) -> usize {
         let now = self.inner.epoch.elapsed().as_millis() as u64;
         self.inner.busy_since[q - 1].store(now.max(1), Ordering::SeqCst);
-        let n = s.serve(self.inner.engine.dispatcher(), budget, until);
+        let n = s.serve(self.inner.engine.dispatcher(), budget);
         self.inner.busy_since[q - 1].store(0, Ordering::SeqCst);
         self.inner.stats.queues[q]
             .inline
@@ -722,33 +716,20 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Pops and submits (see [`FsDevice::drain_requests`]); with `inline`,
-    /// serves what it submitted on this thread until `k` were.
-    ///
-    /// Chains go in chunks of `submit_batch`: one chunk is popped under one
-    /// hold of the queue's pop lock and one look at the memory table and
-    /// generation, goes to the engine with one admission
-    /// (`try_send_background_batch`), and is served in line as a chunk
-    /// whose answers signal the guest once (sooner when serving them took
-    /// longer than [`CHUNK_TIME`]). A chain the engine refuses for
-    /// admission goes back to the avail ring with every chain popped after
-    /// it, in order, and the queue stalls until a slot frees.
+    /// serves each submitted request on this thread until `k` were.
     fn submit_requests(
         &self,
         vring: &Vring,
         q: usize,
         mut inline: Option<(&mut QueueServer, usize)>,
     ) -> bool {
-        let chunk = self.inner.cfg.submit_batch.max(1);
         let mut served = 0;
+        // Answers given in line signal the guest once per chunk.
+        let (mut batch, mut in_batch): (Option<Batch>, usize) = (None, 0);
+        let mut chunk_start = std::time::Instant::now();
         let qs = &self.inner.stats.queues[q];
-        let heads = &self.inner.heads[q];
-        let chan = self.inner.engine.chan();
-        let timeouts = !self.inner.cfg.request_timeout.is_zero();
-        let mut batch: Vec<(Args, EndFn)> = Vec::with_capacity(chunk.min(64));
-        let mut tickets: Vec<Arc<Ticket>> = Vec::with_capacity(chunk.min(64));
-        let mut sent: Vec<Result<u64, Errno>> = Vec::with_capacity(chunk.min(64));
         loop {
-            // Each chunk: serving in line may have taken long, and the
+            // Each round: serving in line may have taken long, and the
             // memory table may have changed meanwhile.
             let Some(mem) = self.memory() else {
                 return false;
@@ -757,174 +738,123 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 return true;
             }
             let pop_guard = lock(&self.inner.pop_lock[q - 1]);
-            // Before the pops: a ring stopped after them leaves these
-            // chains with the old generation, so their answers never reach
-            // the new ring.
+            // Before the pop: a ring stopped after it leaves this chain
+            // with the old generation, so its answer never reaches the
+            // new ring.
             let gen = *self.inner.gens[q].read().unwrap_or_else(|e| e.into_inner());
-            let mut empty = false;
-            while tickets.len() < chunk {
-                let Some(popped) = self.pop(vring, &mem) else {
-                    empty = true;
-                    break;
-                };
-                // A chain that does not join the chunk (malformed, a lock
-                // call) is handled only while the chunk is empty: after
-                // chunk members it goes back and ends the chunk, so what a
-                // refusal of admission puts back is always the last chains
-                // popped, all of them members (see below).
-                let put_back = |t: Option<&Arc<Ticket>>| {
-                    if let Some(t) = t {
-                        heads.release(t.chain.head);
-                    }
-                    vring.get_mut().get_queue_mut().go_to_previous_position();
-                };
-                let chain = match popped {
-                    Ok(c) if heads.claim(c.head) => c,
-                    Ok(_) | Err(_) if !tickets.is_empty() => {
-                        put_back(None);
-                        break;
-                    }
-                    // A head republished while the device still serves it:
-                    // the guest broke the ring's rules; it gets nothing back.
-                    Ok(_) => {
-                        qs.malformed.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    Err((head, _)) => {
-                        qs.malformed.fetch_add(1, Ordering::Relaxed);
-                        if !heads.in_flight(head) {
-                            let _ = vring.add_used(head, 0);
-                            notify(vring);
-                        }
-                        continue;
-                    }
-                };
-                let (args, ticket) = match self.prepare(vring, &mem, chain, q, gen) {
-                    Ok(v) => v,
-                    Err(t) if !tickets.is_empty() => {
-                        put_back(Some(&t));
-                        break;
-                    }
-                    Err(t) => {
-                        qs.malformed.fetch_add(1, Ordering::Relaxed);
-                        self.refuse(&t);
-                        continue;
-                    }
-                };
-                if matches!(
-                    Opcode::from_u32(ticket.opcode),
-                    Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw)
-                ) {
-                    if !tickets.is_empty() {
-                        put_back(Some(&ticket));
-                        break;
-                    }
-                    // Lock calls are synchronous in the kernel, never
-                    // background: a parked SETLKW must not hold a background
-                    // slot (enough of them would keep out the unlock that
-                    // frees them). They wait on a thread of their own, which
-                    // only the gate holds.
-                    qs.submitted.fetch_add(1, Ordering::Relaxed);
-                    if timeouts {
-                        lock(&self.inner.timeouts).push_back(ticket.clone());
-                    }
-                    self.send_lock_call(args, &ticket);
-                    continue;
-                }
-                let weak = Arc::downgrade(&self.inner);
-                let t2 = ticket.clone();
-                let end: EndFn = Box::new(move |r: ReqResult| {
-                    if let Some(inner) = weak.upgrade() {
-                        FsDevice { inner }.finish(&t2, r);
-                    }
-                });
-                batch.push((args, end));
-                tickets.push(ticket);
-            }
-            if tickets.is_empty() {
+            let Some(popped) = self.pop(vring, &mem) else {
                 return false;
-            }
-            let in_line = match inline.as_mut() {
-                Some((s, k)) if served < *k => {
-                    // Entries of this thread free for the chunk.
-                    s.make_room(tickets.len());
-                    true
-                }
-                _ => false,
             };
-            let taken = chan.try_send_background_batch(&mut batch, &mut sent);
-            // What admission refused goes back, the last popped first.
-            let refused = batch.len();
-            if refused > 0 {
-                let mut queue = vring.get_mut();
-                for _ in 0..refused {
-                    queue.get_queue_mut().go_to_previous_position();
-                }
-                drop(queue);
-                for t in tickets.drain(taken..) {
-                    heads.release(t.chain.head);
-                }
-                batch.clear();
-            }
-            if timeouts {
-                let mut list = lock(&self.inner.timeouts);
-                for (t, r) in tickets.iter().zip(&sent) {
-                    if r.is_ok() {
-                        list.push_back(t.clone());
-                    }
-                }
-            }
-            drop(pop_guard);
-            let mut admitted = 0;
-            for (ticket, r) in tickets.drain(..).zip(sent.drain(..)) {
-                qs.submitted.fetch_add(1, Ordering::Relaxed);
-                match r {
-                    Ok(unique) => {
-                        ticket.engine_unique.store(unique, Ordering::Relaxed);
-                        admitted += 1;
-                    }
-                    Err(e) => {
-                        self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
-                        if ticket.claim() {
-                            self.answer(&ticket, e.to_wire(), &[]);
-                        }
-                    }
-                }
-            }
-            if in_line && admitted > 0 {
-                if let Some((s, _)) = inline.as_mut() {
-                    // The chunk's answers signal the guest together (each
-                    // part of it that took CHUNK_TIME on its own).
-                    let mut left = admitted;
-                    while left > 0 {
-                        let _batch = Batch::begin();
-                        let until = Instant::now() + CHUNK_TIME;
-                        let n = self.serve_inline(s, q, left, Some(until));
-                        if n == 0 {
-                            break;
-                        }
-                        served += n;
-                        left = left.saturating_sub(n);
-                    }
-                    if s.unsubmitted() >= chunk {
-                        self.complete_inline(s, q);
-                    }
-                }
-            }
-            if refused > 0 {
-                let stalled = &self.inner.stalled[q - 1];
-                stalled.store(true, Ordering::SeqCst);
-                qs.stalls.fetch_add(1, Ordering::Relaxed);
-                // A slot freed between the refusal and the flag would not
-                // wake us: look once more.
-                let s = chan.stats();
-                if s.ready && !s.blocked && s.parked == 0 && stalled.swap(false, Ordering::SeqCst) {
+            let heads = &self.inner.heads[q];
+            let chain = match popped {
+                Ok(c) if heads.claim(c.head) => c,
+                // A head republished while the device still serves it: the
+                // guest broke the ring's rules; it gets nothing back.
+                Ok(_) => {
+                    qs.malformed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                return true;
+                Err((head, _)) => {
+                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    if !heads.in_flight(head) {
+                        let _ = vring.add_used(head, 0);
+                        notify(vring);
+                    }
+                    continue;
+                }
+            };
+            let (args, ticket) = match self.prepare(vring, &mem, chain, q, gen) {
+                Ok(v) => v,
+                Err(t) => {
+                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(t) = t {
+                        self.answer(&t, Errno::EIO.to_wire(), &[]);
+                    }
+                    continue;
+                }
+            };
+            let weak = Arc::downgrade(&self.inner);
+            if matches!(
+                Opcode::from_u32(ticket.opcode),
+                Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw)
+            ) {
+                // Lock calls are synchronous in the kernel, never background:
+                // a parked SETLKW must not hold a background slot (enough of
+                // them would keep out the unlock that frees them). They wait
+                // on a thread of their own, which only the gate holds.
+                qs.submitted.fetch_add(1, Ordering::Relaxed);
+                if !self.inner.cfg.request_timeout.is_zero() {
+                    lock(&self.inner.timeouts).push_back(ticket.clone());
+                }
+                drop(pop_guard);
+                self.send_lock_call(args, &ticket);
+                continue;
             }
-            if empty {
-                return false;
+            if let Some((s, k)) = inline.as_mut() {
+                if served < *k {
+                    // An entry of this thread free for it.
+                    s.make_room();
+                }
+            }
+            let t2 = ticket.clone();
+            let end = Box::new(move |r: ReqResult| {
+                if let Some(inner) = weak.upgrade() {
+                    FsDevice { inner }.finish(&t2, r);
+                }
+            });
+            match self.inner.engine.chan().try_send_background(args, end) {
+                Ok(unique) => {
+                    ticket.engine_unique.store(unique, Ordering::Relaxed);
+                    qs.submitted.fetch_add(1, Ordering::Relaxed);
+                    if !self.inner.cfg.request_timeout.is_zero() {
+                        lock(&self.inner.timeouts).push_back(ticket);
+                    }
+                    drop(pop_guard);
+                    if let Some((s, k)) = inline.as_mut() {
+                        if served < *k {
+                            if batch.is_none() {
+                                batch = Some(Batch::begin());
+                                chunk_start = std::time::Instant::now();
+                            }
+                            served += self.serve_inline(s, q, 1);
+                            in_batch += 1;
+                            if in_batch >= self.inner.cfg.submit_batch.max(1)
+                                || chunk_start.elapsed() >= CHUNK_TIME
+                            {
+                                // Signal what this chunk answered.
+                                (batch, in_batch) = (None, 0);
+                            }
+                            if s.unsubmitted() >= self.inner.cfg.submit_batch.max(1) {
+                                self.complete_inline(s, q);
+                            }
+                        }
+                    }
+                }
+                Err(TrySendError::Full(_)) => {
+                    vring.get_mut().get_queue_mut().go_to_previous_position();
+                    heads.release(ticket.chain.head);
+                    let stalled = &self.inner.stalled[q - 1];
+                    stalled.store(true, Ordering::SeqCst);
+                    qs.stalls.fetch_add(1, Ordering::Relaxed);
+                    // A slot freed between the refusal and the flag would
+                    // not wake us: look once more.
+                    let s = self.inner.engine.chan().stats();
+                    if s.ready
+                        && !s.blocked
+                        && s.parked == 0
+                        && stalled.swap(false, Ordering::SeqCst)
+                    {
+                        continue;
+                    }
+                    return true;
+                }
+                Err(TrySendError::Closed(e)) => {
+                    qs.submitted.fetch_add(1, Ordering::Relaxed);
+                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                    if ticket.claim() {
+                        self.answer(&ticket, e.to_wire(), &[]);
+                    }
+                }
             }
         }
     }
@@ -1052,10 +982,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Wakes every stalled queue: a background slot may have freed.
     fn resume_stalled(&self) {
         for (i, s) in self.inner.stalled.iter().enumerate() {
-            // A load first: this runs at every end, and the flags are
-            // rarely set (a read-modify-write each time would bounce
-            // their cache line between the threads that end requests).
-            if s.load(Ordering::SeqCst) && s.swap(false, Ordering::SeqCst) {
+            if s.swap(false, Ordering::SeqCst) {
                 let _ = self.inner.resume[i].write(1);
             }
         }

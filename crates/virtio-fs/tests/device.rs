@@ -178,55 +178,6 @@ fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
     assert_eq!(h.dev.stats().queues[1].in_flight(), 0);
 }
 
-/// A chunk popped together whose tail admission refuses goes back to the
-/// avail ring, and a chain that could not join the chunk (malformed, a lock
-/// call) is neither lost nor answered twice: every chain gets one answer.
-#[test]
-fn a_refused_chunk_goes_back_whole_and_nothing_is_answered_twice() {
-    let (fs, h, _release) = one_slot();
-    let vring = h.vring();
-    let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
-    let (b, rb, next, at) = h.chain(next, at, &getattr(2, 0), 4096);
-    // A header whose length disagrees with the chain: EIO.
-    let mut bad = getattr(3, 0);
-    bad[0] ^= 0x40;
-    let (m, rm, next, at) = h.chain(next, at, &bad, 4096);
-    let lk = fuse_core::abi::LkIn::new_zeroed();
-    let (l, rl, next, at) = h.chain(
-        next,
-        at,
-        &request_as(Opcode::Setlk, 4, 0, lk.as_bytes()),
-        4096,
-    );
-    let (c, rc, _, _) = h.chain(next, at, &getattr(5, 0), 4096);
-    h.publish(&[a, b, m, l, c]);
-    h.kick(&vring, 1);
-    wait_for("the first request to reach the backend", || {
-        fs.hung.load(Ordering::SeqCst) == 1
-    });
-    // A holds the only slot; B was refused and went back, and nothing
-    // after it was taken: the malformed chain ended A and B's chunk.
-    assert_eq!(vring.queue_next_avail(), 1);
-    assert_eq!(h.dev.stats().queues[1].stalls.load(Ordering::SeqCst), 1);
-    assert_eq!(h.used_idx(), 0);
-    fs.release.store(true, Ordering::SeqCst);
-    wait_for("the first answer", || h.used_idx() == 1);
-    h.resume(&vring, 1);
-    wait_for("every answer", || h.used_idx() == 5);
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(h.used_idx(), 5, "a chain was answered twice");
-    assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
-    assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
-    assert_eq!(h.reply(rm).error, Errno::EIO.to_wire());
-    assert_eq!(
-        (h.reply(rl).unique, h.reply(rl).error),
-        (4, Errno::ENOSYS.to_wire())
-    );
-    assert_eq!((h.reply(rc).unique, h.reply(rc).error), (5, 0));
-    assert_eq!(h.dev.stats().queues[1].malformed.load(Ordering::SeqCst), 1);
-    assert_eq!(h.dev.stats().queues[1].in_flight(), 0);
-}
-
 #[test]
 fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
     let h = Harness::new(Hang::default(), DeviceConfig::default());

@@ -58,16 +58,7 @@ pub(crate) struct QueueServer {
     /// The filesystem's completion fd is in this thread's epoll.
     pub(super) fd_registered: Option<i32>,
     scratch: Vec<u8>,
-    /// Requests taken from the entries, being served (kept for its
-    /// allocation).
-    fetched: Vec<Fetched>,
-    /// Answered requests waiting for their commit (kept for its
-    /// allocation).
-    answered: Vec<Fetched>,
 }
-
-/// Most requests taken from this thread's entries per engine call.
-const FETCH_BATCH: usize = 16;
 
 impl QueueServer {
     /// Registers a first entry on ring queue `qid` (pool mode: no payload
@@ -84,8 +75,6 @@ impl QueueServer {
             fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
-            fetched: Vec::with_capacity(FETCH_BATCH),
-            answered: Vec::with_capacity(FETCH_BATCH),
         };
         s.add_entry()?;
         Ok(s)
@@ -107,96 +96,53 @@ impl QueueServer {
         let _ = self.ring.prefer(self.qid, if on { first } else { None });
     }
 
-    /// Makes sure `n` entries of this thread are free for the next
-    /// requests (more are registered while too few are, up to the most).
-    pub(crate) fn make_room(&mut self, n: usize) {
-        while self.started.len() + self.fetched.len() + n > self.ents.len()
-            && self.ents.len() < self.max_ents
-        {
-            if self.add_entry().is_err() {
-                break;
-            }
+    /// Makes sure an entry of this thread is free for the next request
+    /// (one more is registered when all hold requests, up to the most).
+    pub(crate) fn make_room(&mut self) {
+        if self.started.len() >= self.ents.len() && self.ents.len() < self.max_ents {
+            let _ = self.add_entry();
         }
     }
 
     /// Serves what this thread's entries hold, up to `budget` requests:
     /// starts READs where the filesystem can, serves the rest in line and
-    /// commits each before it serves the next, taking the entries'
-    /// requests in batches. With `until`, stops early once that instant
-    /// passed (the caller signals what it answered so far, and serves the
-    /// rest in another call). Returns how many it served or started.
-    pub(crate) fn serve<F: Filesystem>(
-        &mut self,
-        disp: &Dispatcher<F>,
-        budget: usize,
-        until: Option<std::time::Instant>,
-    ) -> usize {
+    /// commits them. Returns how many it served or started.
+    pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> usize {
         let mut n = 0;
-        // Requests taken before and left by an earlier call come first.
-        let mut fetched = std::mem::take(&mut self.fetched);
-        let mut answered = std::mem::take(&mut self.answered);
-        'serve: while n < budget {
-            if fetched.is_empty() {
-                let want = (budget - n).min(FETCH_BATCH);
-                match self.ring.fetch_own_batch(self.qid, want, &mut fetched) {
-                    Ok(k) if k > 0 => {}
-                    _ => break,
-                }
-                // Served from the back: reversed, they go oldest first.
-                fetched.reverse();
-            }
-            while let Some(mut f) = fetched.pop() {
-                // What was answered goes to the guest's used ring before
-                // the next request is served: that one may hang in a host
-                // call, and the watchdog that then takes the queue over
-                // can signal only answers already there.
-                self.commit_all(&mut answered);
-                n += 1;
-                let done = self.done.clone();
-                let make = move |unique: u64| {
-                    let done = done.clone();
-                    ReadDone::new(move |r| {
-                        done.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push((unique, r));
-                    })
-                };
-                let unique = f.in_header().unique;
-                match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
-                    Served::Started => {
-                        // Answered before read_async returned (the page
-                        // cache held it): committed with the others, not
-                        // held until its chunk is submitted.
-                        if let Some(r) = self.take_done(unique) {
-                            Self::set_result(&mut f, r);
-                            answered.push(f);
-                        } else {
-                            self.fresh += 1;
-                            self.started.insert(unique, f);
-                        }
+        while n < budget {
+            let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) else {
+                break;
+            };
+            n += 1;
+            let done = self.done.clone();
+            let make = move |unique: u64| {
+                let done = done.clone();
+                ReadDone::new(move |r| {
+                    done.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((unique, r));
+                })
+            };
+            let unique = f.in_header().unique;
+            match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
+                Served::Started => {
+                    // Answered before read_async returned (the page cache
+                    // held it): committed now, not held until the chunk's
+                    // end, behind whatever the next request does in line.
+                    if let Some(r) = self.take_done(unique) {
+                        Self::set_result(&mut f, r);
+                        self.commit(f);
+                        continue;
                     }
-                    // Nothing parks here (no Deferred is offered), but a
-                    // request answered either way is committed.
-                    Served::Answered | Served::Parked => answered.push(f),
+                    self.fresh += 1;
+                    self.started.insert(unique, f);
                 }
-                if n >= budget || until.is_some_and(|t| std::time::Instant::now() >= t) {
-                    break 'serve;
-                }
+                // Nothing parks here (no Deferred is offered), but a request
+                // answered either way is committed.
+                Served::Answered | Served::Parked => self.commit(f),
             }
         }
-        self.commit_all(&mut answered);
-        self.fetched = fetched;
-        self.answered = answered;
         n
-    }
-
-    /// Commits the answered entries of `list` (emptied: one the ring
-    /// refuses is dropped, which fails its request with EIO).
-    fn commit_all(&self, list: &mut Vec<Fetched>) {
-        if !list.is_empty() {
-            self.ring.commit_batch(list, None);
-            list.clear();
-        }
     }
 
     /// The completion of `unique` if it is already in.
@@ -218,6 +164,13 @@ impl QueueServer {
         self.fresh
     }
 
+    fn commit(&self, f: Fetched) {
+        let area = f.commit_cmd();
+        // Torn down (or refused, which drops the request with EIO): the
+        // entry is gone or back to available either way.
+        let _ = self.ring.commit(&area, f, None);
+    }
+
     /// Submits the I/O started since the last call, then commits what has
     /// completed (the filesystem's `complete_async` reports it here).
     /// Returns how many requests it answered.
@@ -231,16 +184,13 @@ impl QueueServer {
         let done: Vec<(u64, FsResult<usize>)> =
             std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()));
         let n = done.len();
-        let mut answered = std::mem::take(&mut self.answered);
         for (unique, r) in done {
             let Some(mut f) = self.started.remove(&unique) else {
                 continue;
             };
             Self::set_result(&mut f, r);
-            answered.push(f);
+            self.commit(f);
         }
-        self.commit_all(&mut answered);
-        self.answered = answered;
         n
     }
 }

@@ -5,10 +5,11 @@
 use super::*;
 
 impl<F: Filesystem + 'static> FsDevice<F> {
-    /// Reads a request chain into engine arguments, or gives back the
-    /// ticket of a malformed one untouched (for [`FsDevice::refuse`]).
-    /// `gen` is the queue's generation read before the chain was popped (a
-    /// ring stopped after that makes it stale).
+    /// Reads a request chain into engine arguments. Err(Some) for a chain
+    /// that can carry an error reply, Err(None) for one that cannot (it is
+    /// returned unused). `gen` is the queue's generation read before the
+    /// chain was popped (a ring stopped after that makes it stale).
+    #[allow(clippy::type_complexity)]
     pub(super) fn prepare(
         &self,
         vring: &Vring,
@@ -16,7 +17,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         chain: Chain,
         q: usize,
         gen: u64,
-    ) -> Result<(Args, Arc<Ticket>), Arc<Ticket>> {
+    ) -> Result<(Args, Arc<Ticket>), Option<Arc<Ticket>>> {
         let total = chain.readable_len();
         let mut hb = [0u8; IN_HEADER];
         let header = if total >= IN_HEADER && chain.read_at(&**mem, 0, &mut hb).is_ok() {
@@ -80,8 +81,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             lent.push(Arc::downgrade(&ticket));
         }
         let replyable = ticket.chain.writable_len() >= OUT_HEADER;
+        let fail = |t: Arc<Ticket>| {
+            if replyable {
+                Some(t)
+            } else {
+                self.give_back_unanswered(&t);
+                None
+            }
+        };
         let Some(h) = header else {
-            return Err(ticket);
+            return Err(fail(ticket));
         };
         // The header's length must agree with the chain, and a request
         // that wants a reply must have room for at least its header.
@@ -93,10 +102,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 None | Some(Opcode::Forget | Opcode::BatchForget | Opcode::Interrupt)
             )
         {
-            return Err(ticket);
+            return Err(fail(ticket));
         }
         let Some(opcode) = opcode else {
-            return Err(ticket);
+            return Err(fail(ticket));
         };
         // A WRITE's data goes apart from its arguments (by reference, or
         // copied into its own buffer).
@@ -108,11 +117,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if body_len > body_cap(opcode, self.inner.cfg.max_write as usize) {
             // More than the opcode can carry: the kernel never sends it,
             // and the device would keep it until the request ends.
-            return Err(ticket);
+            return Err(fail(ticket));
         }
         let mut body = vec![0u8; body_len];
         if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
-            return Err(ticket);
+            return Err(fail(ticket));
         }
         let mut data = Vec::new();
         if opcode == Opcode::Write && client.is_none() && body_len == wi {
@@ -122,7 +131,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 .read_at(&**mem, IN_HEADER + wi, &mut data)
                 .is_err()
             {
-                return Err(ticket);
+                return Err(fail(ticket));
             }
         }
         // What the guest left for the reply, up to the largest reply a
@@ -150,16 +159,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             args = args.force();
         }
         Ok((args, ticket))
-    }
-
-    /// Answers a malformed request EIO, or gives its chain back unused if
-    /// it has no room for a reply.
-    pub(super) fn refuse(&self, t: &Arc<Ticket>) {
-        if t.chain.writable_len() >= OUT_HEADER {
-            self.answer(t, Errno::EIO.to_wire(), &[]);
-        } else {
-            self.give_back_unanswered(t);
-        }
     }
 }
 
