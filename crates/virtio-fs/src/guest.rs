@@ -455,9 +455,16 @@ impl GuestDriver {
         nlookup: u64,
         timeout: Duration,
     ) -> Result<(), GuestError> {
+        if self.vqs[0].size < HIPRIO_SLOTS * DESCS {
+            // The slots' heads would not fit the hiprio queue.
+            return Err(GuestError::Config(
+                "FORGET needs a queue size of at least 16 (the hiprio queue's four slots)",
+            ));
+        }
         let t0 = Instant::now();
         loop {
-            // Take back what the device is done with.
+            // Take back what the device is done with (in order: the device
+            // answers the hiprio queue in the order it pops).
             let vq = &mut self.vqs[0];
             let used: u16 = self
                 .mem
