@@ -31,6 +31,9 @@
 #   FIO_COLD_SIZE=4g        the cold row's file size
 #   FIO_CONTENDERS="raw fusebox-iouring libfuse-master-iouring"
 #   FUSEBOX_RING_DEPTH=16   fusebox mount --ring-depth
+#   LIBFUSE_GIT=URL|DIR     where libfuse master comes from (default
+#                           https://github.com/libfuse/libfuse; a local
+#                           clone or mirror on a machine without GitHub)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -184,7 +187,7 @@ if [[ " $contenders " == *" libfuse-master-iouring "* ]] && [ ! -x "$hpm" ]; the
     apt-get install -y -qq "${need[@]}" >/dev/null
   fi
   rm -rf target/bench/libfuse-master
-  git clone -q --depth 1 https://github.com/libfuse/libfuse target/bench/libfuse-master
+  git clone -q --depth 1 "${LIBFUSE_GIT:-https://github.com/libfuse/libfuse}" target/bench/libfuse-master
   (cd target/bench/libfuse-master && meson setup -q build -Dexamples=true -Denable-io-uring=true >/dev/null &&
      ninja -C build >/dev/null)
 fi
