@@ -188,7 +188,7 @@ if [[ " $contenders " == *" libfuse-master-iouring "* ]] && [ ! -x "$hpm" ]; the
   fi
   rm -rf target/bench/libfuse-master
   git clone -q --depth 1 "${LIBFUSE_GIT:-https://github.com/libfuse/libfuse}" target/bench/libfuse-master
-  (cd target/bench/libfuse-master && meson setup -q build -Dexamples=true -Denable-io-uring=true >/dev/null &&
+  (cd target/bench/libfuse-master && meson setup build -Dexamples=true -Denable-io-uring=true >/dev/null &&
      ninja -C build >/dev/null)
 fi
 
