@@ -393,14 +393,27 @@ pub fn decode_request<'a>(buf: &'a [u8], opts: DecodeOptions) -> Result<Request<
     }
     let opcode =
         Opcode::from_u32(header.opcode).ok_or(DecodeError::UnknownOpcode(header.opcode))?;
+    decode_parts(header, opcode, None, c.rest(), opts)
+}
+
+/// The part of decoding both forms share: the extensions split off the end
+/// of `body` and checked, the arguments decoded (the op struct from
+/// `fixed` if it travels apart), and what follows them kept as `trailing`.
+fn decode_parts<'a>(
+    header: InHeader,
+    opcode: Opcode,
+    fixed: Option<&'a [u8]>,
+    body: &'a [u8],
+    opts: DecodeOptions,
+) -> Result<Request<'a>, DecodeError> {
     let ext_len = usize::from(header.total_extlen) * 8;
-    if ext_len > c.len() {
+    if ext_len > body.len() {
         return Err(DecodeError::BadExtension);
     }
-    let (body, ext) = c.rest().split_at(c.len() - ext_len);
+    let (body, ext) = body.split_at(body.len() - ext_len);
     validate_extensions(ext)?;
     let mut args = ArgBytes {
-        fixed: None,
+        fixed: fixed.map(Cursor::new),
         rest: Cursor::new(body),
     };
     let op = decode_op(opcode, &mut args, opts)?;
@@ -425,24 +438,7 @@ pub fn decode_split<'a>(
 ) -> Result<Request<'a>, DecodeError> {
     let opcode =
         Opcode::from_u32(header.opcode).ok_or(DecodeError::UnknownOpcode(header.opcode))?;
-    let ext_len = usize::from(header.total_extlen) * 8;
-    if ext_len > payload.len() {
-        return Err(DecodeError::BadExtension);
-    }
-    let (body, ext) = payload.split_at(payload.len() - ext_len);
-    validate_extensions(ext)?;
-    let mut args = ArgBytes {
-        fixed: Some(Cursor::new(op_in)),
-        rest: Cursor::new(body),
-    };
-    let op = decode_op(opcode, &mut args, opts)?;
-    let trailing = args.rest.rest();
-    Ok(Request {
-        header,
-        op,
-        ext,
-        trailing,
-    })
+    decode_parts(header, opcode, Some(op_in), payload, opts)
 }
 
 /// A request's argument bytes: contiguous (device), or split into the
