@@ -428,7 +428,7 @@ fn one_io_uring_caller_at_depth_16_gets_16_reads_in_flight() {
 /// of 64 replacements once left every entry holding a wait and the unlock
 /// with nowhere to go.) The waiters are processes of their own (POSIX
 /// locks are per process) pinned to CPU 0, so their requests land on
-/// queue 0: a small Python program forks them, one after the other. Open:
+/// queue 0: a small Python program forks them, 20 ms apart. Open:
 /// 80 waiters forked in a burst (a C program, well under a millisecond
 /// apart) still stall a queue of one entry after the unlock, with about
 /// 20 parked and the rest waiting in the kernel, as if an entry registered
@@ -456,6 +456,9 @@ for _ in range(n):
         fcntl.lockf(f, fcntl.LOCK_UN)
         os._exit(0)
     kids.append(pid)
+    # One at a time: each wait reaches the daemon before the next (see
+    # the burst left open above).
+    time.sleep(0.02)
 time.sleep(2)
 fcntl.lockf(h, fcntl.LOCK_UN)
 bad = sum(os.waitpid(k, 0)[1] != 0 for k in kids)
