@@ -256,8 +256,8 @@ fn start_ring(
                         if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
                             eprintln!(
                                 "fusebox: ring queue {qid}: {} requests, {} READs started, \
-                                 at most {} in flight",
-                                st.served, st.started, st.max_in_flight
+                                 at most {} in flight, {} parked, {} nudges committed",
+                                st.served, st.started, st.max_in_flight, st.parked, st.nudged
                             );
                         }
                         return;

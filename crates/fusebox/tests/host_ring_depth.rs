@@ -71,10 +71,17 @@ fn max_in_flight(log: &Path, qid: u16) -> Option<usize> {
 }
 
 fn started(log: &Path, qid: u16) -> Option<u64> {
+    stat(log, qid, 1)
+}
+
+/// The `n`th figure of queue `qid`'s statistics line (0: requests, 1:
+/// READs started, 2: at most in flight, 3: parked, 4: nudges committed).
+fn stat(log: &Path, qid: u16, n: usize) -> Option<u64> {
     let text = std::fs::read_to_string(log).unwrap();
     let prefix = format!("fusebox: ring queue {qid}: ");
     let line = text.lines().find(|l| l.starts_with(&prefix))?;
-    line.split(", ").nth(1)?.split(' ').next()?.parse().ok()
+    let field = line[prefix.len()..].split(", ").nth(n)?;
+    field.trim_start_matches("at most ").split(' ').next()?.parse().ok()
 }
 
 /// Ends the daemon (SIGTERM, the lazy unmount) and checks it exits
@@ -422,18 +429,21 @@ fn one_io_uring_caller_at_depth_16_gets_16_reads_in_flight() {
     );
 }
 
-/// More lock waits than a queue has entries: each waiting SETLKW keeps
-/// its entry and another is registered in its place, however many wait,
-/// so the holder's unlock still finds an entry and ends them all. (A cap
-/// of 64 replacements once left every entry holding a wait and the unlock
-/// with nowhere to go.) The waiters are processes of their own (POSIX
-/// locks are per process) pinned to CPU 0, so their requests land on
-/// queue 0: a small Python program forks them, 20 ms apart. Open:
-/// 80 waiters forked in a burst (a C program, well under a millisecond
-/// apart) still stall a queue of one entry after the unlock, with about
-/// 20 parked and the rest waiting in the kernel, as if an entry registered
-/// after they were queued were not given them; at the default depth the
-/// same burst is served.
+/// More lock waits than a queue has entries, forked in a burst: each
+/// waiting SETLKW keeps its entry and another is registered in its place,
+/// however many wait, and the kernel is nudged after each park, so the
+/// holder's unlock, and every waiter's, is served and ends them all.
+///
+/// The waiters are processes of their own (POSIX locks are per process)
+/// pinned to CPU 0, so their requests land on queue 0, which has one
+/// entry. Forked faster than it serves, their OPENs and SETLKWs queue up
+/// in the kernel while the entry is busy. The kernel gives a queued
+/// request only to an entry that commits, never to one just registered,
+/// and a parked entry does not commit: without the nudge
+/// (`KernelQueue::nudge`), the queue once sat with free entries and
+/// every waiter's unlock queued behind lock waits (a C program forking
+/// 80 left all 80 waiting). A cap of 64 replacements once left every
+/// entry holding a wait and the unlock with nowhere to go.
 #[test]
 fn more_lock_waits_than_entries_do_not_stall_the_unlock() {
     let d = Dirs::new("ring-lockwaits");
@@ -456,9 +466,6 @@ for _ in range(n):
         fcntl.lockf(f, fcntl.LOCK_UN)
         os._exit(0)
     kids.append(pid)
-    # One at a time: each wait reaches the daemon before the next (see
-    # the burst left open above).
-    time.sleep(0.02)
 time.sleep(2)
 fcntl.lockf(h, fcntl.LOCK_UN)
 bad = sum(os.waitpid(k, 0)[1] != 0 for k in kids)
@@ -486,4 +493,9 @@ sys.exit(1 if bad else 0)
     };
     assert!(status.success(), "{status}");
     stop(child);
+    // Every waiter parked on queue 0, and the nudges that followed came
+    // back there.
+    let (parked, nudged) = (stat(&log, 0, 3), stat(&log, 0, 4));
+    assert!(parked >= Some(80), "{parked:?} parked on queue 0");
+    assert!(nudged >= Some(1), "{nudged:?} nudges committed on queue 0");
 }

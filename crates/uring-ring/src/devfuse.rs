@@ -225,6 +225,35 @@ impl DevFuse {
         self.replies.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Writes the notification `code` (a `fuse_notify_code`) with its
+    /// `fuse_notify_*_out` body: an out header of unique 0 whose error
+    /// field carries the code. Not counted as a reply.
+    pub fn notify(&self, code: i32, body: &[u8]) -> Result<(), Errno> {
+        let hdr = OutHeader {
+            len: (std::mem::size_of::<OutHeader>() + body.len()) as u32,
+            error: code,
+            unique: 0,
+        };
+        let h = zerocopy::IntoBytes::as_bytes(&hdr);
+        let iov = [
+            libc::iovec {
+                iov_base: h.as_ptr().cast_mut().cast(),
+                iov_len: h.len(),
+            },
+            libc::iovec {
+                iov_base: body.as_ptr().cast_mut().cast(),
+                iov_len: body.len(),
+            },
+        ];
+        // SAFETY: both iovecs point at live buffers of the stated lengths,
+        // which the kernel only reads.
+        let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), 2) };
+        if n < 0 {
+            return Err(last_errno());
+        }
+        Ok(())
+    }
+
     /// The fd.
     pub fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()

@@ -45,7 +45,9 @@ mod arena;
 pub mod serve;
 
 use crate::devfuse::DevFuse;
-use fuse_core::abi::{uring, InHeader, OutHeader, UringCmdReq, UringReqHeader};
+use fuse_core::abi::{
+    notify, uring, InHeader, NotifyRetrieveOut, Opcode, OutHeader, UringCmdReq, UringReqHeader,
+};
 use fuse_core::server::{RingSlot, RingTransport};
 use fuse_core::Errno;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -58,6 +60,10 @@ use zerocopy::{FromBytes, IntoBytes};
 const WAKE: u64 = u64::MAX;
 /// user_data of the poll on the filesystem's completion eventfd.
 const ASYNC: u64 = u64::MAX - 1;
+/// Set in the uniques of [`KernelQueue::nudge`]'s NOTIFY_REPLYs: the
+/// kernel numbers its own requests from 0 in steps of 2 and never gets
+/// there, so a commit of one cannot be taken for a real request's.
+const NUDGE_BIT: u64 = 1 << 63;
 
 /// Errors setting a queue up.
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +192,8 @@ struct Shared {
     wake_count: std::cell::UnsafeCell<u64>,
     /// Set by [`KernelQueue::shutdown`].
     stop: std::sync::atomic::AtomicBool,
+    /// Nudges sent (numbers their uniques).
+    nudges: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: `wake_count` is only the read target of the eventfd drain, done
@@ -307,6 +315,7 @@ impl KernelQueue {
                 wake,
                 wake_count: std::cell::UnsafeCell::new(0),
                 stop: std::sync::atomic::AtomicBool::new(false),
+                nudges: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -460,6 +469,56 @@ impl KernelQueue {
         }
         self.reap(&mut st);
         Ok(std::mem::take(&mut st.async_fired))
+    }
+
+    /// Gets the kernel to hand the requests waiting in this queue to its
+    /// free entries. The kernel gives a request that was queued while no
+    /// entry was free only to an entry that commits (COMMIT_AND_FETCH takes
+    /// the first one waiting); a REGISTER makes an entry free for requests
+    /// that come later, not for those already waiting. An entry whose
+    /// request parks (SETLKW) does not commit, so after a park the queue
+    /// can sit with free entries and waiting requests, among them the
+    /// unlock that would end the wait: nothing moves again.
+    ///
+    /// The nudge submits what is queued (a replacement's REGISTER), then
+    /// writes a zero-byte FUSE_NOTIFY_RETRIEVE of `nodeid`, a regular file
+    /// the kernel has in its inode cache (the kernel refuses any other kind
+    /// with EINVAL; a lock wait's own file is one, held open by the
+    /// waiter). The kernel
+    /// answers it with a NOTIFY_REPLY request on the queue of the CPU the
+    /// writer runs on (the serving thread is pinned to its queue's CPU),
+    /// given to a free entry at once; its commit ([`KernelQueue::is_nudge`]
+    /// tells the serving thread to make one) fetches the first waiting
+    /// request, and the queue moves again. With no entry free, the
+    /// NOTIFY_REPLY waits its turn and the entries that are busy commit
+    /// (and fetch) anyway. Call it on the serving thread.
+    pub fn nudge(&self, nodeid: u64) -> Result<(), Errno> {
+        {
+            let mut st = self.state();
+            if !st.ring.submission().is_empty() {
+                st.ring.submit().map_err(|e| errno_of(&e))?;
+            }
+        }
+        let n = self
+            .shared
+            .nudges
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let out = NotifyRetrieveOut {
+            notify_unique: NUDGE_BIT
+                | (u64::from(self.shared.qid) << 40)
+                | ((n << 1) & ((1 << 40) - 1)),
+            nodeid,
+            offset: 0,
+            size: 0,
+            padding: 0,
+        };
+        self.shared.dev.notify(notify::RETRIEVE, out.as_bytes())
+    }
+
+    /// Whether a fetched request is the NOTIFY_REPLY of a
+    /// [`KernelQueue::nudge`]: commit it as it is (no reply is read).
+    pub fn is_nudge(h: &InHeader) -> bool {
+        h.opcode == Opcode::NotifyReply as u32 && h.unique & NUDGE_BIT != 0
     }
 
     /// Asks the serving thread to stop (the connection is gone but it may

@@ -30,7 +30,9 @@
 //! arrives on /dev/fuse and cancels a started READ by its unique through
 //! the filesystem). A request that waits (SETLKW) is parked on its entry
 //! and another entry is registered in its place, as `run_ring_worker`
-//! does. WRITE, FSYNC and the rest are served in line (see docs/DESIGN.md).
+//! does; then the kernel is nudged ([`KernelQueue::nudge`]), since the
+//! requests that queued up while no entry was free go only to an entry
+//! that commits, and the parked one will not. WRITE, FSYNC and the rest are served in line (see docs/DESIGN.md).
 //!
 //! A READ that hangs holds only its own entry: the others keep serving.
 //! When the connection goes, the thread's entries are dropped, but the
@@ -66,6 +68,11 @@ pub struct QueueStats {
     /// The most started READs unanswered at once (the one just started
     /// included).
     pub max_in_flight: usize,
+    /// Requests parked (lock waits), each followed by a
+    /// [`KernelQueue::nudge`].
+    pub parked: u64,
+    /// Nudges whose NOTIFY_REPLY came back to this queue and was committed.
+    pub nudged: u64,
 }
 
 /// Serves queue `q` with `disp` until the connection goes (or
@@ -104,6 +111,9 @@ struct Server<'a, F: Filesystem> {
     /// cap left a queue with every entry holding a lock wait, and the
     /// holder's unlock with nowhere to go.
     extra: usize,
+    /// The file of a request parked in this pass: nudge the kernel with it
+    /// once the pass is over.
+    nudge: Option<u64>,
     scratch: Vec<u8>,
     stats: QueueStats,
 }
@@ -118,6 +128,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
             reads: Arc::new(Mutex::new(Vec::new())),
             answered: Arc::new(Mutex::new(Vec::new())),
             extra: 0,
+            nudge: None,
             scratch: vec![0u8; 64 * 1024],
             stats: QueueStats::default(),
         }
@@ -132,6 +143,11 @@ impl<'a, F: Filesystem> Server<'a, F> {
             let failed = self.q.take_fetched(&mut fetched);
             for slot in fetched.drain(..) {
                 self.serve(slot)?;
+            }
+            if let Some(nodeid) = self.nudge.take() {
+                // A failed notify (the connection going) shows up as the
+                // commands' failure below.
+                let _ = self.q.nudge(nodeid);
             }
             self.disp.fs().submit_async();
             self.finish()?;
@@ -155,8 +171,15 @@ impl<'a, F: Filesystem> Server<'a, F> {
     /// Serves one fetched request: starts it, parks it, or answers it and
     /// queues its commit.
     fn serve(&mut self, mut slot: KernelSlot) -> Result<(), Errno> {
+        let hdr = slot.in_header();
+        if KernelQueue::is_nudge(&hdr) {
+            self.stats.nudged += 1;
+            slot.set_reply(0, 0);
+            self.q.commit_slot(slot)?;
+            return Ok(());
+        }
         self.stats.served += 1;
-        let unique = slot.in_header().unique;
+        let unique = hdr.unique;
         let me = std::thread::current().id();
         let make = |unique: u64| {
             let (reads, q) = (self.reads.clone(), self.q.clone());
@@ -199,6 +222,11 @@ impl<'a, F: Filesystem> Server<'a, F> {
             Served::Parked => {
                 slot.set_state(EntState::Parked);
                 self.parked.insert(unique, slot);
+                self.stats.parked += 1;
+                // Its entry makes no commit, and only a commit hands an
+                // entry the requests that queued up while none was free
+                // (see `KernelQueue::nudge`).
+                self.nudge = Some(hdr.nodeid);
                 // The parked request keeps its entry: another one takes its
                 // place (unless one freed by an earlier wait's end already
                 // has), so the queue keeps its depth.
