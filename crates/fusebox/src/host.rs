@@ -234,7 +234,15 @@ fn start_ring(
     for qid in 0..kring::possible_cpus() as u16 {
         let (dev, d, queues) = (dev.clone(), disp.clone(), queues.clone());
         out.push(std::thread::spawn(move || {
-            kring::pin_to_cpu(usize::from(qid));
+            if !kring::pin_to_cpu(usize::from(qid)) {
+                // Requests from that CPU still come to this queue, but the
+                // nudge after a lock wait goes to the queue of the CPU the
+                // thread runs on (see `KernelQueue::nudge`).
+                eprintln!(
+                    "fusebox: ring queue {qid}: cannot run on CPU {qid} (outside this \
+                     process's CPU set); lock waits on it may hold up its other requests"
+                );
+            }
             // INIT's reply was processed before this thread started, so a
             // REGISTER should not meet EAGAIN; should one all the same
             // (before this queue ever served), retry for a while.
@@ -256,8 +264,14 @@ fn start_ring(
                         if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
                             eprintln!(
                                 "fusebox: ring queue {qid}: {} requests, {} READs started, \
-                                 at most {} in flight, {} parked, {} nudges committed",
-                                st.served, st.started, st.max_in_flight, st.parked, st.nudged
+                                 at most {} in flight, {} parked, {} nudges committed, \
+                                 {} refused",
+                                st.served,
+                                st.started,
+                                st.max_in_flight,
+                                st.parked,
+                                st.nudged,
+                                st.nudge_failed
                             );
                         }
                         return;

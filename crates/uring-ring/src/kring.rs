@@ -62,8 +62,9 @@ const WAKE: u64 = u64::MAX;
 const ASYNC: u64 = u64::MAX - 1;
 /// Set in the uniques of [`KernelQueue::nudge`]'s NOTIFY_REPLYs: the
 /// kernel numbers its own requests from 0 in steps of 2 and never gets
-/// there, so a commit of one cannot be taken for a real request's.
-const NUDGE_BIT: u64 = 1 << 63;
+/// there (bit 63 is FUSE_UNIQUE_RESEND's), so a commit of one cannot be
+/// taken for a real request's.
+const NUDGE_BIT: u64 = 1 << 62;
 
 /// Errors setting a queue up.
 #[derive(Debug, thiserror::Error)]
@@ -226,16 +227,20 @@ pub fn enable() -> Result<(), KringError> {
 
 /// Pins the calling thread to `cpu` (the kernel queues a request on the
 /// queue of the CPU that submitted it; serving it there avoids a
-/// cross-CPU wake-up). Errors are ignored: pinning is an optimisation.
-pub fn pin_to_cpu(cpu: usize) {
+/// cross-CPU wake-up, and [`KernelQueue::nudge`] reaches only the queue of
+/// the CPU it runs on). False when that is refused: a CPU outside the
+/// daemon's cpuset (a container's, systemd's AllowedCPUs).
+pub fn pin_to_cpu(cpu: usize) -> bool {
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return false;
+    }
     // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it
-    // (cpu is checked against its size) and sched_setaffinity reads it.
+    // (cpu is checked against its size above) and sched_setaffinity reads
+    // it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if cpu < 8 * std::mem::size_of::<libc::cpu_set_t>() {
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
 }
 
@@ -473,25 +478,28 @@ impl KernelQueue {
 
     /// Gets the kernel to hand the requests waiting in this queue to its
     /// free entries. The kernel gives a request that was queued while no
-    /// entry was free only to an entry that commits (COMMIT_AND_FETCH takes
-    /// the first one waiting); a REGISTER makes an entry free for requests
-    /// that come later, not for those already waiting. An entry whose
-    /// request parks (SETLKW) does not commit, so after a park the queue
-    /// can sit with free entries and waiting requests, among them the
-    /// unlock that would end the wait: nothing moves again.
+    /// entry was free to an entry that commits (COMMIT_AND_FETCH takes the
+    /// first one waiting), or to a free entry when a background request
+    /// arrives; a REGISTER makes an entry free for requests that come
+    /// later, not for those already waiting, and a new foreground request
+    /// takes a free entry ahead of them. An entry whose request parks
+    /// (SETLKW) does not commit, so after a park the queue can sit with
+    /// free entries and waiting requests, among them the unlock that would
+    /// end the wait: nothing moves again.
     ///
     /// The nudge submits what is queued (a replacement's REGISTER), then
     /// writes a zero-byte FUSE_NOTIFY_RETRIEVE of `nodeid`, a regular file
-    /// the kernel has in its inode cache (the kernel refuses any other kind
-    /// with EINVAL; a lock wait's own file is one, held open by the
-    /// waiter). The kernel
+    /// the kernel has in its inode cache (newer kernels refuse any other
+    /// kind with EINVAL; a lock wait's own file is one, held open by the
+    /// waiter: only regular files take FUSE locks). The kernel
     /// answers it with a NOTIFY_REPLY request on the queue of the CPU the
     /// writer runs on (the serving thread is pinned to its queue's CPU),
     /// given to a free entry at once; its commit ([`KernelQueue::is_nudge`]
     /// tells the serving thread to make one) fetches the first waiting
     /// request, and the queue moves again. With no entry free, the
     /// NOTIFY_REPLY waits its turn and the entries that are busy commit
-    /// (and fetch) anyway. Call it on the serving thread.
+    /// (and fetch) anyway. Call it on the serving thread; each nudge
+    /// restarts one chain of commits, so make one per parked request.
     pub fn nudge(&self, nodeid: u64) -> Result<(), Errno> {
         {
             let mut st = self.state();

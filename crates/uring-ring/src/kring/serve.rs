@@ -68,11 +68,13 @@ pub struct QueueStats {
     /// The most started READs unanswered at once (the one just started
     /// included).
     pub max_in_flight: usize,
-    /// Requests parked (lock waits), each followed by a
-    /// [`KernelQueue::nudge`].
+    /// Requests parked (lock waits that did not end at once), each
+    /// followed by a [`KernelQueue::nudge`].
     pub parked: u64,
     /// Nudges whose NOTIFY_REPLY came back to this queue and was committed.
     pub nudged: u64,
+    /// Nudges the kernel refused (tried again after the next pass).
+    pub nudge_failed: u64,
 }
 
 /// Serves queue `q` with `disp` until the connection goes (or
@@ -111,9 +113,9 @@ struct Server<'a, F: Filesystem> {
     /// cap left a queue with every entry holding a lock wait, and the
     /// holder's unlock with nowhere to go.
     extra: usize,
-    /// The file of a request parked in this pass: nudge the kernel with it
-    /// once the pass is over.
-    nudge: Option<u64>,
+    /// The files of the requests parked and not yet nudged for: one nudge
+    /// each once the pass is over (kept until the kernel takes it).
+    nudges: Vec<u64>,
     scratch: Vec<u8>,
     stats: QueueStats,
 }
@@ -128,7 +130,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
             reads: Arc::new(Mutex::new(Vec::new())),
             answered: Arc::new(Mutex::new(Vec::new())),
             extra: 0,
-            nudge: None,
+            nudges: Vec::new(),
             scratch: vec![0u8; 64 * 1024],
             stats: QueueStats::default(),
         }
@@ -144,11 +146,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
             for slot in fetched.drain(..) {
                 self.serve(slot)?;
             }
-            if let Some(nodeid) = self.nudge.take() {
-                // A failed notify (the connection going) shows up as the
-                // commands' failure below.
-                let _ = self.q.nudge(nodeid);
-            }
+            self.nudge();
             self.disp.fs().submit_async();
             self.finish()?;
             if let Some(e) = failed {
@@ -221,12 +219,19 @@ impl<'a, F: Filesystem> Server<'a, F> {
             }
             Served::Parked => {
                 slot.set_state(EntState::Parked);
+                // Answered before the filesystem returned (the lock was
+                // free, or an unlock): its commit goes with this pass.
+                if let Some(error) = take(&self.answered, unique) {
+                    slot.set_reply(error, 0);
+                    self.q.commit_slot(slot)?;
+                    return Ok(());
+                }
                 self.parked.insert(unique, slot);
                 self.stats.parked += 1;
-                // Its entry makes no commit, and only a commit hands an
+                // Its entry makes no commit, and a commit is what hands an
                 // entry the requests that queued up while none was free
                 // (see `KernelQueue::nudge`).
-                self.nudge = Some(hdr.nodeid);
+                self.nudges.push(hdr.nodeid);
                 // The parked request keeps its entry: another one takes its
                 // place (unless one freed by an earlier wait's end already
                 // has), so the queue keeps its depth.
@@ -240,6 +245,20 @@ impl<'a, F: Filesystem> Server<'a, F> {
             }
         }
         Ok(())
+    }
+
+    /// Nudges the kernel once for each request parked since the last
+    /// nudge (each restarts one chain of commits). A refused one (the
+    /// connection going: its commands fail too; a transient error) stays
+    /// for the next pass.
+    fn nudge(&mut self) {
+        while let Some(&nodeid) = self.nudges.last() {
+            if self.q.nudge(nodeid).is_err() {
+                self.stats.nudge_failed += 1;
+                return;
+            }
+            self.nudges.pop();
+        }
     }
 
     /// Takes the filesystem's completions and queues the commits of every
