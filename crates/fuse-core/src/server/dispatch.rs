@@ -315,6 +315,36 @@ impl<F: Filesystem> Dispatcher<F> {
         )
     }
 
+    /// Offers a decoded WRITE to the filesystem to start without waiting
+    /// ([`Filesystem::write_async`]), its data being all of `mem` (the
+    /// request's `size` bytes; anything else is served the usual way).
+    /// Err(done) (unused) when it is not a WRITE or the filesystem
+    /// declines; then serve the request as usual.
+    pub fn start_write(
+        &self,
+        req: &Request<'_>,
+        mem: &std::sync::Arc<dyn ClientMem>,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        let Operation::Write { arg, .. } = &req.op else {
+            return Err(done);
+        };
+        if arg.size as usize != mem.len() {
+            return Err(done);
+        }
+        let h = &req.header;
+        let ctx = ctx_of(h);
+        self.fs.write_async(
+            &ctx,
+            F::Inode::from(h.nodeid),
+            F::Handle::from(arg.fh),
+            arg.offset,
+            mem.clone(),
+            arg.write_flags,
+            done,
+        )
+    }
+
     /// [`Dispatcher::handle_with`] for a request whose data is the client's
     /// memory `client`: a READ's destination, or a WRITE's data (decoded
     /// with [`DecodeOptions::write_data_elsewhere`]). A READ's reply

@@ -496,6 +496,23 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         self.read_started(read, done);
         Ok(())
     }
+    fn write_async(
+        &self,
+        ctx: &Ctx,
+        inode: F::Inode,
+        handle: F::Handle,
+        offset: u64,
+        mem: std::sync::Arc<dyn crate::chan::ClientMem>,
+        flags: u32,
+        done: super::ReadDone,
+    ) -> Result<(), super::ReadDone> {
+        // With a plan, WRITEs go the usual way, where it applies.
+        if !self.plan.rules.is_empty() {
+            return Err(done);
+        }
+        self.inner
+            .write_async(ctx, inode, handle, offset, mem, flags, done)
+    }
     fn submit_async(&self) {
         self.inner.submit_async()
     }

@@ -155,10 +155,11 @@ impl Drop for Deferred {
     }
 }
 
-/// Completes a READ whose host I/O a filesystem started without waiting
-/// ([`Filesystem::read_async`]): called once, on the thread that serves
+/// Completes a READ (or WRITE) whose host I/O a filesystem started
+/// without waiting ([`Filesystem::read_async`],
+/// [`Filesystem::write_async`]): called once, on the thread that serves
 /// the transport (from [`Filesystem::complete_async`]), with the bytes
-/// read into the client's memory or an errno. Dropping it unanswered
+/// read into (written from) the client's memory or an errno. Dropping it unanswered
 /// answers EIO; a filesystem that declines gives it back unused.
 pub struct ReadDone {
     done: Option<Box<dyn FnOnce(FsResult<usize>) + Send>>,
@@ -588,6 +589,28 @@ pub trait Filesystem: Send + Sync {
         offset: u64,
         len: usize,
         mem: std::sync::Arc<dyn ClientMem>,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        Err(done)
+    }
+    /// Starts a WRITE of all of the client's memory `mem` (the request's
+    /// data, by reference) at `offset` without waiting, as
+    /// [`Filesystem::read_async`] starts a READ: Ok once `done` will be
+    /// called with the bytes written (from [`Filesystem::complete_async`]
+    /// on this thread), or was called before returning; Err(done) to have
+    /// the WRITE served as usual ([`Filesystem::write`], with the same
+    /// data). `flags` are `fuse_write_in.write_flags`. The write must have
+    /// the effects [`Filesystem::write`] would (credentials, setuid and
+    /// setgid clearing, limits), and `mem` stays untouched until `done`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_async(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        offset: u64,
+        mem: std::sync::Arc<dyn ClientMem>,
+        flags: u32,
         done: ReadDone,
     ) -> Result<(), ReadDone> {
         Err(done)
