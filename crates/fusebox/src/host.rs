@@ -265,13 +265,14 @@ fn start_ring(
                             eprintln!(
                                 "fusebox: ring queue {qid}: {} requests, {} READs started, \
                                  at most {} in flight, {} parked, {} nudges committed, \
-                                 {} refused",
+                                 {} refused, {} WRITEs started",
                                 st.served,
                                 st.started,
                                 st.max_in_flight,
                                 st.parked,
                                 st.nudged,
-                                st.nudge_failed
+                                st.nudge_failed,
+                                st.writes_started
                             );
                         }
                         return;

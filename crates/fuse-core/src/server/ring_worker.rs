@@ -28,6 +28,13 @@ pub trait RingSlot {
     fn client_mem(&self) -> Option<Arc<dyn ClientMem>> {
         None
     }
+    /// A WRITE's data (the request payload) as client memory, for a WRITE
+    /// started without waiting ([`Dispatcher::start_write`]); its reply
+    /// still goes where any WRITE's does, set by the transport when the
+    /// write completes. None: WRITEs are served in line.
+    fn write_mem(&self) -> Option<Arc<dyn ClientMem>> {
+        None
+    }
 }
 
 /// A ring a worker can serve.
@@ -137,17 +144,19 @@ pub enum Served {
     /// Parked (it waits for something outside the server): the
     /// [`Deferred`] answers it; nothing is in the entry.
     Parked,
-    /// A READ into client memory whose host I/O was started and runs on:
+    /// A READ into client memory, or a WRITE from its
+    /// [`RingSlot::write_mem`], whose host I/O was started and runs on:
     /// the [`ReadDone`] made for it says when, and how many bytes; then
-    /// [`Fetched::set_reply`](crate::ring::Fetched::set_reply) with
-    /// `(0, bytes)` (or the error) and commit.
+    /// a READ's reply is `(0, bytes)` (or the error), a WRITE's a
+    /// `fuse_write_out` of the bytes written, and the entry is committed.
     Started,
 }
 
 /// Serves the request in `f` with `disp`: as `answer_with`, and with
-/// `start` a READ into client memory is started without waiting where the
-/// filesystem can ([`Dispatcher::start_read`]; `start` makes its
-/// completion, given the unique).
+/// `start` a READ into client memory, or a WRITE whose slot offers
+/// [`RingSlot::write_mem`], is started without waiting where the
+/// filesystem can ([`Dispatcher::start_read`], [`Dispatcher::start_write`];
+/// `start` makes its completion, given the unique).
 pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
@@ -158,6 +167,10 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     let hdr = f.in_header();
     let sz = f.request_payload_len();
     let client = f.client_mem();
+    let write_mem = match start {
+        Some(_) if hdr.opcode == Opcode::Write as u32 => f.write_mem(),
+        _ => None,
+    };
     // A zero-copy WRITE's reply, and a WRITE's by reference, go in `op_in`.
     let zc_write = (f.is_zero_copy() || client.is_some()) && hdr.opcode == Opcode::Write as u32;
     let mut opts = disp.decode_options();
@@ -173,6 +186,12 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                 (start, client.as_ref(), hdr.opcode == Opcode::Read as u32)
             {
                 match disp.start_read(&req, mem, make(hdr.unique)) {
+                    Ok(()) => return Served::Started,
+                    Err(done) => done.disarm(),
+                }
+            }
+            if let (Some(make), Some(mem)) = (start, write_mem.as_ref()) {
+                match disp.start_write(&req, mem, make(hdr.unique)) {
                     Ok(()) => return Served::Started,
                     Err(done) => done.disarm(),
                 }

@@ -140,18 +140,24 @@ impl Payload {
 
     /// The slot as a READ's destination.
     pub(super) fn client_mem(&self) -> PayloadMem {
+        self.client_mem_of(self.len())
+    }
+
+    /// The slot's first `len` bytes (at most the slot) as a WRITE's data.
+    pub(super) fn client_mem_of(&self, len: usize) -> PayloadMem {
         PayloadMem {
             arena: self.arena.clone(),
             span: [HostSpan {
                 addr: self.as_mut_ptr() as usize,
-                len: self.len(),
+                len: len.min(self.len()),
             }],
         }
     }
 }
 
 /// An entry's payload slot as the destination of a READ served by
-/// reference ([`ClientMem`]): the filesystem reads into it directly, in
+/// reference ([`ClientMem`]), or the source of a WRITE started without
+/// waiting: the filesystem reads into it (writes from it) directly, in
 /// line or started on its io_uring. It holds the arena, so the slot stays
 /// mapped for as long as any I/O on it can run.
 #[derive(Debug)]
@@ -173,8 +179,8 @@ impl std::fmt::Debug for Arena {
 // object) that stays mapped while this value holds the arena; the map, when
 // offered, is that whole mapping. The slot is not reused while I/O may run
 // on it: its entry is held by the serving thread (no kernel command of it
-// in flight) from the READ's fetch until the READ's completion was taken,
-// and is committed only after that.
+// in flight) from the READ's (WRITE's) fetch until its completion was
+// taken, and is committed only after that.
 unsafe impl ClientMem for PayloadMem {
     fn spans(&self) -> &[HostSpan] {
         &self.span

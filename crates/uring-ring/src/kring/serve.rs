@@ -5,7 +5,9 @@
 //! in one pass: a READ the filesystem can start without waiting
 //! ([`Filesystem::read_async`], the passthrough's per-thread io_uring) is
 //! started straight into the entry's payload buffer and left running, so
-//! the thread goes on to the next fetched request; everything else is
+//! the thread goes on to the next fetched request; so is a WRITE
+//! ([`Filesystem::write_async`]) from the payload buffer its data came
+//! in, its `fuse_write_out` put there once it is over; everything else is
 //! served in line and its COMMIT_AND_FETCH queued. Then the started I/O is
 //! submitted (one system call for the pass), finished READs are taken and
 //! their entries' commits queued, and the thread waits: the queued commits
@@ -32,7 +34,9 @@
 //! and another entry is registered in its place, as `run_ring_worker`
 //! does; then the kernel is nudged ([`KernelQueue::nudge`]), since the
 //! requests that queued up while no entry was free go only to an entry
-//! that commits, and the parked one will not. WRITE, FSYNC and the rest are served in line (see docs/DESIGN.md).
+//! that commits, and the parked one will not. FSYNC, FALLOCATE and the
+//! rest, and WRITEs the filesystem declines, are served in line (see
+//! docs/DESIGN.md).
 //!
 //! A READ that hangs holds only its own entry: the others keep serving.
 //! When the connection goes, the thread's entries are dropped, but the
@@ -62,8 +66,9 @@ type Answers<T> = Arc<Mutex<Vec<(u64, T)>>>;
 pub struct QueueStats {
     /// Requests served.
     pub served: u64,
-    /// READs the filesystem took to start without waiting (those the
-    /// page cache held were answered at once, in the same pass).
+    /// READs and WRITEs the filesystem took to start without waiting
+    /// (READs the page cache held were answered at once, in the same
+    /// pass).
     pub started: u64,
     /// The most started READs unanswered at once (the one just started
     /// included).
@@ -75,6 +80,9 @@ pub struct QueueStats {
     pub nudged: u64,
     /// Nudges the kernel refused (tried again after the next pass).
     pub nudge_failed: u64,
+    /// WRITEs the filesystem took to start without waiting (counted in
+    /// `started` too).
+    pub writes_started: u64,
 }
 
 /// Serves queue `q` with `disp` until the connection goes (or
@@ -98,7 +106,7 @@ pub fn serve_queue<F: Filesystem>(
 struct Server<'a, F: Filesystem> {
     q: &'a KernelQueue,
     disp: &'a Dispatcher<F>,
-    /// READs whose host I/O runs (`Started` entries).
+    /// READs and WRITEs whose host I/O runs (`Started` entries).
     started: HashMap<u64, KernelSlot>,
     /// Requests waiting for something outside the server (`Parked`).
     parked: HashMap<u64, KernelSlot>,
@@ -206,6 +214,9 @@ impl<'a, F: Filesystem> Server<'a, F> {
         ) {
             Served::Started => {
                 self.stats.started += 1;
+                if slot.is_write() {
+                    self.stats.writes_started += 1;
+                }
                 self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len() + 1);
                 slot.set_state(EntState::Started);
                 // Answered before read_async returned (the page cache held
@@ -292,7 +303,12 @@ fn take<T>(list: &Answers<T>, unique: u64) -> Option<T> {
     Some(l.swap_remove(i).1)
 }
 
+/// The reply of a started READ (its data is in the payload already) or
+/// WRITE (a `fuse_write_out`).
 fn set_result(slot: &mut KernelSlot, r: FsResult<usize>) {
+    if slot.is_write() {
+        return slot.set_written(r);
+    }
     match r {
         Ok(bytes) => slot.set_reply(0, bytes),
         Err(e) => slot.set_reply(e.to_wire(), 0),
