@@ -169,28 +169,6 @@ impl KernelSlot {
     pub fn is_write(&self) -> bool {
         self.in_header().opcode == fuse_core::abi::Opcode::Write as u32
     }
-    /// Sets the reply of a WRITE started without waiting: a
-    /// `fuse_write_out` of `written` bytes in the payload buffer, or the
-    /// error. Call once its I/O is over (the buffer held its data).
-    pub fn set_written(&mut self, r: Result<usize, Errno>) {
-        match r {
-            Ok(n) => {
-                let out = fuse_core::abi::WriteOut {
-                    size: u32::try_from(n).unwrap_or(u32::MAX),
-                    padding: 0,
-                };
-                let bytes = out.as_bytes();
-                // SAFETY: the entry is held by the serving thread with no
-                // command of it in flight, and its WRITE's I/O is over, so
-                // nothing else touches the slot; the slice borrows the
-                // entry mutably.
-                let buf = unsafe { self.ent.payload.slice_mut() };
-                buf[..bytes.len()].copy_from_slice(bytes);
-                self.set_reply(0, bytes.len());
-            }
-            Err(e) => self.set_reply(e.to_wire(), 0),
-        }
-    }
 }
 
 struct State {
@@ -683,7 +661,8 @@ impl RingSlot for KernelSlot {
     }
     /// A WRITE's data is at the start of the payload buffer (its
     /// `fuse_write_in` in the header); its reply, a `fuse_write_out`, goes
-    /// to the payload once the write is over ([`KernelSlot::set_written`]).
+    /// to the payload once the write is over
+    /// ([`fuse_core::server::complete_started`]).
     fn write_mem(&self) -> Option<Arc<dyn fuse_core::ClientMem>> {
         (self.is_write() && !self.is_zero_copy()).then(|| {
             let len = self.request_payload_len();

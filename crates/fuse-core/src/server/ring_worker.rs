@@ -81,6 +81,14 @@ impl RingSlot for Fetched {
     fn client_mem(&self) -> Option<Arc<dyn ClientMem>> {
         Fetched::client_mem(self).cloned()
     }
+    /// A WRITE's data by reference (a device's guest buffers) is its
+    /// client memory.
+    fn write_mem(&self) -> Option<Arc<dyn ClientMem>> {
+        if Fetched::in_header(self).opcode != Opcode::Write as u32 {
+            return None;
+        }
+        Fetched::client_mem(self).cloned()
+    }
 }
 
 impl RingTransport for RingEnd {
@@ -150,6 +158,38 @@ pub enum Served {
     /// a READ's reply is `(0, bytes)` (or the error), a WRITE's a
     /// `fuse_write_out` of the bytes written, and the entry is committed.
     Started,
+}
+
+/// Sets the reply of a request [`serve_slot`] started
+/// ([`Served::Started`]) once its I/O is over, with the result its
+/// [`ReadDone`] got: a READ's `(0, bytes)` (the data is in client memory
+/// already), a WRITE's `fuse_write_out` where `serve_slot` puts any
+/// WRITE's reply (the header's `op_in` for a WRITE by reference or
+/// zero-copy, the payload buffer otherwise); an error as it is.
+pub fn complete_started<S: RingSlot + ?Sized>(f: &mut S, r: super::FsResult<usize>) {
+    let n = match r {
+        Ok(n) => n,
+        Err(e) => return f.set_reply(e.to_wire(), 0),
+    };
+    if f.in_header().opcode != Opcode::Write as u32 {
+        return f.set_reply(0, n);
+    }
+    let in_header = f.is_zero_copy() || f.client_mem().is_some();
+    let out = abi::WriteOut {
+        size: u32::try_from(n).unwrap_or(u32::MAX),
+        padding: 0,
+    };
+    let bytes = zerocopy::IntoBytes::as_bytes(&out);
+    let (header, payload) = f.parts_mut();
+    if in_header {
+        header.op_in[..bytes.len()].copy_from_slice(bytes);
+        f.set_reply(0, 0);
+    } else if payload.len() >= bytes.len() {
+        payload[..bytes.len()].copy_from_slice(bytes);
+        f.set_reply(0, bytes.len());
+    } else {
+        f.set_reply(Errno::EIO.to_wire(), 0);
+    }
 }
 
 /// Serves the request in `f` with `disp`: as `answer_with`, and with

@@ -48,7 +48,9 @@
 
 use super::{EntState, KernelQueue, KernelSlot};
 use fuse_core::server::RingSlot;
-use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, FsResult, ReadDone, Served};
+use fuse_core::server::{
+    complete_started, serve_slot, Deferred, Dispatcher, Filesystem, FsResult, ReadDone, Served,
+};
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -304,15 +306,9 @@ fn take<T>(list: &Answers<T>, unique: u64) -> Option<T> {
 }
 
 /// The reply of a started READ (its data is in the payload already) or
-/// WRITE (a `fuse_write_out`).
+/// WRITE (a `fuse_write_out` in the payload).
 fn set_result(slot: &mut KernelSlot, r: FsResult<usize>) {
-    if slot.is_write() {
-        return slot.set_written(r);
-    }
-    match r {
-        Ok(bytes) => slot.set_reply(0, bytes),
-        Err(e) => slot.set_reply(e.to_wire(), 0),
-    }
+    complete_started(slot, r);
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -27,7 +27,9 @@ use super::{FsDevice, Inner};
 use fuse_core::chan::Chan;
 use fuse_core::fasthash::IdMap;
 use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
-use fuse_core::server::{serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served};
+use fuse_core::server::{
+    complete_started, serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served,
+};
 use fuse_core::Errno;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
@@ -153,10 +155,7 @@ impl QueueServer {
     }
 
     fn set_result(f: &mut Fetched, r: FsResult<usize>) {
-        match r {
-            Ok(bytes) => f.set_reply(0, bytes),
-            Err(e) => f.set_reply(e.to_wire(), 0),
-        }
+        complete_started(f, r);
     }
 
     /// READs started since the last submit.
