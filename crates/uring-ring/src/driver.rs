@@ -18,6 +18,7 @@
 //!   cancels every op with that key (ASYNC_CANCEL); an op may carry a
 //!   deadline (a linked LINK_TIMEOUT).
 
+mod personality;
 mod started;
 mod vectored;
 pub use vectored::{preadv_raw, pwritev_raw, MAX_IOVECS};
@@ -138,6 +139,8 @@ pub struct Driver {
     /// arrays the kernel reads until each completes (by slot).
     started: Vec<(OpId, u64)>,
     iov_store: fuse_core::fasthash::IdMap<usize, Box<[libc::iovec]>>,
+    /// Unique among this process's drivers (see `personality.rs`).
+    serial: u64,
 }
 
 impl std::fmt::Debug for Driver {
@@ -180,6 +183,10 @@ impl Driver {
             cancels: None,
             started: Vec::new(),
             iov_store: Default::default(),
+            serial: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         })
     }
 

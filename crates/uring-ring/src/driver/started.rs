@@ -1,6 +1,6 @@
 //! Ops started and left running: a thread that serves many requests at
-//! once queues their reads (into memory the driver does not own: a
-//! client's, such as guest RAM), submits them together with one
+//! once queues their reads and writes (into or from memory the driver does
+//! not own: a client's, such as guest RAM), submits them together with one
 //! `io_uring_enter`, goes on with other work, and takes their completions
 //! later, when the ring's eventfd says there are some. Unlike
 //! `read_into`/`readv_raw` nothing waits here: the caller promises the
@@ -37,28 +37,96 @@ impl Driver {
         fixed: bool,
         punt: bool,
     ) -> Result<OpId, DriverError> {
-        if !self.supported.read {
+        // SAFETY: the caller's contract, which is `start_rw`'s for a read.
+        unsafe { self.start_rw(false, t, iovs, offset, key, fixed, punt, None) }
+    }
+
+    /// Queues a vectored write at `offset` from the memory `iovs` names,
+    /// as [`Driver::start_readv`] queues a read (WRITE_FIXED/WRITEV_FIXED
+    /// through the registered client map when `fixed` and the iovecs lie
+    /// in one of its pieces, else WRITEV; IOSQE_ASYNC with `punt`). With
+    /// `personality` (from [`Driver::register_personality`] on this ring)
+    /// the op runs with the credentials registered under it, wherever and
+    /// whenever the kernel issues it: inside the submit, on an io-wq
+    /// worker, or again from task work.
+    ///
+    /// # Safety
+    ///
+    /// Every iovec must describe mapped, readable memory, and stay so
+    /// until this op's completion has been taken with
+    /// [`Driver::take_started`] (or the driver dropped: its Drop waits for
+    /// every op).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn start_writev(
+        &mut self,
+        t: Target,
+        iovs: Box<[libc::iovec]>,
+        offset: u64,
+        key: u64,
+        fixed: bool,
+        punt: bool,
+        personality: Option<u16>,
+    ) -> Result<OpId, DriverError> {
+        // SAFETY: the caller's contract, which is `start_rw`'s for a write.
+        unsafe { self.start_rw(true, t, iovs, offset, key, fixed, punt, personality) }
+    }
+
+    /// [`Driver::start_readv`] or [`Driver::start_writev`].
+    ///
+    /// # Safety
+    ///
+    /// As for the one called: the memory `iovs` names is mapped (writable
+    /// for a read, readable for a write) until the completion is taken.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn start_rw(
+        &mut self,
+        write: bool,
+        t: Target,
+        iovs: Box<[libc::iovec]>,
+        offset: u64,
+        key: u64,
+        fixed: bool,
+        punt: bool,
+        personality: Option<u16>,
+    ) -> Result<OpId, DriverError> {
+        let supported = if write {
+            self.supported.write
+        } else {
+            self.supported.read
+        };
+        if !supported {
             return Err(DriverError::Submit(io::Error::from_raw_os_error(
                 libc::EOPNOTSUPP,
             )));
         }
         let n = iovs.len().min(MAX_IOVECS);
-        let entry = match fixed.then(|| self.client_fixed_entry(t, &iovs[..n], false)) {
+        let entry = match fixed.then(|| self.client_fixed_entry(t, &iovs[..n], write)) {
             Some(Some(e)) => e.offset(offset).build(),
             _ => {
-                let v = iovs.as_ptr();
-                match t {
-                    Target::Fd(fd) => opcode::Readv::new(types::Fd(fd), v, n as u32),
-                    Target::Fixed(i) => opcode::Readv::new(types::Fixed(i), v, n as u32),
+                let (v, n) = (iovs.as_ptr(), n as u32);
+                macro_rules! on {
+                    ($fd:expr) => {
+                        if write {
+                            opcode::Writev::new($fd, v, n).offset(offset).build()
+                        } else {
+                            opcode::Readv::new($fd, v, n).offset(offset).build()
+                        }
+                    };
                 }
-                .offset(offset)
-                .build()
+                match t {
+                    Target::Fd(fd) => on!(types::Fd(fd)),
+                    Target::Fixed(i) => on!(types::Fixed(i)),
+                }
             }
         };
         let entry = if punt {
             entry.flags(squeue::Flags::ASYNC)
         } else {
             entry
+        };
+        let entry = match personality {
+            Some(p) => entry.personality(p),
+            None => entry,
         };
         let id = self.alloc(Slot::InFlight {
             buf: None,

@@ -14,8 +14,10 @@
 //! io_uring_enter on this thread, and one punted to an io-wq worker
 //! carries the credentials captured when it was punted (io_prep_async_work
 //! sets REQ_F_CREDS from current_cred()). The passthrough's rings are
-//! per-thread, without SQPOLL, and every data op is waited for before the
-//! call returns, so ops submitted under a [`CredGuard`] run as the caller.
+//! per-thread, without SQPOLL, and every data op served in line is waited
+//! for before the call returns, so ops submitted under a [`CredGuard`] run
+//! as the caller. A started WRITE (`started/write.rs`), submitted later,
+//! carries the credentials of its guard in a registered personality.
 
 use super::sys::thread;
 use fuse_core::server::Ctx;
@@ -105,7 +107,7 @@ const CAP_SYS_RESOURCE: u64 = 1 << 24;
 
 /// A caller's credentials, its supplementary groups read once: what a
 /// handle keeps of its opener.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Cred {
     /// fsuid.
     pub uid: u32,
@@ -138,7 +140,7 @@ impl Cred {
 }
 
 /// The capabilities a [`CredGuard`] leaves effective, of the thread's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Caps {
     /// As a local process of the caller's uid: root ([`Cred::root`]) keeps
     /// all of them, anyone else none (setfsuid drops only the file-system ones;

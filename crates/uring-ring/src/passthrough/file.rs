@@ -11,6 +11,7 @@ use fuse_core::server::{
     Created, Ctx, DirPlusSink, DirSink, FsResult, Opened, ReadSink, WriteSource,
 };
 use fuse_core::Errno;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -82,6 +83,23 @@ impl Handles {
     }
     fn clear(&self) {
         self.map.write().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+    /// Counts a writer of `inode` (in its `writers`, and in the most seen
+    /// at once) until the result is dropped.
+    pub(super) fn writer(&self, inode: &Arc<InodeData>) -> Writer {
+        let now = inode.writers.fetch_add(1, Ordering::AcqRel) + 1;
+        self.max_parallel.fetch_max(now, Ordering::Relaxed);
+        Writer(inode.clone())
+    }
+}
+
+/// A writer counted in its inode's `writers` until dropped.
+#[derive(Debug)]
+pub(super) struct Writer(Arc<InodeData>);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.0.writers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -396,6 +414,45 @@ impl PassthroughFs {
         )
     }
 
+    /// Who a WRITE on `h` with `write_flags` runs as, and with which
+    /// capabilities (in line, or started: `started/write.rs`).
+    ///
+    /// Every write runs under credentials, so the host applies quotas,
+    /// reserved blocks and setuid clearing as for a local writer. A
+    /// writeback (or mmap) write carries no caller: it runs as the
+    /// handle's opener. A caller with the opener's uid and gid takes the
+    /// opener's groups too (host mounts: read at OPEN rather than from
+    /// /proc on every WRITE; they differ only for a process that changed
+    /// its groups since).
+    ///
+    /// FUSE_WRITE_KILL_SUIDGID says the writer lacks CAP_FSETID: the host
+    /// write then runs without it, so it clears setuid/setgid as the host
+    /// kernel would for such a writer (a non-root caller has no
+    /// capabilities anyway).
+    pub(super) fn write_creds<'h>(
+        &self,
+        ctx: &Ctx,
+        h: &'h HandleData,
+        flags: u32,
+    ) -> Result<(Cow<'h, Cred>, Caps), Errno> {
+        let cache = flags & wflags::WRITE_CACHE != 0;
+        let cred = if cache || self.acts_as(ctx, &h.opener)? {
+            Cow::Borrowed(&h.opener)
+        } else {
+            Cow::Owned(self.caller(ctx)?)
+        };
+        let caps = Caps::Data {
+            kill_suidgid: flags & wflags::WRITE_KILL_SUIDGID != 0,
+        };
+        Ok((cred, caps))
+    }
+
+    /// Whether a WRITE through `h` holds its inode's `io_lock` shared
+    /// (parallel direct writes), not exclusively.
+    pub(super) fn parallel_write(&self, h: &HandleData) -> bool {
+        h.direct && self.cfg.parallel_direct_writes
+    }
+
     pub(super) fn op_write(
         &self,
         ctx: &Ctx,
@@ -409,39 +466,16 @@ impl PassthroughFs {
             return Err(Errno::EINVAL);
         }
         let h = self.handles.get(fh)?;
-        // Every write runs under credentials, so the host applies quotas,
-        // reserved blocks and setuid clearing as for a local writer. A
-        // writeback (or mmap) write carries no caller: it runs as the
-        // handle's opener. A caller with the opener's uid and gid takes
-        // the opener's groups too (host mounts: read at OPEN rather than
-        // from /proc on every WRITE; they differ only for a process that
-        // changed its groups since).
-        let cache = flags & wflags::WRITE_CACHE != 0;
-        let caller;
-        let cred = if cache || self.acts_as(ctx, &h.opener)? {
-            &h.opener
-        } else {
-            caller = self.caller(ctx)?;
-            &caller
-        };
-        // FUSE_WRITE_KILL_SUIDGID says the writer lacks CAP_FSETID: the
-        // host write then runs without it, so it clears setuid/setgid as
-        // the host kernel would for such a writer (a non-root caller has
-        // no capabilities anyway).
-        let caps = Caps::Data {
-            kill_suidgid: flags & wflags::WRITE_KILL_SUIDGID != 0,
-        };
-        let shared = h.direct && self.cfg.parallel_direct_writes;
+        let (cred, caps) = self.write_creds(ctx, &h, flags)?;
         let (_r, _w);
-        if shared {
+        if self.parallel_write(&h) {
             _r = h.inode.io_lock.read().unwrap_or_else(|e| e.into_inner());
         } else {
             _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
         }
-        let now = h.inode.writers.fetch_add(1, Ordering::AcqRel) + 1;
-        self.handles.max_parallel.fetch_max(now, Ordering::Relaxed);
+        let writer = self.handles.writer(&h.inode);
         let r = (|| {
-            let _c = self.creds_as(cred, caps)?;
+            let _c = self.creds_as(&cred, caps)?;
             if let Some(mem) = src.client() {
                 return super::client_io::write(
                     h.uring && h.odirect,
@@ -467,7 +501,7 @@ impl PassthroughFs {
                 &self.io_stats,
             )
         })();
-        h.inode.writers.fetch_sub(1, Ordering::AcqRel);
+        drop(writer);
         if matches!(r, Ok(n) if n > 0) {
             self.kill_mapped_caps(h.inode.nodeid);
         }

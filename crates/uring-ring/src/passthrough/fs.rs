@@ -103,6 +103,18 @@ impl Filesystem for PassthroughFs {
     ) -> Result<(), fuse_core::server::ReadDone> {
         self.op_read_async(ctx.unique, handle, offset, len, mem, done)
     }
+    fn write_async(
+        &self,
+        ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        offset: u64,
+        mem: std::sync::Arc<dyn fuse_core::ClientMem>,
+        flags: u32,
+        done: fuse_core::server::ReadDone,
+    ) -> Result<(), fuse_core::server::ReadDone> {
+        self.op_write_async(ctx, handle, offset, mem, flags, done)
+    }
     fn submit_async(&self) {
         self.op_submit_async()
     }

@@ -18,6 +18,13 @@
 //! (FUSE_INTERRUPT, the device's timeout) through the cancel registry. A
 //! short read that is not at the end of the file is continued where it
 //! stopped.
+//!
+//! WRITEs are started on the same ring and completed by the same calls
+//! (`write.rs`): only where the usual path would hold the inode's I/O
+//! lock shared (parallel direct writes), each running with the
+//! credentials the usual path would switch to, captured in a registered
+//! personality of the ring. What such a write does not exclude, and why,
+//! is told there.
 
 use super::client_io::{aligned, iovecs, registered};
 use super::file::HandleData;
@@ -29,7 +36,9 @@ use fuse_core::{ClientMem, Errno};
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// A READ in flight on this thread's ring.
+mod write;
+
+/// A READ or WRITE in flight on this thread's ring.
 struct Pending {
     done: ReadDone,
     /// Held for I/O since the start (`begin_io`).
@@ -43,6 +52,8 @@ struct Pending {
     fixed: bool,
     /// Run on an io-wq worker (a large read: see [`PARALLEL_READ`]).
     punt: bool,
+    /// A WRITE: as whom it runs, and its writer count.
+    write: Option<write::WriteOp>,
 }
 
 /// READs at least this long are started on the ring even when the page
@@ -53,18 +64,20 @@ struct Pending {
 /// in line than a hand-off to a worker thread.
 const PARALLEL_READ: usize = 256 * 1024;
 
-/// This thread's started reads, and the eventfd its ring signals.
+/// This thread's started reads and writes, the eventfd its ring signals,
+/// and the credentials registered with its ring for writes.
 #[derive(Default)]
 struct Started {
     pending: fuse_core::fasthash::IdMap<OpId, Pending>,
     eventfd: Option<std::os::fd::OwnedFd>,
+    personas: write::Personas,
 }
 
 impl Drop for Started {
     fn drop(&mut self) {
         // The ring first: its Drop waits for every op in flight, so no
         // client memory is given back (`end_io`, below) while the kernel
-        // may still write it.
+        // may still use it. (Its personalities go with it.)
         io::drop_driver();
         for (_, p) in self.pending.drain() {
             p.mem.end_io();
@@ -76,34 +89,51 @@ thread_local! {
     static STARTED: RefCell<Started> = RefCell::new(Started::default());
 }
 
-/// Queues the read of `p` from `p.got` on (the memory is held for I/O).
-fn start(d: &mut crate::Driver, p: &Pending, stats: &IoStats) -> Result<OpId, Errno> {
+/// Queues the read or write of `p` from `p.got` on (the memory is held
+/// for I/O); a write with the registered `personality`.
+fn start(
+    d: &mut crate::Driver,
+    p: &Pending,
+    personality: Option<u16>,
+    stats: &IoStats,
+) -> Result<OpId, Errno> {
     let spans = p.mem.spans();
     let iovs = iovecs(spans, p.got, p.len).into_boxed_slice();
     let map = p.mem.map();
     // SAFETY: `ClientMem`'s contract: the map's regions are mapped while
     // the memory lives (this `Pending` holds it).
     let fixed = p.fixed && map.as_deref().is_some_and(|m| unsafe { registered(d, m) });
+    let at = p.off + p.got as u64;
+    let t = Target::Fd(p.h.fd.raw());
+    let write = p.write.is_some();
     // SAFETY: `ClientMem`'s contract: while the memory is held for I/O
     // (begin_io, until `complete` ends it after this op's completion was
-    // taken) every span is mapped, writable memory that is no Rust object
-    // and that the client does not reuse; the iovecs stay inside the spans.
+    // taken) every span is mapped, readable and writable memory that is no
+    // Rust object and that the client does not reuse; the iovecs stay
+    // inside the spans.
     let id = unsafe {
-        d.start_readv(
-            Target::Fd(p.h.fd.raw()),
-            iovs,
-            p.off + p.got as u64,
-            p.key,
-            fixed,
-            p.punt,
-        )
+        if write {
+            d.start_writev(t, iovs, at, p.key, fixed, p.punt, personality)
+        } else {
+            d.start_readv(t, iovs, at, p.key, fixed, p.punt)
+        }
     }
-    .map_err(|_| Errno::EAGAIN)?;
-    stats.count(false, true);
+    .map_err(driver_errno)?;
+    stats.count(write, true);
     if fixed {
-        stats.count_fixed(false);
+        stats.count_fixed(write);
     }
     Ok(id)
+}
+
+/// The errno of a driver's failure.
+fn driver_errno(e: crate::DriverError) -> Errno {
+    match e {
+        crate::DriverError::Setup(e)
+        | crate::DriverError::Register(e)
+        | crate::DriverError::Submit(e) => io::errno(e),
+        _ => Errno::EIO,
+    }
 }
 
 /// Makes this thread's eventfd and has its ring signal it (once).
@@ -204,12 +234,20 @@ impl PassthroughFs {
             key: unique,
             fixed: true,
             punt: large,
+            write: None,
         };
+        self.start_pending(p)
+    }
+
+    /// Starts `p` (memory held for I/O) and records it, or gives its
+    /// `done` back, the memory released, if it cannot be started.
+    fn start_pending(&self, p: Pending) -> Result<(), ReadDone> {
         let id = io::with_driver(true, &self.io_stats, |d| {
             if !ensure_eventfd(d) {
                 return None;
             }
-            start(d, &p, &self.io_stats).ok()
+            let personality = STARTED.with(|s| s.borrow_mut().personas.of(d, &p)).ok()?;
+            start(d, &p, personality, &self.io_stats).ok()
         })
         .flatten();
         match id {
@@ -242,17 +280,21 @@ impl PassthroughFs {
         let mut continued = false;
         STARTED.with(|s| {
             let mut s = s.borrow_mut();
+            let s = &mut *s;
             for (id, res) in out {
                 let Some(mut p) = s.pending.remove(&id) else {
                     continue;
                 };
+                let mut stalled = false;
                 let r = match res {
                     Ok(n) => {
                         p.got += n;
                         if n > 0 && p.got < p.len {
-                            // Short, not at the end of the file: go on.
+                            // Short, not at the end of the file (a read), or
+                            // a write the host took only part of: go on.
                             let again = io::with_driver(true, &self.io_stats, |d| {
-                                start(d, &p, &self.io_stats).ok()
+                                let personality = s.personas.of(d, &p).ok()?;
+                                start(d, &p, personality, &self.io_stats).ok()
                             })
                             .flatten();
                             if let Some(id) = again {
@@ -260,6 +302,7 @@ impl PassthroughFs {
                                 continued = true;
                                 continue;
                             }
+                            stalled = true;
                         }
                         Ok(p.got)
                     }
@@ -270,7 +313,7 @@ impl PassthroughFs {
                     }
                     Err(e) => Err(io::errno(e)),
                 };
-                finished.push((p, r));
+                finished.push((p, r, stalled));
             }
         });
         if continued {
@@ -280,7 +323,10 @@ impl PassthroughFs {
             let _ = io::with_driver(true, &self.io_stats, |d| d.submit());
         }
         let n = finished.len();
-        for (p, r) in finished {
+        for (mut p, mut r, stalled) in finished {
+            if let Some(w) = p.write.take() {
+                r = self.write_finished(&p, w, r, stalled);
+            }
             // The kernel is done with the memory: the client may have it.
             p.mem.end_io();
             p.done.complete(r);
