@@ -474,9 +474,16 @@ impl Driver {
     /// Submits everything queued; returns how many were submitted.
     pub fn submit(&mut self) -> Result<usize, DriverError> {
         let n = self.ring.submit().map_err(DriverError::Submit)?;
-        self.queued = 0;
+        self.sync_queued();
         self.reap();
         Ok(n)
+    }
+
+    /// What is still queued after a submit: an io_uring_enter may take
+    /// fewer SQEs than were queued (the kernel stops at one it cannot
+    /// take), and the rest must go with the next submit, not be forgotten.
+    fn sync_queued(&mut self) {
+        self.queued = self.ring.submission().len();
     }
 
     /// Moves every available completion into its slot.
@@ -567,7 +574,7 @@ impl Driver {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) => return Err(DriverError::Submit(e)),
             }
-            self.queued = 0;
+            self.sync_queued();
             self.reap();
         }
     }
@@ -651,7 +658,7 @@ impl Driver {
                 return c.result;
             }
             match self.ring.submit_and_wait(1) {
-                Ok(_) => self.queued = 0,
+                Ok(_) => self.sync_queued(),
                 Err(e)
                     if matches!(
                         e.raw_os_error(),
