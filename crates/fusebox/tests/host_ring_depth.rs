@@ -83,7 +83,12 @@ fn stat(log: &Path, qid: u16, n: usize) -> Option<u64> {
     let prefix = format!("fusebox: ring queue {qid}: ");
     let line = text.lines().find(|l| l.starts_with(&prefix))?;
     let field = line[prefix.len()..].split(", ").nth(n)?;
-    field.trim_start_matches("at most ").split(' ').next()?.parse().ok()
+    field
+        .trim_start_matches("at most ")
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Ends the daemon (SIGTERM, the lazy unmount) and checks it exits
@@ -532,8 +537,12 @@ fn writes_submitted_together_start_on_the_queue_thread_and_land_whole() {
         .map(|(i, &n)| pattern(n, 100 + i as u64))
         .collect();
     let t = std::thread::spawn({
-        let (path, sizes, offsets, datas) =
-            (d.mnt().join("f"), sizes.clone(), offsets.clone(), datas.clone());
+        let (path, sizes, offsets, datas) = (
+            d.mnt().join("f"),
+            sizes.clone(),
+            offsets.clone(),
+            datas.clone(),
+        );
         move || {
             pin_to_cpu0();
             let f = std::fs::OpenOptions::new()

@@ -23,8 +23,8 @@ mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
 pub use ring_worker::{
-    answer as answer_ring, complete_started, run_ring_worker, serve_slot, RingSlot,
-    RingTransport, Served,
+    answer as answer_ring, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport,
+    Served,
 };
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 

@@ -10,7 +10,8 @@
 //! requests only while it submits, or on their own commit), as many as it
 //! has requests in flight, up to the queue's size. For each request it
 //! submits it fetches what its entry got and either starts it (a READ
-//! into the guest's buffers on a file that can do non-blocking I/O: the
+//! into the guest's buffers on a file that can do non-blocking I/O, or a
+//! WRITE from them that the filesystem can start, e.g. O_DIRECT: the
 //! filesystem queues it on the thread's io_uring and answers it later
 //! through a `ReadDone`) or serves it in line and commits it. After the
 //! batch the started I/O is submitted with one system call, what already
@@ -107,7 +108,7 @@ impl QueueServer {
     }
 
     /// Serves what this thread's entries hold, up to `budget` requests:
-    /// starts READs where the filesystem can, serves the rest in line and
+    /// starts READs and WRITEs where the filesystem can, serves the rest in line and
     /// commits them. Returns how many it served or started.
     pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> usize {
         let mut n = 0;
