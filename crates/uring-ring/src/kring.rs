@@ -90,7 +90,7 @@ pub enum EntState {
     Fetched,
     /// Taken by the serving thread, being served in line.
     Serving,
-    /// A READ whose host I/O runs into the payload buffer.
+    /// A READ (WRITE) whose host I/O runs into (from) the payload buffer.
     Started,
     /// A request that waits for something outside the server (SETLKW).
     Parked,

@@ -481,3 +481,66 @@ fn more_callers_than_the_ring_keeps_personalities_for() {
     assert!(std::fs::read(m.path("f")).unwrap() == want);
     m.client.release(e.nodeid, o.fh, 0).unwrap();
 }
+
+/// The in-line write removes a renamed `security.capability`
+/// (`--xattrmap`) once its data is written; a started write removes it
+/// when it starts, as the host clears a real one. (Removed only when its
+/// completion was taken, a thread that ended first, on a connection abort
+/// or with its frontend gone, left the data on the host and the renamed
+/// capability with it.)
+#[test]
+fn a_write_that_landed_when_its_thread_ended_still_cleared_mapped_caps() {
+    let m = mount(Config {
+        xattr: true,
+        xattrmap: Some(":map::user.virtiofs.:".parse().unwrap()),
+        ..Config::default()
+    });
+    let fs = m.fs();
+    let host = m.path("prog");
+    std::fs::write(&host, vec![0u8; 8192]).unwrap();
+    let name = c"user.virtiofs.security.capability";
+    let path = std::ffi::CString::new(host.as_os_str().as_encoded_bytes()).unwrap();
+    let set_caps = || {
+        // SAFETY: NUL-terminated path and name, a 4-byte value.
+        let r =
+            unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"caps".as_ptr().cast(), 4, 0) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    };
+    let has_caps = || {
+        // SAFETY: as above; size 0 only asks for the length.
+        unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+    };
+    let node = m.client.lookup(ROOT_ID, b"prog").unwrap().nodeid;
+    let o = m.client.open(node, RW | DIRECT).unwrap();
+    let data = vec![0x42u8; 4096];
+
+    // In line: written, and the renamed capability is gone.
+    set_caps();
+    assert_eq!(m.client.write(node, o.fh, 0, &data, 0), Ok(4096));
+    assert!(!has_caps(), "the in-line write left the mapped capability");
+
+    // Started on a thread that ends before it takes the completion.
+    set_caps();
+    let mem = Mem::new(&pattern(5, 4096), 0);
+    let rx = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rx = start(fs, &ctx(0, 0), node, o.fh, 4096, &mem, 0).expect("started");
+            fs.submit_async();
+            let t = Instant::now();
+            while std::fs::read(&host).unwrap()[4096..] != pattern(5, 4096)[..] {
+                assert!(t.elapsed() < Duration::from_secs(10), "never landed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            rx
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(mem.held(), 0);
+    let answer = rx.try_recv();
+    assert!(
+        !has_caps(),
+        "data written by a started write ({answer:?}), mapped capability kept"
+    );
+    m.client.release(node, o.fh, 0).unwrap();
+}

@@ -175,12 +175,16 @@ pub fn complete_started<S: RingSlot + ?Sized>(f: &mut S, r: super::FsResult<usiz
         return f.set_reply(0, n);
     }
     let in_header = f.is_zero_copy() || f.client_mem().is_some();
+    let (header, payload) = f.parts_mut();
+    // Never more than the WRITE carried (its fuse_write_in is still in
+    // op_in), as the in-line path answers.
+    let size = <abi::WriteIn as zerocopy::FromBytes>::read_from_prefix(&header.op_in[..])
+        .map_or(0, |(w, _)| w.size);
     let out = abi::WriteOut {
-        size: u32::try_from(n).unwrap_or(u32::MAX),
+        size: u32::try_from(n).unwrap_or(u32::MAX).min(size),
         padding: 0,
     };
     let bytes = zerocopy::IntoBytes::as_bytes(&out);
-    let (header, payload) = f.parts_mut();
     if in_header {
         header.op_in[..bytes.len()].copy_from_slice(bytes);
         f.set_reply(0, 0);

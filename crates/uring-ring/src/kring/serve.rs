@@ -72,7 +72,7 @@ pub struct QueueStats {
     /// (READs the page cache held were answered at once, in the same
     /// pass).
     pub started: u64,
-    /// The most started READs unanswered at once (the one just started
+    /// The most started READs and WRITEs unanswered at once (the one just started
     /// included).
     pub max_in_flight: usize,
     /// Requests parked (lock waits that did not end at once), each

@@ -36,9 +36,12 @@
 //! FALLOCATE of the inode that arrives meanwhile land between its parts,
 //! where the usual path would have run it before or after the whole
 //! write. Only a client with such a WRITE and a size change in flight at
-//! once can see it, and the order of two requests it has in flight
-//! together is its own to keep (the kernel's FUSE client holds its inode
-//! lock across a synchronous write, and takes it exclusively to truncate).
+//! once can see it: the kernel's FUSE client holds its inode lock across
+//! a synchronous write and takes it exclusively to truncate, but with
+//! FUSE_ASYNC_DIO (offered with `--io-uring`) an O_DIRECT write submitted
+//! through io_uring or AIO returns to its caller unanswered, and a
+//! truncate can follow while it runs. No serial order of the two gives
+//! the interleaved result; it needs a host short count, and is left so.
 //! Writes that would take the lock exclusively (buffered and writeback
 //! writes, which must not run beside a truncate or each other) are served
 //! the usual way.
@@ -198,6 +201,7 @@ impl PassthroughFs {
             return Err(done);
         }
         let writer = self.handles.writer(&h.inode);
+        let nodeid = h.inode.nodeid;
         let p = Pending {
             done,
             mem,
@@ -213,14 +217,23 @@ impl PassthroughFs {
                 _writer: writer,
             }),
         };
-        self.start_pending(p)
+        self.start_pending(p)?;
+        // The capability xattr the host does not clear (renamed by the
+        // xattr map) goes now, as the host clears a real one when a write
+        // starts: whatever happens to this thread before the completion
+        // is taken, a file written to keeps no capability.
+        self.kill_mapped_caps(nodeid);
+        Ok(())
     }
 
     /// The answer of the started write `p` (its `WriteOp` `w` taken out)
     /// whose last completion gave `r`: the rest written in line first if
-    /// a continuation could not be started (`stalled`), then the
-    /// capability xattr the host does not clear cleared, as `op_write`
-    /// does.
+    /// a continuation could not be started (`stalled`). A first write the
+    /// kernel refused with EACCES or EPERM, nothing written, is written in
+    /// line: a security module may refuse ops that carry a personality
+    /// (SELinux's `io_uring { override_creds }`, AppArmor's) where the
+    /// same credentials switched on the thread are allowed, and the usual
+    /// path gives the host's own answer.
     pub(super) fn write_finished(
         &self,
         p: &Pending,
@@ -229,24 +242,20 @@ impl PassthroughFs {
         stalled: bool,
     ) -> Result<usize, Errno> {
         let r = match r {
-            Ok(got) if stalled => Ok(got + self.write_rest(p, &w.creds)),
+            Ok(got) if stalled => Ok(got + self.write_rest(p, &w.creds).unwrap_or(0)),
+            Err(Errno(libc::EACCES) | Errno::EPERM) if p.got == 0 => self.write_rest(p, &w.creds),
             r => r,
         };
         // No longer a writer.
         drop(w);
-        if matches!(r, Ok(n) if n > 0) {
-            self.kill_mapped_caps(p.h.inode.nodeid);
-        }
         r
     }
 
     /// Writes bytes `p.got..p.len` of `p` in line, with `creds` in force,
-    /// as the usual path would; how many were written (0 on an error: the
-    /// bytes before it are the answer).
-    fn write_rest(&self, p: &Pending, creds: &WriteCreds) -> usize {
-        let Ok(_c) = creds.enter() else {
-            return 0;
-        };
+    /// as the usual path would; how many were written, or the error of
+    /// the first call.
+    fn write_rest(&self, p: &Pending, creds: &WriteCreds) -> Result<usize, Errno> {
+        let _c = creds.enter()?;
         let fd = p.h.fd.raw();
         let rest = io::repeat(p.len - p.got, p.off + p.got as u64, |done, at| {
             let iovs = iovecs(p.mem.spans(), p.got + done, p.len);
@@ -257,6 +266,6 @@ impl PassthroughFs {
             // the spans.
             unsafe { crate::driver::pwritev_raw(fd, &iovs, at) }
         });
-        rest.unwrap_or(0)
+        rest
     }
 }

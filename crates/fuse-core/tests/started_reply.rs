@@ -1,0 +1,64 @@
+//! The reply of a started WRITE (`complete_started`).
+
+use fuse_core::abi::{InHeader, Opcode, UringReqHeader, WriteIn, WriteOut};
+use fuse_core::server::{complete_started, RingSlot};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// A kernel-ring-like entry: a WRITE copied into the payload buffer.
+struct Slot {
+    h: UringReqHeader,
+    payload: Vec<u8>,
+    reply: Option<(i32, usize)>,
+}
+
+impl RingSlot for Slot {
+    fn in_header(&self) -> InHeader {
+        InHeader::read_from_prefix(&self.h.in_out).unwrap().0
+    }
+    fn request_payload_len(&self) -> usize {
+        4096
+    }
+    fn is_zero_copy(&self) -> bool {
+        false
+    }
+    fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
+        (&mut self.h, &mut self.payload)
+    }
+    fn set_reply(&mut self, error: i32, len: usize) {
+        self.reply = Some((error, len));
+    }
+}
+
+/// The in-line path answers `n.min(size)` (dispatch.rs `write_client` and
+/// `call`); a started WRITE's answer must not claim more than the WRITE
+/// carried either.
+#[test]
+fn a_started_writes_reply_never_exceeds_the_requests_size() {
+    let mut h = UringReqHeader::default();
+    let ih = InHeader {
+        len: 40 + 40 + 4096,
+        opcode: Opcode::Write as u32,
+        unique: 2,
+        ..Default::default()
+    };
+    h.in_out[..40].copy_from_slice(ih.as_bytes());
+    let wi = WriteIn {
+        size: 4096,
+        ..Default::default()
+    };
+    h.op_in[..40].copy_from_slice(wi.as_bytes());
+    let mut s = Slot {
+        h,
+        payload: vec![0; 8192],
+        reply: None,
+    };
+    // A write_async that reports more than it was given.
+    complete_started(&mut s, Ok(8192));
+    assert_eq!(s.reply, Some((0, 8)));
+    let out = WriteOut::read_from_prefix(&s.payload).unwrap().0;
+    assert!(
+        out.size <= 4096,
+        "fuse_write_out.size {} for a WRITE of 4096 bytes",
+        out.size
+    );
+}
