@@ -91,6 +91,10 @@ fn default_set() -> u64 {
 pub const DAC_READ_SEARCH: u64 = 1 << 2;
 /// CAP_IPC_LOCK.
 pub const IPC_LOCK: u64 = 1 << 14;
+/// CAP_SETGID.
+pub const SETGID: u64 = 1 << 6;
+/// CAP_SETUID.
+pub const SETUID: u64 = 1 << 7;
 
 /// A --modcaps list that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -159,6 +163,9 @@ pub struct Needs {
     pub file_handles: bool,
     /// --fixed-guest-memory (guest RAM pinned as io_uring buffers).
     pub fixed_memory: bool,
+    /// Requests run as their callers (the serving threads switch their
+    /// fsuid, fsgid and groups: CAP_SETUID and CAP_SETGID).
+    pub creds: bool,
 }
 
 impl ModCaps {
@@ -177,6 +184,17 @@ impl ModCaps {
         }
         if needs.fixed_memory {
             base |= IPC_LOCK;
+        }
+        if needs.creds {
+            for (bit, name) in [(SETUID, "SETUID"), (SETGID, "SETGID")] {
+                if self.drop & bit != 0 {
+                    return Err(CapsError::Needed(
+                        "running each request as its caller (every serving thread switches \
+                         its fsuid, fsgid and groups)",
+                        name,
+                    ));
+                }
+            }
         }
         Ok((base | self.add) & !self.drop)
     }
@@ -337,5 +355,17 @@ mod tests {
             ..Needs::default()
         };
         assert_ne!(none.kept(pinned).unwrap() & IPC_LOCK, 0);
+        // Requests run as their callers: setuid and setgid stay.
+        let creds = Needs {
+            creds: true,
+            ..Needs::default()
+        };
+        for drop in ["-setuid", "-setgid", "-setgid:-mknod"] {
+            let m: ModCaps = drop.parse().unwrap();
+            assert!(m.kept(creds).is_err(), "{drop}");
+            assert!(m.kept(Needs::default()).is_ok(), "{drop}");
+        }
+        assert_eq!(SETUID, bit("setuid").unwrap());
+        assert_eq!(SETGID, bit("setgid").unwrap());
     }
 }

@@ -294,6 +294,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         let needs = caps::Needs {
             file_handles: fs_handles,
             fixed_memory: a.fixed_guest_memory,
+            creds: fs.config().creds,
         };
         caps::keep_only(m.kept(needs).map_err(VhostError::Caps)?).map_err(VhostError::Caps)?;
     }
