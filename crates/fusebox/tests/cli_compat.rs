@@ -347,6 +347,15 @@ fn bad_compatibility_options_stop_the_start_naming_them() {
             vec!["-o".into(), "cache=auto".into()],
             "--shared-dir (or -o source=DIR)",
         ),
+        (
+            vec![
+                "-o".into(),
+                src.clone(),
+                "--sandbox=none".into(),
+                "--modcaps=-setuid".into(),
+            ],
+            "--modcaps: running each request as its caller",
+        ),
     ] {
         let out = Command::new(BIN)
             .args(["--socket-path", sock])
