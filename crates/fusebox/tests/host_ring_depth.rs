@@ -91,6 +91,22 @@ fn stat(log: &Path, qid: u16, n: usize) -> Option<u64> {
         .ok()
 }
 
+/// The result of the caller thread `t`; past `limit` the connection is
+/// aborted (which frees a caller stuck in the mount) and the test fails
+/// with `what`.
+fn join_or_abort<T>(t: std::thread::JoinHandle<T>, conn: &Path, limit: Duration, what: &str) -> T {
+    let started = Instant::now();
+    while !t.is_finished() {
+        if started.elapsed() > limit {
+            let _ = std::fs::write(conn.join("abort"), "1");
+            let _ = t.join();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.join().unwrap()
+}
+
 /// Ends the daemon (SIGTERM, the lazy unmount) and checks it exits
 /// cleanly; its log is then complete.
 fn stop(child: Child) {
@@ -413,16 +429,12 @@ fn one_io_uring_caller_at_depth_16_gets_16_reads_in_flight() {
             )
         }
     });
-    let started = Instant::now();
-    while !t.is_finished() {
-        if started.elapsed() > Duration::from_secs(10) {
-            let _ = std::fs::write(conn.join("abort"), "1");
-            let _ = t.join();
-            panic!("16 READs of one io_uring caller were never in flight at once");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let (got, bufs) = t.join().unwrap();
+    let (got, bufs) = join_or_abort(
+        t,
+        &conn,
+        Duration::from_secs(10),
+        "16 READs of one io_uring caller were never in flight at once",
+    );
     assert_eq!(got.len(), 16);
     for (i, (ud, res)) in got.into_iter().enumerate() {
         assert_eq!((ud, res), (i as u64, 4096));
@@ -578,16 +590,12 @@ fn writes_submitted_together_start_on_the_queue_thread_and_land_whole() {
             got
         }
     });
-    let started = Instant::now();
-    while !t.is_finished() {
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = std::fs::write(conn.join("abort"), "1");
-            let _ = t.join();
-            panic!("16 WRITEs of one io_uring caller never completed");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let got = t.join().unwrap();
+    let got = join_or_abort(
+        t,
+        &conn,
+        Duration::from_secs(20),
+        "16 WRITEs of one io_uring caller never completed",
+    );
     assert_eq!(got.len(), 16);
     for (i, (ud, res)) in got.into_iter().enumerate() {
         assert_eq!((ud, res), (i as u64, sizes[i] as i32), "write {i}");
@@ -747,16 +755,12 @@ fn direct_reads_and_writes_at_depth_match_a_model_of_the_file() {
             (model, writes)
         }
     });
-    let started = Instant::now();
-    while !t.is_finished() {
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = std::fs::write(conn.join("abort"), "1");
-            let _ = t.join();
-            panic!("the direct I/O batches did not finish in 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (model, writes) = t.join().unwrap();
+    let (model, writes) = join_or_abort(
+        t,
+        &conn,
+        Duration::from_secs(120),
+        "the direct I/O batches did not finish in 120 s",
+    );
     stop(child);
     assert!(
         std::fs::read(d.share().join("f")).unwrap() == model,

@@ -229,10 +229,15 @@ impl DevFuse {
     /// `fuse_notify_*_out` body: an out header of unique 0 whose error
     /// field carries the code. Not counted as a reply.
     pub fn notify(&self, code: i32, body: &[u8]) -> Result<(), Errno> {
+        self.write_msg(0, code, body)
+    }
+
+    /// Writes one message: an out header (`unique`, `error`) and `payload`.
+    fn write_msg(&self, unique: u64, error: i32, payload: &[u8]) -> Result<(), Errno> {
         let hdr = OutHeader {
-            len: (std::mem::size_of::<OutHeader>() + body.len()) as u32,
-            error: code,
-            unique: 0,
+            len: (std::mem::size_of::<OutHeader>() + payload.len()) as u32,
+            error,
+            unique,
         };
         let h = zerocopy::IntoBytes::as_bytes(&hdr);
         let iov = [
@@ -241,8 +246,8 @@ impl DevFuse {
                 iov_len: h.len(),
             },
             libc::iovec {
-                iov_base: body.as_ptr().cast_mut().cast(),
-                iov_len: body.len(),
+                iov_base: payload.as_ptr().cast_mut().cast(),
+                iov_len: payload.len(),
             },
         ];
         // SAFETY: both iovecs point at live buffers of the stated lengths,
@@ -389,28 +394,7 @@ impl DeviceEnd for DevFuse {
 
     fn write_reply(&self, unique: u64, error: i32, payload: &[u8]) -> Result<(), Errno> {
         let payload = if error == 0 { payload } else { &[][..] };
-        let hdr = OutHeader {
-            len: (std::mem::size_of::<OutHeader>() + payload.len()) as u32,
-            error,
-            unique,
-        };
-        let h = zerocopy::IntoBytes::as_bytes(&hdr);
-        let iov = [
-            libc::iovec {
-                iov_base: h.as_ptr().cast_mut().cast(),
-                iov_len: h.len(),
-            },
-            libc::iovec {
-                iov_base: payload.as_ptr().cast_mut().cast(),
-                iov_len: payload.len(),
-            },
-        ];
-        // SAFETY: both iovecs point at live buffers of the stated lengths,
-        // which the kernel only reads.
-        let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), 2) };
-        if n < 0 {
-            return Err(last_errno());
-        }
+        self.write_msg(unique, error, payload)?;
         self.replies
             .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())

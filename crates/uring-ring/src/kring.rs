@@ -457,22 +457,7 @@ impl KernelQueue {
             st.async_armed = Some(fd);
         }
         if !st.async_fired {
-            match st.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                // Transient: the queued commits are still in the SQ ring
-                // and go with the next attempt.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
-                    ) =>
-                {
-                    if e.raw_os_error() != Some(libc::EINTR) {
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
-                }
-                Err(e) => return Err(errno_of(&e)),
-            }
+            submit_and_wait(&mut st)?;
         } else if !st.ring.submission().is_empty() {
             st.ring.submit().map_err(|e| errno_of(&e))?;
         }
@@ -596,6 +581,28 @@ impl KernelQueue {
                 drop(ent);
             }
         }
+    }
+}
+
+/// Submits what is queued and waits for one completion. A transient
+/// failure (a signal, EAGAIN, EBUSY, ENOMEM: the queued commits are still
+/// in the SQ ring and go with the next attempt) returns Ok after a short
+/// pause (none for a signal), for the caller to look again.
+fn submit_and_wait(st: &mut State) -> Result<(), Errno> {
+    match st.ring.submit_and_wait(1) {
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
+            ) =>
+        {
+            if e.raw_os_error() != Some(libc::EINTR) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok(())
+        }
+        Err(e) => Err(errno_of(&e)),
     }
 }
 
@@ -743,20 +750,7 @@ impl RingTransport for KernelQueue {
                     st.wake_armed = true;
                 }
             }
-            match st.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                // Transient: the queued commits are still in the SQ ring
-                // and go with the next attempt.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
-                    ) =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                Err(e) => return Err(errno_of(&e)),
-            }
+            submit_and_wait(&mut st)?;
             self.reap(&mut st);
         }
     }
