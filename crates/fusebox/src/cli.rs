@@ -48,6 +48,24 @@ pub enum Cmd {
     Mount(MountArgs),
 }
 
+/// `--migration-mode` (as virtiofsd's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MigrationMode {
+    /// Paths below the shared directory.
+    FindPaths,
+    /// File handles.
+    FileHandles,
+}
+
+/// `--migration-on-error` (as virtiofsd's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MigrationOnError {
+    /// Fail the migration.
+    Abort,
+    /// Migrate; EIO on what could not be carried over.
+    GuestError,
+}
+
 /// Cache policy (as virtiofsd's --cache).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Cache {
@@ -378,17 +396,26 @@ pub struct VirtiofsdArgs {
     /// gid as 0.
     #[arg(long, value_name = "MAP")]
     pub gid_map: Vec<crate::userns::NsIdMap>,
-    /// Not supported (no migration yet).
-    #[arg(long, hide = true, value_name = "MODE")]
-    pub migration_mode: Option<String>,
-    /// Not supported (no migration yet).
-    #[arg(long, hide = true, value_name = "MODE")]
-    pub migration_on_error: Option<String>,
-    /// Not supported (no migration yet).
-    #[arg(long, hide = true)]
+    /// Live migration: how the source names each file the guest uses for
+    /// the destination: `find-paths` (its path below the shared
+    /// directory, confirmed by a stat) or `file-handles` (its file handle;
+    /// both daemons on the same filesystem, the destination with
+    /// CAP_DAC_READ_SEARCH; reaches files unlinked while open).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "find-paths")]
+    pub migration_mode: MigrationMode,
+    /// Live migration: a file that cannot be carried over (found on the
+    /// source, opened on the destination) fails the migration (`abort`;
+    /// the source VM goes on) or is carried over as lost: the guest gets
+    /// EIO on it (`guest-error`).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "abort")]
+    pub migration_on_error: MigrationOnError,
+    /// Live migration with `find-paths`: send each file's handle too; the
+    /// destination refuses a path that leads to another file.
+    #[arg(long)]
     pub migration_verify_handles: bool,
-    /// Not supported (no migration yet).
-    #[arg(long, hide = true)]
+    /// Live migration: confirm each path before sending it (fusebox
+    /// always does: a path that no longer leads to the file is an error).
+    #[arg(long)]
     pub migration_confirm_paths: bool,
 }
 

@@ -112,7 +112,6 @@ pub enum CompatError {
     ModcapsText(#[source] std::str::Utf8Error),
 }
 
-const WHY_MIGRATION: &str = "no live migration yet";
 const WHY_KILLPRIV_USER: &str = "it offers KILLPRIV_V2 only when it runs as root";
 
 /// The suboptions refused in any form (with or without a value), with
@@ -414,28 +413,6 @@ impl Given<'_> {
     }
 }
 
-/// Refuses the virtiofsd options fusebox cannot honour.
-fn refuse_unsupported(a: &VhostArgs) -> Result<(), CompatError> {
-    let v = &a.virtiofsd;
-    let refuse = |opt: &str, why| {
-        Err(CompatError::Unsupported {
-            opt: opt.into(),
-            why,
-        })
-    };
-    for (opt, given) in [
-        ("--migration-mode", v.migration_mode.is_some()),
-        ("--migration-on-error", v.migration_on_error.is_some()),
-        ("--migration-verify-handles", v.migration_verify_handles),
-        ("--migration-confirm-paths", v.migration_confirm_paths),
-    ] {
-        if given {
-            return refuse(opt, WHY_MIGRATION);
-        }
-    }
-    Ok(())
-}
-
 /// The ID translations of --translate-uid and --translate-gid (each
 /// mapping was checked by clap; here they must fit together, as virtiofsd
 /// checks when it starts serving).
@@ -451,7 +428,6 @@ fn translations(a: &mut VhostArgs) -> Result<(), CompatError> {
 /// translations; `root`: whether the daemon runs as root (KILLPRIV_V2
 /// depends on it).
 pub fn resolve(a: &mut VhostArgs, m: &ArgMatches, root: bool) -> Result<(), CompatError> {
-    refuse_unsupported(a)?;
     translations(a)?;
     let mut g = Given {
         m,

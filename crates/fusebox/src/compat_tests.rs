@@ -261,25 +261,35 @@ fn what_fusebox_cannot_honour_is_an_error_naming_it() {
         e.contains("-o killpriv_v2: not supported by fusebox"),
         "{e}"
     );
-    for args in [
-        &["--migration-mode=find-paths"][..],
-        &["--migration-on-error=abort"],
-        &["--migration-verify-handles"],
-        &["--migration-confirm-paths"],
-    ] {
-        let all = [&["--socket-path=/s", "--shared-dir=/a"][..], args].concat();
-        let e = err(&all);
-        let opt = args[0].split('=').next().unwrap_or_default();
-        assert!(
-            e.contains(&format!("{opt}: not supported by fusebox")),
-            "{args:?}: {e}"
-        );
-    }
     let e = err_as(
         &["--socket-path=/s", "--shared-dir=/a", "--killpriv-v2"],
         false,
     );
     assert!(e.contains("--killpriv-v2: not supported by fusebox"), "{e}");
+}
+
+#[test]
+fn migration_options_as_virtiofsd_takes_them() {
+    use crate::cli::{MigrationMode, MigrationOnError};
+    let base = ["--socket-path=/s", "--shared-dir=/a"];
+    let with = |more: &[&'static str]| -> Vec<&'static str> { [&base[..], more].concat() };
+    let a = ok(&with(&[]));
+    assert_eq!(a.virtiofsd.migration_mode, MigrationMode::FindPaths);
+    assert_eq!(a.virtiofsd.migration_on_error, MigrationOnError::Abort);
+    assert!(!a.virtiofsd.migration_verify_handles);
+    let a = ok(&with(&[
+        "--migration-mode=file-handles",
+        "--migration-on-error=guest-error",
+        "--migration-verify-handles",
+        "--migration-confirm-paths",
+    ]));
+    assert_eq!(a.virtiofsd.migration_mode, MigrationMode::FileHandles);
+    assert_eq!(a.virtiofsd.migration_on_error, MigrationOnError::GuestError);
+    assert!(a.virtiofsd.migration_verify_handles && a.virtiofsd.migration_confirm_paths);
+    for bad in ["--migration-mode=by-magic", "--migration-on-error=ignore"] {
+        let e = err(&with(&[bad]));
+        assert!(e.contains(bad.split('=').nth(1).unwrap_or_default()), "{e}");
+    }
 }
 
 #[test]

@@ -65,8 +65,8 @@ pub enum VhostError {
 /// libvirt reads, listing only what works: `posix-acl-negotiation-mode`
 /// and `security-label-negotiation-mode` (--posix-acl and
 /// --security-label take never|auto|always, as virtiofsd 1.14's). Left out
-/// on purpose: `migrate-precopy` (no migration yet) and
-/// `separate-options`: with it libvirt passes
+/// on purpose: `migrate-precopy` (until the device logs its writes to
+/// guest memory for the migration) and `separate-options`: with it libvirt passes
 /// --shared-dir, --cache and the like, which fusebox takes, but refuses a
 /// domain with a `<lock>` element ("locking options are not supported by
 /// this virtiofsd"); without it libvirt uses `-o source=...,flock,posix_lock`
@@ -256,6 +256,25 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         direct_io: !a.no_direct_io,
         translate_uid: a.uids.clone(),
         translate_gid: a.gids.clone(),
+        migration: uring_ring::passthrough::MigrationConfig {
+            mode: match a.virtiofsd.migration_mode {
+                crate::cli::MigrationMode::FindPaths => {
+                    uring_ring::passthrough::MigrationMode::FindPaths
+                }
+                crate::cli::MigrationMode::FileHandles => {
+                    uring_ring::passthrough::MigrationMode::FileHandles
+                }
+            },
+            on_error: match a.virtiofsd.migration_on_error {
+                crate::cli::MigrationOnError::Abort => {
+                    uring_ring::passthrough::MigrationOnError::Abort
+                }
+                crate::cli::MigrationOnError::GuestError => {
+                    uring_ring::passthrough::MigrationOnError::GuestError
+                }
+            },
+            verify_handles: a.virtiofsd.migration_verify_handles,
+        },
         // Only the starting user is mapped: there is no other id to switch
         // to, so every request runs as that user.
         creds: ids != sandbox::Ids::OwnOnly && Config::default().creds,
@@ -315,6 +334,16 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             congestion_threshold: a.congestion_threshold,
             fixed_guest_memory: a.fixed_guest_memory,
             submit_batch: a.submit_batch as usize,
+            report: Some(|error, msg| {
+                log::log(
+                    if error {
+                        crate::cli::LogLevel::Error
+                    } else {
+                        crate::cli::LogLevel::Info
+                    },
+                    msg,
+                )
+            }),
             ..DeviceConfig::default()
         },
     )

@@ -20,6 +20,7 @@ mod backend;
 mod exit_fds;
 mod heads;
 mod inline;
+mod migration;
 mod request;
 mod timeouts;
 use crate::stats::DeviceStats;
@@ -132,6 +133,10 @@ pub struct DeviceConfig {
     /// the device runs, which defeats ballooning and overcommit: off by
     /// default.
     pub fixed_guest_memory: bool,
+    /// Where the device tells the operator how a live migration's state
+    /// transfer went (true: an error), since QEMU is told only that it
+    /// failed. None: nowhere.
+    pub report: Option<fn(bool, &str)>,
 }
 
 impl Default for DeviceConfig {
@@ -149,6 +154,7 @@ impl Default for DeviceConfig {
             inline_per_batch: 0,
             submit_batch: 4,
             fixed_guest_memory: false,
+            report: None,
         }
     }
 }
@@ -274,6 +280,8 @@ struct Inner<F: Filesystem + 'static> {
     /// Replies are written under the read lock, so once `stop_vring` holds
     /// the write lock no reply of the old ring can reach guest memory.
     gens: Vec<RwLock<u64>>,
+    /// Live migration: the guest's INIT and the state transfer.
+    migration: migration::Migration,
     stop: AtomicBool,
 }
 
@@ -374,6 +382,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             heads: (0..=queues).map(|_| heads::Heads::default()).collect(),
             orphans: (0..=queues).map(|_| AtomicU64::new(0)).collect(),
             waiters: Mutex::new(HashMap::new()),
+            migration: migration::Migration::default(),
             stop: AtomicBool::new(false),
             cfg,
         });

@@ -19,6 +19,7 @@ mod dispatch;
 pub mod faults;
 pub mod memfs;
 mod ring_worker;
+pub mod state;
 mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
@@ -272,6 +273,19 @@ pub trait Filesystem: Send + Sync {
     }
     /// DESTROY.
     fn destroy(&self) {}
+    /// Live migration, source side: what the client holds (node ids it
+    /// looked up, handles it opened) as bytes another instance of the same
+    /// filesystem can take up with [`Filesystem::load_state`]. Called while
+    /// no request is being served.
+    fn save_state(&self) -> Result<Vec<u8>, state::StateError> {
+        Err(state::StateError::Unsupported)
+    }
+    /// Live migration, destination side: takes up state saved by
+    /// [`Filesystem::save_state`] before any request of the migrated
+    /// client arrives.
+    fn load_state(&self, state: &[u8]) -> Result<(), state::StateError> {
+        Err(state::StateError::Unsupported)
+    }
     /// LOOKUP `name` in `parent`.
     fn lookup(&self, ctx: &Ctx, parent: Self::Inode, name: &[u8]) -> FsResult<Entry<Self::Inode>> {
         Err(Errno::ENOSYS)

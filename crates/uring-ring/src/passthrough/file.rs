@@ -41,37 +41,106 @@ pub struct HandleData {
     opener: Cred,
 }
 
+impl HandleData {
+    /// Who opened it.
+    pub(super) fn opener(&self) -> &Cred {
+        &self.opener
+    }
+}
+
 /// The handle table.
 #[derive(Debug, Default)]
 pub struct Handles {
     map: RwLock<HashMap<u64, Arc<HandleData>>>,
+    /// Handles a migration could not take up (`--migration-on-error
+    /// guest-error`): EIO until released.
+    lost: RwLock<std::collections::HashSet<u64>>,
     next: AtomicU64,
     max_parallel: AtomicUsize,
 }
 
 impl Handles {
-    fn insert(&self, h: HandleData) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::new(h));
-        id
+    /// Enters `h` under a new id, or under `at` (a migration taking up the
+    /// source's handles: EEXIST if it is taken).
+    fn insert(&self, h: HandleData, at: Option<u64>) -> Result<u64, Errno> {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let id = match at {
+            None => self.next.fetch_add(1, Ordering::Relaxed) + 1,
+            Some(id) => {
+                if id == 0 || map.contains_key(&id) || self.is_lost(id) {
+                    return Err(Errno(libc::EEXIST));
+                }
+                self.next.fetch_max(id, Ordering::Relaxed);
+                id
+            }
+        };
+        map.insert(id, Arc::new(h));
+        Ok(id)
     }
-    /// The handle `fh`, or EBADF.
-    pub fn get(&self, fh: u64) -> Result<Arc<HandleData>, Errno> {
-        self.map
+    fn is_lost(&self, fh: u64) -> bool {
+        self.lost
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&fh)
-            .cloned()
-            .ok_or(Errno::EBADF)
+            .contains(&fh)
     }
-    fn remove(&self, fh: u64) -> Option<Arc<HandleData>> {
-        self.map
+    /// Records `fh` as lost in a migration (EIO until released).
+    pub(super) fn restore_lost(&self, fh: u64) -> Result<(), Errno> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        if fh == 0 || map.contains_key(&fh) {
+            return Err(Errno(libc::EEXIST));
+        }
+        if !self
+            .lost
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh)
+            .insert(fh)
+        {
+            return Err(Errno(libc::EEXIST));
+        }
+        self.next.fetch_max(fh, Ordering::Relaxed);
+        Ok(())
+    }
+    /// Every open handle, by id, and the lost ones.
+    pub(super) fn snapshot(&self) -> (Vec<(u64, Arc<HandleData>)>, Vec<u64>) {
+        let mut v: Vec<_> = self
+            .map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(&k, h)| (k, h.clone()))
+            .collect();
+        v.sort_by_key(|(k, _)| *k);
+        let mut lost: Vec<u64> = self
+            .lost
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        lost.sort_unstable();
+        (v, lost)
+    }
+    /// The handle `fh`, or EBADF (EIO for one lost in a migration).
+    pub fn get(&self, fh: u64) -> Result<Arc<HandleData>, Errno> {
+        match self.map.read().unwrap_or_else(|e| e.into_inner()).get(&fh) {
+            Some(h) => Ok(h.clone()),
+            None if self.is_lost(fh) => Err(Errno::EIO),
+            None => Err(Errno::EBADF),
+        }
+    }
+    fn remove(&self, fh: u64) -> Option<Arc<HandleData>> {
+        let h = self
+            .map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh);
+        if h.is_none() {
+            self.lost
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&fh);
+        }
+        h
     }
     /// Open handles.
     pub fn len(&self) -> usize {
@@ -81,8 +150,9 @@ impl Handles {
     pub fn max_parallel(&self) -> usize {
         self.max_parallel.load(Ordering::Relaxed)
     }
-    fn clear(&self) {
+    pub(super) fn clear(&self) {
         self.map.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.lost.write().unwrap_or_else(|e| e.into_inner()).clear();
     }
     /// Counts a writer of `inode` (in its `writers`, and in the most seen
     /// at once) until the result is dropped.
@@ -178,14 +248,15 @@ impl PassthroughFs {
         Ok(f | libc::O_CLOEXEC)
     }
 
-    fn new_handle(
+    pub(super) fn new_handle(
         &self,
         fd: CountedFd,
         inode: Arc<InodeData>,
         flags: i32,
         dir: bool,
         opener: Cred,
-    ) -> Opened<u64> {
+        at: Option<u64>,
+    ) -> Result<Opened<u64>, Errno> {
         let direct = flags & libc::O_DIRECT != 0;
         let mut open_flags = self.open_flags(direct, dir);
         let direct = direct || open_flags & fuse_core::abi::fopen::DIRECT_IO != 0;
@@ -201,21 +272,35 @@ impl PassthroughFs {
             }
         }
         inode.handles.fetch_add(1, Ordering::AcqRel);
-        let handle = self.handles.insert(HandleData {
-            fd,
-            inode,
-            direct,
-            uring,
-            odirect: flags & libc::O_DIRECT != 0,
-            backing,
-            dir: Mutex::new(()),
-            opener,
-        });
-        Opened {
+        let inode_ref = inode.clone();
+        let handle = self.handles.insert(
+            HandleData {
+                fd,
+                inode,
+                direct,
+                uring,
+                odirect: flags & libc::O_DIRECT != 0,
+                backing,
+                dir: Mutex::new(()),
+                opener,
+            },
+            at,
+        );
+        let handle = match handle {
+            Ok(h) => h,
+            Err(e) => {
+                inode_ref.handles.fetch_sub(1, Ordering::AcqRel);
+                if backing {
+                    self.backing.release(&inode_ref.backing);
+                }
+                return Err(e);
+            }
+        };
+        Ok(Opened {
             handle,
             open_flags,
             backing_id,
-        }
+        })
     }
 
     pub(super) fn op_open(
@@ -251,7 +336,7 @@ impl PassthroughFs {
             let _c = self.creds_as(&opener, Caps::Caller)?;
             self.reopen(&data, f)?
         };
-        Ok(self.new_handle(fd, data, f, dir, opener))
+        self.new_handle(fd, data, f, dir, opener, None)
     }
 
     pub(super) fn op_create(
@@ -318,7 +403,7 @@ impl PassthroughFs {
                     }
                     let entry = self.enter_fd(fd.raw())?;
                     let data = self.inodes.get(entry.inode)?;
-                    return Ok((entry, self.new_handle(fd, data, f, false, opener)));
+                    return Ok((entry, self.new_handle(fd, data, f, false, opener, None)?));
                 }
                 Err(Errno::EEXIST) if !excl => {
                     let entry = match self.op_lookup(ctx, parent, name.as_bytes()) {
@@ -371,7 +456,7 @@ impl PassthroughFs {
         plan.apply(self, fd.raw())?;
         let entry = self.enter_fd(fd.raw())?;
         let data = self.inodes.get(entry.inode)?;
-        Ok((entry, self.new_handle(fd, data, f, false, opener)))
+        Ok((entry, self.new_handle(fd, data, f, false, opener, None)?))
     }
 
     pub(super) fn op_read(

@@ -3,6 +3,7 @@
 
 use super::PassthroughFs;
 use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
+use fuse_core::server::state::StateError;
 use fuse_core::server::{
     Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult, LockReq, Opened,
     ReadSink, WriteSource, Xattr,
@@ -18,6 +19,12 @@ impl Filesystem for PassthroughFs {
     }
     fn destroy(&self) {
         self.op_destroy();
+    }
+    fn save_state(&self) -> Result<Vec<u8>, StateError> {
+        self.save_migration_state()
+    }
+    fn load_state(&self, state: &[u8]) -> Result<(), StateError> {
+        self.load_migration_state(state)
     }
     fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<Entry<u64>> {
         self.op_lookup(ctx, parent, name)

@@ -223,6 +223,10 @@ struct Maps {
     by_id: HashMap<u64, Arc<InodeData>>,
     by_key: HashMap<InodeKey, u64>,
     mounts: HashMap<u64, Arc<CountedFd>>,
+    /// Node ids a migration could not take up (`--migration-on-error
+    /// guest-error`), with their lookup references: requests naming them
+    /// get EIO until the client forgets them.
+    lost: HashMap<u64, u64>,
     next: u64,
 }
 
@@ -283,7 +287,74 @@ impl InodeTable {
     /// The inode with node id `id`, or EBADF (the client names an inode it
     /// has forgotten, or one that never existed).
     pub fn get(&self, id: u64) -> Result<Arc<InodeData>, Errno> {
-        self.read().by_id.get(&id).cloned().ok_or(Errno::EBADF)
+        let maps = self.read();
+        match maps.by_id.get(&id) {
+            Some(d) => Ok(d.clone()),
+            None if maps.lost.contains_key(&id) => Err(Errno::EIO),
+            None => Err(Errno::EBADF),
+        }
+    }
+
+    /// Every known inode with its lookup references (the root included),
+    /// for a migration's saved state.
+    pub fn snapshot(&self) -> Vec<(Arc<InodeData>, u64)> {
+        let maps = self.read();
+        let mut v: Vec<_> = maps.by_id.values().map(|d| (d.clone(), d.refs())).collect();
+        v.sort_by_key(|(d, _)| d.nodeid);
+        v
+    }
+
+    /// Node ids lost in a migration, with their references.
+    pub fn lost(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<_> = self.read().lost.iter().map(|(&k, &v)| (k, v)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Enters `found` as node id `id` with `refs` lookup references (a
+    /// migration's destination taking up the source's node ids). Refused
+    /// (EEXIST) if the id or the host inode is known already.
+    pub fn restore(&self, id: u64, refs: u64, found: Found) -> Result<Arc<InodeData>, Errno> {
+        let key = key_of(&found.st);
+        let mut maps = self.write();
+        if id <= fuse_core::abi::ROOT_ID
+            || refs == 0
+            || maps.by_id.contains_key(&id)
+            || maps.lost.contains_key(&id)
+            || maps.by_key.contains_key(&key)
+        {
+            return Err(Errno(libc::EEXIST));
+        }
+        let data = Arc::new(InodeData {
+            nodeid: id,
+            key,
+            ftype: u32::from(found.st.stx_mode) & libc::S_IFMT,
+            source: Source::Fd(found.fd),
+            io_lock: RwLock::new(()),
+            writers: AtomicUsize::new(0),
+            handles: AtomicUsize::new(0),
+            backing: Mutex::new(BackingState::Idle),
+            refs: Mutex::new(refs),
+        });
+        maps.by_key.insert(key, id);
+        maps.by_id.insert(id, data.clone());
+        maps.next = maps.next.max(id.saturating_add(1));
+        Ok(data)
+    }
+
+    /// Records node id `id` as lost in a migration (see `Maps::lost`).
+    pub fn restore_lost(&self, id: u64, refs: u64) -> Result<(), Errno> {
+        let mut maps = self.write();
+        if id <= fuse_core::abi::ROOT_ID
+            || refs == 0
+            || maps.by_id.contains_key(&id)
+            || maps.lost.contains_key(&id)
+        {
+            return Err(Errno(libc::EEXIST));
+        }
+        maps.lost.insert(id, refs);
+        maps.next = maps.next.max(id.saturating_add(1));
+        Ok(())
     }
 
     /// Whether the host inode `key` is in the table.
@@ -377,6 +448,12 @@ impl InodeTable {
     pub fn forget(&self, id: u64, n: u64) {
         let mut maps = self.write();
         let Some(data) = maps.by_id.get(&id).cloned() else {
+            if let Some(r) = maps.lost.get_mut(&id) {
+                *r = r.saturating_sub(n);
+                if *r == 0 {
+                    maps.lost.remove(&id);
+                }
+            }
             return;
         };
         let mut refs = data.refs.lock().unwrap_or_else(|e| e.into_inner());
@@ -395,6 +472,7 @@ impl InodeTable {
     pub fn clear(&self) {
         let mut maps = self.write();
         maps.mounts.clear();
+        maps.lost.clear();
         maps.by_id.retain(|&id, _| id == fuse_core::abi::ROOT_ID);
         let root: Vec<_> = maps.by_id.values().map(|d| d.key).collect();
         maps.by_key.retain(|k, _| root.contains(k));

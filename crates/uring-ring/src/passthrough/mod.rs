@@ -46,6 +46,7 @@ mod inode;
 mod io;
 mod label;
 mod locks;
+mod migrate;
 mod started;
 mod sys;
 mod xattrmap;
@@ -54,6 +55,7 @@ pub use creds::Groups;
 pub use idmap::{Forbidden, IdMap, IdMapError, IdMapping};
 pub use inode::{FdBudget, InodeKey};
 pub use io::IoCounts;
+pub use migrate::{MigrationConfig, MigrationMode, MigrationOnError};
 pub use sys::xattrat_supported;
 pub use xattrmap::{Mapped, XattrMap, XattrMapError};
 
@@ -200,6 +202,8 @@ pub struct Config {
     pub translate_uid: IdMap,
     /// The same for gids (`--translate-gid`).
     pub translate_gid: IdMap,
+    /// Live migration (`--migration-mode` and the like; `migrate.rs`).
+    pub migration: MigrationConfig,
 }
 
 impl Default for Config {
@@ -231,6 +235,7 @@ impl Default for Config {
             direct_io: true,
             translate_uid: IdMap::default(),
             translate_gid: IdMap::default(),
+            migration: MigrationConfig::default(),
         }
     }
 }

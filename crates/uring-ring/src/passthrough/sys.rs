@@ -165,16 +165,14 @@ pub fn renameat2(
 
 /// readlinkat(2) of the symlink `fd` refers to (O_PATH).
 pub fn readlink(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
+    readlinkat(fd.as_raw_fd(), c"")
+}
+
+/// readlinkat(2) of `name` in `dir`.
+pub fn readlinkat(dir: RawFd, name: &CStr) -> Result<Vec<u8>, Errno> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-    // SAFETY: the buffer is valid for `len` bytes and the path is "".
-    let n = unsafe {
-        libc::readlinkat(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    // SAFETY: the buffer is valid for `len` bytes and `name` is a C string.
+    let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     let n = usize::try_from(n).map_err(|_| errno())?;
     buf.truncate(n);
     Ok(buf)

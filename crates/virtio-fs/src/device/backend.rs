@@ -3,6 +3,8 @@
 //! table, events), split from `device.rs`.
 
 use super::*;
+use fuse_core::server::state::StateError;
+use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 
 impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     type Bitmap = ();
@@ -30,7 +32,8 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         let mut f = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::DEVICE_STATE;
         if self.inner.cfg.tag.is_some() {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
@@ -72,6 +75,36 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             self.take_back_buffers(q);
         }
         self.interrupt_waiters(None);
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> io::Result<Option<std::fs::File>> {
+        let weak = Arc::downgrade(&self.inner);
+        let load = move |buf: Vec<u8>| {
+            let inner = weak
+                .upgrade()
+                .ok_or_else(|| StateError::refused("the device is gone"))?;
+            migration::load(inner.engine.dispatcher(), &buf, &inner.migration)
+        };
+        self.inner
+            .migration
+            .start(
+                self.inner.engine.fs(),
+                direction,
+                phase,
+                file,
+                load,
+                self.inner.cfg.report,
+            )
+            .map(|()| None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        self.inner.migration.check(self.inner.cfg.report)
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {

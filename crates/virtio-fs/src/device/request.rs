@@ -123,6 +123,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
             return Err(fail(ticket));
         }
+        if opcode == Opcode::Init {
+            // Kept for a live migration: the destination replays it.
+            self.inner.migration.note_init(&body);
+        }
         let mut data = Vec::new();
         if opcode == Opcode::Write && client.is_none() && body_len == wi {
             data = vec![0u8; total - IN_HEADER - wi];

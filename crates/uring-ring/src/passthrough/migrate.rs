@@ -1,0 +1,515 @@
+//! Live migration: the passthrough's state handed from one daemon to
+//! another serving the same shared directory (a VM moving to another
+//! QEMU, `--migration-mode`).
+//!
+//! What a client holds is node ids it looked up (with their lookup
+//! references) and handles it opened. The source names each inode so the
+//! destination can open the same file: by its path below the shared
+//! directory (`find-paths`: the kernel's name for the inode's held fd,
+//! confirmed by a stat of that path from the shared directory), or by
+//! its file handle (`file-handles`: open_by_handle_at on the destination,
+//! which needs CAP_DAC_READ_SEARCH, and reaches files unlinked while
+//! open). Handles carry their host open flags (less O_CREAT, O_EXCL,
+//! O_TRUNC) and their opener, and are opened again on the destination.
+//!
+//! What cannot be named (an unlinked file under `find-paths`) or opened
+//! again is handled as `--migration-on-error` says: `abort` fails the
+//! save or the load (QEMU then fails the migration and the source goes on
+//! running); `guest-error` carries the node id and its handles over as
+//! lost, and every request naming them gets EIO — never another file.
+//! `--migration-verify-handles` also sends each inode's file handle with
+//! its path, and the destination refuses a path that leads to another
+//! inode than the source's.
+//!
+//! The stream is untrusted input: every length and count is checked
+//! (`fuse_core::server::state`), paths are opened one component at a time
+//! from the shared directory with O_NOFOLLOW (no "..", no symlink, no
+//! absolute path can leave it), and a file opened by handle must lie below
+//! the shared directory. POSIX locks the source's owners hold are not
+//! carried over (the destination's descriptions would conflict with the
+//! source's until it exits): saving them is refused under `abort` while
+//! any is held, and they are dropped under `guest-error`.
+
+use super::creds::{with_dac_read_search, Cred};
+use super::inode::{key_of, CountedFd, Found, InodeData};
+use super::{component, sys, PassthroughFs, STATX_MASK};
+use fuse_core::server::state::{StateError, StateReader, StateWriter};
+use fuse_core::Errno;
+use std::ffi::CString;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+/// How the source names inodes for the destination (`--migration-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigrationMode {
+    /// By path below the shared directory.
+    #[default]
+    FindPaths,
+    /// By file handle (both daemons on the same filesystem; the
+    /// destination needs CAP_DAC_READ_SEARCH).
+    FileHandles,
+}
+
+/// What a file that cannot be carried over does (`--migration-on-error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigrationOnError {
+    /// Fail the migration; the source goes on.
+    #[default]
+    Abort,
+    /// Migrate; requests on that file get EIO.
+    GuestError,
+}
+
+/// Migration options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MigrationConfig {
+    /// How inodes are named.
+    pub mode: MigrationMode,
+    /// What a file that cannot be carried over does.
+    pub on_error: MigrationOnError,
+    /// Send file handles with paths; the destination checks them.
+    pub verify_handles: bool,
+}
+
+/// The format this build writes and reads.
+const VERSION: u32 = 1;
+/// Longest path or file handle carried (PATH_MAX; MAX_HANDLE_SZ is 128).
+const MAX_NAME: usize = 4096;
+/// Most supplementary groups of an opener (NGROUPS_MAX).
+const MAX_GROUPS: usize = 65536;
+
+const LOC_PATH: u8 = 1;
+const LOC_HANDLE: u8 = 2;
+const LOC_LOST: u8 = 3;
+
+/// How the destination finds an inode.
+#[derive(Debug, PartialEq, Eq)]
+enum Locator {
+    Path(Vec<u8>),
+    Handle {
+        typ: i32,
+        handle: Vec<u8>,
+    },
+    /// The source could not name it; the text says why.
+    Lost(Vec<u8>),
+}
+
+/// A file handle: its type and bytes.
+type FileHandle = (i32, Vec<u8>);
+
+#[derive(Debug)]
+struct InodeRec {
+    nodeid: u64,
+    refs: u64,
+    ftype: u32,
+    loc: Locator,
+    /// With `verify_handles`: the source's file handle of the inode.
+    verify: Option<FileHandle>,
+}
+
+#[derive(Debug)]
+struct HandleRec {
+    fh: u64,
+    nodeid: u64,
+    flags: i32,
+    opener: Cred,
+}
+
+fn refused(what: String, e: Errno) -> StateError {
+    StateError::Refused {
+        what,
+        source: Some(std::io::Error::from_raw_os_error(e.0)),
+    }
+}
+
+/// Open flags a handle is opened again with.
+fn reopen_flags(flags: i32) -> i32 {
+    flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_PATH)
+}
+
+impl PassthroughFs {
+    /// The path the kernel gives one of the daemon's fds.
+    fn fd_path(&self, fd: i32) -> Result<Vec<u8>, Errno> {
+        let name = CString::new(fd.to_string()).map_err(|_nul| Errno::EINVAL)?;
+        sys::readlinkat(self.proc_fd.as_raw_fd(), &name)
+    }
+
+    /// `fd`'s path relative to the shared directory (`root`: its path).
+    fn relative_path(&self, root: &[u8], fd: i32) -> Result<Vec<u8>, String> {
+        let p = self.fd_path(fd).map_err(|e| format!("no path ({e:?})"))?;
+        if p.ends_with(b" (deleted)") {
+            return Err("unlinked while in use".into());
+        }
+        let rel = if root == b"/" {
+            p.strip_prefix(b"/")
+        } else {
+            p.strip_prefix(root).and_then(|r| r.strip_prefix(b"/"))
+        };
+        match rel {
+            Some(r) if !r.is_empty() => Ok(r.to_vec()),
+            _ => Err(format!(
+                "its path {} is outside the shared directory",
+                String::from_utf8_lossy(&p)
+            )),
+        }
+    }
+
+    /// Opens `path` (relative) from the shared directory, a component at a
+    /// time, following no symlink and refusing "." and "..".
+    fn open_path_beneath(&self, root: &CountedFd, path: &[u8]) -> Result<CountedFd, Errno> {
+        let mut cur: Option<CountedFd> = None;
+        for name in path.split(|&b| b == b'/') {
+            let c = component(name)?;
+            let dir = cur.as_ref().map_or(root.raw(), CountedFd::raw);
+            let next = self.budget.open(|| {
+                sys::openat(
+                    dir,
+                    &c,
+                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    0,
+                )
+            })?;
+            cur = Some(next);
+        }
+        cur.ok_or(Errno::EINVAL)
+    }
+
+    /// The locator of `data` under `mode`, or why there is none.
+    fn locate(
+        &self,
+        data: &InodeData,
+        root: &InodeData,
+        root_path: &[u8],
+    ) -> Result<(Locator, Option<FileHandle>), String> {
+        let m = &self.cfg.migration;
+        let fd = data
+            .fd(&self.budget)
+            .map_err(|e| format!("no fd ({e:?})"))?;
+        let handle = || {
+            sys::name_to_handle(fd.raw())
+                .map(|(h, typ, _)| (typ, h))
+                .map_err(|e| format!("no file handle ({e:?})"))
+        };
+        if m.mode == MigrationMode::FileHandles
+            && data.key.mnt == root.key.mnt
+            && (data.ftype == libc::S_IFREG || data.ftype == libc::S_IFDIR)
+        {
+            let (typ, handle) = handle()?;
+            return Ok((Locator::Handle { typ, handle }, None));
+        }
+        let path = self.relative_path(root_path, fd.raw())?;
+        // Confirm the name: it must lead from the shared directory to this
+        // very inode now (the VM is stopped, but host processes are not).
+        let rootfd = root.fd(&self.budget).map_err(|e| format!("{e:?}"))?;
+        let c = CString::new(path.clone()).map_err(|_nul| "a NUL in its path".to_string())?;
+        let st = sys::statx(rootfd.raw(), &c, libc::AT_SYMLINK_NOFOLLOW, STATX_MASK)
+            .map_err(|e| format!("its path does not resolve ({e:?})"))?;
+        if key_of(&st) != data.key {
+            return Err("its path now names another file".into());
+        }
+        let verify = if m.verify_handles {
+            Some(handle()?)
+        } else {
+            None
+        };
+        Ok((Locator::Path(path), verify))
+    }
+
+    /// Live migration, source side: see the module docs.
+    pub(super) fn save_migration_state(&self) -> Result<Vec<u8>, StateError> {
+        let m = self.cfg.migration;
+        if self.locks.owner_fds() > 0 && m.on_error == MigrationOnError::Abort {
+            return Err(StateError::refused(format!(
+                "{} POSIX lock owner(s) hold locks, which are not carried over",
+                self.locks.owner_fds()
+            )));
+        }
+        let root = self
+            .inodes
+            .get(fuse_core::abi::ROOT_ID)
+            .map_err(|e| refused("the shared directory".into(), e))?;
+        let root_path = {
+            let fd = root
+                .fd(&self.budget)
+                .map_err(|e| refused("the shared directory".into(), e))?;
+            self.fd_path(fd.raw())
+                .map_err(|e| refused("the shared directory's path".into(), e))?
+        };
+        let mut inodes = Vec::new();
+        let mut lost_ids = std::collections::HashSet::new();
+        for (data, refs) in self.inodes.snapshot() {
+            if data.nodeid == fuse_core::abi::ROOT_ID {
+                continue;
+            }
+            let (loc, verify) = match self.locate(&data, &root, &root_path) {
+                Ok(l) => l,
+                Err(why) => {
+                    let what = format!("node {} (inode {}): {why}", data.nodeid, data.key.ino);
+                    if m.on_error == MigrationOnError::Abort {
+                        return Err(StateError::refused(what));
+                    }
+                    lost_ids.insert(data.nodeid);
+                    (Locator::Lost(what.into_bytes()), None)
+                }
+            };
+            inodes.push(InodeRec {
+                nodeid: data.nodeid,
+                refs,
+                ftype: data.ftype,
+                loc,
+                verify,
+            });
+        }
+        for (id, refs) in self.inodes.lost() {
+            inodes.push(InodeRec {
+                nodeid: id,
+                refs,
+                ftype: 0,
+                loc: Locator::Lost(b"lost in an earlier migration".to_vec()),
+                verify: None,
+            });
+        }
+        let (open, lost_handles) = self.handles.snapshot();
+        let mut w = StateWriter::new();
+        w.u32(VERSION).u32(inodes.len() as u32);
+        for r in &inodes {
+            w.u64(r.nodeid).u64(r.refs).u32(r.ftype);
+            match &r.loc {
+                Locator::Path(p) => w.u8(LOC_PATH).bytes(p),
+                Locator::Handle { typ, handle } => w.u8(LOC_HANDLE).u32(*typ as u32).bytes(handle),
+                Locator::Lost(why) => w.u8(LOC_LOST).bytes(why),
+            };
+            match &r.verify {
+                Some((typ, h)) => w.u8(1).u32(*typ as u32).bytes(h),
+                None => w.u8(0),
+            };
+        }
+        w.u32((open.len() + lost_handles.len()) as u32);
+        for (fh, h) in &open {
+            // A handle of a lost inode is lost with it (flags 0 marks it).
+            let flags = if lost_ids.contains(&h.inode.nodeid) {
+                -1
+            } else {
+                sys::getfl(h.fd.raw())
+                    .map(reopen_flags)
+                    .map_err(|e| refused(format!("handle {fh}: its open flags"), e))?
+            };
+            let o = h.opener();
+            w.u64(*fh).u64(h.inode.nodeid).u32(flags as u32);
+            w.u32(o.uid).u32(o.gid).u8(u8::from(o.root));
+            w.u32(o.groups.len() as u32);
+            for g in &o.groups {
+                w.u32(*g);
+            }
+        }
+        for fh in lost_handles {
+            w.u64(fh).u64(0).u32(u32::MAX).u32(0).u32(0).u8(0).u32(0);
+        }
+        Ok(w.finish())
+    }
+
+    fn parse(buf: &[u8]) -> Result<(Vec<InodeRec>, Vec<HandleRec>), StateError> {
+        let mut r = StateReader::new(buf);
+        let version = r.u32("passthrough state version")?;
+        if version != VERSION {
+            return Err(StateError::Version {
+                found: version,
+                expected: VERSION,
+            });
+        }
+        let n = r.count(8 + 8 + 4 + 1 + 4 + 1, "inodes")?;
+        let mut inodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let nodeid = r.u64("node id")?;
+            let refs = r.u64("lookup references")?;
+            let ftype = r.u32("file type")?;
+            let loc = match r.u8("locator")? {
+                LOC_PATH => Locator::Path(r.bytes(MAX_NAME, "path")?.to_vec()),
+                LOC_HANDLE => {
+                    let typ = r.u32("handle type")? as i32;
+                    Locator::Handle {
+                        typ,
+                        handle: r.bytes(128, "file handle")?.to_vec(),
+                    }
+                }
+                LOC_LOST => Locator::Lost(r.bytes(MAX_NAME, "reason")?.to_vec()),
+                t => return Err(StateError::Corrupt(format!("locator tag {t}"))),
+            };
+            let verify = match r.u8("verify flag")? {
+                0 => None,
+                1 => {
+                    let typ = r.u32("handle type")? as i32;
+                    Some((typ, r.bytes(128, "file handle")?.to_vec()))
+                }
+                t => return Err(StateError::Corrupt(format!("verify flag {t}"))),
+            };
+            inodes.push(InodeRec {
+                nodeid,
+                refs,
+                ftype,
+                loc,
+                verify,
+            });
+        }
+        let n = r.count(8 + 8 + 4 + 4 + 4 + 1 + 4, "handles")?;
+        let mut handles = Vec::with_capacity(n);
+        for _ in 0..n {
+            let fh = r.u64("handle")?;
+            let nodeid = r.u64("handle's node id")?;
+            let flags = r.u32("open flags")? as i32;
+            let uid = r.u32("opener uid")?;
+            let gid = r.u32("opener gid")?;
+            let root = r.u8("opener is root")? != 0;
+            let ng = r.count(4, "opener groups")?;
+            if ng > MAX_GROUPS {
+                return Err(StateError::Corrupt(format!("{ng} groups")));
+            }
+            let groups = (0..ng)
+                .map(|_| r.u32("group"))
+                .collect::<Result<Vec<_>, _>>()?;
+            handles.push(HandleRec {
+                fh,
+                nodeid,
+                flags,
+                opener: Cred {
+                    uid,
+                    gid,
+                    groups,
+                    root,
+                },
+            });
+        }
+        r.end("passthrough state")?;
+        Ok((inodes, handles))
+    }
+
+    /// Opens what `rec` names, checked against what the source said.
+    fn take_up(&self, root: &InodeData, rec: &InodeRec) -> Result<Found, String> {
+        let rootfd = root.fd(&self.budget).map_err(|e| format!("{e:?}"))?;
+        let rootfd = match rootfd {
+            super::inode::InodeFd::Held(f) => f,
+            super::inode::InodeFd::Opened(_) => return Err("the shared directory has no fd".into()),
+        };
+        let fd = match &rec.loc {
+            Locator::Lost(why) => return Err(String::from_utf8_lossy(why).into_owned()),
+            Locator::Path(p) => self
+                .open_path_beneath(rootfd, p)
+                .map_err(|e| format!("{}: cannot be opened ({e:?})", String::from_utf8_lossy(p)))?,
+            Locator::Handle { typ, handle } => {
+                let name = CString::new(rootfd.raw().to_string()).map_err(|_nul| "fd name")?;
+                let proc = self.proc_fd.as_raw_fd();
+                let mount = self
+                    .budget
+                    .open(|| sys::openat(proc, &name, libc::O_RDONLY | libc::O_DIRECTORY, 0))
+                    .map_err(|e| format!("the shared directory ({e:?})"))?;
+                let fd = self
+                    .budget
+                    .open(|| {
+                        with_dac_read_search(|| {
+                            sys::open_by_handle(mount.raw(), handle, *typ, libc::O_PATH)
+                        })
+                    })
+                    .map_err(|e| format!("its file handle cannot be opened ({e:?})"))?;
+                // A handle names any file of the filesystem: only one
+                // below the shared directory is taken.
+                let root_path = self.fd_path(rootfd.raw()).map_err(|e| format!("{e:?}"))?;
+                let p = self.fd_path(fd.raw()).map_err(|e| format!("{e:?}"))?;
+                let p = p.strip_suffix(b" (deleted)").unwrap_or(&p);
+                let below = root_path == b"/"
+                    || p.strip_prefix(&root_path[..])
+                        .is_some_and(|r| r.first() == Some(&b'/'));
+                if !below {
+                    return Err("its file handle names a file outside the shared directory".into());
+                }
+                fd
+            }
+        };
+        let st = sys::statx(fd.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)
+            .map_err(|e| format!("stat ({e:?})"))?;
+        if u32::from(st.stx_mode) & libc::S_IFMT != rec.ftype {
+            return Err("it is now a file of another type".into());
+        }
+        if let Some((typ, h)) = &rec.verify {
+            match sys::name_to_handle(fd.raw()) {
+                Ok((mine, t, _)) if mine == *h && t == *typ => {}
+                Ok(_) => return Err("its path leads to another inode than the source's".into()),
+                Err(e) => return Err(format!("no file handle to verify ({e:?})")),
+            }
+        }
+        Ok(Found { fd, st })
+    }
+
+    /// Live migration, destination side: see the module docs. On a
+    /// failure under `abort` nothing taken up stays.
+    pub(super) fn load_migration_state(&self, buf: &[u8]) -> Result<(), StateError> {
+        let (inodes, handles) = Self::parse(buf)?;
+        let r = self.take_up_all(&inodes, &handles);
+        if r.is_err() {
+            self.handles.clear();
+            self.inodes.clear();
+        }
+        r
+    }
+
+    fn take_up_all(&self, inodes: &[InodeRec], handles: &[HandleRec]) -> Result<(), StateError> {
+        let abort = self.cfg.migration.on_error == MigrationOnError::Abort;
+        let root = self
+            .inodes
+            .get(fuse_core::abi::ROOT_ID)
+            .map_err(|e| refused("the shared directory".into(), e))?;
+        let dup = |what: String| StateError::Corrupt(format!("{what} twice, or reserved"));
+        for rec in inodes {
+            match self.take_up(&root, rec) {
+                Ok(found) => {
+                    self.inodes
+                        .restore(rec.nodeid, rec.refs, found)
+                        .map_err(|_| dup(format!("node {} (or its file)", rec.nodeid)))?;
+                }
+                Err(why) => {
+                    if abort {
+                        return Err(StateError::refused(format!("node {}: {why}", rec.nodeid)));
+                    }
+                    self.inodes
+                        .restore_lost(rec.nodeid, rec.refs)
+                        .map_err(|_| dup(format!("node {}", rec.nodeid)))?;
+                }
+            }
+        }
+        for h in handles {
+            let data: Result<Arc<InodeData>, String> = match self.inodes.get(h.nodeid) {
+                _ if h.flags == -1 => Err("its file was lost".into()),
+                Ok(d) => Ok(d),
+                Err(Errno::EIO) => Err("its file was lost".into()),
+                Err(_) => {
+                    return Err(StateError::Corrupt(format!(
+                        "handle {} names unknown node {}",
+                        h.fh, h.nodeid
+                    )))
+                }
+            };
+            let opened = data.and_then(|d| {
+                let flags = reopen_flags(h.flags) | libc::O_CLOEXEC;
+                let flags = if d.is_dir() {
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC
+                } else {
+                    flags
+                };
+                let fd = self
+                    .reopen(&d, flags)
+                    .map_err(|e| format!("cannot be opened again ({e:?})"))?;
+                let dir = d.is_dir();
+                self.new_handle(fd, d, flags, dir, h.opener.clone(), Some(h.fh))
+                    .map_err(|_| format!("handle {} twice", h.fh))
+            });
+            if let Err(why) = opened {
+                if abort {
+                    return Err(StateError::refused(format!("handle {}: {why}", h.fh)));
+                }
+                self.handles
+                    .restore_lost(h.fh)
+                    .map_err(|_| dup(format!("handle {}", h.fh)))?;
+            }
+        }
+        Ok(())
+    }
+}

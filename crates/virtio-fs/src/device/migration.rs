@@ -1,0 +1,265 @@
+//! The device's state in a live migration (VHOST_USER_PROTOCOL_F_DEVICE_STATE).
+//!
+//! With the VM stopped and every ring stopped (their requests answered,
+//! see `stop_vring`), QEMU asks the source for its state over a pipe
+//! (SET_DEVICE_STATE_FD, SAVE) and hands it to the destination's daemon
+//! (LOAD), then asks each whether that went well (CHECK_DEVICE_STATE). The
+//! state is what the guest's FUSE session holds and the new daemon must
+//! honour without the guest knowing: the INIT the guest sent (replayed to
+//! the destination's dispatcher and filesystem, so they negotiate exactly
+//! what the source did) and the filesystem's own state (node ids, handles:
+//! `Filesystem::save_state`).
+//!
+//! Format (little-endian): 8 bytes of magic, a u32 version, the guest's
+//! INIT body and the filesystem's state as length-prefixed byte strings,
+//! and an FNV-1a 64 of all that. The destination checks each before using
+//! anything: a corrupt or hostile stream fails the load (QEMU then fails
+//! the migration and the source VM goes on), never a panic.
+//!
+//! The pipe is written and read on a thread of its own (QEMU reads the
+//! source's pipe only after SET_DEVICE_STATE_FD returns); the state itself
+//! is taken at once, while the device is stopped. CHECK_DEVICE_STATE
+//! waits for that thread.
+
+use fuse_core::abi::structs::InHeader;
+use fuse_core::abi::Opcode;
+use fuse_core::server::state::{StateError, StateReader, StateWriter};
+use fuse_core::server::Filesystem;
+use std::io::{Read, Write};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
+
+const MAGIC: &[u8; 8] = b"FUSEBOX\x01";
+const VERSION: u32 = 1;
+/// Largest state accepted (a table of a million inodes by path fits).
+const MAX_STATE: usize = 1 << 30;
+/// Largest INIT body (`fuse_init_in` is 104 bytes today).
+const MAX_INIT: usize = 4096;
+
+/// Migration state of the device (guarded by its own mutexes; leaf locks).
+#[derive(Debug, Default)]
+pub(crate) struct Migration {
+    /// The body of the guest's last INIT, as it sent it.
+    guest_init: Mutex<Option<Vec<u8>>>,
+    /// The transfer in progress (SET_DEVICE_STATE_FD), until checked.
+    transfer: Mutex<Option<JoinHandle<Result<(), StateError>>>>,
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn io_refused(what: &str, e: std::io::Error) -> StateError {
+    StateError::Refused {
+        what: what.into(),
+        source: Some(e),
+    }
+}
+
+/// Tells the operator about `e`, with its causes.
+fn tell(report: Option<fn(bool, &str)>, error: bool, e: &StateError) {
+    let Some(f) = report else { return };
+    let mut msg = format!("migration: {e}");
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(&format!(": {s}"));
+        src = s.source();
+    }
+    f(error, &msg);
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The stream for `init` (the guest's INIT body) and `fs` (the
+/// filesystem's state).
+pub(crate) fn encode(init: &[u8], fs: &[u8]) -> Vec<u8> {
+    let mut w = StateWriter::new();
+    w.u32(VERSION).bytes(init).bytes(fs);
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&w.finish());
+    let sum = fnv1a(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// The guest's INIT body and the filesystem's state from a stream.
+pub(crate) fn decode(buf: &[u8]) -> Result<(&[u8], &[u8]), StateError> {
+    let body = buf
+        .strip_prefix(MAGIC)
+        .ok_or_else(|| StateError::Corrupt("not a fusebox device state".into()))?;
+    let (body, sum) = body
+        .split_last_chunk::<8>()
+        .ok_or_else(|| StateError::Corrupt("too short".into()))?;
+    if fnv1a(&buf[..buf.len() - 8]) != u64::from_le_bytes(*sum) {
+        return Err(StateError::Corrupt("checksum mismatch".into()));
+    }
+    let mut r = StateReader::new(body);
+    let version = r.u32("version")?;
+    if version != VERSION {
+        return Err(StateError::Version {
+            found: version,
+            expected: VERSION,
+        });
+    }
+    let init = r.bytes(MAX_INIT, "the guest's INIT")?;
+    let fs = r.bytes(MAX_STATE, "the filesystem's state")?;
+    r.end("device state")?;
+    Ok((init, fs))
+}
+
+impl Migration {
+    /// Remembers the guest's INIT (its body after `fuse_in_header`).
+    pub(crate) fn note_init(&self, body: &[u8]) {
+        *lock(&self.guest_init) = Some(body.to_vec());
+    }
+
+    /// The state to send: taken now, written to `file` on a thread.
+    fn save<F: Filesystem>(&self, fs: &F, file: std::fs::File) -> Result<(), StateError> {
+        let init = lock(&self.guest_init).clone().unwrap_or_default();
+        let state = encode(&init, &fs.save_state()?);
+        let t = std::thread::Builder::new()
+            .name("fusebox-state".into())
+            .spawn(move || {
+                let mut file = file;
+                file.write_all(&state)
+                    .map_err(|e| io_refused("writing the state", e))
+            })
+            .map_err(|e| io_refused("a thread to write the state", e))?;
+        *lock(&self.transfer) = Some(t);
+        Ok(())
+    }
+
+    /// SET_DEVICE_STATE_FD. `load` takes up a received state (on the
+    /// transfer thread, once the stream has ended).
+    pub(crate) fn start<F: Filesystem>(
+        &self,
+        fs: &F,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: std::fs::File,
+        load: impl FnOnce(Vec<u8>) -> Result<(), StateError> + Send + 'static,
+        report: Option<fn(bool, &str)>,
+    ) -> std::io::Result<()> {
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "state transfer only with the device stopped",
+            ));
+        }
+        // A transfer never checked is over: its result no longer matters.
+        if let Some(t) = lock(&self.transfer).take() {
+            let _ = t.join();
+        }
+        let r = match direction {
+            VhostTransferStateDirection::SAVE => self.save(fs, file),
+            VhostTransferStateDirection::LOAD => std::thread::Builder::new()
+                .name("fusebox-state".into())
+                .spawn(move || {
+                    let mut buf = Vec::new();
+                    (&file)
+                        .take(MAX_STATE as u64 + 64 * 1024)
+                        .read_to_end(&mut buf)
+                        .map_err(|e| io_refused("reading the state", e))?;
+                    load(buf)
+                })
+                .map(|t| *lock(&self.transfer) = Some(t))
+                .map_err(|e| io_refused("a thread to read the state", e)),
+        };
+        r.map_err(|e| {
+            tell(report, true, &e);
+            std::io::Error::other(e)
+        })
+    }
+
+    /// CHECK_DEVICE_STATE: how the last transfer ended.
+    pub(crate) fn check(&self, report: Option<fn(bool, &str)>) -> std::io::Result<()> {
+        let Some(t) = lock(&self.transfer).take() else {
+            return Err(std::io::Error::other("no state transfer to check"));
+        };
+        let r = t
+            .join()
+            .unwrap_or_else(|_| Err(StateError::refused("the transfer thread panicked")));
+        match r {
+            Ok(()) => {
+                if let Some(f) = report {
+                    f(false, "migration: device state transferred");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tell(report, true, &e);
+                Err(std::io::Error::other(e))
+            }
+        }
+    }
+}
+
+/// Takes up a received state: the guest's INIT replayed to `dispatch`
+/// (with a reply buffer of `reply_room`), then the filesystem's state.
+pub(crate) fn load<F: Filesystem>(
+    dispatcher: &fuse_core::server::Dispatcher<F>,
+    buf: &[u8],
+    note: &Migration,
+) -> Result<(), StateError> {
+    let (init, fs) = decode(buf)?;
+    if !init.is_empty() {
+        let msg = fuse_core::abi::encode::request(
+            InHeader {
+                len: 0,
+                opcode: Opcode::Init as u32,
+                unique: u64::MAX - 1,
+                nodeid: 0,
+                uid: 0,
+                gid: 0,
+                pid: 0,
+                total_extlen: 0,
+                padding: 0,
+            },
+            init,
+        );
+        let mut out = vec![0u8; 4096];
+        match dispatcher.handle_bytes(&msg, &mut out) {
+            Some(o) if o.error == 0 => {}
+            Some(o) => {
+                return Err(StateError::refused(format!(
+                    "the guest's INIT, replayed, failed with error {}",
+                    -o.error
+                )))
+            }
+            None => {
+                return Err(StateError::Corrupt(
+                    "the guest's INIT does not decode".into(),
+                ))
+            }
+        }
+        note.note_init(init);
+    }
+    dispatcher.fs().load_state(fs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_reads_back_and_any_damage_is_refused() {
+        let s = encode(b"init-body", b"fs-state");
+        assert_eq!(decode(&s).unwrap(), (&b"init-body"[..], &b"fs-state"[..]));
+        for i in 0..s.len() {
+            let mut bad = s.clone();
+            bad[i] ^= 0x40;
+            assert!(decode(&bad).is_err(), "byte {i} flipped");
+        }
+        for cut in 0..s.len() {
+            assert!(decode(&s[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = s.clone();
+        longer.push(0);
+        assert!(decode(&longer).is_err());
+    }
+}
