@@ -292,21 +292,103 @@ fn verify_handles_refuses_a_path_that_now_leads_to_another_file() {
     );
 }
 
+/// Whether a host process can take `typ` on `[start, start + len)` of
+/// `path` now (F_OFD_SETLK on a description of its own, let go at once).
+fn host_can_lock(path: &Path, typ: i32, start: i64, len: i64) -> bool {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: a zeroed flock is a valid value of this plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: `fl` is a valid flock for F_OFD_SETLK on an open fd.
+    let r = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::F_OFD_SETLK,
+            &mut fl,
+        )
+    };
+    r == 0
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
-fn held_posix_locks_stop_the_save_under_abort() {
+fn posix_locks_move_to_the_destination_once_the_source_lets_go() {
     let s = share();
+    let path = s.dir.join("locked");
     let src = paths(&s.dir);
     let c = src.client();
     let (e, o) = c.create(ROOT_ID, b"locked", 0o644, RW, 0).unwrap();
+    let lk = |typ: i32, start: u64, end: u64| FileLock {
+        start,
+        end,
+        typ: typ as u32,
+        pid: 42,
+    };
+    // Owner 7: a write lock on 0..=9; owner 8: a read lock on 100..=199.
+    c.setlk(e.nodeid, o.fh, 7, lk(libc::F_WRLCK, 0, 9), false)
+        .unwrap();
+    c.setlk(e.nodeid, o.fh, 8, lk(libc::F_RDLCK, 100, 199), false)
+        .unwrap();
+    let state = src.fs().save_state().unwrap();
+    let dst = paths(&s.dir);
+    dst.fs().load_state(&state).unwrap();
+    let d = dst.client();
+    // While the source lives it holds them; the destination's client
+    // meanwhile unlocks owner 8's range (it is its own to change).
+    assert!(!host_can_lock(&path, libc::F_WRLCK, 0, 10));
+    d.setlk(e.nodeid, o.fh, 8, lk(libc::F_UNLCK, 100, 199), false)
+        .unwrap();
+    drop(src);
+    // The source gone, the destination holds owner 7's lock, and not the
+    // range owner 8 let go of.
+    wait_until("the destination takes the write lock", || {
+        !host_can_lock(&path, libc::F_RDLCK, 0, 10) && host_can_lock(&path, libc::F_WRLCK, 100, 100)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        host_can_lock(&path, libc::F_WRLCK, 100, 100),
+        "an unlocked range stays unlocked"
+    );
+    // GETLK from another owner names the holder as the source knew it.
+    let got = d.getlk(e.nodeid, o.fh, 9, lk(libc::F_WRLCK, 0, 0)).unwrap();
+    assert_eq!(
+        (got.typ, got.start, got.end, got.pid),
+        (libc::F_WRLCK as u32, 0, 9, 42)
+    );
+    // The client's FLUSH of the owner lets go of it, as before the move.
+    d.flush(e.nodeid, o.fh, 7).unwrap();
+    assert!(host_can_lock(&path, libc::F_WRLCK, 0, 10));
+}
+
+#[test]
+fn flock_locks_stop_the_save_under_abort() {
+    let s = share();
+    let src = paths(&s.dir);
+    let c = src.client();
+    let (e, o) = c.create(ROOT_ID, b"flocked", 0o644, RW, 0).unwrap();
     let lk = FileLock {
         start: 0,
-        end: 9,
+        end: 0,
         typ: libc::F_WRLCK as u32,
         pid: 1,
     };
-    c.setlk(e.nodeid, o.fh, 7, lk, false).unwrap();
+    c.setlk(e.nodeid, o.fh, 7, lk, true).unwrap();
     let why = refusal(src.fs().save_state().map(drop));
-    assert!(why.contains("lock"), "{why}");
+    assert!(why.contains("flock"), "{why}");
 }
 
 /// A state naming `loc` (tag and bytes as `migrate.rs` writes them).
@@ -314,7 +396,8 @@ fn state_with(nodeid: u64, ftype: u32, tag: u8, loc: impl FnOnce(&mut StateWrite
     let mut w = StateWriter::new();
     w.u32(1).u32(1).u64(nodeid).u64(1).u32(ftype).u8(tag);
     loc(&mut w);
-    w.u8(0).u32(0);
+    // No verify handle, no handles, no lock owners.
+    w.u8(0).u32(0).u32(0);
     w.finish()
 }
 

@@ -36,8 +36,11 @@
 //! `owners.rs`); the owner table, `pids` and `waiters` are never held
 //! together.
 
+mod handover;
 mod owners;
 mod range;
+
+pub use handover::SavedOwner;
 
 use super::file::HandleData;
 use super::sys::{self, wake};
@@ -84,11 +87,15 @@ pub struct Locks {
     owners: Arc<OwnerTable>,
     pids: Pids,
     waiters: Arc<Mutex<Waiters>>,
+    /// Locks taken up from a migration's source that it still holds
+    /// (`handover.rs`; lock order: before any description's `held`).
+    pending: Arc<Mutex<handover::Pending>>,
 }
 
 impl Locks {
     /// FLUSH by `owner`: its locks go and its description closes.
     pub fn drop_owner(&self, nodeid: u64, owner: u64) {
+        self.forget_pending(Some(nodeid), Some(owner));
         if let Some(d) = self.owners.remove((nodeid, owner)) {
             d.release_all(&mut d.held());
         }
@@ -96,6 +103,7 @@ impl Locks {
     }
     /// The inode's last handle is gone: every owner's description closes.
     pub fn drop_inode(&self, nodeid: u64) {
+        self.forget_pending(Some(nodeid), None);
         for d in self.owners.remove_all(Some(nodeid)) {
             d.release_all(&mut d.held());
         }
@@ -103,6 +111,7 @@ impl Locks {
     }
     /// DESTROY.
     pub fn clear(&self) {
+        self.forget_pending(None, None);
         for d in self.owners.remove_all(None) {
             d.release_all(&mut d.held());
         }
@@ -415,28 +424,33 @@ impl PassthroughFs {
     fn set_posix(&self, ctx: &Ctx, h: &HandleData, req: &LockReq) -> Result<(), Errno> {
         let span = Span::of_client(&req.lock)?;
         let key = (h.inode.nodeid, req.owner);
-        for _ in 0..RETRIES {
-            let desc = if span.typ == libc::F_UNLCK {
-                match self.locks.owners.get(key) {
-                    Some(d) => d,
-                    None => return Ok(()),
+        self.locks.with_pending(|mut pending| {
+            for _ in 0..RETRIES {
+                let desc = if span.typ == libc::F_UNLCK {
+                    match self.locks.owners.get(key) {
+                        Some(d) => d,
+                        None => return Ok(()),
+                    }
+                } else {
+                    self.owner_desc(ctx, h, key, span.typ)?
+                };
+                let mut held = desc.held();
+                if !self.locks.owners.is(key, &desc) {
+                    // Replaced meanwhile (FLUSH, upgrade): use the new one.
+                    continue;
                 }
-            } else {
-                self.owner_desc(ctx, h, key, span.typ)?
-            };
-            let mut held = desc.held();
-            if !self.locks.owners.is(key, &desc) {
-                // Replaced meanwhile (FLUSH, upgrade): use the new one.
-                continue;
+                desc.set_held(&mut held, span)?;
+                drop(held);
+                if let Some(p) = pending.as_deref_mut() {
+                    p.settle(key, span.start, span.end);
+                }
+                if span.typ != libc::F_UNLCK && req.lock.pid != 0 {
+                    lock(&self.locks.pids).insert(key, req.lock.pid);
+                }
+                return Ok(());
             }
-            desc.set_held(&mut held, span)?;
-            drop(held);
-            if span.typ != libc::F_UNLCK && req.lock.pid != 0 {
-                lock(&self.locks.pids).insert(key, req.lock.pid);
-            }
-            return Ok(());
-        }
-        Err(Errno(libc::ENOLCK))
+            Err(Errno(libc::ENOLCK))
+        })
     }
 
     pub(super) fn op_setlk(&self, ctx: &Ctx, fh: u64, req: &LockReq) -> FsResult<()> {
@@ -458,6 +472,9 @@ impl PassthroughFs {
             return Ok(LockCall::Nothing);
         }
         let key = (h.inode.nodeid, req.owner);
+        // The client's wait supersedes a lock on the range still pending
+        // from a migration (`handover.rs`).
+        self.locks.settle(key, span);
         Ok(LockCall::Ofd {
             desc: self.owner_desc(ctx, h, key, span.typ)?,
             span,

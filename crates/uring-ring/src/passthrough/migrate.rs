@@ -25,13 +25,14 @@
 //! (`fuse_core::server::state`), paths are opened one component at a time
 //! from the shared directory with O_NOFOLLOW (no "..", no symlink, no
 //! absolute path can leave it), and a file opened by handle must lie below
-//! the shared directory. POSIX locks the source's owners hold are not
-//! carried over (the destination's descriptions would conflict with the
-//! source's until it exits): saving them is refused under `abort` while
-//! any is held, and they are dropped under `guest-error`.
+//! the shared directory. POSIX locks go along (`locks/handover.rs`: the
+//! destination takes each again, retrying those the source still holds
+//! until it lets go); flock(2) locks do not: saving them is refused under
+//! `abort` and they are dropped under `guest-error`.
 
 use super::creds::{with_dac_read_search, Cred};
 use super::inode::{key_of, CountedFd, Found, InodeData};
+use super::locks::SavedOwner;
 use super::{component, sys, PassthroughFs, STATX_MASK};
 use fuse_core::server::state::{StateError, StateReader, StateWriter};
 use fuse_core::Errno;
@@ -107,6 +108,13 @@ struct InodeRec {
     verify: Option<FileHandle>,
 }
 
+/// A whole state, read.
+struct Parsed {
+    inodes: Vec<InodeRec>,
+    handles: Vec<HandleRec>,
+    owners: Vec<SavedOwner>,
+}
+
 #[derive(Debug)]
 struct HandleRec {
     fh: u64,
@@ -132,6 +140,21 @@ impl PassthroughFs {
     fn fd_path(&self, fd: i32) -> Result<Vec<u8>, Errno> {
         let name = CString::new(fd.to_string()).map_err(|_nul| Errno::EINVAL)?;
         sys::readlinkat(self.proc_fd.as_raw_fd(), &name)
+    }
+
+    /// The kernel's /proc/self/fdinfo text of one of the daemon's fds.
+    fn fdinfo(&self, fd: i32) -> Result<String, Errno> {
+        let name = CString::new(format!("../fdinfo/{fd}")).map_err(|_nul| Errno::EINVAL)?;
+        let f = sys::openat(
+            self.proc_fd.as_raw_fd(),
+            &name,
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            0,
+        )?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(f), &mut text)
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        Ok(text)
     }
 
     /// `fd`'s path relative to the shared directory (`root`: its path).
@@ -218,12 +241,6 @@ impl PassthroughFs {
     /// Live migration, source side: see the module docs.
     pub(super) fn save_migration_state(&self) -> Result<Vec<u8>, StateError> {
         let m = self.cfg.migration;
-        if self.locks.owner_fds() > 0 && m.on_error == MigrationOnError::Abort {
-            return Err(StateError::refused(format!(
-                "{} POSIX lock owner(s) hold locks, which are not carried over",
-                self.locks.owner_fds()
-            )));
-        }
         let root = self
             .inodes
             .get(fuse_core::abi::ROOT_ID)
@@ -305,10 +322,41 @@ impl PassthroughFs {
         for fh in lost_handles {
             w.u64(fh).u64(0).u32(u32::MAX).u32(0).u32(0).u8(0).u32(0);
         }
+        // flock(2) locks are not carried over (they belong to the
+        // handle's description): refused under abort.
+        if m.on_error == MigrationOnError::Abort {
+            for (fh, h) in &open {
+                let text = self.fdinfo(h.fd.raw()).unwrap_or_default();
+                if text
+                    .lines()
+                    .any(|l| l.starts_with("lock:") && l.contains(" FLOCK "))
+                {
+                    return Err(StateError::refused(format!(
+                        "handle {fh} holds a flock(2) lock, which is not carried over"
+                    )));
+                }
+            }
+        }
+        let owners = self
+            .locks
+            .save(|fd| self.fdinfo(fd))
+            .map_err(|e| refused("the POSIX locks held".into(), e))?;
+        let owners: Vec<_> = owners
+            .into_iter()
+            .filter(|o| !lost_ids.contains(&o.nodeid))
+            .collect();
+        w.u32(owners.len() as u32);
+        for o in &owners {
+            w.u64(o.nodeid).u64(o.owner).u32(o.acc as u32).u32(o.pid);
+            w.u32(o.spans.len() as u32);
+            for &(typ, start, end) in &o.spans {
+                w.u32(typ as u32).u64(start).u64(end);
+            }
+        }
         Ok(w.finish())
     }
 
-    fn parse(buf: &[u8]) -> Result<(Vec<InodeRec>, Vec<HandleRec>), StateError> {
+    fn parse(buf: &[u8]) -> Result<Parsed, StateError> {
         let mut r = StateReader::new(buf);
         let version = r.u32("passthrough state version")?;
         if version != VERSION {
@@ -379,8 +427,37 @@ impl PassthroughFs {
                 },
             });
         }
+        let n = r.count(8 + 8 + 4 + 4 + 4, "lock owners")?;
+        let mut owners = Vec::with_capacity(n);
+        for _ in 0..n {
+            let nodeid = r.u64("lock's node id")?;
+            let owner = r.u64("lock owner")?;
+            let acc = r.u32("lock description's mode")? as i32;
+            let pid = r.u32("lock's pid")?;
+            let ns = r.count(4 + 8 + 8, "locks")?;
+            let spans = (0..ns)
+                .map(|_| {
+                    Ok((
+                        r.u32("lock type")? as i32,
+                        r.u64("lock start")?,
+                        r.u64("lock end")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, StateError>>()?;
+            owners.push(SavedOwner {
+                nodeid,
+                owner,
+                acc,
+                pid,
+                spans,
+            });
+        }
         r.end("passthrough state")?;
-        Ok((inodes, handles))
+        Ok(Parsed {
+            inodes,
+            handles,
+            owners,
+        })
     }
 
     /// Opens what `rec` names, checked against what the source said.
@@ -442,16 +519,18 @@ impl PassthroughFs {
     /// Live migration, destination side: see the module docs. On a
     /// failure under `abort` nothing taken up stays.
     pub(super) fn load_migration_state(&self, buf: &[u8]) -> Result<(), StateError> {
-        let (inodes, handles) = Self::parse(buf)?;
-        let r = self.take_up_all(&inodes, &handles);
+        let parsed = Self::parse(buf)?;
+        let r = self.take_up_all(&parsed);
         if r.is_err() {
+            self.locks.clear();
             self.handles.clear();
             self.inodes.clear();
         }
         r
     }
 
-    fn take_up_all(&self, inodes: &[InodeRec], handles: &[HandleRec]) -> Result<(), StateError> {
+    fn take_up_all(&self, p: &Parsed) -> Result<(), StateError> {
+        let (inodes, handles) = (&p.inodes, &p.handles);
         let abort = self.cfg.migration.on_error == MigrationOnError::Abort;
         let root = self
             .inodes
@@ -508,6 +587,31 @@ impl PassthroughFs {
                 self.handles
                     .restore_lost(h.fh)
                     .map_err(|_| dup(format!("handle {}", h.fh)))?;
+            }
+        }
+        for o in &p.owners {
+            let data = match self.inodes.get(o.nodeid) {
+                Ok(d) => d,
+                // Its file was lost: so are its locks (EIO on it anyway).
+                Err(Errno::EIO) => continue,
+                Err(_) => {
+                    return Err(StateError::Corrupt(format!(
+                        "locks on unknown node {}",
+                        o.nodeid
+                    )))
+                }
+            };
+            if let Err(e) = self
+                .locks
+                .restore(o, || self.reopen(&data, o.acc | libc::O_CLOEXEC))
+            {
+                let what = format!(
+                    "the POSIX locks of owner {:#x} on node {}",
+                    o.owner, o.nodeid
+                );
+                if abort || e == Errno::EINVAL {
+                    return Err(refused(what, e));
+                }
             }
         }
         Ok(())

@@ -51,6 +51,11 @@ impl OwnerDesc {
         }
     }
 
+    /// Its access mode.
+    pub fn acc(&self) -> i32 {
+        self.acc
+    }
+
     /// The raw fd (for F_OFD_GETLK, which checks no access mode).
     pub fn raw(&self) -> i32 {
         self.fd.raw()
@@ -200,6 +205,11 @@ impl OwnerTable {
             .filter(|(&(n, o), _)| n == nodeid && o != except)
             .map(|(&k, d)| (k, d.clone()))
             .collect()
+    }
+
+    /// Every description, by owner.
+    pub fn all(&self) -> Vec<(Key, Arc<OwnerDesc>)> {
+        lock(&self.0).iter().map(|(&k, d)| (k, d.clone())).collect()
     }
 
     /// Descriptions held.
