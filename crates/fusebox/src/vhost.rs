@@ -17,7 +17,7 @@ use uring_ring::{Config, PassthroughError, PassthroughFs};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::{DeviceConfig, DeviceError, FsDevice};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
 /// Errors of the device mode.
 #[derive(Debug, thiserror::Error)]
@@ -351,7 +351,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     let mut daemon = VhostUserDaemon::new(
         "fusebox".into(),
         dev.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        GuestMemoryAtomic::new(virtio_fs::GuestMmap::new()),
     )
     .map_err(VhostError::Daemon)?;
     dev.register_listeners(&daemon.get_epoll_handlers())

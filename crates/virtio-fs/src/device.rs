@@ -22,7 +22,9 @@ mod heads;
 mod inline;
 mod migration;
 mod request;
+mod stop;
 mod timeouts;
+use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
@@ -49,8 +51,13 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zerocopy::{FromBytes, IntoBytes};
 
+/// Guest RAM as the device maps it: each region carries the frontend's
+/// dirty-page log (`VHOST_USER_SET_LOG_BASE`) once one is set, and every
+/// write through vm-memory's API marks it (see "Live migration" in
+/// docs/DESIGN.md for the writes that bypass it).
+pub type GuestMmap = GuestMemoryMmap<LogBitmap>;
 /// Guest memory as the device sees it.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+pub type GuestMem = GuestMemoryAtomic<GuestMmap>;
 /// One vring of the device.
 pub type Vring = VringRwLock<GuestMem>;
 
@@ -137,6 +144,12 @@ pub struct DeviceConfig {
     /// transfer went (true: an error), since QEMU is told only that it
     /// failed. None: nowhere.
     pub report: Option<fn(bool, &str)>,
+    /// How long a ring stop (GET_VRING_BASE: before a migration, or when
+    /// the guest resets the device) waits for the requests popped from
+    /// that ring to be answered, when no `request_timeout` bounds them
+    /// (with one, it waits until they timed out). What is still
+    /// unanswered then is given up (`DeviceStats::lost_on_stop`).
+    pub ring_stop_drain: Duration,
 }
 
 impl Default for DeviceConfig {
@@ -155,6 +168,7 @@ impl Default for DeviceConfig {
             submit_batch: 4,
             fixed_guest_memory: false,
             report: None,
+            ring_stop_drain: stop::RING_STOP_DRAIN,
         }
     }
 }
@@ -184,7 +198,7 @@ struct Ticket {
     started: Instant,
     chain: Chain,
     vring: Vring,
-    mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
+    mem: GuestMemoryLoadGuard<GuestMmap>,
     /// A READ's or WRITE's guest data buffers, lent to the engine.
     client: Option<Arc<GuestSpans>>,
     /// `ORPHAN_NO` until the timeout scanner answers it while the engine
@@ -484,12 +498,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
         }
-        for c in tickets.iter().filter_map(|t| t.client.as_ref()) {
-            c.wait_idle();
+        for t in &tickets {
+            if let Some(c) = &t.client {
+                c.wait_idle();
+                // Never answered, but a READ may have filled some of it.
+                self.mark_written(&t.mem, &t.chain.writable);
+            }
         }
     }
 
-    fn memory(&self) -> Option<GuestMemoryLoadGuard<GuestMemoryMmap>> {
+    fn memory(&self) -> Option<GuestMemoryLoadGuard<GuestMmap>> {
         let m = self.inner.mem.read().unwrap_or_else(|e| e.into_inner());
         m.as_ref().map(GuestAddressSpace::memory)
     }
@@ -528,7 +546,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     fn pop(
         &self,
         vring: &Vring,
-        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        mem: &GuestMemoryLoadGuard<GuestMmap>,
     ) -> Option<Result<Chain, (u16, ChainError)>> {
         let chain = vring
             .get_mut()
@@ -582,14 +600,14 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 Ok(c) => c,
                 Err((head, _)) => {
                     qs.malformed.fetch_add(1, Ordering::Relaxed);
-                    let _ = vring.add_used(head, 0);
+                    self.publish(vring, &mem, head, &[], 0);
                     continue;
                 }
             };
             qs.submitted.fetch_add(1, Ordering::Relaxed);
             self.forget(&mem, &chain);
             qs.completed.fetch_add(1, Ordering::Relaxed);
-            let _ = vring.add_used(chain.head, 0);
+            self.publish(vring, &mem, chain.head, &chain.writable, 0);
         }
         if used {
             notify(vring);
@@ -599,7 +617,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// FORGET and BATCH_FORGET go to the engine; INTERRUPT (which Linux's
     /// virtio-fs does not send today) to the lock call it names; anything
     /// else is dropped and counted as malformed.
-    fn forget(&self, mem: &GuestMemoryMmap, chain: &Chain) {
+    fn forget(&self, mem: &GuestMmap, chain: &Chain) {
         let len = chain.readable_len().min(1 << 20);
         let mut buf = vec![0u8; len];
         if chain.read_at(mem, 0, &mut buf).is_err() {
@@ -766,7 +784,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 Err((head, _)) => {
                     qs.malformed.fetch_add(1, Ordering::Relaxed);
                     if !heads.in_flight(head) {
-                        let _ = vring.add_used(head, 0);
+                        // Refused before anything was written to it.
+                        self.publish(vring, &mem, head, &[], 0);
                         notify(vring);
                     }
                     continue;
@@ -1013,7 +1032,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return;
         }
         self.inner.heads[t.queue].release(t.chain.head);
-        let _ = t.vring.add_used(t.chain.head, 0);
+        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, 0);
         notify(&t.vring);
     }
 
@@ -1051,7 +1070,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         self.inner.stats.queues[t.queue]
             .completed
             .fetch_add(1, Ordering::Relaxed);
-        let _ = t.vring.add_used(t.chain.head, written);
+        // The server may have written the chain's pages by host address
+        // (a READ by reference): logged here, before the guest has them.
+        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, written);
         notify_batched(t.queue, &t.vring);
     }
 }

@@ -363,6 +363,11 @@ impl GuestDriver {
         GuestAddress(self.slot_base(q, slot) + PAGE + 16)
     }
 
+    /// Where request queue `q`'s used ring is (0: hiprio's).
+    pub fn used_ring(&self, q: usize) -> GuestAddress {
+        GuestAddress(self.vqs[q].used)
+    }
+
     /// Guest memory (to fill a WRITE's data or check a READ's).
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.mem

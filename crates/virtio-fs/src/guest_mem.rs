@@ -16,14 +16,14 @@
 //! afterwards.
 
 use crate::chain::Seg;
+use crate::GuestMmap;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use vm_memory::{
-    Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap, GuestMemoryRegion,
-    MemoryRegionAddress,
+    Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryRegion, MemoryRegionAddress,
 };
 
-type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
+type Mem = GuestMemoryLoadGuard<GuestMmap>;
 
 /// The guest's RAM as a [`ClientMap`], made once per memory table, for
 /// servers that register it with io_uring as fixed buffers
@@ -42,7 +42,7 @@ impl MapCache {
     pub(crate) fn get(&self, mem: &Mem) -> Option<Arc<ClientMap>> {
         let same = |c: &Option<(Mem, Arc<ClientMap>)>| {
             c.as_ref()
-                .filter(|(m, _)| std::ptr::eq::<GuestMemoryMmap>(&**m, &**mem))
+                .filter(|(m, _)| std::ptr::eq::<GuestMmap>(&**m, &**mem))
                 .map(|(_, map)| map.clone())
         };
         if let Some(map) = same(&self.0.read().unwrap_or_else(|e| e.into_inner())) {
@@ -81,7 +81,7 @@ struct Access {
 pub(crate) struct GuestSpans {
     segs: Vec<Seg>,
     spans: Vec<HostSpan>,
-    mem: GuestMemoryLoadGuard<GuestMemoryMmap>,
+    mem: Mem,
     /// The map of `mem`, when the device registers guest RAM.
     map: Option<Arc<ClientMap>>,
     access: Mutex<Access>,
@@ -104,7 +104,7 @@ impl GuestSpans {
     /// not map to host memory (the chain was checked, so only a memory
     /// table that changed under it).
     pub(crate) fn new(
-        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        mem: &Mem,
         map: Option<Arc<ClientMap>>,
         segs: &[Seg],
         mut skip: usize,

@@ -8,9 +8,11 @@
 
 pub mod chain;
 mod device;
+mod dirty_log;
 pub mod frontend;
 pub mod guest;
 mod guest_mem;
 pub mod stats;
 
-pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, Vring, TAG_LEN};
+pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, GuestMmap, Vring, TAG_LEN};
+pub use dirty_log::LogBitmap;

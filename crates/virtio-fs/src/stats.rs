@@ -53,6 +53,9 @@ pub struct DeviceStats {
     pub aborted: AtomicU64,
     /// Times the hiprio queue waited for the server to take forgets.
     pub forget_waits: AtomicU64,
+    /// Requests a ring stop gave up on: still unanswered when its wait
+    /// for them ended (`DeviceConfig::ring_stop_drain`).
+    pub lost_on_stop: AtomicU64,
     ops: Vec<OpStats>,
 }
 
@@ -63,6 +66,7 @@ impl DeviceStats {
             timeouts: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
             forget_waits: AtomicU64::new(0),
+            lost_on_stop: AtomicU64::new(0),
             ops: (0..OPCODES).map(|_| OpStats::default()).collect(),
         }
     }
@@ -109,10 +113,11 @@ impl DeviceStats {
         }
         let _ = writeln!(
             s,
-            "timeouts {} aborted {} forget-waits {}",
+            "timeouts {} aborted {} forget-waits {} lost-on-stop {}",
             self.timeouts.load(Ordering::Relaxed),
             self.aborted.load(Ordering::Relaxed),
-            self.forget_waits.load(Ordering::Relaxed)
+            self.forget_waits.load(Ordering::Relaxed),
+            self.lost_on_stop.load(Ordering::Relaxed)
         );
         for (code, op) in self.ops.iter().enumerate() {
             let n = op.count.load(Ordering::Relaxed);

@@ -13,7 +13,9 @@
 //!   its answer (and the guest's buffers) until the I/O ends, the queue
 //!   still serving the others;
 //! - a ring stop (GET_VRING_BASE) with such a READ in flight returns once
-//!   the backend gave the READ up, or, if it cannot, once its I/O ended.
+//!   the READ was answered (a migration must not lose it); past the
+//!   stop's wait, once the backend gave the READ up, or, if it cannot,
+//!   once its I/O ended.
 //!
 //! The filesystem here holds each READ it starts (`read_async`) until the
 //! test releases it from its own thread, or (if it is interruptible) until
@@ -302,6 +304,22 @@ struct Served {
 }
 
 fn serve(name: &str, fs: Hold, request_timeout: Duration) -> Served {
+    serve_with(
+        name,
+        fs,
+        request_timeout,
+        virtio_fs::DeviceConfig::default().ring_stop_drain,
+    )
+}
+
+/// `serve` with a ring stop that waits `ring_stop_drain` for the ring's
+/// requests.
+fn serve_with(
+    name: &str,
+    fs: Hold,
+    request_timeout: Duration,
+    ring_stop_drain: Duration,
+) -> Served {
     let base = std::env::temp_dir().join(format!("fusebox-wakeups-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
@@ -311,6 +329,7 @@ fn serve(name: &str, fs: Hold, request_timeout: Duration) -> Served {
         DeviceConfig {
             queue_size: 128,
             request_timeout,
+            ring_stop_drain,
             workers_per_queue: 1,
             // As fusebox runs by default: the vring thread serves in line.
             inline_per_batch: usize::MAX,
@@ -650,9 +669,42 @@ fn stop_ring(s: &mut Served) -> JoinHandle<u32> {
     std::thread::spawn(move || fe.get_vring_base(index).unwrap())
 }
 
+/// How long the stop tests below let a ring stop wait for its requests.
+const SHORT_DRAIN: Duration = Duration::from_millis(100);
+
+/// Before a migration the ring's base index goes to the destination, which
+/// never sees the chains popped before it: GET_VRING_BASE returns only
+/// once the READ in flight was answered into the used ring (with its data,
+/// not given up), and the base counts it.
+#[test]
+fn a_ring_stop_answers_a_read_in_flight_before_it_returns() {
+    let mut s = serve("stop-drains", Hold::new(true), Duration::ZERO);
+    start_held_read(&mut s, 0);
+    let stop = stop_ring(&mut s);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !stop.is_finished(),
+        "the ring went back with a READ unanswered"
+    );
+    assert!(s.fs.interrupts().is_empty(), "the READ was given up");
+    s.fs.release(0);
+    wait_for("GET_VRING_BASE", || stop.is_finished());
+    // INIT and the READ were taken from the ring, and both answered.
+    assert_eq!(stop.join().unwrap(), 2);
+    let done = s.reap();
+    assert_eq!(done.len(), 1, "the READ is in the used ring");
+    assert_eq!((done[0].slot, done[0].out.error), (1, 0));
+    assert_eq!(done[0].used_len, 16 + LEN as u32);
+    assert_eq!(s.read_data(1), pattern(0));
+    assert_eq!(s.dev.stats().lost_on_stop.load(Ordering::Relaxed), 0);
+    assert_eq!(s.dev.heads_in_flight(Q), 0);
+    s.finish();
+}
+
+/// A READ still in flight when the stop's wait ends is given up.
 #[test]
 fn a_ring_stop_gives_up_a_read_in_flight() {
-    let mut s = serve("stop", Hold::new(true), Duration::ZERO);
+    let mut s = serve_with("stop", Hold::new(true), Duration::ZERO, SHORT_DRAIN);
     let unique = start_held_read(&mut s, 0);
     let stop = stop_ring(&mut s);
     wait_for("GET_VRING_BASE", || stop.is_finished());
@@ -663,6 +715,7 @@ fn a_ring_stop_gives_up_a_read_in_flight() {
     assert_eq!(s.fs.interrupts(), vec![unique]);
     assert_eq!(s.fs.held(), 0);
     assert!(s.reap().is_empty(), "an answer on a stopped ring");
+    assert_eq!(s.dev.stats().lost_on_stop.load(Ordering::Relaxed), 1);
     s.finish();
 }
 
@@ -671,7 +724,12 @@ fn a_ring_stop_gives_up_a_read_in_flight() {
 /// ring's buffers.
 #[test]
 fn a_ring_stop_waits_for_a_read_the_backend_cannot_cancel() {
-    let mut s = serve("stop-uncancellable", Hold::new(false), Duration::ZERO);
+    let mut s = serve_with(
+        "stop-uncancellable",
+        Hold::new(false),
+        Duration::ZERO,
+        SHORT_DRAIN,
+    );
     let unique = start_held_read(&mut s, 0);
     let stop = stop_ring(&mut s);
     wait_for("the backend to be asked to give up", || {

@@ -411,7 +411,16 @@ fn stopping_the_ring_waits_for_io_on_its_buffers() {
     // pages the guest had reused.
     use vhost_user_backend::VhostUserBackend;
     let fs = Direct::default();
-    let h = std::sync::Arc::new(device(&fs, 0));
+    // The stop waits this long for the READ to be answered, then gives
+    // it up: still not before its I/O ended.
+    let h = std::sync::Arc::new(Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            workers_per_queue: 2,
+            ring_stop_drain: Duration::from_millis(50),
+            ..DeviceConfig::default()
+        },
+    ));
     let _release = fs.guard();
     let vring = h.vring();
     read_chain(&h, 13, HOLD_IO);

@@ -232,9 +232,45 @@ fn lock_calls_and_releases_are_never_held_back_by_admission() {
 }
 
 #[test]
+fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
+    // GET_VRING_BASE before a migration: the request a ring worker is
+    // serving is answered into the used ring before the stop returns.
+    let fs = Hang::default();
+    let h = Arc::new(Harness::new(fs.clone(), DeviceConfig::default()));
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, ra, _, _) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    h.publish(&[a]);
+    h.kick(&vring, 1);
+    wait_for("the request to reach the backend", || {
+        fs.hung.load(Ordering::SeqCst) == 1
+    });
+    let h2 = h.clone();
+    let stop = std::thread::spawn(move || {
+        vhost_user_backend::VhostUserBackend::stop_vring(&h2.dev, 1).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        !stop.is_finished(),
+        "the ring went back with a request unanswered"
+    );
+    fs.release.store(true, Ordering::SeqCst);
+    stop.join().unwrap();
+    assert_eq!(h.used_idx(), 1, "the answer is in the used ring");
+    assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
+    assert_eq!(h.dev.stats().lost_on_stop.load(Ordering::SeqCst), 0);
+    assert!(fs.interrupted.lock().unwrap().is_empty(), "it was given up");
+}
+
+#[test]
 fn replies_of_a_stopped_ring_never_reach_the_guest() {
     let fs = Hang::default();
-    let h = Harness::new(fs.clone(), DeviceConfig::default());
+    // The stop waits this long for the hung request, then gives it up.
+    let cfg = DeviceConfig {
+        ring_stop_drain: Duration::from_millis(50),
+        ..DeviceConfig::default()
+    };
+    let h = Harness::new(fs.clone(), cfg);
     let _release = ReleaseOnDrop(fs.release.clone());
     let vring = h.vring();
     let (a, ra, _, _) = h.chain(0, DATA, &getattr(1, 4242), 4096);
@@ -245,6 +281,7 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
     });
     // GET_VRING_BASE: the frontend takes the ring back.
     vhost_user_backend::VhostUserBackend::stop_vring(&h.dev, 1).unwrap();
+    assert_eq!(h.dev.stats().lost_on_stop.load(Ordering::SeqCst), 1);
     fs.release.store(true, Ordering::SeqCst);
     wait_for("the backend to finish", || {
         fs.finished.load(Ordering::SeqCst) == 1

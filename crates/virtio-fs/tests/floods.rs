@@ -619,3 +619,32 @@ fn a_device_reset_ends_the_guests_parked_lock_waits() {
     vhost_user_backend::VhostUserBackend::reset_device(&dev);
     wait_for("the parked wait to end", || fs.parked_locks() == 0);
 }
+
+#[test]
+fn a_ring_stop_answers_a_parked_lock_wait_before_it_returns() {
+    let _serial = serial();
+    // GET_VRING_BASE (before a migration) returns once every request
+    // popped from the ring is answered: a SETLKW that waits for a lock
+    // would hold it for good, so it is interrupted and answered EINTR,
+    // well within the stop's wait (5 s).
+    let mut g = Guest::new("stoplk");
+    let (node, fh) = g.open_f();
+    let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
+    assert_eq!(e, 0);
+    let r = g.send(Opcode::Setlkw, 8, node, lk(fh, 2, libc::F_WRLCK).as_bytes());
+    let dev = g.h.dev.clone();
+    let fs = dev.engine().fs();
+    wait_for("the SETLKW to park", || fs.parked_locks() == 1);
+    let t = Instant::now();
+    vhost_user_backend::VhostUserBackend::stop_vring(&dev, 1).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(g.h.used_idx(), g.idx, "the SETLKW is in the used ring");
+    assert_eq!((g.h.reply(r).unique, g.h.reply(r).error), (8, -libc::EINTR));
+    assert_eq!(
+        dev.stats()
+            .lost_on_stop
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(fs.parked_locks(), 0);
+}

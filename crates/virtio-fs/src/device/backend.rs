@@ -7,7 +7,7 @@ use fuse_core::server::state::StateError;
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 
 impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
-    type Bitmap = ();
+    type Bitmap = LogBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -23,6 +23,9 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             | VIRTIO_RING_F_INDIRECT_DESC
             | VIRTIO_RING_F_EVENT_IDX
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Live migration: the device logs its writes to guest memory
+            // (`migration.rs`).
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn acked_features(&self, features: u64) {
@@ -33,7 +36,8 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         let mut f = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::DEVICE_STATE;
+            | VhostUserProtocolFeatures::DEVICE_STATE
+            | VhostUserProtocolFeatures::LOG_SHMFD;
         if self.inner.cfg.tag.is_some() {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
@@ -52,20 +56,47 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        // Requests still in flight on this ring will never be answered on
-        // it: the frontend has taken the ring back.
-        if let Some(g) = self.inner.gens.get(queue_index as usize) {
-            let mut g = g.write().unwrap_or_else(|e| e.into_inner());
+        // GET_VRING_BASE: the frontend takes the ring back and learns how
+        // far the device popped it; before a migration that index goes to
+        // the destination, which never sees a chain popped here. So every
+        // popped chain is answered first (`drain_ring`, bounded): a lock
+        // call that waits is interrupted so that it ends (EINTR) rather
+        // than hold the stop. What is still unanswered after the bound is
+        // given up: its late reply never reaches the guest.
+        let q = queue_index as usize;
+        let Some(gen) = self.inner.gens.get(q) else {
+            return Ok(());
+        };
+        self.interrupt_waiters(Some(q));
+        self.drain_ring(q);
+        {
+            // Taken after every answer under way (they hold the read lock)
+            // wrote its used entry.
+            let mut g = gen.write().unwrap_or_else(|e| e.into_inner());
+            let lost = self.inner.heads[q].count();
+            if lost > 0 {
+                self.inner
+                    .stats
+                    .lost_on_stop
+                    .fetch_add(lost as u64, Ordering::Relaxed);
+                eprintln!(
+                    "fusebox: queue {q} stopped with {lost} request(s) still unanswered; \
+                     they are given up"
+                );
+            }
             *g += 1;
             // Nothing of the old ring is in flight any more.
-            self.inner.heads[queue_index as usize].clear();
+            self.inner.heads[q].clear();
         }
-        self.take_back_buffers(queue_index as usize);
-        self.interrupt_waiters(Some(queue_index as usize));
+        self.take_back_buffers(q);
+        self.interrupt_waiters(Some(q));
         Ok(())
     }
 
     fn reset_device(&self) {
+        // The driver is gone (a reboot, a driver unbind): answers would
+        // land in rings it no longer has, so nothing is drained; what is
+        // in flight is given up at once.
         for (g, h) in self.inner.gens.iter().zip(&self.inner.heads) {
             let mut g = g.write().unwrap_or_else(|e| e.into_inner());
             *g += 1;

@@ -13,7 +13,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     pub(super) fn prepare(
         &self,
         vring: &Vring,
-        mem: &GuestMemoryLoadGuard<GuestMemoryMmap>,
+        mem: &GuestMemoryLoadGuard<GuestMmap>,
         chain: Chain,
         q: usize,
         gen: u64,

@@ -71,6 +71,11 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             }
         }
         drop(dev);
-        std::thread::sleep((timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(1)));
+        std::thread::sleep(scan_period(timeout));
     }
+}
+
+/// How often the scanner looks, for a request timeout of `timeout`.
+pub(super) fn scan_period(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(1))
 }

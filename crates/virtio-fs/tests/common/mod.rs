@@ -6,8 +6,8 @@
 use fuse_core::abi::{InHeader, Opcode, OutHeader};
 use fuse_core::server::Filesystem;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_fs::{DeviceConfig, FsDevice, GuestMem};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use virtio_fs::{DeviceConfig, FsDevice, GuestMem, GuestMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use zerocopy::{FromBytes, IntoBytes};
 
 pub const MEM: u64 = 1 << 20;
@@ -40,14 +40,14 @@ pub fn request(op: Opcode, unique: u64, body: &[u8]) -> Vec<u8> {
 
 /// A guest with the device attached.
 pub struct Harness<F: Filesystem + 'static> {
-    pub mem: GuestMemoryMmap,
+    pub mem: GuestMmap,
     pub atomic: GuestMem,
     pub dev: FsDevice<F>,
 }
 
 impl<F: Filesystem + 'static> Harness<F> {
     pub fn new(fs: F, cfg: DeviceConfig) -> Harness<F> {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let mem = GuestMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
         let atomic = GuestMemoryAtomic::new(mem.clone());
         let dev = FsDevice::new(fs, cfg).unwrap();
         dev.update_memory(atomic.clone()).unwrap();
@@ -201,7 +201,7 @@ pub fn serve_device<F: Filesystem + 'static>(
     let mut daemon = vhost_user_backend::VhostUserDaemon::new(
         "fusebox-test".into(),
         dev.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        GuestMemoryAtomic::new(GuestMmap::new()),
     )
     .unwrap();
     dev.register_listeners(&daemon.get_epoll_handlers())

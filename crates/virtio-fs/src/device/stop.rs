@@ -1,0 +1,106 @@
+//! Live migration: the device's writes into guest memory are logged in
+//! the frontend's dirty-page log, and a ring stop (GET_VRING_BASE) answers
+//! every request popped from the ring before it returns.
+//!
+//! **Dirty log.** Guest RAM is `GuestMemoryMmap<LogBitmap>`: once
+//! the frontend sets a log (`VHOST_USER_SET_LOG_BASE`, mapped by
+//! vhost-user-backend into each region's bitmap) every write through
+//! vm-memory (reply headers, copied payloads, the used ring) marks its
+//! pages. A READ by reference does not go through vm-memory: the
+//! passthrough fills the chain's writable descriptors by host address
+//! (preadv2, io_uring READV or READ_FIXED, io-wq workers). So every used
+//! entry is published by [`FsDevice::publish`], which first marks all of
+//! the chain's device-writable descriptors dirty (whenever a log is set,
+//! as vm-memory's own writes are) and only then adds the entry.
+//! Host I/O into a chain's buffers has ended before it is answered (see
+//! `guest_mem.rs`), so nothing lands in them after the mark. Chains a ring
+//! stop gives up on are marked once their I/O was waited for.
+//!
+//! **Ring stop drains.** See [`FsDevice::drain_ring`] and "Live migration" in
+//! docs/DESIGN.md.
+
+use super::*;
+use crate::chain::Seg;
+use vm_memory::bitmap::Bitmap;
+use vm_memory::GuestMemoryBackend;
+
+/// How long a ring stop waits for its requests when no request timeout
+/// bounds them (`DeviceConfig::ring_stop_drain` overrides it).
+pub(super) const RING_STOP_DRAIN: Duration = Duration::from_secs(5);
+
+impl<F: Filesystem + 'static> FsDevice<F> {
+    /// Returns chain `head` to the guest with `len` bytes written: marks
+    /// `writable` (the chain's device-writable descriptors) dirty in the
+    /// migration log, then adds the used entry (which vm-memory logs). The
+    /// one way a used entry is published.
+    pub(super) fn publish(
+        &self,
+        vring: &Vring,
+        mem: &GuestMmap,
+        head: u16,
+        writable: &[Seg],
+        len: u32,
+    ) {
+        self.mark_written(mem, writable);
+        let _ = vring.add_used(head, len);
+    }
+
+    /// Marks `segs` dirty in the migration log, if one is set: one mark
+    /// per piece of a descriptor in a memory region (a descriptor may
+    /// straddle two). Without a log each mark is one atomic load
+    /// (`LogBitmap`).
+    pub(super) fn mark_written(&self, mem: &GuestMmap, segs: &[Seg]) {
+        for s in segs {
+            for slice in GuestMemoryBackend::get_slices(mem, s.addr, s.len as usize) {
+                // The chain was checked against this memory: an error
+                // means a range that is not there, which nobody wrote.
+                let Ok(slice) = slice else { break };
+                slice.bitmap().mark_dirty(0, slice.len());
+            }
+        }
+    }
+
+    /// How long a stop of a ring waits for its requests: until the request
+    /// timeout (and the scan that answers it) has passed for all of them,
+    /// or `ring_stop_drain` without a timeout.
+    fn drain_bound(&self) -> Duration {
+        let timeout = self.inner.cfg.request_timeout;
+        if timeout.is_zero() {
+            self.inner.cfg.ring_stop_drain
+        } else {
+            timeout + timeouts::scan_period(timeout) + Duration::from_millis(100)
+        }
+    }
+
+    /// Waits (bounded: [`FsDevice::drain_bound`]) until every chain popped
+    /// from ring `q` is back in its used ring, answered. Called by
+    /// `stop_vring` on the vhost-user thread after the handler marked the
+    /// queue not ready, so nothing more is popped; the answers come from
+    /// the threads that answer anyway (ring workers, the vring thread's
+    /// completions through its epoll, the engine's device workers for
+    /// lock calls, the timeout scanner): this thread holds none of the
+    /// locks they take (`gens`, `heads`, the vring lock, `inline`), only
+    /// the vhost-user handler's, which none of them takes. Returns how
+    /// many are still unanswered.
+    pub(super) fn drain_ring(&self, q: usize) -> usize {
+        let Some(heads) = self.inner.heads.get(q) else {
+            return 0;
+        };
+        // A pop that raced the queue going not ready has claimed its head
+        // (or put the chain back) by the time its pop lock is free.
+        if let Some(p) = q.checked_sub(1).and_then(|i| self.inner.pop_lock.get(i)) {
+            drop(lock(p));
+        }
+        let bound = self.drain_bound();
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(50);
+        loop {
+            let n = heads.count();
+            if n == 0 || start.elapsed() >= bound {
+                return n;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(2));
+        }
+    }
+}
