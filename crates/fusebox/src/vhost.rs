@@ -64,16 +64,16 @@ pub enum VhostError {
 /// What `--print-capabilities` prints: the vhost-user backend JSON that
 /// libvirt reads, listing only what works: `posix-acl-negotiation-mode`
 /// and `security-label-negotiation-mode` (--posix-acl and
-/// --security-label take never|auto|always, as virtiofsd 1.14's). Left out
-/// on purpose: `migrate-precopy` (until the device logs its writes to
-/// guest memory for the migration) and `separate-options`: with it libvirt passes
+/// --security-label take never|auto|always, as virtiofsd 1.14's) and
+/// `migrate-precopy` (dirty-page logging and the device state,
+/// `--migration-mode`). Left out on purpose: `separate-options`: with it libvirt passes
 /// --shared-dir, --cache and the like, which fusebox takes, but refuses a
 /// domain with a `<lock>` element ("locking options are not supported by
 /// this virtiofsd"); without it libvirt uses `-o source=...,flock,posix_lock`
 /// or `no_flock,no_posix_lock` (`crate::compat`), which fusebox honours:
 /// it serves both kinds of lock, or does not offer them.
 const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
-    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\"\n  ]\n}";
+    \"migrate-precopy\",\n    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\"\n  ]\n}";
 
 fn socket_group(path: &std::path::Path, group: &str) -> Result<(), VhostError> {
     let err = |e| VhostError::Socket(path.display().to_string(), e);

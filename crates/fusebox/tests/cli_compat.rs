@@ -476,9 +476,9 @@ fn print_capabilities_is_json_listing_what_works() {
             (
                 "features".into(),
                 // Not separate-options: libvirt then refuses <lock>, which
-                // fusebox honours through -o; not migrate-precopy: no
-                // migration yet.
+                // fusebox honours through -o.
                 Json::Arr(vec![
+                    Json::Str("migrate-precopy".into()),
                     Json::Str("posix-acl-negotiation-mode".into()),
                     Json::Str("security-label-negotiation-mode".into())
                 ])

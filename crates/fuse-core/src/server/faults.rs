@@ -348,6 +348,12 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         self.release_hangs();
         self.inner.destroy()
     }
+    fn save_state(&self) -> Result<Vec<u8>, super::state::StateError> {
+        self.inner.save_state()
+    }
+    fn load_state(&self, state: &[u8]) -> Result<(), super::state::StateError> {
+        self.inner.load_state(state)
+    }
     fn lookup(&self, ctx: &Ctx, parent: F::Inode, name: &[u8]) -> FsResult<Entry<F::Inode>> {
         self.gate(Opcode::Lookup, ctx, || self.inner.lookup(ctx, parent, name))
     }
