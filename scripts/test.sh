@@ -2,7 +2,7 @@
 # The test command: formatting, lints, unit/integration tests, loom models,
 # the decoder and device fuzz harnesses, pjdfstest and fsx through a host
 # mount, the QEMU guest suite (one queue, then multiqueue), a libvirt
-# domain whose virtiofsd is fusebox, and the docs. Everything runs on stable Rust; the tests that mount need root.
+# domain whose virtiofsd is fusebox, live migration, and the docs. Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -76,6 +76,10 @@ tests/guest/run.sh --as-user tests --fsx-ops 400 --fusebox-args "--sandbox none"
 
 step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none, POSIX ACLs, guest RAM as fixed buffers)"
 tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none --posix-acl --fixed-guest-memory"
+
+step "live migration: QEMU 10 moves a running guest between two fusebox daemons on one directory (find-paths, then file-handles): open fds, O_APPEND, a directory handle, the cwd, a POSIX lock held on the host"
+tests/migration/run.sh --daemon fusebox
+tests/migration/run.sh --daemon fusebox --migration-mode file-handles
 
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
