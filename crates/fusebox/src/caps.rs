@@ -176,7 +176,7 @@ impl ModCaps {
         if needs.file_handles {
             if self.drop & DAC_READ_SEARCH != 0 {
                 return Err(CapsError::Needed(
-                    "--inode-file-handles (file handles are in use)",
+                    "--inode-file-handles or --migration-mode file-handles (file handles are opened)",
                     "DAC_READ_SEARCH",
                 ));
             }

@@ -311,7 +311,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     // the main thread's).
     if let Some(m) = &a.modcaps {
         let needs = caps::Needs {
-            file_handles: fs_handles,
+            // A migration's destination opens file handles too.
+            file_handles: fs_handles
+                || a.virtiofsd.migration_mode == crate::cli::MigrationMode::FileHandles,
             fixed_memory: a.fixed_guest_memory,
             creds: fs.config().creds,
         };

@@ -356,6 +356,16 @@ fn bad_compatibility_options_stop_the_start_naming_them() {
             ],
             "--modcaps: running each request as its caller",
         ),
+        (
+            vec![
+                "-o".into(),
+                src.clone(),
+                "--sandbox=none".into(),
+                "--migration-mode=file-handles".into(),
+                "--modcaps=-dac_read_search".into(),
+            ],
+            "--migration-mode file-handles (file handles are opened)",
+        ),
     ] {
         let out = Command::new(BIN)
             .args(["--socket-path", sock])
