@@ -29,7 +29,11 @@ struct Share {
 }
 
 fn share() -> Share {
-    let host = HostDir::new(Kind::Tmpfs);
+    share_on(Kind::Tmpfs)
+}
+
+fn share_on(kind: Kind) -> Share {
+    let host = HostDir::new(kind);
     let dir = host.path.join("share");
     let outside = host.path.join("outside");
     std::fs::create_dir_all(&dir).unwrap();
@@ -231,6 +235,58 @@ fn a_file_unlinked_while_open_goes_by_handle_and_fails_by_path_as_configured() {
 }
 
 #[test]
+fn file_handles_are_taken_up_with_a_cold_cache_and_checked_against_their_path() {
+    // ext4, whose dentries the kernel evicts: a handle opened with none
+    // cached gives a disconnected dentry (its /proc name says nothing).
+    let s = share_on(Kind::Ext4);
+    let src = daemon(
+        &s.dir,
+        MigrationMode::FileHandles,
+        MigrationOnError::Abort,
+        false,
+    );
+    let h = hold(src.client(), &s.dir);
+    let state = src.fs().save_state().unwrap();
+    drop(src);
+    std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    let dst = daemon(
+        &s.dir,
+        MigrationMode::FileHandles,
+        MigrationOnError::Abort,
+        false,
+    );
+    dst.fs().load_state(&state).unwrap();
+    let c = dst.client();
+    assert_eq!(c.read(h.g, h.fh_ro, 0, 100).unwrap(), b"read me");
+    c.write(h.f, h.fh_rw, 4, b"two", 0).unwrap();
+    assert_eq!(std::fs::read(s.dir.join("d/f")).unwrap(), b"one,two");
+    // A file moved out of the share: its handle still opens it, its path
+    // no longer leads to it, so it is refused.
+    let src = daemon(
+        &s.dir,
+        MigrationMode::FileHandles,
+        MigrationOnError::Abort,
+        false,
+    );
+    let c = src.client();
+    let d = c.lookup(ROOT_ID, b"d").unwrap().nodeid;
+    let g = c.lookup(d, b"g").unwrap().nodeid;
+    c.open(g, RO).unwrap();
+    let state = src.fs().save_state().unwrap();
+    drop(src);
+    std::fs::rename(s.dir.join("d/g"), s.outside.join("g")).unwrap();
+    std::fs::write(s.dir.join("d/g"), b"a new g").unwrap();
+    let dst = daemon(
+        &s.dir,
+        MigrationMode::FileHandles,
+        MigrationOnError::Abort,
+        false,
+    );
+    let why = refusal(dst.fs().load_state(&state));
+    assert!(why.contains("not at its path"), "{why}");
+}
+
+#[test]
 fn a_destination_that_cannot_find_a_file_aborts_or_gives_eio_never_another_file() {
     let s = share();
     let src = paths(&s.dir);
@@ -429,8 +485,22 @@ fn a_hostile_state_is_an_error_and_reaches_nothing_outside_the_share() {
     // A file handle of a file outside the share (same filesystem).
     let f = std::fs::File::open(s.outside.join("secret")).unwrap();
     let (handle, typ) = name_to_handle(&f);
+    // Named with no path, or with the path of a file of the share: both
+    // refused (it is not at that path).
+    for path in [&b""[..], b"inside"] {
+        let st = state_with(2, reg, 2, |w| {
+            w.u32(typ as u32).bytes(&handle).bytes(path);
+        });
+        let dst = daemon(
+            &s.dir,
+            MigrationMode::FileHandles,
+            MigrationOnError::Abort,
+            false,
+        );
+        assert!(dst.fs().load_state(&st).is_err(), "{path:?}");
+    }
     let st = state_with(2, reg, 2, |w| {
-        w.u32(typ as u32).bytes(&handle);
+        w.u32(typ as u32).bytes(&handle).bytes(b"inside");
     });
     let dst = daemon(
         &s.dir,
@@ -439,7 +509,7 @@ fn a_hostile_state_is_an_error_and_reaches_nothing_outside_the_share() {
         false,
     );
     let why = refusal(dst.fs().load_state(&st));
-    assert!(why.contains("outside the shared directory"), "{why}");
+    assert!(why.contains("not at its path"), "{why}");
     // Under guest-error it is lost, not served.
     let dst = daemon(
         &s.dir,
@@ -456,6 +526,10 @@ fn a_hostile_state_is_an_error_and_reaches_nothing_outside_the_share() {
     dst.fs().load_state(&ok).unwrap();
     for bad in [
         state_with(ROOT_ID, reg, 1, |w| {
+            w.bytes(b"inside");
+        }),
+        // Ids the destination's counters could not move past.
+        state_with(u64::MAX, reg, 1, |w| {
             w.bytes(b"inside");
         }),
         state_with(2, libc::S_IFDIR, 1, |w| {

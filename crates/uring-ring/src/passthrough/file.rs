@@ -67,7 +67,11 @@ impl Handles {
         let id = match at {
             None => self.next.fetch_add(1, Ordering::Relaxed) + 1,
             Some(id) => {
-                if id == 0 || map.contains_key(&id) || self.is_lost(id) {
+                if id == 0
+                    || id > super::inode::MAX_RESTORED_ID
+                    || map.contains_key(&id)
+                    || self.is_lost(id)
+                {
                     return Err(Errno(libc::EEXIST));
                 }
                 self.next.fetch_max(id, Ordering::Relaxed);
@@ -86,7 +90,7 @@ impl Handles {
     /// Records `fh` as lost in a migration (EIO until released).
     pub(super) fn restore_lost(&self, fh: u64) -> Result<(), Errno> {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        if fh == 0 || map.contains_key(&fh) {
+        if fh == 0 || fh > super::inode::MAX_RESTORED_ID || map.contains_key(&fh) {
             return Err(Errno(libc::EEXIST));
         }
         if !self

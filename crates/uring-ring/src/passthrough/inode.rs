@@ -104,6 +104,11 @@ impl AsFd for CountedFd {
     }
 }
 
+/// The largest node id or handle a migration's state may give: the
+/// counters that hand out new ones move past what is taken up, so ids
+/// near u64::MAX would leave them nowhere to go.
+pub const MAX_RESTORED_ID: u64 = u64::MAX / 2;
+
 /// Identity of a host inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct InodeKey {
@@ -318,6 +323,7 @@ impl InodeTable {
         let key = key_of(&found.st);
         let mut maps = self.write();
         if id <= fuse_core::abi::ROOT_ID
+            || id > MAX_RESTORED_ID
             || refs == 0
             || maps.by_id.contains_key(&id)
             || maps.lost.contains_key(&id)
@@ -346,6 +352,7 @@ impl InodeTable {
     pub fn restore_lost(&self, id: u64, refs: u64) -> Result<(), Errno> {
         let mut maps = self.write();
         if id <= fuse_core::abi::ROOT_ID
+            || id > MAX_RESTORED_ID
             || refs == 0
             || maps.by_id.contains_key(&id)
             || maps.lost.contains_key(&id)

@@ -9,7 +9,11 @@
 //! confirmed by a stat of that path from the shared directory), or by
 //! its file handle (`file-handles`: open_by_handle_at on the destination,
 //! which needs CAP_DAC_READ_SEARCH, and reaches files unlinked while
-//! open). Handles carry their host open flags (less O_CREAT, O_EXCL,
+//! open; the path goes along, and a file with links is taken only if its
+//! path below the shared directory leads to it, since a handle can name
+//! any file of the filesystem; one unlinked while open cannot be checked
+//! so, and is taken as the stream says: the stream is trusted that far,
+//! as QEMU's migration channel is). Handles carry their host open flags (less O_CREAT, O_EXCL,
 //! O_TRUNC) and their opener, and are opened again on the destination.
 //!
 //! What cannot be named (an unlinked file under `find-paths`) or opened
@@ -87,9 +91,13 @@ const LOC_LOST: u8 = 3;
 #[derive(Debug, PartialEq, Eq)]
 enum Locator {
     Path(Vec<u8>),
+    /// A file handle, and the path the file had below the shared
+    /// directory (empty: it had none, unlinked while open), by which the
+    /// destination checks the handle names a file of the share.
     Handle {
         typ: i32,
         handle: Vec<u8>,
+        path: Vec<u8>,
     },
     /// The source could not name it; the text says why.
     Lost(Vec<u8>),
@@ -121,6 +129,13 @@ struct HandleRec {
     nodeid: u64,
     flags: i32,
     opener: Cred,
+}
+
+/// The link count of the file `fd` refers to.
+fn nlink(fd: i32) -> Option<u32> {
+    sys::statx(fd, c"", libc::AT_EMPTY_PATH, libc::STATX_NLINK)
+        .ok()
+        .map(|st| st.stx_nlink)
 }
 
 fn refused(what: String, e: Errno) -> StateError {
@@ -218,7 +233,12 @@ impl PassthroughFs {
             && (data.ftype == libc::S_IFREG || data.ftype == libc::S_IFDIR)
         {
             let (typ, handle) = handle()?;
-            return Ok((Locator::Handle { typ, handle }, None));
+            let path = match self.relative_path(root_path, fd.raw()) {
+                Ok(p) => p,
+                Err(_) if nlink(fd.raw()) == Some(0) => Vec::new(),
+                Err(why) => return Err(why),
+            };
+            return Ok((Locator::Handle { typ, handle, path }, None));
         }
         let path = self.relative_path(root_path, fd.raw())?;
         // Confirm the name: it must lead from the shared directory to this
@@ -293,7 +313,9 @@ impl PassthroughFs {
             w.u64(r.nodeid).u64(r.refs).u32(r.ftype);
             match &r.loc {
                 Locator::Path(p) => w.u8(LOC_PATH).bytes(p),
-                Locator::Handle { typ, handle } => w.u8(LOC_HANDLE).u32(*typ as u32).bytes(handle),
+                Locator::Handle { typ, handle, path } => {
+                    w.u8(LOC_HANDLE).u32(*typ as u32).bytes(handle).bytes(path)
+                }
                 Locator::Lost(why) => w.u8(LOC_LOST).bytes(why),
             };
             match &r.verify {
@@ -375,9 +397,11 @@ impl PassthroughFs {
                 LOC_PATH => Locator::Path(r.bytes(MAX_NAME, "path")?.to_vec()),
                 LOC_HANDLE => {
                     let typ = r.u32("handle type")? as i32;
+                    let handle = r.bytes(128, "file handle")?.to_vec();
                     Locator::Handle {
                         typ,
-                        handle: r.bytes(128, "file handle")?.to_vec(),
+                        handle,
+                        path: r.bytes(MAX_NAME, "path")?.to_vec(),
                     }
                 }
                 LOC_LOST => Locator::Lost(r.bytes(MAX_NAME, "reason")?.to_vec()),
@@ -472,7 +496,7 @@ impl PassthroughFs {
             Locator::Path(p) => self
                 .open_path_beneath(rootfd, p)
                 .map_err(|e| format!("{}: cannot be opened ({e:?})", String::from_utf8_lossy(p)))?,
-            Locator::Handle { typ, handle } => {
+            Locator::Handle { typ, handle, path } => {
                 let name = CString::new(rootfd.raw().to_string()).map_err(|_nul| "fd name")?;
                 let proc = self.proc_fd.as_raw_fd();
                 let mount = self
@@ -487,16 +511,31 @@ impl PassthroughFs {
                         })
                     })
                     .map_err(|e| format!("its file handle cannot be opened ({e:?})"))?;
-                // A handle names any file of the filesystem: only one
-                // below the shared directory is taken.
-                let root_path = self.fd_path(rootfd.raw()).map_err(|e| format!("{e:?}"))?;
-                let p = self.fd_path(fd.raw()).map_err(|e| format!("{e:?}"))?;
-                let p = p.strip_suffix(b" (deleted)").unwrap_or(&p);
-                let below = root_path == b"/"
-                    || p.strip_prefix(&root_path[..])
-                        .is_some_and(|r| r.first() == Some(&b'/'));
-                if !below {
-                    return Err("its file handle names a file outside the shared directory".into());
+                // A handle names any file of the filesystem, and the name
+                // the kernel gives what it opens says little (a file's
+                // dentry may be disconnected; in the sandbox the share is
+                // "/"): a file with links is taken only if its path below
+                // the shared directory leads to it. One unlinked while open
+                // (no link left) cannot be checked: it is taken as the
+                // stream says (see the module docs).
+                if nlink(fd.raw()) != Some(0) {
+                    let at = self.open_path_beneath(rootfd, path).map_err(|e| {
+                        format!(
+                            "its path {} cannot be opened ({e:?})",
+                            String::from_utf8_lossy(path)
+                        )
+                    })?;
+                    let same = |f: &CountedFd| {
+                        sys::statx(f.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)
+                            .map(|st| key_of(&st))
+                            .ok()
+                    };
+                    if same(&at).is_none() || same(&at) != same(&fd) {
+                        return Err(
+                            "its file handle names a file that is not at its path in the shared directory"
+                                .into(),
+                        );
+                    }
                 }
                 fd
             }
