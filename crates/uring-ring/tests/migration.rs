@@ -116,11 +116,20 @@ fn the_destination_serves_the_sources_node_ids_and_handles_by_path() {
     let s = share();
     let src = paths(&s.dir);
     let h = hold(src.client(), &s.dir);
+    let rh = src.client().opendir(ROOT_ID).unwrap().fh;
     let state = src.fs().save_state().unwrap();
 
     let dst = paths(&s.dir);
     dst.fs().load_state(&state).unwrap();
     let c = dst.client();
+    // A handle of the shared directory itself comes along too.
+    let top: Vec<Vec<u8>> = c
+        .readdir(ROOT_ID, rh, 0, 4096)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(top.contains(&b"d".to_vec()), "{top:?}");
     // Writes through the handles opened before the move land in the same
     // host file; the O_APPEND one still appends.
     c.write(h.f, h.fh_rw, 4, b"two,", 0).unwrap();
@@ -428,6 +437,69 @@ fn posix_locks_move_to_the_destination_once_the_source_lets_go() {
     // The client's FLUSH of the owner lets go of it, as before the move.
     d.flush(e.nodeid, o.fh, 7).unwrap();
     assert!(host_can_lock(&path, libc::F_WRLCK, 0, 10));
+}
+
+#[test]
+fn a_lock_still_pending_on_the_destination_is_its_owners_against_other_owners() {
+    let s = share();
+    let path = s.dir.join("locked");
+    let src = paths(&s.dir);
+    let c = src.client();
+    let (e, o) = c.create(ROOT_ID, b"locked", 0o644, RW, 0).unwrap();
+    let lk = |typ: i32, start: u64, end: u64| FileLock {
+        start,
+        end,
+        typ: typ as u32,
+        pid: 42,
+    };
+    c.setlk(e.nodeid, o.fh, 7, lk(libc::F_WRLCK, 0, 9), false)
+        .unwrap();
+    let state = src.fs().save_state().unwrap();
+    let dst = paths(&s.dir);
+    dst.fs().load_state(&state).unwrap();
+    let d = dst.client();
+    // Another owner: refused, and told who holds it.
+    assert_eq!(
+        d.setlk(e.nodeid, o.fh, 9, lk(libc::F_RDLCK, 5, 5), false),
+        Err(Errno::EAGAIN)
+    );
+    let got = d.getlk(e.nodeid, o.fh, 9, lk(libc::F_RDLCK, 0, 0)).unwrap();
+    assert_eq!(
+        (got.typ, got.start, got.end, got.pid),
+        (libc::F_WRLCK as u32, 0, 9, 42)
+    );
+    // The owner itself sees no conflict with its own lock, and may
+    // downgrade it while the source still holds the write lock.
+    let mine = d.getlk(e.nodeid, o.fh, 7, lk(libc::F_WRLCK, 0, 9)).unwrap();
+    assert_eq!(mine.typ, libc::F_UNLCK as u32);
+    d.setlk(e.nodeid, o.fh, 7, lk(libc::F_RDLCK, 0, 9), false)
+        .unwrap();
+    // Another owner's SETLKW for a write lock waits, past the source's
+    // end, for owner 7's read lock.
+    let waiting = d.setlkw(e.nodeid, o.fh, 9, lk(libc::F_WRLCK, 0, 9), false);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let waiter = std::thread::spawn(move || {
+        let r = waiting.wait().map(drop);
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        r
+    });
+    drop(src);
+    wait_until("owner 7's read lock is taken on the host", || {
+        !host_can_lock(&path, libc::F_WRLCK, 0, 10) && host_can_lock(&path, libc::F_RDLCK, 0, 10)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        !done.load(std::sync::atomic::Ordering::SeqCst),
+        "owner 9 waits for owner 7"
+    );
+    d.setlk(e.nodeid, o.fh, 7, lk(libc::F_UNLCK, 0, 9), false)
+        .unwrap();
+    waiter.join().unwrap().unwrap();
+    assert!(
+        !host_can_lock(&path, libc::F_RDLCK, 0, 10),
+        "owner 9 holds it"
+    );
 }
 
 #[test]

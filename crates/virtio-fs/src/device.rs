@@ -1067,6 +1067,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         self.inner
             .stats
             .record(t.opcode, error, t.started.elapsed());
+        if t.opcode == Opcode::Init as u32 {
+            // What a migration replays is the INIT the guest was granted.
+            self.inner.migration.init_answered(error == 0);
+        }
         self.inner.stats.queues[t.queue]
             .completed
             .fetch_add(1, Ordering::Relaxed);

@@ -174,6 +174,9 @@ enum LockCall {
         /// The requesting pid, recorded once the lock is granted.
         pid: u32,
         pids: Pids,
+        /// Locks taken up from a migration (`handover.rs`): the wait
+        /// starts once none of another owner conflicts.
+        pending: Arc<Mutex<handover::Pending>>,
     },
 }
 
@@ -189,7 +192,20 @@ impl LockCall {
                 owners,
                 pid,
                 pids,
+                pending,
             } => {
+                while lock(&pending).conflict(key, span).is_some() {
+                    // Interruptible (FUSE_INTERRUPT signals this thread):
+                    // std's sleep would go back to sleep on EINTR.
+                    let nap = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 10_000_000,
+                    };
+                    // SAFETY: `nap` is a valid timespec; no remainder asked.
+                    if unsafe { libc::nanosleep(&nap, std::ptr::null_mut()) } != 0 {
+                        return Err(Errno::EINTR);
+                    }
+                }
                 let mut desc = desc;
                 for _ in 0..RETRIES {
                     desc.set(span, true)?;
@@ -357,11 +373,28 @@ impl PassthroughFs {
         // handle's fd, which holds no OFD locks (its flock locks are apart),
         // sees every conflicting lock.
         let key = (h.inode.nodeid, req.owner);
+        // A lock taken up from a migration and not granted on the host yet
+        // is its owner's all the same (`handover.rs`).
+        let (theirs, mine) = self.locks.with_pending(|p| match p {
+            Some(p) => (p.conflict(key, asked), Some(p.clone_of(key))),
+            None => (None, None),
+        });
+        if let Some((k, s)) = theirs {
+            let pid = lock(&self.locks.pids).get(&k).copied().unwrap_or(0);
+            return Ok(FileLock {
+                start: s.start,
+                end: s.end,
+                typ: s.typ as u32,
+                pid,
+            });
+        }
         let desc = self.locks.owners.get(key);
         let fd = desc.as_ref().map_or(h.fd.raw(), |d| d.raw());
         let mut fl = asked.flock();
         sys::fcntl_lock(fd, libc::F_OFD_GETLK, &mut fl)?;
-        if fl.l_type == libc::F_UNLCK as libc::c_short {
+        let own_pending =
+            Span::of_flock(&fl).is_some_and(|c| mine.as_ref().is_some_and(|m| m.covers(key, c)));
+        if fl.l_type == libc::F_UNLCK as libc::c_short || own_pending {
             return Ok(FileLock {
                 typ: libc::F_UNLCK as u32,
                 pid: 0,
@@ -425,6 +458,17 @@ impl PassthroughFs {
         let span = Span::of_client(&req.lock)?;
         let key = (h.inode.nodeid, req.owner);
         self.locks.with_pending(|mut pending| {
+            if let Some(p) = pending.as_deref_mut() {
+                if p.conflict(key, span).is_some() {
+                    return Err(Errno::EAGAIN);
+                }
+                if p.covers(key, span) {
+                    // The host has the source's lock there still: the
+                    // owner's change is made to what is pending.
+                    p.apply(key, span);
+                    return Ok(());
+                }
+            }
             for _ in 0..RETRIES {
                 let desc = if span.typ == libc::F_UNLCK {
                     match self.locks.owners.get(key) {
@@ -482,6 +526,7 @@ impl PassthroughFs {
             owners: self.locks.owners.clone(),
             pid: req.lock.pid,
             pids: self.locks.pids.clone(),
+            pending: self.locks.pending.clone(),
         })
     }
 

@@ -131,6 +131,13 @@ struct HandleRec {
     opener: Cred,
 }
 
+/// Tells the operator what `--migration-on-error guest-error` carries
+/// over as lost (the guest gets EIO on it): on the daemon's standard
+/// error, as the device's other migration reports.
+fn lost(what: &str) {
+    eprintln!("fusebox: migration: carried over as lost (EIO): {what}");
+}
+
 /// The link count of the file `fd` refers to.
 fn nlink(fd: i32) -> Option<u32> {
     sys::statx(fd, c"", libc::AT_EMPTY_PATH, libc::STATX_NLINK)
@@ -285,6 +292,7 @@ impl PassthroughFs {
                     if m.on_error == MigrationOnError::Abort {
                         return Err(StateError::refused(what));
                     }
+                    lost(&what);
                     lost_ids.insert(data.nodeid);
                     (Locator::Lost(what.into_bytes()), None)
                 }
@@ -307,6 +315,18 @@ impl PassthroughFs {
             });
         }
         let (open, lost_handles) = self.handles.snapshot();
+        // A handle whose inode is not among those saved was released (and
+        // its inode forgotten) between the two snapshots, or made by a
+        // request the guest never saw answered: not the guest's.
+        let saved: std::collections::HashSet<u64> = inodes
+            .iter()
+            .map(|r| r.nodeid)
+            .chain([fuse_core::abi::ROOT_ID])
+            .collect();
+        let open: Vec<_> = open
+            .into_iter()
+            .filter(|(_, h)| saved.contains(&h.inode.nodeid))
+            .collect();
         let mut w = StateWriter::new();
         w.u32(VERSION).u32(inodes.len() as u32);
         for r in &inodes {
@@ -325,7 +345,7 @@ impl PassthroughFs {
         }
         w.u32((open.len() + lost_handles.len()) as u32);
         for (fh, h) in &open {
-            // A handle of a lost inode is lost with it (flags 0 marks it).
+            // A handle of a lost inode is lost with it (flags -1 mark it).
             let flags = if lost_ids.contains(&h.inode.nodeid) {
                 -1
             } else {
@@ -587,6 +607,7 @@ impl PassthroughFs {
                     if abort {
                         return Err(StateError::refused(format!("node {}: {why}", rec.nodeid)));
                     }
+                    lost(&format!("node {}: {why}", rec.nodeid));
                     self.inodes
                         .restore_lost(rec.nodeid, rec.refs)
                         .map_err(|_| dup(format!("node {}", rec.nodeid)))?;
@@ -623,6 +644,7 @@ impl PassthroughFs {
                 if abort {
                     return Err(StateError::refused(format!("handle {}: {why}", h.fh)));
                 }
+                lost(&format!("handle {} (node {}): {why}", h.fh, h.nodeid));
                 self.handles
                     .restore_lost(h.fh)
                     .map_err(|_| dup(format!("handle {}", h.fh)))?;
@@ -651,6 +673,7 @@ impl PassthroughFs {
                 if abort || e == Errno::EINVAL {
                     return Err(refused(what, e));
                 }
+                lost(&format!("{what}: cannot be taken ({e:?})"));
             }
         }
         Ok(())

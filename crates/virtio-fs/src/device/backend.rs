@@ -94,6 +94,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn reset_device(&self) {
+        self.inner.migration.session_ended();
         // The driver is gone (a reboot, a driver unbind): answers would
         // land in rings it no longer has, so nothing is drained; what is
         // in flight is given up at once.
@@ -114,6 +115,17 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         phase: VhostTransferStatePhase,
         file: std::fs::File,
     ) -> io::Result<Option<std::fs::File>> {
+        if direction == VhostTransferStateDirection::SAVE {
+            // FORGETs the guest sent before the stop go to the filesystem
+            // first: the state then carries the lookup counts the guest
+            // holds, and no inode it let go of (a file it deleted, which
+            // find-paths could not name).
+            let chan = self.inner.engine.chan();
+            let t = Instant::now();
+            while chan.forgets_queued() > 0 && t.elapsed() < Duration::from_secs(1) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let weak = Arc::downgrade(&self.inner);
         let load = move |buf: Vec<u8>| {
             let inner = weak

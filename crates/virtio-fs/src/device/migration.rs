@@ -37,11 +37,20 @@ const MAX_STATE: usize = 1 << 30;
 /// Largest INIT body (`fuse_init_in` is 104 bytes today).
 const MAX_INIT: usize = 4096;
 
+/// The bodies of the guest's INITs, as it sent them.
+#[derive(Debug, Default)]
+struct Inits {
+    /// The last one that succeeded: the session's.
+    granted: Option<Vec<u8>>,
+    /// One on its way (its answer not seen yet).
+    pending: Option<Vec<u8>>,
+}
+
 /// Migration state of the device (guarded by its own mutexes; leaf locks).
 #[derive(Debug, Default)]
 pub(crate) struct Migration {
-    /// The body of the guest's last INIT, as it sent it.
-    guest_init: Mutex<Option<Vec<u8>>>,
+    /// The guest's INITs.
+    guest_init: Mutex<Inits>,
     /// The transfer in progress (SET_DEVICE_STATE_FD), until checked.
     transfer: Mutex<Option<JoinHandle<Result<(), StateError>>>>,
 }
@@ -113,14 +122,39 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(&[u8], &[u8]), StateError> {
 }
 
 impl Migration {
-    /// Remembers the guest's INIT (its body after `fuse_in_header`).
+    /// Remembers the guest's INIT (its body after `fuse_in_header`) until
+    /// its answer tells whether it is the session's.
     pub(crate) fn note_init(&self, body: &[u8]) {
-        *lock(&self.guest_init) = Some(body.to_vec());
+        lock(&self.guest_init).pending = Some(body.to_vec());
+    }
+
+    /// The guest's INIT was answered: with success, it is the session's.
+    pub(crate) fn init_answered(&self, ok: bool) {
+        let mut g = lock(&self.guest_init);
+        let pending = g.pending.take();
+        if ok && pending.is_some() {
+            g.granted = pending;
+        }
+    }
+
+    /// The guest's session ended (a device reset, DESTROY): nothing to
+    /// replay.
+    pub(crate) fn session_ended(&self) {
+        *lock(&self.guest_init) = Inits::default();
+    }
+
+    /// Takes `init` as the session's INIT (a destination that took up a
+    /// state).
+    fn took_up(&self, init: &[u8]) {
+        *lock(&self.guest_init) = Inits {
+            granted: Some(init.to_vec()),
+            pending: None,
+        };
     }
 
     /// The state to send: taken now, written to `file` on a thread.
     fn save<F: Filesystem>(&self, fs: &F, file: std::fs::File) -> Result<(), StateError> {
-        let init = lock(&self.guest_init).clone().unwrap_or_default();
+        let init = lock(&self.guest_init).granted.clone().unwrap_or_default();
         let state = encode(&init, &fs.save_state()?);
         let t = std::thread::Builder::new()
             .name("fusebox-state".into())
@@ -237,7 +271,7 @@ pub(crate) fn load<F: Filesystem>(
                 ))
             }
         }
-        note.note_init(init);
+        note.took_up(init);
     }
     dispatcher.fs().load_state(fs)
 }

@@ -123,9 +123,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
             return Err(fail(ticket));
         }
-        if opcode == Opcode::Init {
+        match opcode {
             // Kept for a live migration: the destination replays it.
-            self.inner.migration.note_init(&body);
+            Opcode::Init => self.inner.migration.note_init(&body),
+            Opcode::Destroy => self.inner.migration.session_ended(),
+            _ => {}
         }
         let mut data = Vec::new();
         if opcode == Opcode::Write && client.is_none() && body_len == wi {

@@ -94,10 +94,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let bound = self.drain_bound();
         let start = Instant::now();
         let mut nap = Duration::from_micros(50);
+        let mut asked = Instant::now();
         loop {
             let n = heads.count();
             if n == 0 || start.elapsed() >= bound {
                 return n;
+            }
+            // A lock call popped before the stop may reach the waiters'
+            // table only after the caller's first interrupt: ask again.
+            if asked.elapsed() >= Duration::from_millis(10) {
+                self.interrupt_waiters(Some(q));
+                asked = Instant::now();
             }
             std::thread::sleep(nap);
             nap = (nap * 2).min(Duration::from_millis(2));

@@ -6,14 +6,18 @@
 //! description per owner again and takes each lock. The source still holds
 //! them until its daemon ends (after the VM runs on the destination), so a
 //! lock that conflicts is *pending*: a thread retries it every
-//! `RETRY_EVERY` until the source lets go (or `RETRY_FOR` passed). The
-//! client already holds it in its view; what it does meanwhile wins: a
-//! lock or unlock it is granted on a range takes that range out of the
-//! pending ones (under `Pending`'s lock, taken before any description's
-//! `held`, so the retry thread never takes back a range the client just
-//! changed); a SETLKW that has to wait takes its range out when it starts
-//! waiting (a SETLKW interrupted then leaves that range unlocked on the
-//! host); FLUSH and the last RELEASE take the owner's out.
+//! `RETRY_EVERY` until the source lets go (or `RETRY_FOR` passed, which
+//! is reported). Meanwhile the daemon holds a pending lock for its owner:
+//! another owner's lock that conflicts is refused (EAGAIN) or, a SETLKW,
+//! waits until the range is no longer pending; GETLK names it. The owner
+//! itself changes it freely: a change wholly within its pending ranges is
+//! made to them (a downgrade, an unlock); any other lock or unlock it is
+//! granted takes its range out of them. All this happens under
+//! `Pending`'s lock, taken before any description's `held`, so the retry
+//! thread never takes back a range the client just changed. A SETLKW of
+//! the owner over part of its pending ranges takes that range out when it
+//! starts waiting (interrupted, it leaves the range unlocked on the host);
+//! FLUSH and the last RELEASE take the owner's out.
 
 use super::owners::{Key, OwnerDesc, OwnerTable};
 use super::range::{Span, OFFSET_MAX};
@@ -79,6 +83,66 @@ impl Pending {
             self.map.remove(&key);
         } else {
             *spans = out;
+        }
+    }
+}
+
+/// Whether types `a` and `b` conflict (a write lock conflicts with any).
+fn conflicts(a: i32, b: i32) -> bool {
+    a == libc::F_WRLCK || b == libc::F_WRLCK
+}
+
+impl Pending {
+    /// A pending lock of another owner than `key`'s on the same inode that
+    /// `span` conflicts with: the daemon holds it for that owner until the
+    /// host grants it, so others are refused (or wait) as if it were held.
+    pub(super) fn conflict(&self, key: Key, span: Span) -> Option<(Key, Span)> {
+        if span.typ == libc::F_UNLCK {
+            return None;
+        }
+        self.map
+            .iter()
+            .filter(|(k, _)| k.0 == key.0 && k.1 != key.1)
+            .flat_map(|(k, v)| v.iter().map(move |s| (*k, *s)))
+            .find(|(_, s)| conflicts(s.typ, span.typ) && s.overlap(span).is_some())
+    }
+
+    /// Whether `span` lies wholly within `key`'s pending ranges: the
+    /// owner's change of it is then made to them (the host still has the
+    /// source's lock there), not on the host.
+    pub(super) fn covers(&self, key: Key, span: Span) -> bool {
+        let Some(v) = self.map.get(&key) else {
+            return false;
+        };
+        let mut at = span.start;
+        let mut sorted: Vec<&Span> = v.iter().collect();
+        sorted.sort_by_key(|s| s.start);
+        for s in sorted {
+            if s.start <= at && s.end >= at {
+                if s.end >= span.end {
+                    return true;
+                }
+                at = s.end + 1;
+            }
+        }
+        false
+    }
+
+    /// `key`'s pending ranges alone.
+    pub(super) fn clone_of(&self, key: Key) -> Pending {
+        let mut map = HashMap::new();
+        if let Some(v) = self.map.get(&key) {
+            map.insert(key, v.clone());
+        }
+        Pending { map }
+    }
+
+    /// The owner changed `span` within its pending ranges: an unlock
+    /// takes it out, a lock sets its type there.
+    pub(super) fn apply(&mut self, key: Key, span: Span) {
+        self.settle(key, span.start, span.end);
+        if span.typ != libc::F_UNLCK {
+            self.map.entry(key).or_default().push(span);
         }
     }
 }
@@ -247,7 +311,15 @@ fn retry(pending: Weak<Mutex<Pending>>, owners: Weak<OwnerTable>) {
             };
             let mut p = lock(&pending);
             if begun.elapsed() > RETRY_FOR {
-                p.map.clear();
+                for (key, spans) in p.map.drain() {
+                    eprintln!(
+                        "fusebox: migration: gave up taking {} POSIX lock(s) of owner {:#x} on node {} \
+                         from the source (still held on the host by another)",
+                        spans.len(),
+                        key.1,
+                        key.0
+                    );
+                }
             }
             p.map.retain(|&key, spans| {
                 let Some(d) = owners.get(key) else {
