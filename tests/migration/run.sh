@@ -4,7 +4,8 @@
 #
 #   tests/migration/run.sh [--daemon virtiofsd|fusebox] [--daemon-args "ARGS"]
 #                          [--migration-mode find-paths|file-handles]
-#                          [--daemon-bin PATH] [--trace] [--keep]
+#                          [--scenario normal|unlinked|missing|corrupt]
+#                          [--expect WHAT] [--daemon-bin PATH] [--trace] [--keep]
 #
 # As root. Gets the test guest with tests/guest/setup.sh --backports (QEMU
 # 10, Linux 6.12; migration of vhost-user-fs needs QEMU >= 8.2) and adds
@@ -35,16 +36,48 @@
 # consoles, traces) in place. MIGRATION_TIMEOUT (seconds, default 120) bounds
 # each wait; MIGRATION_DAEMON_WRAP runs both daemons under a tool (for
 # example "strace -f -o FILE").
+#
+# --scenario picks what goes wrong (default normal: nothing does):
+#   unlinked  the guest also holds gone, written and then unlinked, and
+#             after the move writes and reads through that fd. With
+#             --migration-mode file-handles the fd works on the
+#             destination; with find-paths and --daemon-args
+#             "--migration-on-error guest-error" the move succeeds and that
+#             fd gets EIO; with find-paths and abort the migration fails.
+#   missing   the destination's daemon shares another directory: a copy
+#             (cp -a) of the share made after MIGRATE-READY, less mig/rd,
+#             which the guest holds open. With abort the migration fails;
+#             with guest-error the guest runs on the destination (on the
+#             copy: its phase-2 data lands there) and rd gives EIO.
+#             Not with file-handles (every handle leads out of the copy).
+#   corrupt   corrupt-proxy.py sits between the source's migration URI and
+#             the destination's and flips one byte of fusebox's device
+#             state (after its magic FUSEBOX\x01); the destination must
+#             refuse it and log a "fusebox: migration:" error (fusebox
+#             only). The migration fails.
+# Failure scenarios set QEMU's return-path capability on both sides (the
+# source learns so of a load that failed on the destination). When the
+# migration is expected to fail: its final status must be "failed", the
+# source must be "running" again, the destination QEMU may exit (it does,
+# its load failed), the daemon that refused logs a "fusebox: migration:"
+# error (fusebox), and the guest goes on on the source: the trigger made
+# in the source's share, MIGRATE-OK on the source's console, the source's
+# daemon serving until the guest powers off. The trigger tells the guest
+# what the host expects: "dest", "dest eio:gone", "dest eio:rd copy"
+# (copy: other inode numbers) or "source" (--expect overrides it, for
+# daemons that behave otherwise).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 orig_args=("$@")
-daemon=virtiofsd daemon_args="" mig_mode="" daemon_bin="" keep=0 trace=0
+daemon=virtiofsd daemon_args="" mig_mode="" daemon_bin="" keep=0 trace=0 scenario=normal expect=""
 while [ $# -gt 0 ]; do
 	case $1 in
 		--daemon) daemon=$2; shift ;;
 		--daemon-args) daemon_args=$2; shift ;;
 		--migration-mode) mig_mode=$2; shift ;;
+		--scenario) scenario=$2; shift ;;
+		--expect) expect=$2; shift ;;
 		--daemon-bin) daemon_bin=$2; shift ;;
 		--trace) trace=1 ;;
 		--keep) keep=1 ;;
@@ -54,6 +87,31 @@ while [ $# -gt 0 ]; do
 done
 log() { echo "migration-run: $*"; }
 [ "$(id -u)" = 0 ] || { log "needs root"; exit 1; }
+
+# What the scenario is to give, with these daemon options: the trigger's
+# contents ("dest" or "source", then "eio:NAME" for each fd to get EIO).
+on_error=abort
+case " $daemon_args " in *guest-error*) on_error=guest-error ;; esac
+case $scenario in
+	normal) want=dest ;;
+	unlinked)
+		if [ "$mig_mode" = file-handles ]; then want=dest
+		elif [ $on_error = guest-error ]; then want="dest eio:gone"
+		else want=source; fi ;;
+	missing)
+		if [ "$mig_mode" = file-handles ]; then
+			log "--scenario missing needs find-paths: with file handles nothing in the copy is what the guest holds"
+			exit 2
+		fi
+		if [ $on_error = guest-error ]; then want="dest eio:rd copy"; else want=source; fi ;;
+	corrupt)
+		[ "$daemon" = fusebox ] || { log "--scenario corrupt looks for fusebox's device state: --daemon fusebox"; exit 2; }
+		want=source ;;
+	*) log "unknown scenario $scenario (normal, unlinked, missing or corrupt)"; exit 2 ;;
+esac
+[ -n "$expect" ] && want=$expect
+outcome=${want%% *}
+case $outcome in dest | source) ;; *) log "--expect must start with dest or source"; exit 2 ;; esac
 tmo=${MIGRATION_TIMEOUT:-120}
 begin=$(date +%s)
 
@@ -89,7 +147,14 @@ esac
 work=$(mktemp -d /tmp/fusebox-migration.XXXXXX)
 share=$work/share
 mkdir "$share"
-pa='' pb='' qa='' qb='' status=1
+# The destination's directory: the share, or (missing) a copy of it made
+# once the guest holds its files.
+dshare=$share
+if [ "$scenario" = missing ]; then
+	dshare=$work/copy
+	mkdir "$dshare"
+fi
+pa='' pb='' qa='' qb='' px='' status=1
 gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 stop() { # pid: TERM, then KILL after 5 s
 	[ -n "$1" ] || return 0
@@ -99,7 +164,7 @@ stop() { # pid: TERM, then KILL after 5 s
 }
 show_logs() {
 	local f
-	for f in "$work"/console-*.log "$work"/qemu-*.err "$work"/daemon-*.log; do
+	for f in "$work"/console-*.log "$work"/qemu-*.err "$work"/daemon-*.log "$work"/proxy.log; do
 		[ -s "$f" ] || continue
 		echo "----- the last 25 lines of $(basename "$f")"
 		tail -25 "$f"
@@ -107,7 +172,7 @@ show_logs() {
 }
 cleanup() {
 	local rc=$?
-	stop "$qa"; stop "$qb"; stop "$pa"; stop "$pb"
+	stop "$qa"; stop "$qb"; stop "$pa"; stop "$pb"; stop "$px"
 	[ "$rc" = 0 ] && [ "$status" = 0 ] || show_logs
 	if [ $keep = 1 ]; then log "kept $work"; else rm -rf "$work"; fi
 	exit "$rc"
@@ -131,18 +196,20 @@ python3 -c 'import sys; open(sys.argv[1], "wb").write(bytes((i * 13 + 7) & 255 f
 for i in 1 2 3; do echo "entry$i" > "$share/mig/dir/e$i"; done
 
 # The daemons: A serves the source, B the destination, the same directory.
-start_daemon() { # name socket
+start_daemon() { # name socket directory
 	rm -f "$2"
 	# shellcheck disable=SC2086 # the daemon's arguments are split on purpose
-	${MIGRATION_DAEMON_WRAP:-} "$bin" --socket-path "$2" --shared-dir "$share" --cache never $daemon_args 2> "$work/daemon-$1.log" &
+	${MIGRATION_DAEMON_WRAP:-} "$bin" --socket-path "$2" --shared-dir "$3" --cache never $daemon_args 2> "$work/daemon-$1.log" &
 	eval "p$1=$!"
 	for _ in $(seq 100); do [ -S "$2" ] && return 0; sleep 0.1; done
 	cat "$work/daemon-$1.log"
 	die "daemon $1 did not listen on $2"
 }
+log "scenario $scenario: expecting \"$want\""
 log "$daemon ($bin) for A and B: --socket-path S --shared-dir $share --cache never $daemon_args"
-start_daemon a "$work/a.sock"
-start_daemon b "$work/b.sock"
+[ "$dshare" = "$share" ] || log "B shares $dshare instead (a copy made once the guest is ready)"
+start_daemon a "$work/a.sock" "$share"
+start_daemon b "$work/b.sock" "$dshare"
 
 # QEMU: the same machine on both sides, but for the socket (and -incoming).
 start_qemu() { # name socket extra-args...
@@ -154,7 +221,7 @@ start_qemu() { # name socket extra-args...
 	"$qemu" "${tr[@]}" -name "mig-$n" -accel tcg,thread=multi -cpu qemu64 -smp 1 -m 256M \
 		-object memory-backend-memfd,id=mem,size=256M,share=on -numa node,memdev=mem \
 		-kernel "$gdir/vmlinuz" -initrd "$work/initrd.gz" \
-		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=migrate" \
+		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=migrate migcheck.scenario=$scenario" \
 		-chardev socket,id=vfs,path="$sock" \
 		-device vhost-user-fs-pci,chardev=vfs,tag=share \
 		-display none -monitor none -serial file:"$work/console-$n.log" \
@@ -178,15 +245,25 @@ wait_qmp() { # name
 	die "QEMU $1 did not answer on QMP"
 }
 vm_status() { qmp "$1" query-status | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"])'; }
+# The failure scenarios: the source hears of a load that failed on the
+# destination only over the return path (both sides must enable it).
+return_path() { # name
+	[ "$scenario" != normal ] || return 0
+	local out
+	out=$(qmp "$1" migrate-set-capabilities '{"capabilities": [{"capability": "return-path", "state": true}]}' 2>&1) ||
+		die "migrate-set-capabilities return-path on $1: $out"
+}
 
 log "starting the destination: $("$qemu" --version | head -1), -incoming unix:$work/mig.sock"
 start_qemu b "$work/b.sock" -incoming "unix:$work/mig.sock"
 wait_qmp b
+return_path b
 log "destination QEMU is $(vm_status b)"
 log "booting the source (TCG, 1 cpu, 256 MiB memfd)"
 t0=$(date +%s)
 start_qemu a "$work/a.sock"
 wait_qmp a
+return_path a
 
 # The guest: ready when it holds its descriptors and wrote phase 1.
 while :; do
@@ -231,117 +308,252 @@ lock_holders() {
 locks_before=$(host_locks)
 log "host locks on mig/lk before migration: ${locks_before:-none}${locks_before:+ held by $(lock_holders)}"
 
+# missing: the destination's directory is a copy of the share as the guest
+# holds it (phase 1 written), less a file it holds open.
+if [ "$scenario" = missing ]; then
+	cp -a "$share/." "$dshare/"
+	rm "$dshare/mig/rd"
+	log "copied the share to $dshare, less mig/rd"
+fi
+
+# corrupt: the proxy that flips a byte of the device state on the way.
+mig_uri=unix:$work/mig.sock
+if [ "$scenario" = corrupt ]; then
+	python3 "$here/corrupt-proxy.py" "$work/proxy.sock" "$work/mig.sock" 2> "$work/proxy.log" &
+	px=$!
+	for _ in $(seq 50); do [ -S "$work/proxy.sock" ] && break; sleep 0.1; done
+	[ -S "$work/proxy.sock" ] || die "corrupt-proxy.py did not listen ($(cat "$work/proxy.log"))"
+	mig_uri=unix:$work/proxy.sock
+fi
+
 # Migration.
-log "QMP migrate to unix:$work/mig.sock"
+log "QMP migrate to $mig_uri"
 t1=$(date +%s)
-if ! out=$(qmp a migrate "{\"uri\": \"unix:$work/mig.sock\"}" 2>&1); then
+if ! out=$(qmp a migrate "{\"uri\": \"$mig_uri\"}" 2>&1); then
 	die "migrate refused: $out"
 fi
 while :; do
 	mig=$(qmp a query-migrate 2>&1) || die "query-migrate: $mig"
 	st=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1]).get("status", "none"))' "$mig")
-	case $st in
-		completed) break ;;
-		failed | cancelled)
-			err=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1]).get("error-desc", "no error-desc"))' "$mig")
-			die "migration $st: $err" ;;
-	esac
-	gone "$qb" && die "the destination QEMU exited during migration ($(tail -3 "$work/qemu-b.err" | tr '\n' ' '))"
+	case $st in completed | failed | cancelled) break ;; esac
+	if [ "$outcome" = dest ] && gone "$qb"; then
+		die "the destination QEMU exited during migration ($(tail -3 "$work/qemu-b.err" | tr '\n' ' '))"
+	fi
 	[ $(( $(date +%s) - t1 )) -lt "$tmo" ] || die "migration still $st after $tmo s: $mig"
 	sleep 0.2
 done
-stats=$(python3 -c '
+err=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1]).get("error-desc", "no error-desc"))' "$mig")
+if [ "$outcome" = source ]; then
+	[ "$st" = failed ] || die "migration $st, but it was to fail (scenario $scenario, $daemon_args)"
+	log "migration failed, as expected, after $(( $(date +%s) - t1 )) s: $err"
+elif [ "$st" != completed ]; then
+	die "migration $st: $err"
+fi
+
+if [ "$outcome" = dest ]; then # the guest moves on to the destination
+	stats=$(python3 -c '
 import json, sys
 m = json.loads(sys.argv[1])
 r = m.get("ram", {})
 print("total %s ms, downtime %s ms, setup %s ms, %s MiB transferred" % (m.get("total-time"), m.get("downtime"), m.get("setup-time"), r.get("transferred", 0) >> 20))' "$mig")
-log "migration completed ($stats)"
-for _ in $(seq 50); do
-	sb=$(vm_status b 2>&1) || die "query-status on the destination: $sb"
-	[ "$sb" = running ] && break
-	sleep 0.1
-done
-[ "$sb" = running ] || die "the destination is $sb, not running, after migration"
-log "destination is running; source is $(vm_status a)"
+	log "migration completed ($stats)"
+	for _ in $(seq 50); do
+		sb=$(vm_status b 2>&1) || die "query-status on the destination: $sb"
+		[ "$sb" = running ] && break
+		sleep 0.1
+	done
+	[ "$sb" = running ] || die "the destination is $sb, not running, after migration"
+	log "destination is running; source is $(vm_status a)"
 
-# The source goes; so must its daemon.
-qmp a quit >/dev/null || true
-timeout 30 tail --pid="$qa" -f /dev/null || die "the source QEMU did not quit"
-wait "$qa" 2>/dev/null || true
-qa=
-for _ in $(seq 100); do gone "$pa" && break; sleep 0.1; done
-gone "$pa" || die "daemon A still running 10 s after the source QEMU quit"
-arc=0
-wait "$pa" 2>/dev/null || arc=$?
-pa=
-log "source QEMU quit; daemon A exited with $arc"
-[ "$arc" = 0 ] || log "note: daemon A's exit status is $arc"
-gone "$pb" && die "daemon B is gone while the destination runs"
-# A daemon that takes the guest's locks on the host must hold them on
-# the destination once the source's daemon is gone (5 s to get there).
-for _ in $(seq 50); do
-	locks_after=$(host_locks)
-	[ -z "$locks_before" ] || [ -n "$locks_after" ] && break
-	sleep 0.1
-done
-log "host locks on mig/lk after migration: ${locks_after:-none}${locks_after:+ held by $(lock_holders)}"
-if [ -n "$locks_before" ] && [ -z "$locks_after" ]; then
-	die "the guest's POSIX lock was held on the host before migration and is not after"
-fi
+	# The source goes; so must its daemon.
+	qmp a quit >/dev/null || true
+	timeout 30 tail --pid="$qa" -f /dev/null || die "the source QEMU did not quit"
+	wait "$qa" 2>/dev/null || true
+	qa=
+	for _ in $(seq 100); do gone "$pa" && break; sleep 0.1; done
+	gone "$pa" || die "daemon A still running 10 s after the source QEMU quit"
+	arc=0
+	wait "$pa" 2>/dev/null || arc=$?
+	pa=
+	log "source QEMU quit; daemon A exited with $arc"
+	[ "$arc" = 0 ] || log "note: daemon A's exit status is $arc"
+	gone "$pb" && die "daemon B is gone while the destination runs"
+	# A daemon that takes the guest's locks on the host must hold them on
+	# the destination once the source's daemon is gone (5 s to get there).
+	lk_ino=$(stat -c %i "$dshare/mig/lk")
+	for _ in $(seq 50); do
+		locks_after=$(host_locks)
+		[ -z "$locks_before" ] || [ -n "$locks_after" ] && break
+		sleep 0.1
+	done
+	log "host locks on mig/lk after migration: ${locks_after:-none}${locks_after:+ held by $(lock_holders)}"
+	if [ -n "$locks_before" ] && [ -z "$locks_after" ]; then
+		die "the guest's POSIX lock was held on the host before migration and is not after"
+	fi
+	[ "$scenario" = normal ] || grep -h '^fusebox: migration:' "$work"/daemon-*.log | sed 's/^/  daemon log: /' || true
 
-# The guest goes on, on the destination.
-echo go > "$share/trigger"
-log "made the trigger file; waiting for the guest on the destination"
-t2=$(date +%s)
-while :; do
-	grep -aq '^MIGRATE-OK\|^MIGRATE-FAIL\|^MIGRATE-GUEST' "$work/console-b.log" 2>/dev/null && break
-	gone "$qb" && break
-	[ $(( $(date +%s) - t2 )) -lt "$tmo" ] || break
-	sleep 0.2
-done
-gone "$pb" && die "daemon B exited while the destination guest was running"
-sleep 0.5
-grep -a '^GUEST\|^MIGRATE' "$work/console-b.log" | sed 's/^/  destination guest: /' || true
-fail=0
-if ! grep -aq '^MIGRATE-OK' "$work/console-b.log"; then
-	log "FAIL the guest on the destination: $(grep -a '^MIGRATE-FAIL' "$work/console-b.log" | head -1 || echo "no MIGRATE-OK within $tmo s")"
-	fail=1
-fi
+	# The guest goes on, on the destination.
+	echo "$want" > "$dshare/trigger"
+	log "made the trigger file ($want); waiting for the guest on the destination"
+	t2=$(date +%s)
+	while :; do
+		grep -aq '^MIGRATE-OK\|^MIGRATE-FAIL\|^MIGRATE-GUEST' "$work/console-b.log" 2>/dev/null && break
+		gone "$qb" && break
+		[ $(( $(date +%s) - t2 )) -lt "$tmo" ] || break
+		sleep 0.2
+	done
+	gone "$pb" && die "daemon B exited while the destination guest was running"
+	sleep 0.5
+	grep -a '^GUEST\|^MIGRATE' "$work/console-b.log" | sed 's/^/  destination guest: /' || true
+	fail=0
+	if ! grep -aq '^MIGRATE-OK' "$work/console-b.log"; then
+		log "FAIL the guest on the destination: $(grep -a '^MIGRATE-FAIL' "$work/console-b.log" | head -1 || echo "no MIGRATE-OK within $tmo s")"
+		fail=1
+	fi
 
-# The destination's guest powers off; its daemon goes then.
-timeout "$tmo" tail --pid="$qb" -f /dev/null || { log "FAIL the destination QEMU did not exit after the guest"; fail=1; }
-qrc=0
-wait "$qb" 2>/dev/null || qrc=$?
-qb=
-[ "$qrc" = 0 ] || { log "FAIL the destination QEMU exited with $qrc"; fail=1; }
-for _ in $(seq 100); do gone "$pb" && break; sleep 0.1; done
-if gone "$pb"; then
+	# The destination's guest powers off; its daemon goes then.
+	timeout "$tmo" tail --pid="$qb" -f /dev/null || { log "FAIL the destination QEMU did not exit after the guest"; fail=1; }
+	qrc=0
+	wait "$qb" 2>/dev/null || qrc=$?
+	qb=
+	[ "$qrc" = 0 ] || { log "FAIL the destination QEMU exited with $qrc"; fail=1; }
+	for _ in $(seq 100); do gone "$pb" && break; sleep 0.1; done
+	if gone "$pb"; then
+		brc=0
+		wait "$pb" 2>/dev/null || brc=$?
+		pb=
+		log "destination QEMU exited; daemon B exited with $brc"
+	else
+		log "FAIL daemon B still running 10 s after the destination QEMU exited"
+		fail=1
+	fi
+
+else # outcome source: the migration failed, the guest goes on where it was.
+	for _ in $(seq 100); do
+		sa=$(vm_status a 2>&1) || die "query-status on the source: $sa"
+		[ "$sa" = running ] && break
+		sleep 0.1
+	done
+	[ "$sa" = running ] || die "the source is $sa, not running, 10 s after the failed migration"
+	log "the source is running again"
+	gone "$pa" && die "daemon A exited after the failed migration"
+	# The destination's load failed: its QEMU exits (or at least does not run).
+	for _ in $(seq 100); do gone "$qb" && break; sleep 0.1; done
+	if gone "$qb"; then
+		qrc=0
+		wait "$qb" 2>/dev/null || qrc=$?
+		qb=
+		log "the destination QEMU exited with $qrc (expected): $(grep -v '^$' "$work/qemu-b.err" | tail -3 | tr '\n' ' ')"
+	else
+		sb=$(vm_status b 2>&1 || true)
+		[ "$sb" = running ] && die "the destination runs as well, after a failed migration"
+		log "the destination QEMU is still up ($sb); quitting it"
+		qmp b quit >/dev/null || true
+		timeout 30 tail --pid="$qb" -f /dev/null || die "the destination QEMU did not quit"
+		wait "$qb" 2>/dev/null || true
+		qb=
+	fi
+	for _ in $(seq 100); do gone "$pb" && break; sleep 0.1; done
+	gone "$pb" || die "daemon B still running 10 s after the destination QEMU went"
 	brc=0
 	wait "$pb" 2>/dev/null || brc=$?
 	pb=
-	log "destination QEMU exited; daemon B exited with $brc"
-else
-	log "FAIL daemon B still running 10 s after the destination QEMU exited"
-	fail=1
+	log "daemon B exited with $brc"
+	[ ! -s "$work/proxy.log" ] || sed 's/^/  /' "$work/proxy.log"
+	# The daemon that could not save (unlinked) or load (missing, corrupt)
+	# the state says why.
+	grep -h '^fusebox: migration:' "$work/daemon-a.log" | sed 's/^/  daemon A: /' || true
+	grep -h '^fusebox: migration:' "$work/daemon-b.log" | sed 's/^/  daemon B: /' || true
+	if [ "$daemon" = fusebox ] && [ -z "$expect" ]; then
+		case $scenario in unlinked) rf=a ;; *) rf=b ;; esac
+		# (its line on success is "fusebox: migration: device state transferred")
+		grep '^fusebox: migration:' "$work/daemon-$rf.log" | grep -vq 'migration: device state transferred$' ||
+			die "daemon ${rf^^} logged no \"fusebox: migration:\" error"
+	fi
+	if [ "$scenario" = corrupt ] && [ -n "$px" ]; then
+		timeout 10 tail --pid="$px" -f /dev/null || true
+		prc=0
+		wait "$px" 2>/dev/null || prc=$?
+		px=
+		[ "$prc" = 0 ] || die "corrupt-proxy.py exited with $prc (no byte flipped?)"
+	fi
+	# The source's daemon still holds the guest's locks on the host.
+	locks_after=$(host_locks)
+	log "host locks on mig/lk after the failed migration: ${locks_after:-none}${locks_after:+ held by $(lock_holders)}"
+	if [ -n "$locks_before" ] && [ -z "$locks_after" ]; then
+		die "the guest's POSIX lock was held on the host before the migration and is not after it failed"
+	fi
+
+	# The guest goes on, on the source.
+	echo "$want" > "$share/trigger"
+	log "made the trigger file ($want) in the source's share; waiting for the guest on the source"
+	t2=$(date +%s)
+	while :; do
+		grep -aq '^MIGRATE-OK\|^MIGRATE-FAIL\|^MIGRATE-GUEST' "$work/console-a.log" 2>/dev/null && break
+		gone "$qa" && break
+		if gone "$pa"; then
+			die "daemon A exited while the source guest was running"
+		fi
+		[ $(( $(date +%s) - t2 )) -lt "$tmo" ] || break
+		sleep 0.2
+	done
+	sleep 0.5
+	grep -a '^GUEST\|^MIGRATE' "$work/console-a.log" | sed 's/^/  source guest: /' || true
+	fail=0
+	if ! grep -aq '^MIGRATE-OK' "$work/console-a.log"; then
+		log "FAIL the guest on the source: $(grep -a '^MIGRATE-FAIL' "$work/console-a.log" | head -1 || echo "no MIGRATE-OK within $tmo s")"
+		fail=1
+	fi
+	if grep -aq '^MIGRATE' "$work/console-b.log" 2>/dev/null; then
+		log "FAIL the destination's console shows the guest: $(grep -a '^MIGRATE' "$work/console-b.log" | head -3 | tr '\n' ' ')"
+		fail=1
+	fi
+	# The guest powers off; the source QEMU exits, its daemon then.
+	timeout "$tmo" tail --pid="$qa" -f /dev/null || { log "FAIL the source QEMU did not exit after the guest"; fail=1; }
+	qrc=0
+	wait "$qa" 2>/dev/null || qrc=$?
+	qa=
+	[ "$qrc" = 0 ] || { log "FAIL the source QEMU exited with $qrc"; fail=1; }
+	for _ in $(seq 100); do gone "$pa" && break; sleep 0.1; done
+	if gone "$pa"; then
+		arc=0
+		wait "$pa" 2>/dev/null || arc=$?
+		pa=
+		log "source QEMU exited; daemon A exited with $arc"
+	else
+		log "FAIL daemon A still running 10 s after the source QEMU exited"
+		fail=1
+	fi
 fi
 if grep -q panicked "$work"/daemon-*.log; then
 	log "FAIL a daemon panicked"
 	fail=1
 fi
 
-# The host's half: what the guest wrote before and after.
+# The host's half: what the guest wrote before and after, in the
+# directory of the daemon it ended on.
 hcheck() {
 	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; fail=1; fi
 }
+if [ "$outcome" = dest ]; then ended=$dshare other=$share; else ended=$share other=$dshare; fi
 # shellcheck disable=SC2034 # used in hcheck's expressions
-m=$share/mig
+m=$ended/mig
+files=". ./mig ./mig/ap ./mig/cwd-after ./mig/dir ./mig/dir/e1 ./mig/dir/e2 ./mig/dir/e3 ./mig/dir/new-after ./mig/lk ./mig/rd ./mig/w ./trigger "
+[ "$ended" = "$share" ] || files=${files/.\/mig\/rd /}
 hcheck write-fd '[ "$(cat "$m/w")" = "$(printf "w-phase1\nw-phase2")" ]'
 hcheck append-fd '[ "$(cat "$m/ap")" = "$(printf "ap-phase1-a\nap-phase1-b\nap-phase2-a\nap-phase2-b")" ]'
 hcheck locked-fd '[ "$(cat "$m/lk")" = "$(printf "lk-phase1\nlk-phase2")" ]'
 hcheck dirfd-create '[ "$(cat "$m/dir/new-after")" = made-after ]'
 hcheck cwd-create '[ "$(cat "$m/cwd-after")" = cwd-after ]'
-hcheck read-file-intact 'python3 -c "import sys; sys.exit(open(sys.argv[1], \"rb\").read() != bytes((i * 13 + 7) & 255 for i in range(65536)))" "$m/rd"'
-hcheck no-stray-files '[ "$(cd "$share" && find . | sort | tr "\n" " ")" = ". ./mig ./mig/ap ./mig/cwd-after ./mig/dir ./mig/dir/e1 ./mig/dir/e2 ./mig/dir/e3 ./mig/dir/new-after ./mig/lk ./mig/rd ./mig/w ./trigger " ]'
+hcheck read-file-intact 'python3 -c "import sys; sys.exit(open(sys.argv[1], \"rb\").read() != bytes((i * 13 + 7) & 255 for i in range(65536)))" "$share/mig/rd"'
+hcheck no-stray-files '[ "$(cd "$ended" && find . | sort | tr "\n" " ")" = "$files" ]'
+if [ "$other" != "$ended" ]; then
+	# missing: the other directory holds phase 1 only.
+	ofiles=". ./mig ./mig/ap ./mig/dir ./mig/dir/e1 ./mig/dir/e2 ./mig/dir/e3 ./mig/lk ./mig/rd ./mig/w "
+	[ "$other" = "$share" ] || ofiles=${ofiles/.\/mig\/rd /}
+	hcheck other-dir-phase1-only '[ "$(cat "$other/mig/w")" = w-phase1 ] && [ "$(cat "$other/mig/lk")" = lk-phase1 ]'
+	hcheck other-dir-untouched '[ "$(cd "$other" && find . | sort | tr "\n" " ")" = "$ofiles" ]'
+fi
 
 # The vhost-user messages each QEMU sent (write) and got back (read),
 # named as in the vhost-user specification.
