@@ -80,6 +80,13 @@ tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-
 step "live migration: QEMU 10 moves a running guest between two fusebox daemons on one directory (find-paths, then file-handles): open fds, O_APPEND, a directory handle, the cwd, a POSIX lock held on the host"
 tests/migration/run.sh --daemon fusebox
 tests/migration/run.sh --daemon fusebox --migration-mode file-handles
+step "live migration that cannot carry everything: a file unlinked while open (carried by file handle; EIO on it alone with --migration-on-error guest-error; with abort the migration fails and the source VM runs on), a destination lacking a file (abort; guest-error), a corrupted device state (refused by the destination, the source runs on)"
+tests/migration/run.sh --daemon fusebox --migration-mode file-handles --scenario unlinked
+tests/migration/run.sh --daemon fusebox --scenario unlinked --daemon-args "--migration-on-error guest-error"
+tests/migration/run.sh --daemon fusebox --scenario unlinked
+tests/migration/run.sh --daemon fusebox --scenario missing
+tests/migration/run.sh --daemon fusebox --scenario missing --daemon-args "--migration-on-error guest-error"
+tests/migration/run.sh --daemon fusebox --scenario corrupt
 
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
