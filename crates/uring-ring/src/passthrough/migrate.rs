@@ -294,7 +294,9 @@ impl PassthroughFs {
                     }
                     lost(&what);
                     lost_ids.insert(data.nodeid);
-                    (Locator::Lost(what.into_bytes()), None)
+                    // The destination names the node itself.
+                    let why = format!("(inode {}) {why}", data.key.ino);
+                    (Locator::Lost(why.into_bytes()), None)
                 }
             };
             inodes.push(InodeRec {
