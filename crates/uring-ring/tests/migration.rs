@@ -269,6 +269,22 @@ fn file_handles_are_taken_up_with_a_cold_cache_and_checked_against_their_path() 
     assert_eq!(c.read(h.g, h.fh_ro, 0, 100).unwrap(), b"read me");
     c.write(h.f, h.fh_rw, 4, b"two", 0).unwrap();
     assert_eq!(std::fs::read(s.dir.join("d/f")).unwrap(), b"one,two");
+    // And on again from there (the files it took up have their names).
+    let state = dst.fs().save_state().unwrap();
+    drop(dst);
+    std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    let third = daemon(
+        &s.dir,
+        MigrationMode::FileHandles,
+        MigrationOnError::Abort,
+        false,
+    );
+    third.fs().load_state(&state).unwrap();
+    assert_eq!(
+        third.client().read(h.g, h.fh_ro, 0, 100).unwrap(),
+        b"read me"
+    );
+    drop(third);
     // A file moved out of the share: its handle still opens it, its path
     // no longer leads to it, so it is refused.
     let src = daemon(
@@ -474,6 +490,11 @@ fn a_lock_still_pending_on_the_destination_is_its_owners_against_other_owners() 
     assert_eq!(mine.typ, libc::F_UNLCK as u32);
     d.setlk(e.nodeid, o.fh, 7, lk(libc::F_RDLCK, 0, 9), false)
         .unwrap();
+    // An upgrade back needs the host, where the source's lock still is.
+    assert_eq!(
+        d.setlk(e.nodeid, o.fh, 7, lk(libc::F_WRLCK, 0, 9), false),
+        Err(Errno::EAGAIN)
+    );
     // Another owner's SETLKW for a write lock waits, past the source's
     // end, for owner 7's read lock.
     let waiting = d.setlkw(e.nodeid, o.fh, 9, lk(libc::F_WRLCK, 0, 9), false);

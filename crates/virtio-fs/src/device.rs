@@ -1069,7 +1069,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .record(t.opcode, error, t.started.elapsed());
         if t.opcode == Opcode::Init as u32 {
             // What a migration replays is the INIT the guest was granted.
-            self.inner.migration.init_answered(error == 0);
+            self.inner.migration.init_answered(t.unique, error == 0);
         }
         self.inner.stats.queues[t.queue]
             .completed

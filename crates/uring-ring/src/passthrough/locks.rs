@@ -194,7 +194,14 @@ impl LockCall {
                 pids,
                 pending,
             } => {
-                while lock(&pending).conflict(key, span).is_some() {
+                // Another owner's pending lock is waited for here; so is
+                // the owner's own (the retry thread takes it once the source
+                // lets go), so no other owner's wait in the host gets in
+                // between.
+                while {
+                    let p = lock(&pending);
+                    p.conflict(key, span).is_some() || p.overlaps_own(key, span)
+                } {
                     // Interruptible (FUSE_INTERRUPT signals this thread):
                     // std's sleep would go back to sleep on EINTR.
                     let nap = libc::timespec {
@@ -462,7 +469,7 @@ impl PassthroughFs {
                 if p.conflict(key, span).is_some() {
                     return Err(Errno::EAGAIN);
                 }
-                if p.covers(key, span) {
+                if p.takes(key, span) {
                     // The host has the source's lock there still: the
                     // owner's change is made to what is pending.
                     p.apply(key, span);
@@ -516,9 +523,6 @@ impl PassthroughFs {
             return Ok(LockCall::Nothing);
         }
         let key = (h.inode.nodeid, req.owner);
-        // The client's wait supersedes a lock on the range still pending
-        // from a migration (`handover.rs`).
-        self.locks.settle(key, span);
         Ok(LockCall::Ofd {
             desc: self.owner_desc(ctx, h, key, span.typ)?,
             span,

@@ -387,7 +387,7 @@ impl PassthroughFs {
             .map_err(|e| refused("the POSIX locks held".into(), e))?;
         let owners: Vec<_> = owners
             .into_iter()
-            .filter(|o| !lost_ids.contains(&o.nodeid))
+            .filter(|o| !lost_ids.contains(&o.nodeid) && saved.contains(&o.nodeid))
             .collect();
         w.u32(owners.len() as u32);
         for o in &owners {
@@ -540,7 +540,9 @@ impl PassthroughFs {
                 // the shared directory leads to it. One unlinked while open
                 // (no link left) cannot be checked: it is taken as the
                 // stream says (see the module docs).
-                if nlink(fd.raw()) != Some(0) {
+                if nlink(fd.raw()) == Some(0) {
+                    fd
+                } else {
                     let at = self.open_path_beneath(rootfd, path).map_err(|e| {
                         format!(
                             "its path {} cannot be opened ({e:?})",
@@ -558,8 +560,11 @@ impl PassthroughFs {
                                 .into(),
                         );
                     }
+                    // The same inode by its path: its dentry is connected
+                    // (the handle's may not be, and a later migration from
+                    // here names the file by what the kernel calls it).
+                    at
                 }
-                fd
             }
         };
         let st = sys::statx(fd.raw(), c"", libc::AT_EMPTY_PATH, STATX_MASK)

@@ -42,8 +42,9 @@ const MAX_INIT: usize = 4096;
 struct Inits {
     /// The last one that succeeded: the session's.
     granted: Option<Vec<u8>>,
-    /// One on its way (its answer not seen yet).
-    pending: Option<Vec<u8>>,
+    /// Those on their way, by unique (their answers not seen yet; a few
+    /// at most: a guest sends one per connection).
+    pending: Vec<(u64, Vec<u8>)>,
 }
 
 /// Migration state of the device (guarded by its own mutexes; leaf locks).
@@ -124,16 +125,23 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(&[u8], &[u8]), StateError> {
 impl Migration {
     /// Remembers the guest's INIT (its body after `fuse_in_header`) until
     /// its answer tells whether it is the session's.
-    pub(crate) fn note_init(&self, body: &[u8]) {
-        lock(&self.guest_init).pending = Some(body.to_vec());
+    pub(crate) fn note_init(&self, unique: u64, body: &[u8]) {
+        let mut g = lock(&self.guest_init);
+        g.pending.retain(|(u, _)| *u != unique);
+        if g.pending.len() >= 4 {
+            g.pending.remove(0);
+        }
+        g.pending.push((unique, body.to_vec()));
     }
 
     /// The guest's INIT was answered: with success, it is the session's.
-    pub(crate) fn init_answered(&self, ok: bool) {
+    pub(crate) fn init_answered(&self, unique: u64, ok: bool) {
         let mut g = lock(&self.guest_init);
-        let pending = g.pending.take();
-        if ok && pending.is_some() {
-            g.granted = pending;
+        if let Some(i) = g.pending.iter().position(|(u, _)| *u == unique) {
+            let (_, body) = g.pending.remove(i);
+            if ok {
+                g.granted = Some(body);
+            }
         }
     }
 
@@ -148,7 +156,7 @@ impl Migration {
     fn took_up(&self, init: &[u8]) {
         *lock(&self.guest_init) = Inits {
             granted: Some(init.to_vec()),
-            pending: None,
+            pending: Vec::new(),
         };
     }
 

@@ -125,7 +125,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         match opcode {
             // Kept for a live migration: the destination replays it.
-            Opcode::Init => self.inner.migration.note_init(&body),
+            Opcode::Init => self.inner.migration.note_init(h.unique, &body),
             Opcode::Destroy => self.inner.migration.session_ended(),
             _ => {}
         }

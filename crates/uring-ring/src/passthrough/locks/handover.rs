@@ -14,10 +14,12 @@
 //! made to them (a downgrade, an unlock); any other lock or unlock it is
 //! granted takes its range out of them. All this happens under
 //! `Pending`'s lock, taken before any description's `held`, so the retry
-//! thread never takes back a range the client just changed. A SETLKW of
-//! the owner over part of its pending ranges takes that range out when it
-//! starts waiting (interrupted, it leaves the range unlocked on the host);
-//! FLUSH and the last RELEASE take the owner's out.
+//! thread never takes back a range the client just changed. A change of
+//! the owner's that reaches past its pending ranges, or upgrades a read
+//! lock in them, goes to the host (where the source's lock still is): a
+//! SETLKW of it waits until the retry thread has taken the owner's pending
+//! ranges it overlaps, so no other owner's wait gets in between. FLUSH and
+//! the last RELEASE take the owner's out.
 
 use super::owners::{Key, OwnerDesc, OwnerTable};
 use super::range::{Span, OFFSET_MAX};
@@ -128,6 +130,29 @@ impl Pending {
         false
     }
 
+    /// Whether the owner's lock or unlock of `span` can be made to its
+    /// pending ranges alone: `span` lies within them, and is no write lock
+    /// over a pending read lock (that would be an upgrade, which needs the
+    /// host: another owner may wait there for a read lock on the range).
+    pub(super) fn takes(&self, key: Key, span: Span) -> bool {
+        if !self.covers(key, span) {
+            return false;
+        }
+        span.typ != libc::F_WRLCK
+            || self.map.get(&key).is_some_and(|v| {
+                v.iter()
+                    .filter(|s| s.overlap(span).is_some())
+                    .all(|s| s.typ == libc::F_WRLCK)
+            })
+    }
+
+    /// Whether `span` overlaps `key`'s own pending ranges.
+    pub(super) fn overlaps_own(&self, key: Key, span: Span) -> bool {
+        self.map
+            .get(&key)
+            .is_some_and(|v| v.iter().any(|s| s.overlap(span).is_some()))
+    }
+
     /// `key`'s pending ranges alone.
     pub(super) fn clone_of(&self, key: Key) -> Pending {
         let mut map = HashMap::new();
@@ -184,14 +209,6 @@ impl Locks {
     /// Whether any lock taken up from a migration is still pending.
     fn pending_any(&self) -> bool {
         !lock(&self.pending).map.is_empty()
-    }
-
-    /// A client's lock or unlock of `span` was granted for `key`: the
-    /// range is its own again (see the module docs).
-    pub(super) fn settle(&self, key: Key, span: Span) {
-        if self.pending_any() {
-            lock(&self.pending).settle(key, span.start, span.end);
-        }
     }
 
     /// Runs `f` (a client's lock change) with the pending locks, locked,
