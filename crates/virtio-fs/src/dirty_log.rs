@@ -31,6 +31,13 @@ pub struct LogBitmap {
     on: Arc<AtomicBool>,
 }
 
+impl LogBitmap {
+    /// Whether a log was set for this region.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+}
+
 impl Bitmap for LogBitmap {
     fn mark_dirty(&self, offset: usize, len: usize) {
         if self.on.load(Ordering::Acquire) {

@@ -50,6 +50,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// straddle two). Without a log each mark is one atomic load
     /// (`LogBitmap`).
     pub(super) fn mark_written(&self, mem: &GuestMmap, segs: &[Seg]) {
+        // No log on any region (no migration ever began): nothing to find
+        // per descriptor. The region lookups below cost 2-3% of the vring
+        // thread's CPU on warm 4 KiB reads.
+        if !mem.iter().any(|r| r.bitmap().is_on()) {
+            return;
+        }
         for s in segs {
             for slice in GuestMemoryBackend::get_slices(mem, s.addr, s.len as usize) {
                 // The chain was checked against this memory: an error
