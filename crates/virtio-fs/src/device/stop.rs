@@ -16,7 +16,7 @@
 //! `guest_mem.rs`), so nothing lands in them after the mark. Chains a ring
 //! stop gives up on are marked once their I/O was waited for.
 //!
-//! **Ring stop drains.** See [`FsDevice::drain_ring`] and "Live migration" in
+//! **Ring stop drains.** See [`FsDevice::drain_ring`] and "Dirty log and ring stops" in
 //! docs/DESIGN.md.
 
 use super::*;
