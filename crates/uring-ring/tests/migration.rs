@@ -398,6 +398,16 @@ fn host_can_lock(path: &Path, typ: i32, start: i64, len: i64) -> bool {
     r == 0
 }
 
+/// A lock of `typ` on `start..=end`, taken by pid 42.
+fn lk(typ: i32, start: u64, end: u64) -> FileLock {
+    FileLock {
+        start,
+        end,
+        typ: typ as u32,
+        pid: 42,
+    }
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t = std::time::Instant::now();
     while !f() {
@@ -413,12 +423,6 @@ fn posix_locks_move_to_the_destination_once_the_source_lets_go() {
     let src = paths(&s.dir);
     let c = src.client();
     let (e, o) = c.create(ROOT_ID, b"locked", 0o644, RW, 0).unwrap();
-    let lk = |typ: i32, start: u64, end: u64| FileLock {
-        start,
-        end,
-        typ: typ as u32,
-        pid: 42,
-    };
     // Owner 7: a write lock on 0..=9; owner 8: a read lock on 100..=199.
     c.setlk(e.nodeid, o.fh, 7, lk(libc::F_WRLCK, 0, 9), false)
         .unwrap();
@@ -462,12 +466,6 @@ fn a_lock_still_pending_on_the_destination_is_its_owners_against_other_owners() 
     let src = paths(&s.dir);
     let c = src.client();
     let (e, o) = c.create(ROOT_ID, b"locked", 0o644, RW, 0).unwrap();
-    let lk = |typ: i32, start: u64, end: u64| FileLock {
-        start,
-        end,
-        typ: typ as u32,
-        pid: 42,
-    };
     c.setlk(e.nodeid, o.fh, 7, lk(libc::F_WRLCK, 0, 9), false)
         .unwrap();
     let state = src.fs().save_state().unwrap();

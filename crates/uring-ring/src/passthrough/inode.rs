@@ -195,6 +195,22 @@ pub struct InodeData {
 }
 
 impl InodeData {
+    /// A new inode `nodeid` for what `st` describes, reached by `source`,
+    /// with `refs` lookup references.
+    fn new(nodeid: u64, st: &libc::statx, source: Source, refs: u64) -> InodeData {
+        InodeData {
+            nodeid,
+            key: key_of(st),
+            ftype: u32::from(st.stx_mode) & libc::S_IFMT,
+            source,
+            io_lock: RwLock::new(()),
+            writers: AtomicUsize::new(0),
+            handles: AtomicUsize::new(0),
+            backing: Mutex::new(BackingState::Idle),
+            refs: Mutex::new(refs),
+        }
+    }
+
     /// An fd for this inode (O_PATH).
     pub fn fd<'a>(&'a self, budget: &Arc<FdBudget>) -> Result<InodeFd<'a>, Errno> {
         match &self.source {
@@ -260,17 +276,12 @@ impl InodeTable {
     /// A table holding the root (node id 1, one permanent reference).
     pub fn new(root: Found) -> InodeTable {
         let key = key_of(&root.st);
-        let data = Arc::new(InodeData {
-            nodeid: fuse_core::abi::ROOT_ID,
-            key,
-            ftype: u32::from(root.st.stx_mode) & libc::S_IFMT,
-            source: Source::Fd(root.fd),
-            io_lock: RwLock::new(()),
-            writers: AtomicUsize::new(0),
-            handles: AtomicUsize::new(0),
-            backing: Mutex::new(BackingState::Idle),
-            refs: Mutex::new(1),
-        });
+        let data = Arc::new(InodeData::new(
+            fuse_core::abi::ROOT_ID,
+            &root.st,
+            Source::Fd(root.fd),
+            1,
+        ));
         let mut maps = Maps {
             next: fuse_core::abi::ROOT_ID + 1,
             ..Default::default()
@@ -331,17 +342,7 @@ impl InodeTable {
         {
             return Err(Errno(libc::EEXIST));
         }
-        let data = Arc::new(InodeData {
-            nodeid: id,
-            key,
-            ftype: u32::from(found.st.stx_mode) & libc::S_IFMT,
-            source: Source::Fd(found.fd),
-            io_lock: RwLock::new(()),
-            writers: AtomicUsize::new(0),
-            handles: AtomicUsize::new(0),
-            backing: Mutex::new(BackingState::Idle),
-            refs: Mutex::new(refs),
-        });
+        let data = Arc::new(InodeData::new(id, &found.st, Source::Fd(found.fd), refs));
         maps.by_key.insert(key, id);
         maps.by_id.insert(id, data.clone());
         maps.next = maps.next.max(id.saturating_add(1));
@@ -434,17 +435,7 @@ impl InodeTable {
         };
         let id = maps.next;
         maps.next += 1;
-        let data = Arc::new(InodeData {
-            nodeid: id,
-            key,
-            ftype: u32::from(found.st.stx_mode) & libc::S_IFMT,
-            source,
-            io_lock: RwLock::new(()),
-            writers: AtomicUsize::new(0),
-            handles: AtomicUsize::new(0),
-            backing: Mutex::new(BackingState::Idle),
-            refs: Mutex::new(1),
-        });
+        let data = Arc::new(InodeData::new(id, &found.st, source, 1));
         maps.by_key.insert(key, id);
         maps.by_id.insert(id, data.clone());
         Ok(data)
