@@ -131,11 +131,29 @@ fn assert_stopped_at_users_space(what: &str, done: u64, err: Errno, for_users: u
 /// Removes `pub/name` (node `node`, one lookup) and waits until the
 /// daemon dropped its fd of it, so its blocks are free again.
 fn remove(m: &Mount, name: &str, node: u64) {
-    std::fs::remove_file(m.path("pub").join(name)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let file = m.path("pub").join(name);
+    let blocks = std::fs::metadata(&file).unwrap().blocks() * 512;
+    let free = |p: &Path| {
+        let (users, reserved) = space(p);
+        users + reserved
+    };
+    let before = free(&m.path("pub"));
+    std::fs::remove_file(&file).unwrap();
     m.client.forget(node, 1);
     let t = std::time::Instant::now();
     while m.fs().lookup_count(node).is_some() {
         assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // The daemon's last fd of the file may be closed from io_uring's side
+    // (a file an I/O went through is let go of by a kernel worker): its
+    // blocks are free a moment after the inode left the table.
+    while free(&m.path("pub")) < before + blocks {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{name}'s blocks never freed"
+        );
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
