@@ -143,8 +143,11 @@ fn a_hung_backend_ends_in_the_kernels_connection_abort() {
     assert!(!reader.is_finished());
     assert_eq!(std::fs::metadata(d.mnt().join("f")).unwrap().len(), 5);
     std::fs::write(d.mnt().join("other"), b"x").unwrap();
-    // The kernel checks request timeouts every 15 s: within that of the
-    // 1 s timeout it aborts the connection, and the read fails.
+    // The kernel checks request timeouts from a work item (every 15 s at
+    // most): within that of the 1 s timeout it aborts the connection, and
+    // the read fails. On a machine whose cores are busy (CI runs the
+    // workspace's tests in parallel) that work item has been seen to run
+    // a period late (30.1 s): the bound allows two periods.
     let err = reader.join().unwrap().unwrap_err();
     let took = t.elapsed();
     assert!(
@@ -155,7 +158,7 @@ fn a_hung_backend_ends_in_the_kernels_connection_abort() {
         "{err:?}"
     );
     assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(25),
+        took >= Duration::from_secs(1) && took < Duration::from_secs(40),
         "{took:?}"
     );
     // Aborted, never hung: every access fails at once.
