@@ -1,4 +1,4 @@
-//! The reply of a started WRITE (`complete_started`).
+//! The reply of a started WRITE, FSYNC or FALLOCATE (`complete_started`).
 
 use fuse_core::abi::{InHeader, Opcode, UringReqHeader, WriteIn, WriteOut};
 use fuse_core::server::{complete_started, RingSlot};
@@ -61,4 +61,30 @@ fn a_started_writes_reply_never_exceeds_the_requests_size() {
         "fuse_write_out.size {} for a WRITE of 4096 bytes",
         out.size
     );
+}
+
+/// A started FSYNC, FSYNCDIR or FALLOCATE answers nothing but its
+/// success, whatever count its filesystem reported; an error as it is.
+#[test]
+fn a_started_sync_or_fallocate_answers_no_payload() {
+    for op in [Opcode::Fsync, Opcode::Fsyncdir, Opcode::Fallocate] {
+        let mut h = UringReqHeader::default();
+        let ih = InHeader {
+            len: 40 + 24,
+            opcode: op as u32,
+            unique: 4,
+            ..Default::default()
+        };
+        h.in_out[..40].copy_from_slice(ih.as_bytes());
+        let mut s = Slot {
+            h,
+            payload: vec![0xee; 4096],
+            reply: None,
+        };
+        complete_started(&mut s, Ok(77));
+        assert_eq!(s.reply, Some((0, 0)), "{op:?}");
+        // ENOSPC
+        complete_started(&mut s, Err(fuse_core::Errno(28)));
+        assert_eq!(s.reply, Some((-28, 0)), "{op:?}");
+    }
 }

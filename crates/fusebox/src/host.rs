@@ -265,14 +265,15 @@ fn start_ring(
                             eprintln!(
                                 "fusebox: ring queue {qid}: {} requests, {} READs started, \
                                  at most {} in flight, {} parked, {} nudges committed, \
-                                 {} refused, {} WRITEs started",
+                                 {} refused, {} WRITEs started, {} syncs and FALLOCATEs started",
                                 st.served,
                                 st.started,
                                 st.max_in_flight,
                                 st.parked,
                                 st.nudged,
                                 st.nudge_failed,
-                                st.writes_started
+                                st.writes_started,
+                                st.no_data_started
                             );
                         }
                         return;

@@ -77,7 +77,8 @@ fn started(log: &Path, qid: u16) -> Option<u64> {
 
 /// The `n`th figure of queue `qid`'s statistics line (0: requests, 1:
 /// READs started, 2: at most in flight, 3: parked, 4: nudges committed,
-/// 5: nudges refused).
+/// 5: nudges refused, 6: WRITEs started, 7: syncs and FALLOCATEs
+/// started).
 fn stat(log: &Path, qid: u16, n: usize) -> Option<u64> {
     let text = std::fs::read_to_string(log).unwrap();
     let prefix = format!("fusebox: ring queue {qid}: ");
@@ -770,5 +771,124 @@ fn direct_reads_and_writes_at_depth_match_a_model_of_the_file() {
     assert!(
         started_writes >= Some(writes),
         "{started_writes:?} of {writes} WRITEs started on queue 0's io_uring"
+    );
+}
+
+/// FSYNCs, FDATASYNCs and FALLOCATEs of 16 files, submitted together by
+/// one io_uring caller, start on the queue thread's io_uring (their waits
+/// for the disk run on the ring's io-wq workers, not on the thread) and
+/// are answered with success, while reads submitted with them are
+/// answered too; the files hold on the host what was written before the
+/// syncs, and the space the FALLOCATEs asked for.
+#[test]
+fn syncs_and_fallocates_submitted_together_start_on_the_queue_thread() {
+    let d = Dirs::new("ring-syncs");
+    let data = pattern(16 * 65536, 21);
+    std::fs::write(d.share().join("r"), &data).unwrap();
+    let log = d.share().with_file_name("log");
+    let child = start_ring(&d, &log, &[]);
+    let conn = fusectl_connection(&d.mnt());
+    let t = std::thread::spawn({
+        let mnt = d.mnt();
+        move || {
+            pin_to_cpu0();
+            let files: Vec<File> = (0..16)
+                .map(|i| {
+                    let f = File::create(mnt.join(format!("s{i}"))).unwrap();
+                    f.write_all_at(&pattern(65536, 200 + i), 0).unwrap();
+                    f
+                })
+                .collect();
+            let r = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(mnt.join("r"))
+                .unwrap();
+            let bufs: Vec<Aligned> = (0..16).map(|_| Aligned::new(4096)).collect();
+            let mut ring = io_uring::IoUring::new(64).unwrap();
+            for (i, f) in files.iter().enumerate() {
+                let flags = if i % 2 == 0 {
+                    io_uring::types::FsyncFlags::DATASYNC
+                } else {
+                    io_uring::types::FsyncFlags::empty()
+                };
+                let sqe = io_uring::opcode::Fsync::new(io_uring::types::Fd(
+                    std::os::fd::AsRawFd::as_raw_fd(f),
+                ))
+                .flags(flags)
+                .build()
+                .user_data(i as u64);
+                // SAFETY: an fsync names no memory.
+                unsafe { ring.submission().push(&sqe).unwrap() };
+                // Without a size change the kernel holds no inode lock for
+                // it: the 16 reach the daemon together.
+                let sqe = io_uring::opcode::Fallocate::new(
+                    io_uring::types::Fd(std::os::fd::AsRawFd::as_raw_fd(f)),
+                    1 << 20,
+                )
+                .mode(libc::FALLOC_FL_KEEP_SIZE)
+                .build()
+                .user_data(200 + i as u64);
+                // SAFETY: a fallocate names no memory.
+                unsafe { ring.submission().push(&sqe).unwrap() };
+            }
+            for (i, b) in bufs.iter().enumerate() {
+                let sqe = io_uring::opcode::Read::new(
+                    io_uring::types::Fd(std::os::fd::AsRawFd::as_raw_fd(&r)),
+                    b.ptr,
+                    4096,
+                )
+                .offset((i * 65536) as u64)
+                .build()
+                .user_data(100 + i as u64);
+                // SAFETY: the buffers outlive the ring's use of them (we
+                // wait for every completion below before dropping them).
+                unsafe { ring.submission().push(&sqe).unwrap() };
+            }
+            ring.submit_and_wait(48).unwrap();
+            let mut got: Vec<(u64, i32)> = ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            got.sort();
+            (
+                got,
+                bufs.iter()
+                    .map(|b| b.as_slice().to_vec())
+                    .collect::<Vec<_>>(),
+            )
+        }
+    });
+    let (got, bufs) = join_or_abort(
+        t,
+        &conn,
+        Duration::from_secs(20),
+        "16 syncs, 16 FALLOCATEs and 16 reads of one io_uring caller never completed",
+    );
+    assert_eq!(got.len(), 48);
+    for (i, &(ud, res)) in got[..16].iter().enumerate() {
+        assert_eq!((ud, res), (i as u64, 0), "sync {i}");
+    }
+    for (i, &(ud, res)) in got[16..32].iter().enumerate() {
+        assert_eq!((ud, res), (100 + i as u64, 4096), "read {i}");
+        assert_eq!(bufs[i], data[i * 65536..i * 65536 + 4096], "read {i}");
+    }
+    for (i, &(ud, res)) in got[32..].iter().enumerate() {
+        assert_eq!((ud, res), (200 + i as u64, 0), "fallocate {i}");
+    }
+    stop(child);
+    for i in 0..16u64 {
+        let host = std::fs::read(d.share().join(format!("s{i}"))).unwrap();
+        assert!(host == pattern(65536, 200 + i), "file s{i} on the host");
+        let md = std::fs::metadata(d.share().join(format!("s{i}"))).unwrap();
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&md) * 512 >= 1 << 20,
+            "file s{i}: its FALLOCATE did not allocate"
+        );
+    }
+    let started = stat(&log, 0, 7);
+    assert!(
+        started >= Some(32),
+        "{started:?} syncs and FALLOCATEs started on queue 0's io_uring"
     );
 }

@@ -617,16 +617,7 @@ impl Driver {
 
     /// fsync (or fdatasync) through the ring, waiting for the completion.
     pub fn fsync(&mut self, t: Target, datasync: bool, key: u64) -> io::Result<usize> {
-        let flags = if datasync {
-            types::FsyncFlags::DATASYNC
-        } else {
-            types::FsyncFlags::empty()
-        };
-        let e = match t {
-            Target::Fd(fd) => opcode::Fsync::new(types::Fd(fd)).flags(flags).build(),
-            Target::Fixed(i) => opcode::Fsync::new(types::Fixed(i)).flags(flags).build(),
-        };
-        self.blocking(e, key)
+        self.blocking(started::fsync_entry(t, datasync), key)
     }
 
     /// Submits `entry`, which points into memory the caller borrows, and

@@ -345,6 +345,37 @@ impl<F: Filesystem> Dispatcher<F> {
         )
     }
 
+    /// Offers a decoded FSYNC, FSYNCDIR or FALLOCATE (a request that
+    /// carries no data and answers none) to the filesystem to start
+    /// without waiting ([`Filesystem::fsync_async`],
+    /// [`Filesystem::fallocate_async`]): Ok once `done` will answer it;
+    /// Err(done) (unused) for any other request, or when the filesystem
+    /// declines: then serve it as usual.
+    pub fn start_no_data(&self, req: &Request<'_>, done: ReadDone) -> Result<(), ReadDone> {
+        let h = &req.header;
+        let ctx = ctx_of(h);
+        let ino = F::Inode::from(h.nodeid);
+        let (arg, dir) = match &req.op {
+            Operation::Fsync { arg } => (arg, false),
+            Operation::Fsyncdir { arg } => (arg, true),
+            Operation::Fallocate { arg } => {
+                return self.fs.fallocate_async(
+                    &ctx,
+                    ino,
+                    F::Handle::from(arg.fh),
+                    arg.mode,
+                    arg.offset,
+                    arg.length,
+                    done,
+                )
+            }
+            _ => return Err(done),
+        };
+        let datasync = arg.fsync_flags & abi::flags::FSYNC_FDATASYNC != 0;
+        self.fs
+            .fsync_async(&ctx, ino, F::Handle::from(arg.fh), datasync, dir, done)
+    }
+
     /// [`Dispatcher::handle_with`] for a request whose data is the client's
     /// memory `client`: a READ's destination, or a WRITE's data (decoded
     /// with [`DecodeOptions::write_data_elsewhere`]). A READ's reply

@@ -519,6 +519,39 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         self.inner
             .write_async(ctx, inode, handle, offset, mem, flags, done)
     }
+    fn fsync_async(
+        &self,
+        ctx: &Ctx,
+        inode: F::Inode,
+        handle: F::Handle,
+        datasync: bool,
+        dir: bool,
+        done: super::ReadDone,
+    ) -> Result<(), super::ReadDone> {
+        // With a plan, syncs go the usual way, where it applies.
+        if !self.plan.rules.is_empty() {
+            return Err(done);
+        }
+        self.inner
+            .fsync_async(ctx, inode, handle, datasync, dir, done)
+    }
+    fn fallocate_async(
+        &self,
+        ctx: &Ctx,
+        inode: F::Inode,
+        handle: F::Handle,
+        mode: u32,
+        offset: u64,
+        length: u64,
+        done: super::ReadDone,
+    ) -> Result<(), super::ReadDone> {
+        // With a plan, FALLOCATEs go the usual way, where it applies.
+        if !self.plan.rules.is_empty() {
+            return Err(done);
+        }
+        self.inner
+            .fallocate_async(ctx, inode, handle, mode, offset, length, done)
+    }
     fn submit_async(&self) {
         self.inner.submit_async()
     }

@@ -630,6 +630,44 @@ pub trait Filesystem: Send + Sync {
     ) -> Result<(), ReadDone> {
         Err(done)
     }
+    /// Starts an FSYNC (or, with `dir`, an FSYNCDIR) of `handle` without
+    /// waiting, as [`Filesystem::read_async`] starts a READ: Ok once `done`
+    /// will be called with `Ok(0)` or the error (from
+    /// [`Filesystem::complete_async`] on this thread), or was called before
+    /// returning; Err(done) to have it served as usual
+    /// ([`Filesystem::fsync`], [`Filesystem::fsyncdir`]). The sync must
+    /// cover what [`Filesystem::fsync`] would: every write answered before
+    /// it was started.
+    #[allow(clippy::too_many_arguments)]
+    fn fsync_async(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        datasync: bool,
+        dir: bool,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        Err(done)
+    }
+    /// Starts a FALLOCATE of `handle` without waiting, as
+    /// [`Filesystem::fsync_async`] starts a sync: Ok once `done` will be
+    /// called with `Ok(0)` or the error, or was called before returning;
+    /// Err(done) to have it served as usual ([`Filesystem::fallocate`]),
+    /// which must then answer it with the same effects.
+    #[allow(clippy::too_many_arguments)]
+    fn fallocate_async(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        mode: u32,
+        offset: u64,
+        length: u64,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        Err(done)
+    }
     /// Submits the I/O this thread started since the last call (one
     /// system call for all of it).
     fn submit_async(&self) {}

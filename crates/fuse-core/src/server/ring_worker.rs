@@ -152,11 +152,12 @@ pub enum Served {
     /// Parked (it waits for something outside the server): the
     /// [`Deferred`] answers it; nothing is in the entry.
     Parked,
-    /// A READ into client memory, or a WRITE from its
-    /// [`RingSlot::write_mem`], whose host I/O was started and runs on:
-    /// the [`ReadDone`] made for it says when, and how many bytes; then
-    /// a READ's reply is `(0, bytes)` (or the error), a WRITE's a
-    /// `fuse_write_out` of the bytes written, and the entry is committed.
+    /// A READ into client memory, a WRITE from its
+    /// [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE, whose
+    /// host I/O was started and runs on: the [`ReadDone`] made for it
+    /// says when, and how many bytes; then a READ's reply is `(0, bytes)`
+    /// (or the error), a WRITE's a `fuse_write_out` of the bytes written,
+    /// the others' empty, and the entry is committed.
     Started,
 }
 
@@ -165,13 +166,19 @@ pub enum Served {
 /// [`ReadDone`] got: a READ's `(0, bytes)` (the data is in client memory
 /// already), a WRITE's `fuse_write_out` where `serve_slot` puts any
 /// WRITE's reply (the header's `op_in` for a WRITE by reference or
-/// zero-copy, the payload buffer otherwise); an error as it is.
+/// zero-copy, the payload buffer otherwise), an FSYNC's, FSYNCDIR's or
+/// FALLOCATE's nothing; an error as it is.
 pub fn complete_started<S: RingSlot + ?Sized>(f: &mut S, r: super::FsResult<usize>) {
     let n = match r {
         Ok(n) => n,
         Err(e) => return f.set_reply(e.to_wire(), 0),
     };
-    if f.in_header().opcode != Opcode::Write as u32 {
+    let opcode = f.in_header().opcode;
+    if no_data(opcode) {
+        // Nothing but its success.
+        return f.set_reply(0, 0);
+    }
+    if opcode != Opcode::Write as u32 {
         return f.set_reply(0, n);
     }
     let in_header = f.is_zero_copy() || f.client_mem().is_some();
@@ -196,11 +203,22 @@ pub fn complete_started<S: RingSlot + ?Sized>(f: &mut S, r: super::FsResult<usiz
     }
 }
 
+/// Whether `opcode` is an FSYNC, FSYNCDIR or FALLOCATE: a request that
+/// carries no data and answers none, started without waiting where the
+/// filesystem can.
+fn no_data(opcode: u32) -> bool {
+    opcode == Opcode::Fsync as u32
+        || opcode == Opcode::Fsyncdir as u32
+        || opcode == Opcode::Fallocate as u32
+}
+
 /// Serves the request in `f` with `disp`: as `answer_with`, and with
-/// `start` a READ into client memory, or a WRITE whose slot offers
-/// [`RingSlot::write_mem`], is started without waiting where the
-/// filesystem can ([`Dispatcher::start_read`], [`Dispatcher::start_write`];
-/// `start` makes its completion, given the unique).
+/// `start` a READ into client memory, a WRITE whose slot offers
+/// [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE, is
+/// started without waiting where the filesystem can
+/// ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
+/// [`Dispatcher::start_no_data`]; `start` makes its completion, given the
+/// unique).
 pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
@@ -236,6 +254,12 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
             }
             if let (Some(make), Some(mem)) = (start, write_mem.as_ref()) {
                 match disp.start_write(&req, mem, make(hdr.unique)) {
+                    Ok(()) => return Served::Started,
+                    Err(done) => done.disarm(),
+                }
+            }
+            if let (Some(make), true) = (start, no_data(hdr.opcode)) {
+                match disp.start_no_data(&req, make(hdr.unique)) {
                     Ok(()) => return Served::Started,
                     Err(done) => done.disarm(),
                 }

@@ -1,15 +1,29 @@
 //! Ops started and left running: a thread that serves many requests at
-//! once queues their reads and writes (into or from memory the driver does
-//! not own: a client's, such as guest RAM), submits them together with one
-//! `io_uring_enter`, goes on with other work, and takes their completions
-//! later, when the ring's eventfd says there are some. Unlike
-//! `read_into`/`readv_raw` nothing waits here: the caller promises the
-//! memory stays mapped until the completion is taken.
+//! once queues their reads, writes, syncs and fallocates (reads and
+//! writes into or from memory the driver does not own: a client's, such
+//! as guest RAM), submits them together with one `io_uring_enter`, goes
+//! on with other work, and takes their completions later, when the ring's
+//! eventfd says there are some. Unlike `read_into`/`readv_raw` nothing
+//! waits here: the caller promises the memory stays mapped until the
+//! completion is taken.
 
 use super::{result, Driver, DriverError, OpId, Slot, Target, MAX_IOVECS};
 use io_uring::{opcode, squeue, types};
 use std::io;
 use std::os::fd::RawFd;
+
+/// The SQE of an fsync (fdatasync with `datasync`) of `t`.
+pub(super) fn fsync_entry(t: Target, datasync: bool) -> squeue::Entry {
+    let flags = if datasync {
+        types::FsyncFlags::DATASYNC
+    } else {
+        types::FsyncFlags::empty()
+    };
+    match t {
+        Target::Fd(fd) => opcode::Fsync::new(types::Fd(fd)).flags(flags).build(),
+        Target::Fixed(i) => opcode::Fsync::new(types::Fixed(i)).flags(flags).build(),
+    }
+}
 
 impl Driver {
     /// Queues a vectored read at `offset` into the memory `iovs` names,
@@ -143,6 +157,76 @@ impl Driver {
             self.release(id.idx);
             return Err(e);
         }
+        self.track(id, key);
+        Ok(id)
+    }
+
+    /// Queues an fsync (fdatasync with `datasync`) of `t`, as
+    /// [`Driver::start_readv`] queues a read: not submitted until
+    /// [`Driver::submit`], its completion taken with
+    /// [`Driver::take_started`]. The kernel always runs it on an io-wq
+    /// worker (a sync may wait for the disk), so the submitting thread
+    /// goes on at once. It names no memory.
+    pub fn start_fsync(
+        &mut self,
+        t: Target,
+        datasync: bool,
+        key: u64,
+    ) -> Result<OpId, DriverError> {
+        self.start_entry(fsync_entry(t, datasync), key)
+    }
+
+    /// Queues a fallocate(2) of `t` (`mode`, `len` bytes at `offset`), as
+    /// [`Driver::start_fsync`] queues a sync (the kernel runs it on an
+    /// io-wq worker too), with the credentials of `personality` (from
+    /// [`Driver::register_personality`]) where given.
+    pub fn start_fallocate(
+        &mut self,
+        t: Target,
+        mode: i32,
+        offset: u64,
+        len: u64,
+        key: u64,
+        personality: Option<u16>,
+    ) -> Result<OpId, DriverError> {
+        macro_rules! on {
+            ($fd:expr) => {
+                opcode::Fallocate::new($fd, len)
+                    .offset(offset)
+                    .mode(mode)
+                    .build()
+            };
+        }
+        let entry = match t {
+            Target::Fd(fd) => on!(types::Fd(fd)),
+            Target::Fixed(i) => on!(types::Fixed(i)),
+        };
+        let entry = match personality {
+            Some(p) => entry.personality(p),
+            None => entry,
+        };
+        self.start_entry(entry, key)
+    }
+
+    /// Queues `entry`, an op that names no memory, as started.
+    fn start_entry(&mut self, entry: squeue::Entry, key: u64) -> Result<OpId, DriverError> {
+        let id = self.alloc(Slot::InFlight {
+            buf: None,
+            key,
+            timeout: None,
+            forgotten: false,
+        });
+        if let Err(e) = self.push(&entry.user_data(id.idx as u64)) {
+            self.release(id.idx);
+            return Err(e);
+        }
+        self.track(id, key);
+        Ok(id)
+    }
+
+    /// Records the queued op `id` as started: cancellable by `key`, and
+    /// among those [`Driver::take_started`] looks at.
+    fn track(&mut self, id: OpId, key: u64) {
         if let Some(r) = &self.cancels {
             r.enter(
                 key,
@@ -151,7 +235,6 @@ impl Driver {
             );
         }
         self.started.push((id, key));
-        Ok(id)
     }
 
     /// Started ops not yet taken.

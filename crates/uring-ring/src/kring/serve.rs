@@ -47,6 +47,7 @@
 //! daemon's grace period at exit.
 
 use super::{EntState, KernelQueue, KernelSlot};
+use fuse_core::abi::Opcode;
 use fuse_core::server::RingSlot;
 use fuse_core::server::{
     complete_started, serve_slot, Deferred, Dispatcher, Filesystem, FsResult, ReadDone, Served,
@@ -68,11 +69,11 @@ type Answers<T> = Arc<Mutex<Vec<(u64, T)>>>;
 pub struct QueueStats {
     /// Requests served.
     pub served: u64,
-    /// READs and WRITEs the filesystem took to start without waiting
+    /// READs, WRITEs and syncs the filesystem took to start without waiting
     /// (READs the page cache held were answered at once, in the same
     /// pass).
     pub started: u64,
-    /// The most started READs and WRITEs unanswered at once (the one just started
+    /// The most started requests unanswered at once (the one just started
     /// included).
     pub max_in_flight: usize,
     /// Requests parked (lock waits that did not end at once), each
@@ -85,6 +86,9 @@ pub struct QueueStats {
     /// WRITEs the filesystem took to start without waiting (counted in
     /// `started` too).
     pub writes_started: u64,
+    /// FSYNCs, FSYNCDIRs and FALLOCATEs the filesystem took to start
+    /// without waiting (counted in `started` too).
+    pub no_data_started: u64,
 }
 
 /// Serves queue `q` with `disp` until the connection goes (or
@@ -218,6 +222,13 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 self.stats.started += 1;
                 if slot.is_write() {
                     self.stats.writes_started += 1;
+                }
+                let op = slot.in_header().opcode;
+                if [Opcode::Fsync, Opcode::Fsyncdir, Opcode::Fallocate]
+                    .iter()
+                    .any(|&o| op == o as u32)
+                {
+                    self.stats.no_data_started += 1;
                 }
                 self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len() + 1);
                 slot.set_state(EntState::Started);

@@ -708,9 +708,21 @@ impl PassthroughFs {
         self.writable()?;
         let h = self.handles.get(fh)?;
         let cred = self.caller(ctx)?;
+        self.fallocate_as(&h, &cred, mode, off, len)
+    }
+
+    /// FALLOCATE through `h` in line, as `cred`.
+    pub(super) fn fallocate_as(
+        &self,
+        h: &HandleData,
+        cred: &Cred,
+        mode: u32,
+        off: u64,
+        len: u64,
+    ) -> FsResult<()> {
         let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
         // Allocates: as the caller, without CAP_SYS_RESOURCE.
-        let _c = self.creds_as(&cred, Caps::ALLOCATE)?;
+        let _c = self.creds_as(cred, Caps::ALLOCATE)?;
         sys::fallocate(h.fd.raw(), mode as i32, off, len)
     }
 

@@ -122,6 +122,29 @@ impl Filesystem for PassthroughFs {
     ) -> Result<(), fuse_core::server::ReadDone> {
         self.op_write_async(ctx, handle, offset, mem, flags, done)
     }
+    fn fsync_async(
+        &self,
+        ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        datasync: bool,
+        _dir: bool,
+        done: fuse_core::server::ReadDone,
+    ) -> Result<(), fuse_core::server::ReadDone> {
+        self.op_fsync_async(ctx.unique, handle, datasync, done)
+    }
+    fn fallocate_async(
+        &self,
+        ctx: &Ctx,
+        _inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+        done: fuse_core::server::ReadDone,
+    ) -> Result<(), fuse_core::server::ReadDone> {
+        self.op_fallocate_async(ctx, handle, mode, offset, length, done)
+    }
     fn submit_async(&self) {
         self.op_submit_async()
     }

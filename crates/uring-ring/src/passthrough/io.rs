@@ -25,6 +25,10 @@ pub struct IoStats {
     counts: [[std::sync::atomic::AtomicU64; 2]; 2],
     /// [read, write] through the client's registered memory map.
     fixed: [std::sync::atomic::AtomicU64; 2],
+    /// Syncs started on a serving thread's ring (not waited for).
+    syncs_started: std::sync::atomic::AtomicU64,
+    /// FALLOCATEs started so.
+    allocs_started: std::sync::atomic::AtomicU64,
     /// Ops in flight on the workers' rings, by request unique.
     pub cancels: std::sync::Arc<crate::CancelRegistry>,
 }
@@ -37,6 +41,14 @@ impl IoStats {
     pub(super) fn count_fixed(&self, write: bool) {
         self.fixed[usize::from(write)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+    pub(super) fn count_sync_started(&self) {
+        self.syncs_started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub(super) fn count_alloc_started(&self) {
+        self.allocs_started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     /// A snapshot.
     pub fn get(&self) -> IoCounts {
         let g = |w: usize, u: usize| self.counts[w][u].load(std::sync::atomic::Ordering::Relaxed);
@@ -48,6 +60,12 @@ impl IoStats {
             write_syscall: g(1, 1),
             read_fixed: f(0),
             write_fixed: f(1),
+            syncs_started: self
+                .syncs_started
+                .load(std::sync::atomic::Ordering::Relaxed),
+            allocs_started: self
+                .allocs_started
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -69,6 +87,11 @@ pub struct IoCounts {
     /// Of the writes through io_uring, those from the client's registered
     /// memory (WRITE_FIXED, WRITEV_FIXED).
     pub write_fixed: u64,
+    /// FSYNCs and FSYNCDIRs started on a serving thread's ring, not
+    /// waited for.
+    pub syncs_started: u64,
+    /// FALLOCATEs started so.
+    pub allocs_started: u64,
 }
 
 pub(super) fn errno(e: std::io::Error) -> Errno {

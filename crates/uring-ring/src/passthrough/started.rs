@@ -19,6 +19,16 @@
 //! short read that is not at the end of the file is continued where it
 //! stopped.
 //!
+//! FSYNCs (and FSYNCDIRs) of files with non-blocking I/O are started on
+//! the same ring too (`op_fsync_async`): the kernel runs each on one of
+//! the ring's io-wq workers, which waits for the disk while this thread
+//! serves on. A sync covers what its file's writes gave the host before
+//! it was issued; the client sends FSYNC after the writes it covers were
+//! answered, and an answered write is on the host.
+//!
+//! FALLOCATEs of such files are started too (`alloc.rs`), with the
+//! caller's credentials in a personality as writes have.
+//!
 //! WRITEs are started on the same ring and completed by the same calls
 //! (`write.rs`): only where the usual path would hold the inode's I/O
 //! lock shared (parallel direct writes), each running with the
@@ -36,6 +46,7 @@ use fuse_core::{ClientMem, Errno};
 use std::cell::RefCell;
 use std::sync::Arc;
 
+mod alloc;
 mod write;
 
 /// A READ or WRITE in flight on this thread's ring.
@@ -64,11 +75,22 @@ struct Pending {
 /// in line than a hand-off to a worker thread.
 const PARALLEL_READ: usize = 256 * 1024;
 
-/// This thread's started reads and writes, the eventfd its ring signals,
-/// and the credentials registered with its ring for writes.
+/// An FSYNC, FSYNCDIR or FALLOCATE in flight on this thread's ring: no
+/// memory, only an answer.
+struct NoData {
+    done: ReadDone,
+    /// Keeps the file open until the op is over.
+    h: Arc<HandleData>,
+    /// A FALLOCATE's arguments and credentials.
+    alloc: Option<alloc::Alloc>,
+}
+
+/// This thread's started reads, writes and syncs, the eventfd its ring
+/// signals, and the credentials registered with its ring for writes.
 #[derive(Default)]
 struct Started {
     pending: fuse_core::fasthash::IdMap<OpId, Pending>,
+    no_data: fuse_core::fasthash::IdMap<OpId, NoData>,
     eventfd: Option<std::os::fd::OwnedFd>,
     personas: write::Personas,
 }
@@ -263,25 +285,81 @@ impl PassthroughFs {
         }
     }
 
+    /// Starts an fsync (fdatasync with `datasync`) of handle `fh` on this
+    /// thread's ring, or gives `done` back to have it served in line.
+    /// Only files with non-blocking I/O are synced so: where a sync waits
+    /// for a disk, the ring's io-wq worker waits instead of this thread;
+    /// on the others (tmpfs, whose sync has nothing to write) the hand-off
+    /// to a worker would cost more than the call.
+    pub(super) fn op_fsync_async(
+        &self,
+        unique: u64,
+        fh: u64,
+        datasync: bool,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        if !self.cfg.io_uring {
+            return Err(done);
+        }
+        let Ok(h) = self.handles.get(fh) else {
+            return Err(done);
+        };
+        if !h.uring {
+            return Err(done);
+        }
+        let t = Target::Fd(h.fd.raw());
+        let id = io::with_driver(true, &self.io_stats, |d| {
+            if !ensure_eventfd(d) {
+                return None;
+            }
+            d.start_fsync(t, datasync, unique).ok()
+        })
+        .flatten();
+        let Some(id) = id else {
+            return Err(done);
+        };
+        self.io_stats.count_sync_started();
+        let op = NoData {
+            done,
+            h,
+            alloc: None,
+        };
+        STARTED.with(|s| s.borrow_mut().no_data.insert(id, op));
+        Ok(())
+    }
+
+    /// Nothing started on this thread is in flight.
+    fn idle() -> bool {
+        STARTED.with(|s| {
+            let s = s.borrow();
+            s.pending.is_empty() && s.no_data.is_empty()
+        })
+    }
+
     pub(super) fn op_submit_async(&self) {
-        if STARTED.with(|s| s.borrow().pending.is_empty()) {
+        if Self::idle() {
             return;
         }
         let _ = io::with_driver(true, &self.io_stats, |d| d.submit());
     }
 
     pub(super) fn op_complete_async(&self) -> usize {
-        if STARTED.with(|s| s.borrow().pending.is_empty()) {
+        if Self::idle() {
             return 0;
         }
         let mut out = Vec::new();
         let _ = io::with_driver(true, &self.io_stats, |d| d.take_started(&mut out));
         let mut finished = Vec::new();
+        let mut no_data = Vec::new();
         let mut continued = false;
         STARTED.with(|s| {
             let mut s = s.borrow_mut();
             let s = &mut *s;
             for (id, res) in out {
+                if let Some(op) = s.no_data.remove(&id) {
+                    no_data.push((op, res.map(|_| 0).map_err(io::errno)));
+                    continue;
+                }
                 let Some(mut p) = s.pending.remove(&id) else {
                     continue;
                 };
@@ -322,7 +400,13 @@ impl PassthroughFs {
             // (a READ across the end of the file hung so).
             let _ = io::with_driver(true, &self.io_stats, |d| d.submit());
         }
-        let n = finished.len();
+        let n = finished.len() + no_data.len();
+        for (op, mut r) in no_data {
+            if let Some(a) = &op.alloc {
+                r = self.fallocate_finished(&op.h, a, r);
+            }
+            op.done.complete(r);
+        }
         for (mut p, mut r, stalled) in finished {
             if let Some(w) = p.write.take() {
                 r = self.write_finished(&p, w, r, stalled);
@@ -335,7 +419,10 @@ impl PassthroughFs {
     }
 
     pub(super) fn op_async_in_flight(&self) -> usize {
-        STARTED.with(|s| s.borrow().pending.len())
+        STARTED.with(|s| {
+            let s = s.borrow();
+            s.pending.len() + s.no_data.len()
+        })
     }
 
     pub(super) fn op_async_fd(&self) -> Option<i32> {

@@ -73,7 +73,7 @@ pub(super) enum WriteCreds {
 
 impl WriteCreds {
     /// These credentials in force on this thread until the guard drops.
-    fn enter(&self) -> Result<CredGuard, Errno> {
+    pub(super) fn enter(&self) -> Result<CredGuard, Errno> {
         match self {
             WriteCreds::Own => Ok(CredGuard::none()),
             WriteCreds::As(cred, caps) => CredGuard::enter(cred, *caps),
@@ -108,7 +108,7 @@ impl Personas {
 
     /// The personality of `d`'s ring that holds `creds`, registered now
     /// (with `creds` in force on this thread for the call) if there is none.
-    fn get(&mut self, d: &mut crate::Driver, creds: &WriteCreds) -> Result<u16, Errno> {
+    pub(super) fn get(&mut self, d: &mut crate::Driver, creds: &WriteCreds) -> Result<u16, Errno> {
         if self.ring != d.serial() {
             // Another ring (this thread's was made again): its ids are not
             // ours, and ours went with the old ring.

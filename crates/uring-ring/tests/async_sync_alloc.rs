@@ -1,0 +1,220 @@
+//! FSYNCs and FALLOCATEs started without waiting
+//! (`Filesystem::fsync_async`, `Filesystem::fallocate_async`) on the test
+//! thread's own io_uring, as a transport's serving thread starts them: the
+//! thread queues the op, submits, goes on, and takes the answer when the
+//! ring's io-wq worker has waited for the disk. The files are written
+//! through the engine's embedded client; the started ops go to the served
+//! `PassthroughFs` directly, on this thread. Needs root (mount, loop
+//! devices, other users' credentials).
+
+mod common;
+
+use common::{Kind, Mount, Via};
+use fuse_core::abi::ROOT_ID;
+use fuse_core::server::{Ctx, Filesystem, FsResult, ReadDone};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use uring_ring::Config;
+
+const RW: u32 = libc::O_RDWR as u32;
+
+fn ctx() -> Ctx<'static> {
+    ctx_as(0, 0)
+}
+
+fn ctx_as(uid: u32, gid: u32) -> Ctx<'static> {
+    static UNIQUE: AtomicU64 = AtomicU64::new(1 << 41);
+    Ctx {
+        unique: UNIQUE.fetch_add(2, Ordering::Relaxed),
+        uid,
+        gid,
+        pid: 1,
+        secctx: None,
+    }
+}
+
+/// Offers the FSYNC of `fh` to the served filesystem: its answer if
+/// started, None if declined (then it is served in line).
+fn start(m: &Mount, node: u64, fh: u64, datasync: bool) -> Option<mpsc::Receiver<FsResult<usize>>> {
+    let (tx, rx) = mpsc::channel();
+    let done = ReadDone::new(move |r| {
+        let _ = tx.send(r);
+    });
+    match m.fs().fsync_async(&ctx(), node, fh, datasync, false, done) {
+        Ok(()) => Some(rx),
+        Err(done) => {
+            done.disarm();
+            None
+        }
+    }
+}
+
+/// Offers the FALLOCATE of `len` bytes at `off` through `fh`, by `ctx`:
+/// its answer if started, None if declined.
+fn start_alloc(
+    m: &Mount,
+    ctx: &Ctx,
+    node: u64,
+    fh: u64,
+    mode: i32,
+    off: u64,
+    len: u64,
+) -> Option<mpsc::Receiver<FsResult<usize>>> {
+    let (tx, rx) = mpsc::channel();
+    let done = ReadDone::new(move |r| {
+        let _ = tx.send(r);
+    });
+    match m
+        .fs()
+        .fallocate_async(ctx, node, fh, mode as u32, off, len, done)
+    {
+        Ok(()) => Some(rx),
+        Err(done) => {
+            done.disarm();
+            None
+        }
+    }
+}
+
+/// Takes completions until nothing this thread started is in flight.
+fn run(m: &Mount) {
+    let t = Instant::now();
+    while m.fs().async_in_flight() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(60), "syncs never ended");
+        if m.fs().complete_async() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A file of `len` bytes written through the client (into the host's page
+/// cache: dirty until a sync).
+fn dirty_file(m: &Mount, name: &[u8], len: usize) -> (u64, u64) {
+    let (e, o) = m.client.create(ROOT_ID, name, 0o644, RW, 0).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    for at in (0..len).step_by(chunk.len()) {
+        let n = chunk.len().min(len - at);
+        assert_eq!(
+            m.client
+                .write(e.nodeid, o.fh, at as u64, &chunk[..n], 0)
+                .unwrap(),
+            n as u32
+        );
+    }
+    (e.nodeid, o.fh)
+}
+
+#[test]
+fn a_sync_of_dirty_data_runs_on_while_the_thread_goes_on() {
+    let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"f", 64 << 20);
+    let (node2, fh2) = dirty_file(&m, b"g", 1 << 20);
+    let before = m.fs().io_counts().syncs_started;
+    let a = start(&m, node, fh, false).expect("an fsync of an ext4 file is started");
+    let b = start(&m, node2, fh2, true).expect("an fdatasync of an ext4 file is started");
+    assert_eq!(m.fs().async_in_flight(), 2);
+    assert!(a.try_recv().is_err(), "answered before it was submitted");
+    m.fs().submit_async();
+    // The submit hands the syncs to io-wq workers and returns: 64 MiB are
+    // still being written back when it does.
+    assert!(
+        m.fs().async_in_flight() >= 1 && a.try_recv().is_err(),
+        "the submit waited for the sync"
+    );
+    run(&m);
+    assert_eq!(a.try_recv().expect("the fsync was answered"), Ok(0));
+    assert_eq!(b.try_recv().expect("the fdatasync was answered"), Ok(0));
+    assert_eq!(m.fs().io_counts().syncs_started, before + 2);
+    m.client.release(node, fh, 0).unwrap();
+    m.client.release(node2, fh2, 0).unwrap();
+}
+
+#[test]
+fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
+    // tmpfs has nothing to write back (and no non-blocking I/O): its sync
+    // costs less in line than a hand-off to a worker.
+    let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"f", 4096);
+    assert!(start(&m, node, fh, false).is_none(), "tmpfs sync started");
+    assert!(
+        start_alloc(&m, &ctx(), node, fh, 0, 0, 4096).is_none(),
+        "tmpfs fallocate started"
+    );
+    // An unknown handle: the usual path answers it (EBADF).
+    let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    assert!(start(&m, ROOT_ID, 0xdead_beef, false).is_none());
+    // Without io_uring nothing is started.
+    let cfg = Config {
+        io_uring: false,
+        ..Config::default()
+    };
+    let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"f", 4096);
+    assert!(start(&m, node, fh, false).is_none());
+    assert!(start_alloc(&m, &ctx(), node, fh, 0, 0, 4096).is_none());
+    assert_eq!(m.fs().io_counts().syncs_started, 0);
+    assert_eq!(m.fs().io_counts().allocs_started, 0);
+}
+
+#[test]
+fn started_fallocates_allocate_punch_and_keep_the_size_as_asked() {
+    let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"f", 1 << 20);
+    let before = m.fs().io_counts().allocs_started;
+    let grow = start_alloc(&m, &ctx(), node, fh, 0, 0, 8 << 20).expect("started");
+    let keep =
+        start_alloc(&m, &ctx(), node, fh, libc::FALLOC_FL_KEEP_SIZE, 0, 16 << 20).expect("started");
+    m.fs().submit_async();
+    run(&m);
+    assert_eq!(grow.try_recv().unwrap(), Ok(0));
+    assert_eq!(keep.try_recv().unwrap(), Ok(0));
+    let md = std::fs::metadata(m.path("f")).unwrap();
+    assert_eq!(md.len(), 8 << 20, "KEEP_SIZE kept it; the first grew it");
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&md) * 512 >= 16 << 20,
+        "16 MiB allocated"
+    );
+    // A hole punched into written data reads back as zeros.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    let p = start_alloc(&m, &ctx(), node, fh, punch, 4096, 8192).expect("started");
+    run(&m);
+    assert_eq!(p.try_recv().unwrap(), Ok(0));
+    let host = std::fs::read(m.path("f")).unwrap();
+    assert!(host[..4096].iter().all(|&b| b == 0x5a));
+    assert!(host[4096..12288].iter().all(|&b| b == 0));
+    assert!(host[12288..1 << 20].iter().all(|&b| b == 0x5a));
+    // Refusals come back as the host's errno: a mode it does not know.
+    let bad = start_alloc(&m, &ctx(), node, fh, 0x4000_0000, 0, 4096).expect("started");
+    run(&m);
+    assert!(
+        matches!(bad.try_recv().unwrap(), Err(e) if e.0 == libc::EOPNOTSUPP || e.0 == libc::EINVAL)
+    );
+    assert_eq!(m.fs().io_counts().allocs_started, before + 4);
+    m.client.release(node, fh, 0).unwrap();
+}
+
+/// A started FALLOCATE runs as its caller, as the usual path does: another
+/// user's fallocate of their setuid file clears the setuid bit on the
+/// host, which the host does only for a caller without CAP_FSETID. Run
+/// with this (root) thread's own credentials, it would leave it.
+#[test]
+fn a_started_fallocate_runs_as_its_caller() {
+    let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"f", 4096);
+    let path = m.path("f");
+    std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let rx = start_alloc(&m, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
+    m.fs().submit_async();
+    run(&m);
+    assert_eq!(rx.try_recv().unwrap(), Ok(0));
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(
+        mode & 0o7777,
+        0o755,
+        "setuid left by a fallocate of another user"
+    );
+    m.client.release(node, fh, 0).unwrap();
+}
