@@ -218,3 +218,148 @@ fn a_started_fallocate_runs_as_its_caller() {
     );
     m.client.release(node, fh, 0).unwrap();
 }
+
+/// A write-only handle cannot be read to probe its file for non-blocking
+/// I/O; a read-only reopen tells instead. On tmpfs its syncs and
+/// FALLOCATEs then stay in line, as a readable handle's do (the probe's
+/// failure once counted as "supported").
+#[test]
+fn a_write_only_tmpfs_handle_stays_in_line() {
+    let cfg = Config {
+        writeback: false,
+        ..Config::default()
+    };
+    let m = Mount::new(Kind::Tmpfs, cfg, Via::Device(1));
+    let (e, o) = m
+        .client
+        .create(ROOT_ID, b"w", 0o644, libc::O_WRONLY as u32, 0)
+        .unwrap();
+    m.client.write(e.nodeid, o.fh, 0, &[1u8; 4096], 0).unwrap();
+    assert!(start(&m, e.nodeid, o.fh, false).is_none(), "sync started");
+    assert!(
+        start_alloc(&m, &ctx(), e.nodeid, o.fh, 0, 0, 1 << 20).is_none(),
+        "fallocate started"
+    );
+    m.client.fallocate(e.nodeid, o.fh, 0, 0, 1 << 20).unwrap();
+    m.client.fsync(e.nodeid, o.fh, false).unwrap();
+    m.client.release(e.nodeid, o.fh, 0).unwrap();
+}
+
+/// A directory's FSYNCDIR (a journal commit on ext4) starts like a file's
+/// FSYNC once a file of its device was found to do non-blocking I/O.
+#[test]
+fn an_ext4_directory_sync_is_started() {
+    let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"f", 4096);
+    let d = m.client.mkdir(ROOT_ID, b"d", 0o755, 0).unwrap();
+    let o = m.client.opendir(d.nodeid).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let done = ReadDone::new(move |r| {
+        let _ = tx.send(r);
+    });
+    let started = m
+        .fs()
+        .fsync_async(&ctx(), d.nodeid, o.fh, false, true, done);
+    assert!(started.is_ok(), "FSYNCDIR served in line");
+    m.fs().submit_async();
+    run(&m);
+    assert_eq!(rx.try_recv().unwrap(), Ok(0));
+    m.client.releasedir(d.nodeid, o.fh).unwrap();
+    m.client.release(node, fh, 0).unwrap();
+}
+
+/// A FALLOCATE on a read-only share is declined (the usual path says
+/// EROFS), one of an immutable file fails as in line (EPERM, after the
+/// retry in line), and both paths remove the capability xattr renamed by
+/// `--xattrmap`, as the host removes a real one.
+#[test]
+fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
+    let cfg = Config {
+        readonly: true,
+        ..Config::default()
+    };
+    let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    std::fs::write(m.path("f"), [0u8; 4096]).unwrap();
+    let e = m.client.lookup(ROOT_ID, b"f").unwrap();
+    let o = m.client.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert!(start_alloc(&m, &ctx(), e.nodeid, o.fh, 0, 0, 4096).is_none());
+    assert_eq!(
+        m.client
+            .fallocate(e.nodeid, o.fh, 0, 0, 4096)
+            .unwrap_err()
+            .0,
+        libc::EROFS
+    );
+    m.client.release(e.nodeid, o.fh, 0).unwrap();
+
+    let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"i", 4096);
+    common::run(
+        std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(m.path("i")),
+    );
+    let rx = start_alloc(&m, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
+    m.fs().submit_async();
+    run(&m);
+    let started = rx.try_recv().unwrap();
+    let inline = m.client.fallocate(node, fh, 0, 0, 1 << 20);
+    common::run(
+        std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(m.path("i")),
+    );
+    assert_eq!(started, Err(fuse_core::Errno::EPERM));
+    assert_eq!(inline, Err(fuse_core::Errno::EPERM));
+    m.client.release(node, fh, 0).unwrap();
+
+    let cfg = Config {
+        xattr: true,
+        xattrmap: Some(":map::user.virtiofs.:".parse().unwrap()),
+        ..Config::default()
+    };
+    let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    let (node, fh) = dirty_file(&m, b"prog", 8192);
+    let host = m.path("prog");
+    let set_caps = || xattr_set(&host, "user.virtiofs.security.capability", b"caps");
+    let has_caps = || xattr_has(&host, "user.virtiofs.security.capability");
+    set_caps();
+    m.client.fallocate(node, fh, 0, 0, 1 << 20).unwrap();
+    assert!(
+        !has_caps(),
+        "an in-line FALLOCATE left the renamed capability"
+    );
+    set_caps();
+    let rx = start_alloc(&m, &ctx_as(1000, 1000), node, fh, 0, 0, 2 << 20).expect("started");
+    m.fs().submit_async();
+    run(&m);
+    assert_eq!(rx.try_recv().unwrap(), Ok(0));
+    assert!(
+        !has_caps(),
+        "a started FALLOCATE left the renamed capability"
+    );
+    m.client.release(node, fh, 0).unwrap();
+}
+
+fn xattr_set(p: &std::path::Path, name: &str, value: &[u8]) {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-terminated path and name, a value of that length.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0);
+}
+
+fn xattr_has(p: &std::path::Path, name: &str) -> bool {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-terminated path and name; size 0 only asks the length.
+    unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+}

@@ -166,14 +166,21 @@ impl Driver {
     /// [`Driver::submit`], its completion taken with
     /// [`Driver::take_started`]. The kernel always runs it on an io-wq
     /// worker (a sync may wait for the disk), so the submitting thread
-    /// goes on at once. It names no memory.
+    /// goes on at once. It names no memory. With `personality` (from
+    /// [`Driver::register_personality`]) it runs with those credentials.
     pub fn start_fsync(
         &mut self,
         t: Target,
         datasync: bool,
         key: u64,
+        personality: Option<u16>,
     ) -> Result<OpId, DriverError> {
-        self.start_entry(fsync_entry(t, datasync), key)
+        let entry = fsync_entry(t, datasync);
+        let entry = match personality {
+            Some(p) => entry.personality(p),
+            None => entry,
+        };
+        self.start_entry(entry, key)
     }
 
     /// Queues a fallocate(2) of `t` (`mode`, `len` bytes at `offset`), as

@@ -34,9 +34,10 @@
 //! and another entry is registered in its place, as `run_ring_worker`
 //! does; then the kernel is nudged ([`KernelQueue::nudge`]), since the
 //! requests that queued up while no entry was free go only to an entry
-//! that commits, and the parked one will not. FSYNC, FALLOCATE and the
-//! rest, and WRITEs the filesystem declines, are served in line (see
-//! docs/DESIGN.md).
+//! that commits, and the parked one will not. FSYNC, FSYNCDIR and
+//! FALLOCATE are started like READs where the filesystem can (their
+//! waits run on its io_uring's io-wq workers); the rest, and what the
+//! filesystem declines, are served in line (see docs/DESIGN.md).
 //!
 //! A READ that hangs holds only its own entry: the others keep serving.
 //! When the connection goes, the thread's entries are dropped, but the

@@ -223,13 +223,32 @@ impl PassthroughFs {
         if let Some(&v) = known.get(&dev) {
             return v;
         }
-        match sys::supports_nowait(fd.raw()) {
+        // A write-only fd cannot be read to probe: a read-only reopen of
+        // the same file can. Not known either way: in line (true once
+        // meant every write-only handle of a tmpfs went to io-wq).
+        let probed = sys::supports_nowait(fd.raw()).or_else(|| {
+            let name = std::ffi::CString::new(fd.raw().to_string()).ok()?;
+            let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
+            let r = self
+                .budget
+                .open(|| sys::openat(proc, &name, libc::O_RDONLY | libc::O_CLOEXEC, 0))
+                .ok()?;
+            sys::supports_nowait(r.raw())
+        });
+        match probed {
             Some(v) => {
                 known.insert(dev, v);
                 v
             }
-            None => true,
+            None => false,
         }
+    }
+
+    /// Whether files on device `dev` are known to do non-blocking I/O (a
+    /// handle of one was probed).
+    pub(super) fn nowait_known(&self, dev: u64) -> bool {
+        let known = self.nowait.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(&dev).copied().unwrap_or(false)
     }
 
     fn access_flags(&self, flags: u32) -> Result<i32, Errno> {
@@ -721,9 +740,15 @@ impl PassthroughFs {
         len: u64,
     ) -> FsResult<()> {
         let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
-        // Allocates: as the caller, without CAP_SYS_RESOURCE.
-        let _c = self.creds_as(cred, Caps::ALLOCATE)?;
-        sys::fallocate(h.fd.raw(), mode as i32, off, len)
+        {
+            // Allocates: as the caller, without CAP_SYS_RESOURCE.
+            let _c = self.creds_as(cred, Caps::ALLOCATE)?;
+            sys::fallocate(h.fd.raw(), mode as i32, off, len)?;
+        }
+        // The host removes a file's capabilities on fallocate; a renamed
+        // one it does not know of goes too.
+        self.kill_mapped_caps(h.inode.nodeid);
+        Ok(())
     }
 
     pub(super) fn op_lseek(&self, fh: u64, off: u64, whence: u32) -> FsResult<u64> {

@@ -304,7 +304,13 @@ impl PassthroughFs {
         let Ok(h) = self.handles.get(fh) else {
             return Err(done);
         };
-        if !h.uring {
+        // A directory's handle is never probed: its device's files tell.
+        let nowait = if h.inode.ftype == libc::S_IFDIR {
+            self.nowait_known(h.inode.key.dev)
+        } else {
+            h.uring
+        };
+        if !nowait {
             return Err(done);
         }
         let t = Target::Fd(h.fd.raw());
@@ -312,7 +318,14 @@ impl PassthroughFs {
             if !ensure_eventfd(d) {
                 return None;
             }
-            d.start_fsync(t, datasync, unique).ok()
+            // The daemon's own credentials, as in line: without a
+            // personality the kernel would take whatever the thread has
+            // when something submits it (another request's, served in
+            // line with its caller's credentials in force).
+            let own = STARTED
+                .with(|s| s.borrow_mut().personas.get(d, &write::WriteCreds::Own))
+                .ok()?;
+            d.start_fsync(t, datasync, unique, Some(own)).ok()
         })
         .flatten();
         let Some(id) = id else {

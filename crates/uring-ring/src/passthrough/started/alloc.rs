@@ -83,10 +83,13 @@ impl PassthroughFs {
             if !ensure_eventfd(d) {
                 return None;
             }
-            let personality = match &creds {
-                WriteCreds::Own => None,
-                c => Some(STARTED.with(|s| s.borrow_mut().personas.get(d, c)).ok()?),
-            };
+            // Always one (the daemon's own with credential switching off):
+            // see `op_fsync_async`.
+            let personality = Some(
+                STARTED
+                    .with(|s| s.borrow_mut().personas.get(d, &creds))
+                    .ok()?,
+            );
             d.start_fallocate(t, mode as i32, off, len, ctx.unique, personality)
                 .ok()
         })
@@ -95,6 +98,9 @@ impl PassthroughFs {
             return Err(done);
         };
         self.io_stats.count_alloc_started();
+        // The renamed capability xattr goes now, as the host clears a real
+        // one when the fallocate runs (the usual path clears it after).
+        self.kill_mapped_caps(h.inode.nodeid);
         let op = NoData {
             done,
             h,
@@ -122,8 +128,8 @@ impl PassthroughFs {
             Err(Errno(libc::EACCES) | Errno::EPERM) => {
                 let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
                 let _c = a.creds.enter()?;
-                crate::passthrough::sys::fallocate(h.fd.raw(), a.mode as i32, a.off, a.len)
-                    .map(|()| 0)
+                crate::passthrough::sys::fallocate(h.fd.raw(), a.mode as i32, a.off, a.len)?;
+                Ok(0)
             }
             r => r,
         }
