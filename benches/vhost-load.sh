@@ -26,6 +26,9 @@
 #                            dropped first (fusebox-load --cold)
 #   randread-16-cold-direct  the same, the guest opening it O_DIRECT
 #   randwrite-16             4 KiB random writes, depth 16
+#   syncwrite-16             a 4 KiB write then FSYNC of the file (one op),
+#                            16 writers each on its own file (fio --fsync=1
+#                            numjobs=16 in a guest)
 #   seqread-4 / seqwrite-4   1 MiB sequential reads / writes, depth 4
 #   getattr-16               GETATTR of the data file, depth 16
 #   meta-4                   create+close+stat+unlink (one op), depth 4; the
@@ -82,13 +85,14 @@ cold_mib=4096
 
 # Row: workload depth file(data|cold) mode(warm|cold|cold-direct|-) fio(randread|read|-)
 all_rows=(randread-1 randread-16 randread-16-cold randread-16-cold-direct
-	randwrite-16 seqread-4 seqwrite-4 getattr-16 meta-4)
+	randwrite-16 syncwrite-16 seqread-4 seqwrite-4 getattr-16 meta-4)
 declare -A spec=(
 	[randread-1]="randread 1 data warm randread"
 	[randread-16]="randread 16 data warm randread"
 	[randread-16-cold]="randread 16 cold cold randread"
 	[randread-16-cold-direct]="randread 16 cold cold-direct randread"
 	[randwrite-16]="randwrite 16 data - -"
+	[syncwrite-16]="syncwrite 16 data - -"
 	[seqread-4]="seqread 4 data warm read"
 	[seqwrite-4]="seqwrite 4 data - -"
 	[getattr-16]="getattr 16 data - -"

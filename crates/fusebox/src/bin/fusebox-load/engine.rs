@@ -90,6 +90,11 @@ fn caller(c: &Client, job: Job, t: usize, stop: &AtomicBool) -> Result<(Vec<u32>
             Workload::Getattr => {
                 c.getattr(node, None).map_err(fs("getattr"))?;
             }
+            Workload::Syncwrite => {
+                let off = rng.next() % 256 * 4096;
+                bytes += u64::from(c.write(node, fh, off, &small, 0).map_err(fs("write"))?);
+                c.fsync(node, fh, false).map_err(fs("fsync"))?;
+            }
             Workload::Meta => {
                 let name = format!("m-{t}-{i}");
                 let (e, o) = c

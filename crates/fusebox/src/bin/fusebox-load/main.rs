@@ -28,6 +28,12 @@ enum Workload {
     Getattr,
     /// create, close, stat and unlink of a new file (one op = all four).
     Meta,
+    /// A 4 KiB write at a random offset of the first MiB, then FSYNC of
+    /// the file (one op = both; a database's commit, `fio --fsync=1`):
+    /// each request slot writes its own file, as `--depth` writers in a
+    /// guest do (the guest's FUSE client sends one FSYNC per file at a
+    /// time).
+    Syncwrite,
 }
 
 /// Drive a vhost-user-fs backend with no VM.

@@ -3,7 +3,7 @@
 
 use crate::{Args, LoadError, Report, Rng, Workload};
 use fuse_core::abi::{
-    CreateIn, EntryOut, GetattrIn, Opcode, OpenIn, OpenOut, ReadIn, ReleaseIn, WriteIn,
+    CreateIn, EntryOut, FsyncIn, GetattrIn, Opcode, OpenIn, OpenOut, ReadIn, ReleaseIn, WriteIn,
 };
 use std::time::{Duration, Instant};
 use virtio_fs::guest::{Done, GuestConfig, GuestDriver, GuestError, Req};
@@ -141,6 +141,32 @@ fn drop_cache(a: &Args) -> Result<(), LoadError> {
     Ok(())
 }
 
+/// Makes (or empties) the file `name` in the root and keeps it open for
+/// read and write (O_DIRECT with `--direct`). Returns (node, fh).
+fn own_file(g: &mut GuestDriver, name: &str, direct: bool) -> Result<(u64, u64), LoadError> {
+    let mut flags = libc::O_RDWR | libc::O_TRUNC;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    let c = CreateIn {
+        flags: flags as u32,
+        mode: 0o644,
+        umask: 0,
+        open_flags: 0,
+    };
+    let mut args = c.as_bytes().to_vec();
+    args.extend_from_slice(&name_arg(name.as_bytes()));
+    let (_, b) = g
+        .call(Q, &small(Opcode::Create, 1, &args, 144))
+        .map_err(guest)?;
+    let e = EntryOut::read_from_prefix(&b).map_err(|_| bad("CREATE"))?.0;
+    let fh = OpenOut::read_from_prefix(&b[128..])
+        .map_err(|_| bad("CREATE"))?
+        .0
+        .fh;
+    Ok((e.nodeid, fh))
+}
+
 /// Per-slot state of the meta workload.
 #[derive(Debug, Clone, Copy, Default)]
 struct MetaSlot {
@@ -161,6 +187,9 @@ struct Work {
     seq: u64,
     args: Vec<u8>,
     meta: Vec<MetaSlot>,
+    /// The syncwrite workload: each slot's file (node, fh), and whether
+    /// its next request is the FSYNC.
+    own: Vec<(u64, u64, bool)>,
     /// Nodes unlinked since the last batch of completions: the guest
     /// forgets them (a guest kernel evicts an unlinked file it does not
     /// hold open at once, and sends a FORGET for it).
@@ -224,6 +253,31 @@ impl Work {
                     .extend_from_slice(GetattrIn::new_zeroed().as_bytes());
                 small(Opcode::Getattr, self.node, &self.args, 104)
             }
+            Workload::Syncwrite => {
+                let (node, fh, sync) = self.own[usize::from(slot)];
+                if sync {
+                    let f = FsyncIn {
+                        fh,
+                        ..FsyncIn::new_zeroed()
+                    };
+                    self.args.extend_from_slice(f.as_bytes());
+                    return small(Opcode::Fsync, node, &self.args, 0);
+                }
+                let w = WriteIn {
+                    fh,
+                    offset: self.rng.next() % 256 * 4096,
+                    size: 4096,
+                    ..WriteIn::new_zeroed()
+                };
+                self.args.extend_from_slice(w.as_bytes());
+                Req {
+                    opcode: Opcode::Write,
+                    nodeid: node,
+                    args: &self.args,
+                    data_out: 4096,
+                    reply: 8,
+                }
+            }
             Workload::Meta => {
                 let m = self.meta[usize::from(slot)];
                 let name = format!("m-{slot}-{}", m.n);
@@ -279,6 +333,12 @@ impl Work {
                 ))
             }
             Workload::Getattr => Ok((0, true)),
+            Workload::Syncwrite => {
+                let own = &mut self.own[usize::from(d.slot)];
+                own.2 = !own.2;
+                // The write's 4 KiB count when its FSYNC is answered.
+                Ok(if own.2 { (0, false) } else { (4096, true) })
+            }
             Workload::Meta => {
                 let m = &mut self.meta[usize::from(d.slot)];
                 if m.step == 0 {
@@ -354,11 +414,18 @@ pub fn run(a: &Args) -> Result<Report, LoadError> {
     let init = g.init().map_err(guest)?;
     let max_write = init.max_write.max(4096);
     let chunk = (1u32 << 20).min(max_write);
-    let (node, fh) = if a.workload == Workload::Meta {
+    let (node, fh) = if matches!(a.workload, Workload::Meta | Workload::Syncwrite) {
         (1, 0)
     } else {
         data_file(&mut g, a, max_write)?
     };
+    let mut own = Vec::new();
+    if a.workload == Workload::Syncwrite {
+        for s in 0..slots {
+            let (n, f) = own_file(&mut g, &format!("{}.sync-{s}", a.file), a.direct)?;
+            own.push((n, f, false));
+        }
+    }
     if a.cold {
         drop_cache(a)?;
     }
@@ -379,6 +446,7 @@ pub fn run(a: &Args) -> Result<Report, LoadError> {
         seq: 0,
         args: Vec::with_capacity(512),
         meta: vec![MetaSlot::default(); usize::from(slots)],
+        own,
         forgets: Vec::new(),
     };
     let pid = a.daemon_pid.or(g.backend_pid());
