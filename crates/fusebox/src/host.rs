@@ -10,7 +10,7 @@ use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uring_ring::devfuse::{DevFuse, MountError, MountOptions};
+use uring_ring::devfuse::{self, DevFuse, MountError, MountOptions};
 use uring_ring::kring::{self, KernelQueue};
 use uring_ring::passthrough::{Groups, IdMap, IdMapError, IdMapping};
 use uring_ring::{Config, PassthroughError, PassthroughFs};
@@ -111,10 +111,11 @@ pub struct MountArgs {
     /// Sets /sys/module/fuse/parameters/enable_uring.
     #[arg(long)]
     io_uring: bool,
-    /// With --io-uring: ring entries per queue, so requests in flight per
-    /// queue thread (READs run on while the thread serves the others; one
-    /// entry per request a CPU's callers keep in flight, e.g. fio's
-    /// iodepth).
+    /// Requests each serving thread keeps in flight (READs, O_DIRECT
+    /// WRITEs, FSYNCs and FALLOCATEs run on while it serves the others):
+    /// with --io-uring, ring entries per queue (one per request a CPU's
+    /// callers keep in flight, e.g. fio's iodepth); without, requests per
+    /// /dev/fuse worker (1: each worker serves one request at a time).
     #[arg(long, default_value_t = kring::serve::DEFAULT_DEPTH as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     ring_depth: u16,
     /// Translate UIDs between the mount's users (the "guest" side) and
@@ -291,6 +292,38 @@ fn start_ring(
 }
 
 /// Says whether the kernel took FUSE_PASSTHROUGH, once INIT is done.
+/// `threads` /dev/fuse workers, each keeping `depth` requests in flight
+/// (`devfuse::serve_dev`); with FUSEBOX_RING_STATS each prints what it
+/// served when the connection ends.
+fn serve_dev_at_depth(
+    dev: &DevFuse,
+    disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>,
+    threads: usize,
+    depth: usize,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..threads.max(1))
+        .map(|n| {
+            let (dev, disp) = (dev.clone(), disp.clone());
+            std::thread::spawn(move || match devfuse::serve_dev(&dev, &disp, depth) {
+                Ok(st) => {
+                    if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
+                        eprintln!(
+                            "fusebox: dev worker {n}: {} requests, {} started, at most {} \
+                             in flight, {} WRITEs started, {} syncs and FALLOCATEs started",
+                            st.served,
+                            st.started,
+                            st.max_in_flight,
+                            st.writes_started,
+                            st.no_data_started
+                        );
+                    }
+                }
+                Err(e) => eprintln!("fusebox: /dev/fuse worker {n} failed: {e}"),
+            })
+        })
+        .collect()
+}
+
 fn report_passthrough(disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>) {
     let disp = disp.clone();
     std::thread::spawn(move || {
@@ -357,19 +390,32 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         request_timeout: a.request_timeout,
         ..ServerConfig::default()
     };
+    // Requests each serving thread keeps in flight: a ring queue's, or a
+    // /dev/fuse worker's (one, the old way, with --ring-depth 1).
+    let depth = usize::from(a.ring_depth);
+    let dev_depth = (!a.io_uring && depth > 1).then_some(depth);
     if a.io_uring {
         // Before the mount: the kernel offers the flag in INIT only then.
         kring::enable().map_err(HostError::Ring)?;
+        scfg.flags |= init::OVER_IO_URING;
+    }
+    if a.io_uring || dev_depth.is_some() {
         // FUSE_ASYNC_DIO: an O_DIRECT read or write submitted without
         // waiting (io_uring, libaio) goes to the daemon as a background
         // request and the caller goes on; without it the kernel serves
         // each in the caller's context, one at a time, and no depth
-        // reaches the ring (libfuse offers it by default too).
-        scfg.flags |= init::OVER_IO_URING | init::ASYNC_DIO;
+        // reaches the daemon (libfuse offers it by default too).
+        scfg.flags |= init::ASYNC_DIO;
         // Those requests count against max_background (the kernel's
-        // default is 12): room for every ring entry, unless told.
+        // default is 12): room for every request the serving threads
+        // keep in flight, unless told.
         if a.max_background == 0 {
-            let all = usize::from(a.ring_depth) * kring::possible_cpus();
+            let threads = if a.io_uring {
+                kring::possible_cpus()
+            } else {
+                a.thread_pool_size.max(1)
+            };
+            let all = depth * threads;
             let bg = u16::try_from(all.max(12)).unwrap_or(u16::MAX);
             scfg.max_background = bg;
             if a.congestion_threshold == 0 {
@@ -384,9 +430,10 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let max_write = scfg.max_write as usize;
     let max_payload = (max_write.div_ceil(4096) * page).max(max_write).max(8192);
     let plan = a.faults.plan().map_err(HostError::Faults)?;
-    // On the ring, READs are started without waiting even under a plan:
-    // a hang then holds its entry, not the queue's thread.
-    let faulty = Faulty::new(fs, plan).with_async_reads(a.io_uring);
+    // Where requests are kept in flight, READs are started without
+    // waiting even under a plan: a hang then holds its entry (slot), not
+    // the serving thread.
+    let faulty = Faulty::new(fs, plan).with_async_reads(a.io_uring || dev_depth.is_some());
     let disp = Arc::new(Dispatcher::new(faulty, scfg));
     let signals = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     // The kernel checks permissions itself (`default_permissions`), as a
@@ -414,7 +461,10 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         a.mountpoint.display()
     );
     // The workers return when the connection goes (unmount, abort).
-    let mut workers = serve_device(dev.clone(), disp.clone(), a.thread_pool_size);
+    let mut workers = match dev_depth {
+        Some(depth) => serve_dev_at_depth(&dev, &disp, a.thread_pool_size, depth),
+        None => serve_device(dev.clone(), disp.clone(), a.thread_pool_size),
+    };
     let queues = Queues::default();
     if a.io_uring {
         workers.extend(start_ring(

@@ -12,6 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod serve;
+pub use serve::{serve_dev, DevStats};
+
+/// `_IOR(229, 0, uint32_t)`: makes an fd of /dev/fuse another end of the
+/// connection of the fd it is given.
+const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+
 /// Errors mounting and unmounting.
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
@@ -130,6 +137,35 @@ impl DevFuse {
             dev,
             conn: dev.and_then(|(major, minor)| kernel_dev(major, minor)),
             replies: Arc::default(),
+        })
+    }
+
+    /// Another fd of the same connection (FUSE_DEV_IOC_CLONE), opened
+    /// non-blocking: a read on it gives EAGAIN when no request waits. The
+    /// kernel keeps the requests read from an fd in that fd's own
+    /// processing list, so their replies must be written to it (as
+    /// [`DeviceEnd::write_reply`] of the clone does); what waits to be
+    /// read is shared by all of the connection's fds.
+    pub fn clone_nonblocking(&self) -> Result<DevFuse, Errno> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/fuse")
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let fd: OwnedFd = file.into();
+        let old = u32::try_from(self.fd.as_raw_fd()).map_err(|_| Errno::EBADF)?;
+        // SAFETY: FUSE_DEV_IOC_CLONE reads one u32 (the fd to clone) from
+        // the pointer, which points at a live local.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), FUSE_DEV_IOC_CLONE, &old) };
+        if r != 0 {
+            return Err(last_errno());
+        }
+        Ok(DevFuse {
+            fd: Arc::new(fd),
+            dev: self.dev,
+            conn: self.conn,
+            replies: self.replies.clone(),
         })
     }
 

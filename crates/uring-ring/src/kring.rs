@@ -41,7 +41,7 @@
 //! guarded by one mutex, held by the serving thread while it waits in
 //! io_uring_enter; other threads only write the eventfd.
 
-mod arena;
+pub(crate) mod arena;
 pub mod serve;
 
 use crate::devfuse::DevFuse;

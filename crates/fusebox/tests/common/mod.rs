@@ -2,6 +2,8 @@
 //! `fusebox mount` daemon serving one on the other.
 #![allow(dead_code)]
 
+pub mod depth;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};

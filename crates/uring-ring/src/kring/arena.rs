@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 /// Payload buffers start on a page, so that a file opened O_DIRECT (fio
 /// --direct=1 asks for one) reads and writes them in place.
-pub(super) const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 
 /// One anonymous mapping cut into `slots` slots of `slot` bytes.
-pub(super) struct Arena {
+pub(crate) struct Arena {
     base: NonNull<u8>,
     len: usize,
     slot: usize,
@@ -39,7 +39,7 @@ unsafe impl Sync for Arena {}
 
 impl Arena {
     /// `slots` slots of at least `slot` bytes (rounded up to a page).
-    pub(super) fn new(slot: usize, slots: usize, offer_map: bool) -> std::io::Result<Arc<Arena>> {
+    pub(crate) fn new(slot: usize, slots: usize, offer_map: bool) -> std::io::Result<Arc<Arena>> {
         let slot = slot.max(1).div_ceil(PAGE) * PAGE;
         let slots = slots.max(1);
         let len = slot
@@ -80,12 +80,12 @@ impl Arena {
     }
 
     /// How many slots it has.
-    pub(super) fn slots(&self) -> usize {
+    pub(crate) fn slots(&self) -> usize {
         self.slots
     }
 
     /// The bytes of one slot.
-    pub(super) fn slot_len(&self) -> usize {
+    pub(crate) fn slot_len(&self) -> usize {
         self.slot
     }
 
@@ -106,22 +106,22 @@ impl Drop for Arena {
 }
 
 /// One entry's payload buffer: slot `index` of `arena`.
-pub(super) struct Payload {
+pub(crate) struct Payload {
     arena: Arc<Arena>,
     index: usize,
 }
 
 impl Payload {
-    pub(super) fn new(arena: Arc<Arena>, index: usize) -> Payload {
+    pub(crate) fn new(arena: Arc<Arena>, index: usize) -> Payload {
         assert!(index < arena.slots, "slot {index} of {}", arena.slots);
         Payload { arena, index }
     }
 
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.arena.slot_len()
     }
 
-    pub(super) fn as_mut_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_mut_ptr(&self) -> *mut u8 {
         self.arena.addr(self.index)
     }
 
@@ -145,11 +145,18 @@ impl Payload {
 
     /// The slot's first `len` bytes (at most the slot) as a WRITE's data.
     pub(super) fn client_mem_of(&self, len: usize) -> PayloadMem {
+        self.client_mem_at(0, len)
+    }
+
+    /// `len` bytes of the slot from byte `at` (at most to its end) as a
+    /// READ's destination or a WRITE's data.
+    pub(crate) fn client_mem_at(&self, at: usize, len: usize) -> PayloadMem {
+        let at = at.min(self.len());
         PayloadMem {
             arena: self.arena.clone(),
             span: [HostSpan {
-                addr: self.as_mut_ptr() as usize,
-                len: len.min(self.len()),
+                addr: self.as_mut_ptr() as usize + at,
+                len: len.min(self.len() - at),
             }],
         }
     }
@@ -161,7 +168,7 @@ impl Payload {
 /// line or started on its io_uring. It holds the arena, so the slot stays
 /// mapped for as long as any I/O on it can run.
 #[derive(Debug)]
-pub(super) struct PayloadMem {
+pub(crate) struct PayloadMem {
     arena: Arc<Arena>,
     span: [HostSpan; 1],
 }

@@ -48,7 +48,7 @@ mod label;
 mod locks;
 mod migrate;
 mod started;
-mod sys;
+pub(crate) mod sys;
 mod xattrmap;
 
 pub use creds::Groups;

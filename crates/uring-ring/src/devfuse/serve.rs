@@ -1,0 +1,378 @@
+//! Serving /dev/fuse with many requests in flight on one thread (`fusebox
+//! mount` without `--io-uring`): the /dev/fuse counterpart of
+//! `kring::serve`.
+//!
+//! Each worker thread reads from its own clone of the connection's fd
+//! (FUSE_DEV_IOC_CLONE, non-blocking) into `depth` page-aligned slots of
+//! one mapping (`kring::arena`). A READ, WRITE, FSYNC, FSYNCDIR or
+//! FALLOCATE the filesystem can start without waiting
+//! ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
+//! [`Dispatcher::start_no_data`]: the passthrough's per-thread io_uring)
+//! is started and keeps its slot: a READ's data goes straight into the
+//! slot, a WRITE's comes from it. The thread goes on reading the next
+//! request while they run. Everything else is served in line and answered
+//! at once, its slot free again. Once no request waits (EAGAIN), the
+//! started I/O is submitted (one system call for all of it), completions
+//! are taken and answered (one `writev` each, header and data: /dev/fuse
+//! takes one reply per write), and the thread waits in one `poll` for a
+//! request, a completion (the filesystem's eventfd) or an answer given on
+//! another thread (its wake eventfd). With every slot busy it stops
+//! reading until one is free, so it never holds more than `depth`.
+//!
+//! Slot layout: a message is read to `MSG_AT`, a page less the 80 bytes
+//! of `fuse_in_header` and `fuse_write_in`, so a WRITE's data begins on a
+//! page (an O_DIRECT host file takes it in place) and a READ's data goes
+//! to the page after its 80-byte request, each within the slot.
+//!
+//! Requests go through the same dispatcher as on every other transport. A
+//! request that waits (SETLKW) is parked and answered from whichever
+//! thread ends the wait, through this worker's fd (the request is in its
+//! processing list); it holds no slot. FUSE_INTERRUPT arrives like any
+//! request and cancels a started op by its unique through the filesystem.
+//! A started op whose host call hangs holds only its slot.
+
+use super::DevFuse;
+use crate::kring::arena::{Arena, Payload, PAGE};
+use fuse_core::abi::{self, InHeader, Operation, WriteIn, WriteOut};
+use fuse_core::server::{Deferred, DeviceEnd, Dispatcher, Filesystem, FsResult, Handled, ReadDone};
+use fuse_core::{ClientMem, Errno};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+/// Where in its slot a message is read: a WRITE's data (after its 40-byte
+/// in header and 40-byte `fuse_write_in`) then starts on a page.
+const MSG_AT: usize = PAGE - 80;
+const _: () = assert!(std::mem::size_of::<InHeader>() + std::mem::size_of::<WriteIn>() == 80);
+
+/// The largest READ reply data and WRITE data a slot holds: 1 MiB (the
+/// most the dispatcher lets the kernel send, `max_pages` 256) and a page.
+const DATA: usize = (1 << 20) + PAGE;
+
+/// What one worker served (for the daemon's log).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DevStats {
+    /// Requests read.
+    pub served: u64,
+    /// READs, WRITEs, syncs and FALLOCATEs the filesystem took to start
+    /// without waiting.
+    pub started: u64,
+    /// WRITEs among them.
+    pub writes_started: u64,
+    /// FSYNCs, FSYNCDIRs and FALLOCATEs among them.
+    pub no_data_started: u64,
+    /// The most started requests unanswered at once.
+    pub max_in_flight: usize,
+}
+
+/// Answers by request unique, pushed by completions on any thread.
+type Answers = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
+
+/// What a started request answers with.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// Its data: that many bytes at most, in its slot.
+    Read(u32),
+    /// A `fuse_write_out` of the bytes written, at most these.
+    Write(u32),
+    /// Nothing but success.
+    NoData,
+}
+
+/// Serves the connection of `dev` on this thread, `depth` requests in
+/// flight, until it goes (ENODEV, ECONNABORTED: a clean end, Ok).
+pub fn serve_dev<F: Filesystem>(
+    dev: &DevFuse,
+    disp: &Dispatcher<F>,
+    depth: usize,
+) -> Result<DevStats, Errno> {
+    let mut s = Server::new(dev, disp, depth.max(1))?;
+    match s.run() {
+        Err(Errno::ENODEV) | Err(Errno(libc::ECONNABORTED)) => Ok(s.stats),
+        Err(e) => Err(e),
+        Ok(()) => Ok(s.stats),
+    }
+}
+
+/// One worker's slots and started requests: this thread alone touches
+/// them (no lock but the answers' own).
+struct Server<'a, F: Filesystem> {
+    /// This worker's own fd of the connection.
+    dev: DevFuse,
+    disp: &'a Dispatcher<F>,
+    arena: Arc<Arena>,
+    /// Slots holding no request.
+    free: Vec<usize>,
+    /// Started requests by unique: their slot and what they answer.
+    started: HashMap<u64, (usize, Kind)>,
+    /// Their completions.
+    done: Answers,
+    /// Written when a completion is pushed from another thread.
+    wake: Arc<OwnedFd>,
+    /// In-line replies.
+    out: Vec<u8>,
+    stats: DevStats,
+}
+
+impl<'a, F: Filesystem> Server<'a, F> {
+    fn new(dev: &DevFuse, disp: &'a Dispatcher<F>, depth: usize) -> Result<Self, Errno> {
+        let arena = Arena::new(MSG_AT + 80 + DATA, depth, true).map_err(io_errno)?;
+        Ok(Server {
+            dev: dev.clone_nonblocking()?,
+            disp,
+            free: (0..arena.slots()).rev().collect(),
+            arena,
+            started: HashMap::new(),
+            done: Arc::new(Mutex::new(Vec::new())),
+            wake: Arc::new(crate::passthrough::sys::eventfd()?),
+            out: vec![0u8; DATA],
+            stats: DevStats::default(),
+        })
+    }
+
+    fn run(&mut self) -> Result<(), Errno> {
+        loop {
+            let mut busy = false;
+            while let Some(i) = self.free.pop() {
+                if !self.take(i)? {
+                    self.free.push(i);
+                    break;
+                }
+                busy = true;
+            }
+            if !self.started.is_empty() {
+                self.disp.fs().submit_async();
+                self.disp.fs().complete_async();
+            }
+            busy |= self.answer();
+            if !busy {
+                self.wait()?;
+            }
+        }
+    }
+
+    /// Reads a request into slot `i` and serves or starts it. False when
+    /// none waits (the slot stays free).
+    fn take(&mut self, i: usize) -> Result<bool, Errno> {
+        let slot = Payload::new(self.arena.clone(), i);
+        let at = slot.as_mut_ptr().wrapping_add(MSG_AT);
+        let room = slot.len() - MSG_AT;
+        let n = loop {
+            // SAFETY: the slot is free (no request, no I/O on it), so this
+            // thread alone uses its memory; `room` bytes from `at` lie
+            // inside it.
+            let n = unsafe { libc::read(self.dev.raw_fd(), at.cast(), room) };
+            match usize::try_from(n) {
+                Ok(n) => break n,
+                Err(_) => match last_errno() {
+                    Errno::EINTR => continue,
+                    Errno::EAGAIN => return Ok(false),
+                    e => return Err(e),
+                },
+            }
+        };
+        self.stats.served += 1;
+        // SAFETY: the kernel wrote `n` bytes there; nothing else touches
+        // the slot until it is started (then only the filesystem's I/O,
+        // after the last use of this slice) or freed.
+        let msg = unsafe { std::slice::from_raw_parts(at.cast_const(), n) };
+        let req = match abi::decode_request(msg, self.disp.decode_options()) {
+            Ok(req) => req,
+            Err(_) => {
+                // Malformed: the dispatcher answers it (EIO) if it can.
+                let h = self.disp.handle_bytes_with(msg, &mut self.out, None);
+                self.reply_in_line(h);
+                self.free.push(i);
+                return Ok(true);
+            }
+        };
+        let unique = req.header.unique;
+        if let Some(kind) = self.start(&slot, &req) {
+            self.stats.started += 1;
+            match kind {
+                Kind::Write(_) => self.stats.writes_started += 1,
+                Kind::NoData => self.stats.no_data_started += 1,
+                Kind::Read(_) => {}
+            }
+            self.started.insert(unique, (i, kind));
+            self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len());
+            return Ok(true);
+        }
+        let dev = self.dev.clone();
+        let defer = move |unique: u64| {
+            let dev = dev.clone();
+            Deferred::new(move |error| {
+                // Refused (interrupted or aborted meanwhile): nothing to do.
+                let _ = dev.write_reply(unique, error, &[]);
+            })
+        };
+        let h = self.disp.handle_with(&req, &mut self.out, Some(&defer));
+        self.reply_in_line(h);
+        self.free.push(i);
+        Ok(true)
+    }
+
+    /// Offers `req`, read into `slot`, to the filesystem to start: what it
+    /// will answer with if started.
+    fn start(&self, slot: &Payload, req: &abi::decode::Request<'_>) -> Option<Kind> {
+        let unique = req.header.unique;
+        let (kind, mem) = match &req.op {
+            Operation::Read { arg } if arg.size as usize <= DATA => (
+                Kind::Read(arg.size),
+                Some(slot.client_mem_at(PAGE, arg.size as usize)),
+            ),
+            // Its data is at MSG_AT + 80, the slot's second page.
+            Operation::Write { arg, data } if data.len() == arg.size as usize => (
+                Kind::Write(arg.size),
+                Some(slot.client_mem_at(PAGE, arg.size as usize)),
+            ),
+            Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. } => {
+                (Kind::NoData, None)
+            }
+            _ => return None,
+        };
+        let done = self.done.clone();
+        let wake = self.wake.clone();
+        let me = std::thread::current().id();
+        let made = ReadDone::new(move |r| {
+            lock(&done).push((unique, r));
+            // Answered on this thread (its completions, a page-cache hit):
+            // seen before it waits. Else wake it.
+            if std::thread::current().id() != me {
+                signal(&wake);
+            }
+        });
+        let r = match (&req.op, mem) {
+            (Operation::Read { .. }, Some(m)) => {
+                let m: Arc<dyn ClientMem> = Arc::new(m);
+                self.disp.start_read(req, &m, made)
+            }
+            (Operation::Write { .. }, Some(m)) => {
+                let m: Arc<dyn ClientMem> = Arc::new(m);
+                self.disp.start_write(req, &m, made)
+            }
+            _ => self.disp.start_no_data(req, made),
+        };
+        match r {
+            Ok(()) => Some(kind),
+            Err(d) => {
+                d.disarm();
+                None
+            }
+        }
+    }
+
+    fn reply_in_line(&self, h: Handled) {
+        if let Handled::Reply(o) = h {
+            // Refused (interrupted or aborted meanwhile): dropped.
+            let _ = self
+                .dev
+                .write_reply(o.unique, o.error, &self.out[..o.len.min(self.out.len())]);
+        }
+    }
+
+    /// Answers every started request that completed; true if any did.
+    fn answer(&mut self) -> bool {
+        let done = std::mem::take(&mut *lock(&self.done));
+        let any = !done.is_empty();
+        for (unique, r) in done {
+            let Some((i, kind)) = self.started.remove(&unique) else {
+                continue;
+            };
+            let _ = match (r, kind) {
+                (Err(e), _) => self.dev.write_reply(unique, e.to_wire(), &[]),
+                (Ok(n), Kind::Read(size)) => {
+                    let n = n.min(size as usize);
+                    let slot = Payload::new(self.arena.clone(), i);
+                    // SAFETY: the READ's I/O is over (its completion is
+                    // taken), so nothing writes the slot; its `n` bytes
+                    // from the second page lie inside it (n ≤ DATA).
+                    let data =
+                        unsafe { std::slice::from_raw_parts(slot.as_mut_ptr().add(PAGE), n) };
+                    self.dev.write_reply(unique, 0, data)
+                }
+                (Ok(n), Kind::Write(size)) => {
+                    let out = WriteOut {
+                        size: u32::try_from(n).unwrap_or(u32::MAX).min(size),
+                        padding: 0,
+                    };
+                    self.dev
+                        .write_reply(unique, 0, zerocopy::IntoBytes::as_bytes(&out))
+                }
+                (Ok(_), Kind::NoData) => self.dev.write_reply(unique, 0, &[]),
+            };
+            self.free.push(i);
+        }
+        any
+    }
+
+    /// Waits for a request (if a slot is free), a completion of the
+    /// filesystem's, or a wake-up.
+    fn wait(&mut self) -> Result<(), Errno> {
+        let mut fds = Vec::with_capacity(3);
+        let ev = |fd: i32| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // The device first: with every slot busy it is polled for its end
+        // alone (poll reports an error whatever was asked).
+        let mut dev = ev(self.dev.raw_fd());
+        if self.free.is_empty() {
+            dev.events = 0;
+        }
+        fds.push(dev);
+        fds.push(ev(self.wake.as_raw_fd()));
+        if let Some(fd) = self.disp.fs().async_fd() {
+            fds.push(ev(fd));
+        }
+        // SAFETY: `fds` is a live array of that many pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if r < 0 {
+            return match last_errno() {
+                Errno::EINTR => Ok(()),
+                e => Err(e),
+            };
+        }
+        if fds[0].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            // The connection is gone (aborted, unmounted).
+            return Err(Errno::ENODEV);
+        }
+        for p in &fds[1..] {
+            if p.revents & libc::POLLIN != 0 {
+                drain(p.fd);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads (resets) a non-blocking eventfd.
+fn drain(fd: i32) {
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into a local u64.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+}
+
+/// Adds one to an eventfd.
+fn signal(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a local u64.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn last_errno() -> Errno {
+    Errno(
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno(e.raw_os_error().unwrap_or(libc::EIO))
+}
