@@ -30,6 +30,8 @@
 #                           filesystem is checked)
 #   FIO_COLD_SIZE=4g        the cold row's file size
 #   FIO_CONTENDERS="raw fusebox-iouring libfuse-master-iouring"
+#                           (also: fusebox-devfuse, libfuse-master-devfuse:
+#                           the same daemons over /dev/fuse)
 #   FUSEBOX_RING_DEPTH=16   fusebox mount --ring-depth
 #   LIBFUSE_GIT=URL|DIR     where libfuse master comes from (default
 #                           https://github.com/libfuse/libfuse; a local
@@ -177,7 +179,7 @@ ring_depth=${FUSEBOX_RING_DEPTH:-16}
 
 # libfuse master's passthrough_hp, FUSE-over-io_uring capable (3.18+).
 hpm=target/bench/libfuse-master/build/example/passthrough_hp
-if [[ " $contenders " == *" libfuse-master-iouring "* ]] && [ ! -x "$hpm" ]; then
+if [[ " $contenders " == *" libfuse-master-"* ]] && [ ! -x "$hpm" ]; then
   need=()
   for p in git meson ninja-build liburing-dev libnuma-dev; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
@@ -236,9 +238,14 @@ mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
     fusebox-iouring)
       target/release/fusebox mount --io-uring --ring-depth "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
+    fusebox-devfuse)
+      target/release/fusebox mount --ring-depth "$ring_depth" \
+        --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     libfuse-master-iouring)
       "$hpm" --foreground --nopassthrough -o io_uring -o "io_uring_q_depth=$ring_depth" \
         "$dir" "$work/mnt" >>"$work/log-depth-libfuse" 2>&1 & ;;
+    libfuse-master-devfuse)
+      "$hpm" --foreground --nopassthrough "$dir" "$work/mnt" >>"$work/log-depth-libfuse" 2>&1 & ;;
   esac
   pids+=($!)
   wait_mount
@@ -285,7 +292,15 @@ dratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f\n", a / b }'
 printf '\nfio io_uring O_DIRECT, %ss per job, medians of %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"
 printf '%-6s %-22s' share row
 for c in $contenders; do printf ' %22s' "$c"; done
-printf ' %14s %14s\n' "fusebox/libfuse" "fusebox/raw"
+# fusebox over each transport against libfuse over the same one, and raw.
+pairs=()
+for f in iouring devfuse; do
+  for o in "libfuse-master-$f" raw; do
+    [[ " $contenders " == *" fusebox-$f "* && " $contenders " == *" $o "* ]] && pairs+=("fusebox-$f:$o")
+  done
+done
+for p in "${pairs[@]}"; do printf ' %s' "${p/:/\/}"; done
+echo
 for share in $shares; do
   for row in "${drow_order[@]}" cold-qd16-randread4k; do
     [[ $row =~ $rows_re ]] || continue
@@ -297,18 +312,15 @@ for share in $shares; do
       m=$(for r in $(seq "$rounds"); do set -- ${dres[$r,$share,$c,$row]:-0 0}; echo "${!col}"; done | median)
       printf ' %22s' "$m"
     done
-    for other in libfuse-master-iouring raw; do
-      if [[ " $contenders " == *" fusebox-iouring "* && " $contenders " == *" $other "* ]]; then
-        col=1; [[ $row == *1m ]] && col=2
-        m=$(for r in $(seq "$rounds"); do
-              set -- ${dres[$r,$share,fusebox-iouring,$row]:-0 0}; a=${!col}
-              set -- ${dres[$r,$share,$other,$row]:-0 0}; b=${!col}
-              dratio "$a" "$b"
-            done | median)
-        printf ' %14s' "$m"
-      else
-        printf ' %14s' "-"
-      fi
+    for p in "${pairs[@]}"; do
+      f=${p%%:*} other=${p#*:}
+      col=1; [[ $row == *1m ]] && col=2
+      m=$(for r in $(seq "$rounds"); do
+            set -- ${dres[$r,$share,$f,$row]:-0 0}; a=${!col}
+            set -- ${dres[$r,$share,$other,$row]:-0 0}; b=${!col}
+            dratio "$a" "$b"
+          done | median)
+      printf ' %*s' "$(( ${#p} ))" "$m"
     done
     echo
   done
