@@ -381,3 +381,13 @@ fn a_client_map_is_registered_once_and_replaced_when_the_memory_changes() {
     assert_eq!(uring_ring::pread(fd, &mut back, 10).unwrap(), 5000);
     assert_eq!(back, fill);
 }
+
+/// The kernel lets a thread's io-wq run 4 file ops per CPU at once (8 here),
+/// which held 16 started FSYNCs to 8 at a time; a driver raises that to its
+/// ring's entries.
+#[test]
+fn a_drivers_thread_runs_as_many_blocking_file_ops_as_its_ring_holds() {
+    let d = Driver::new(64).unwrap();
+    let [bounded, _] = d.iowq_max_workers().unwrap();
+    assert_eq!(bounded, 64);
+}

@@ -244,6 +244,20 @@ impl Driver {
         self.started.push((id, key));
     }
 
+    /// The io-wq worker limits of this thread, [file ops, unbounded
+    /// ops]: a driver raises the first to its ring's entries (see
+    /// [`Driver::new`]), so that many syncs, fallocates and handed-off
+    /// reads can wait at once.
+    pub fn iowq_max_workers(&self) -> Result<[u32; 2], DriverError> {
+        // Zeros change nothing; the call gives the limits back.
+        let mut m = [0u32; 2];
+        self.ring
+            .submitter()
+            .register_iowq_max_workers(&mut m)
+            .map_err(DriverError::Register)?;
+        Ok(m)
+    }
+
     /// Started ops not yet taken.
     pub fn started(&self) -> usize {
         self.started.len()
