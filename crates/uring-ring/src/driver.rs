@@ -633,17 +633,8 @@ impl Driver {
     /// waits for its completion. Once the entry is queued this function
     /// does not return before the kernel is done with that memory.
     fn blocking(&mut self, entry: squeue::Entry, key: u64) -> io::Result<usize> {
-        let id = self.alloc(Slot::InFlight {
-            buf: None,
-            key,
-            timeout: None,
-            forgotten: false,
-        });
-        if let Err(e) = self.push(&entry.user_data(id.idx as u64)) {
-            // Not queued: the kernel never saw the pointer.
-            self.release(id.idx);
-            return Err(driver_io(e));
-        }
+        // Not queued: the kernel never saw the pointer.
+        let id = self.queue_entry(entry, key).map_err(driver_io)?;
         let ring_fd = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
         let cancels = self.cancels.clone();
         if let Some(r) = &cancels {

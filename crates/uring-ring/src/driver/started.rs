@@ -217,6 +217,18 @@ impl Driver {
 
     /// Queues `entry`, an op that names no memory, as started.
     fn start_entry(&mut self, entry: squeue::Entry, key: u64) -> Result<OpId, DriverError> {
+        let id = self.queue_entry(entry, key)?;
+        self.track(id, key);
+        Ok(id)
+    }
+
+    /// Queues `entry` in a new in-flight slot named by `key`; its slot
+    /// freed again if the ring did not take it.
+    pub(super) fn queue_entry(
+        &mut self,
+        entry: squeue::Entry,
+        key: u64,
+    ) -> Result<OpId, DriverError> {
         let id = self.alloc(Slot::InFlight {
             buf: None,
             key,
@@ -227,7 +239,6 @@ impl Driver {
             self.release(id.idx);
             return Err(e);
         }
-        self.track(id, key);
         Ok(id)
     }
 

@@ -51,22 +51,7 @@ fn data_file(g: &mut GuestDriver, a: &Args, max_write: u32) -> Result<(u64, u64)
     let node = match node {
         Some(n) => n,
         None => {
-            let c = CreateIn {
-                flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
-                mode: 0o644,
-                umask: 0,
-                open_flags: 0,
-            };
-            let mut args = c.as_bytes().to_vec();
-            args.extend_from_slice(&name);
-            let (_, b) = g
-                .call(Q, &small(Opcode::Create, 1, &args, 144))
-                .map_err(guest)?;
-            let e = EntryOut::read_from_prefix(&b).map_err(|_| bad("CREATE"))?.0;
-            let fh = OpenOut::read_from_prefix(&b[128..])
-                .map_err(|_| bad("CREATE"))?
-                .0
-                .fh;
+            let (nodeid, fh) = own_file(g, &a.file, false)?;
             let chunk = (1u64 << 20).min(u64::from(max_write));
             let pattern = vec![0x5au8; chunk as usize];
             g.memory()
@@ -84,7 +69,7 @@ fn data_file(g: &mut GuestDriver, a: &Args, max_write: u32) -> Result<(u64, u64)
                     Q,
                     &Req {
                         opcode: Opcode::Write,
-                        nodeid: e.nodeid,
+                        nodeid,
                         args: w.as_bytes(),
                         data_out: chunk as u32,
                         reply: 8,
@@ -97,9 +82,9 @@ fn data_file(g: &mut GuestDriver, a: &Args, max_write: u32) -> Result<(u64, u64)
                 fh,
                 ..ReleaseIn::new_zeroed()
             };
-            g.call(Q, &small(Opcode::Release, e.nodeid, r.as_bytes(), 0))
+            g.call(Q, &small(Opcode::Release, nodeid, r.as_bytes(), 0))
                 .map_err(guest)?;
-            e.nodeid
+            nodeid
         }
     };
     let mut flags = libc::O_RDWR as u32;
