@@ -30,6 +30,9 @@ pub enum HostError {
     /// FUSE-over-io_uring.
     #[error("FUSE-over-io_uring")]
     Ring(#[source] uring_ring::kring::KringError),
+    /// A /dev/fuse worker could not be made (its fd, its slots).
+    #[error("starting a /dev/fuse worker")]
+    Worker(#[source] fuse_core::Errno),
     /// The kernel did not take FUSE-over-io_uring.
     #[error("the kernel did not negotiate FUSE_OVER_IO_URING (is enable_uring set?)")]
     NoRing,
@@ -93,11 +96,12 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 65536)]
     rlimit_nofile: usize,
     /// max_background to negotiate (0: the kernel's default; with
-    /// --io-uring, --ring-depth times the queue count).
+    /// --io-uring or a --ring-depth above 1, that times the serving
+    /// threads: the ring's queues, or the /dev/fuse workers).
     #[arg(long, default_value_t = 0)]
     max_background: u16,
     /// congestion_threshold to negotiate (0: the kernel's default; 3/4 of
-    /// max_background when --io-uring raised that).
+    /// max_background when --ring-depth raised that).
     #[arg(long, default_value_t = 0)]
     congestion_threshold: u16,
     /// FUSE_REQUEST_TIMEOUT in seconds (0: none).
@@ -291,20 +295,34 @@ fn start_ring(
     Ok(out)
 }
 
-/// Says whether the kernel took FUSE_PASSTHROUGH, once INIT is done.
 /// `threads` /dev/fuse workers, each keeping `depth` requests in flight
 /// (`devfuse::serve_dev`); with FUSEBOX_RING_STATS each prints what it
-/// served when the connection ends.
+/// served when the connection ends. Each worker's fd and slots are made
+/// here first: if one cannot be, the connection is aborted and the start
+/// fails, never a mount left with fewer workers or none. A worker that
+/// fails later aborts the connection too.
 fn serve_dev_at_depth(
     dev: &DevFuse,
     disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>,
     threads: usize,
     depth: usize,
-) -> Vec<std::thread::JoinHandle<()>> {
-    (0..threads.max(1))
-        .map(|n| {
+) -> Result<Vec<std::thread::JoinHandle<()>>, HostError> {
+    let mut made = Vec::new();
+    for _ in 0..threads.max(1) {
+        match devfuse::DevWorker::new(dev, depth) {
+            Ok(w) => made.push(w),
+            Err(e) => {
+                let _ = dev.abort();
+                return Err(HostError::Worker(e));
+            }
+        }
+    }
+    Ok(made
+        .into_iter()
+        .enumerate()
+        .map(|(n, w)| {
             let (dev, disp) = (dev.clone(), disp.clone());
-            std::thread::spawn(move || match devfuse::serve_dev(&dev, &disp, depth) {
+            std::thread::spawn(move || match devfuse::serve_dev(w, &disp) {
                 Ok(st) => {
                     if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
                         eprintln!(
@@ -318,12 +336,18 @@ fn serve_dev_at_depth(
                         );
                     }
                 }
-                Err(e) => eprintln!("fusebox: /dev/fuse worker {n} failed: {e}"),
+                Err(e) => {
+                    eprintln!("fusebox: /dev/fuse worker {n}: {e}; aborting the connection");
+                    if let Err(e) = dev.abort() {
+                        eprintln!("fusebox: aborting: {e}");
+                    }
+                }
             })
         })
-        .collect()
+        .collect())
 }
 
+/// Says whether the kernel took FUSE_PASSTHROUGH, once INIT is done.
 fn report_passthrough(disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>) {
     let disp = disp.clone();
     std::thread::spawn(move || {
@@ -462,7 +486,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     );
     // The workers return when the connection goes (unmount, abort).
     let mut workers = match dev_depth {
-        Some(depth) => serve_dev_at_depth(&dev, &disp, a.thread_pool_size, depth),
+        Some(depth) => serve_dev_at_depth(&dev, &disp, a.thread_pool_size, depth)?,
         None => serve_device(dev.clone(), disp.clone(), a.thread_pool_size),
     };
     let queues = Queues::default();

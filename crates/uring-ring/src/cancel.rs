@@ -61,6 +61,15 @@ impl CancelRegistry {
     /// An op that was queued but not yet submitted is caught by a retry
     /// (up to `patience`).
     pub fn cancel(&self, key: u64, patience: Duration) -> usize {
+        self.cancel_from(key, patience, None)
+    }
+
+    /// [`CancelRegistry::cancel`] from the thread that owns ring `own`,
+    /// whose queue it has just submitted: its ops there are cancelled
+    /// once, not waited for (they leave the registry only when this very
+    /// thread takes their completions, so a retry would wait out all of
+    /// `patience` for nothing).
+    pub fn cancel_from(&self, key: u64, patience: Duration, own: Option<RawFd>) -> usize {
         let start = std::time::Instant::now();
         let mut found = 0;
         loop {
@@ -74,6 +83,7 @@ impl CancelRegistry {
                     return found;
                 }
                 found = found.max(list.len());
+                let only_own = list.iter().all(|&(ring, _)| Some(ring) == own);
                 for (ring, ud) in list {
                     let reg = SyncCancelReg {
                         addr: ud,
@@ -97,6 +107,9 @@ impl CancelRegistry {
                             1,
                         );
                     }
+                }
+                if only_own {
+                    return found;
                 }
             }
             if start.elapsed() >= patience {

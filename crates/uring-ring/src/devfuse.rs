@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod serve;
-pub use serve::{serve_dev, DevStats};
+pub use serve::{serve_dev, DevStats, DevWorker};
 
 /// `_IOR(229, 0, uint32_t)`: makes an fd of /dev/fuse another end of the
 /// connection of the fd it is given.

@@ -391,3 +391,49 @@ fn a_drivers_thread_runs_as_many_blocking_file_ops_as_its_ring_holds() {
     let [bounded, _] = d.iowq_max_workers().unwrap();
     assert_eq!(bounded, 64);
 }
+
+/// The thread that started an op cancels it itself (a /dev/fuse worker
+/// reads the FUSE_INTERRUPT of its own request): one cancel, no wait for
+/// the op to leave the registry, which only this thread's next take of
+/// completions does. Waiting held such a worker for the whole patience
+/// (20 ms in the passthrough) on every interrupt.
+#[test]
+fn the_owning_thread_cancels_its_started_op_without_waiting() {
+    let registry = std::sync::Arc::new(uring_ring::CancelRegistry::default());
+    let (r, mut w) = pipe();
+    let mut d = Driver::new(8).unwrap();
+    d.set_cancel_registry(registry.clone());
+    let mut buf = vec![0u8; 16];
+    let iov = vec![libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    }]
+    .into_boxed_slice();
+    // SAFETY: `buf` outlives the op: its completion is taken below before
+    // `buf` is dropped.
+    let id = unsafe { d.start_readv(Target::Fd(r.as_raw_fd()), iov, 0, 42, false, false) }.unwrap();
+    d.submit().unwrap();
+    let t = Instant::now();
+    let found = registry.cancel_from(42, Duration::from_secs(2), Some(d.ring_fd()));
+    assert_eq!(found, 1);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "waited {:?} for its own op to leave",
+        t.elapsed()
+    );
+    let mut out = Vec::new();
+    let t = Instant::now();
+    while out.is_empty() {
+        if t.elapsed() > Duration::from_secs(5) {
+            w.write_all(b"x").unwrap();
+            panic!("the op was not cancelled");
+        }
+        d.take_started(&mut out).unwrap();
+    }
+    assert_eq!(out[0].0, id);
+    assert_eq!(
+        out[0].1.as_ref().unwrap_err().raw_os_error(),
+        Some(libc::ECANCELED)
+    );
+    assert_eq!(registry.in_flight(), 0);
+}

@@ -79,27 +79,23 @@ enum Kind {
     NoData,
 }
 
-/// Serves the connection of `dev` on this thread, `depth` requests in
-/// flight, until it goes (ENODEV, ECONNABORTED: a clean end, Ok).
-pub fn serve_dev<F: Filesystem>(
-    dev: &DevFuse,
-    disp: &Dispatcher<F>,
-    depth: usize,
-) -> Result<DevStats, Errno> {
-    let mut s = Server::new(dev, disp, depth.max(1))?;
-    match s.run() {
-        Err(Errno::ENODEV) | Err(Errno(libc::ECONNABORTED)) => Ok(s.stats),
+/// Serves the connection with worker `w` on this thread until it goes
+/// (ENODEV, ECONNABORTED: a clean end, Ok).
+pub fn serve_dev<F: Filesystem>(mut w: DevWorker, disp: &Dispatcher<F>) -> Result<DevStats, Errno> {
+    match w.run(disp) {
+        Err(Errno::ENODEV) | Err(Errno(libc::ECONNABORTED)) => Ok(w.stats),
         Err(e) => Err(e),
-        Ok(()) => Ok(s.stats),
+        Ok(()) => Ok(w.stats),
     }
 }
 
-/// One worker's slots and started requests: this thread alone touches
-/// them (no lock but the answers' own).
-struct Server<'a, F: Filesystem> {
+/// One worker's fd, slots and started requests: the thread that serves
+/// with it alone touches them (no lock but the answers' own). Made before
+/// its thread starts, so that what it needs (a clone of the fd, its
+/// mapping) is known to be there before any request waits on it.
+pub struct DevWorker {
     /// This worker's own fd of the connection.
     dev: DevFuse,
-    disp: &'a Dispatcher<F>,
     arena: Arc<Arena>,
     /// Slots holding no request.
     free: Vec<usize>,
@@ -114,12 +110,25 @@ struct Server<'a, F: Filesystem> {
     stats: DevStats,
 }
 
-impl<'a, F: Filesystem> Server<'a, F> {
-    fn new(dev: &DevFuse, disp: &'a Dispatcher<F>, depth: usize) -> Result<Self, Errno> {
-        let arena = Arena::new(MSG_AT + 80 + DATA, depth, true).map_err(io_errno)?;
-        Ok(Server {
+impl std::fmt::Debug for DevWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevWorker")
+            .field("slots", &self.arena.slots())
+            .field("started", &self.started.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DevWorker {
+    /// A worker of `dev`'s connection keeping `depth` requests in flight.
+    pub fn new(dev: &DevFuse, depth: usize) -> Result<DevWorker, Errno> {
+        let depth = depth.max(1);
+        // Not offered as a fixed-buffer map: registering it would pin all
+        // of it (16 MiB per worker at depth 16) for the little a READ by
+        // reference saves.
+        let arena = Arena::new(MSG_AT + 80 + DATA, depth, false).map_err(io_errno)?;
+        Ok(DevWorker {
             dev: dev.clone_nonblocking()?,
-            disp,
             free: (0..arena.slots()).rev().collect(),
             arena,
             started: HashMap::new(),
@@ -130,30 +139,34 @@ impl<'a, F: Filesystem> Server<'a, F> {
         })
     }
 
-    fn run(&mut self) -> Result<(), Errno> {
+    fn run<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Result<(), Errno> {
         loop {
             let mut busy = false;
-            while let Some(i) = self.free.pop() {
-                if !self.take(i)? {
+            // At most `depth` requests a pass: while others keep coming,
+            // what was started still goes in, and what completed is
+            // answered, after each `depth` of them.
+            for _ in 0..self.arena.slots() {
+                let Some(i) = self.free.pop() else { break };
+                if !self.take(disp, i)? {
                     self.free.push(i);
                     break;
                 }
                 busy = true;
             }
             if !self.started.is_empty() {
-                self.disp.fs().submit_async();
-                self.disp.fs().complete_async();
+                disp.fs().submit_async();
+                disp.fs().complete_async();
             }
             busy |= self.answer();
             if !busy {
-                self.wait()?;
+                self.wait(disp)?;
             }
         }
     }
 
     /// Reads a request into slot `i` and serves or starts it. False when
     /// none waits (the slot stays free).
-    fn take(&mut self, i: usize) -> Result<bool, Errno> {
+    fn take<F: Filesystem>(&mut self, disp: &Dispatcher<F>, i: usize) -> Result<bool, Errno> {
         let slot = Payload::new(self.arena.clone(), i);
         let at = slot.as_mut_ptr().wrapping_add(MSG_AT);
         let room = slot.len() - MSG_AT;
@@ -176,18 +189,18 @@ impl<'a, F: Filesystem> Server<'a, F> {
         // the slot until it is started (then only the filesystem's I/O,
         // after the last use of this slice) or freed.
         let msg = unsafe { std::slice::from_raw_parts(at.cast_const(), n) };
-        let req = match abi::decode_request(msg, self.disp.decode_options()) {
+        let req = match abi::decode_request(msg, disp.decode_options()) {
             Ok(req) => req,
             Err(_) => {
                 // Malformed: the dispatcher answers it (EIO) if it can.
-                let h = self.disp.handle_bytes_with(msg, &mut self.out, None);
+                let h = disp.handle_bytes_with(msg, &mut self.out, None);
                 self.reply_in_line(h);
                 self.free.push(i);
                 return Ok(true);
             }
         };
         let unique = req.header.unique;
-        if let Some(kind) = self.start(&slot, &req) {
+        if let Some(kind) = self.start(disp, &slot, &req) {
             self.stats.started += 1;
             match kind {
                 Kind::Write(_) => self.stats.writes_started += 1,
@@ -206,7 +219,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 let _ = dev.write_reply(unique, error, &[]);
             })
         };
-        let h = self.disp.handle_with(&req, &mut self.out, Some(&defer));
+        let h = disp.handle_with(&req, &mut self.out, Some(&defer));
         self.reply_in_line(h);
         self.free.push(i);
         Ok(true)
@@ -214,7 +227,12 @@ impl<'a, F: Filesystem> Server<'a, F> {
 
     /// Offers `req`, read into `slot`, to the filesystem to start: what it
     /// will answer with if started.
-    fn start(&self, slot: &Payload, req: &abi::decode::Request<'_>) -> Option<Kind> {
+    fn start<F: Filesystem>(
+        &self,
+        disp: &Dispatcher<F>,
+        slot: &Payload,
+        req: &abi::decode::Request<'_>,
+    ) -> Option<Kind> {
         let unique = req.header.unique;
         let (kind, mem) = match &req.op {
             Operation::Read { arg } if arg.size as usize <= DATA => (
@@ -245,13 +263,13 @@ impl<'a, F: Filesystem> Server<'a, F> {
         let r = match (&req.op, mem) {
             (Operation::Read { .. }, Some(m)) => {
                 let m: Arc<dyn ClientMem> = Arc::new(m);
-                self.disp.start_read(req, &m, made)
+                disp.start_read(req, &m, made)
             }
             (Operation::Write { .. }, Some(m)) => {
                 let m: Arc<dyn ClientMem> = Arc::new(m);
-                self.disp.start_write(req, &m, made)
+                disp.start_write(req, &m, made)
             }
-            _ => self.disp.start_no_data(req, made),
+            _ => disp.start_no_data(req, made),
         };
         match r {
             Ok(()) => Some(kind),
@@ -308,7 +326,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
 
     /// Waits for a request (if a slot is free), a completion of the
     /// filesystem's, or a wake-up.
-    fn wait(&mut self) -> Result<(), Errno> {
+    fn wait<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Result<(), Errno> {
         let mut fds = Vec::with_capacity(3);
         let ev = |fd: i32| libc::pollfd {
             fd,
@@ -323,7 +341,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
         }
         fds.push(dev);
         fds.push(ev(self.wake.as_raw_fd()));
-        if let Some(fd) = self.disp.fs().async_fd() {
+        if let Some(fd) = disp.fs().async_fd() {
             fds.push(ev(fd));
         }
         // SAFETY: `fds` is a live array of that many pollfds.

@@ -269,6 +269,11 @@ impl Driver {
         Ok(m)
     }
 
+    /// The ring's fd (how [`crate::CancelRegistry`] names it).
+    pub fn ring_fd(&self) -> RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.ring)
+    }
+
     /// Started ops not yet taken.
     pub fn started(&self) -> usize {
         self.started.len()

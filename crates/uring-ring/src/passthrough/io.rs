@@ -131,6 +131,20 @@ pub(super) fn with_driver<T>(
     })
 }
 
+/// Submits what this thread's driver has queued, if it has one, and
+/// gives its ring's fd (never makes a driver).
+pub(super) fn submit_own() -> Option<RawFd> {
+    DRIVER
+        .try_with(|d| {
+            let mut d = d.try_borrow_mut().ok()?;
+            let drv = d.as_mut()?;
+            let _ = drv.submit();
+            Some(drv.ring_fd())
+        })
+        .ok()
+        .flatten()
+}
+
 /// Drops this thread's driver (its Drop waits for every op in flight).
 pub(super) fn drop_driver() {
     let _ = DRIVER.try_with(|d| {

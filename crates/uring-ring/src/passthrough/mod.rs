@@ -473,9 +473,14 @@ impl PassthroughFs {
     /// io_uring (FUSE_INTERRUPT): the request ends with EINTR. Returns how
     /// many ops were found.
     pub fn cancel_io(&self, unique: u64) -> usize {
+        // A thread that serves the interrupt of a request it started
+        // itself (a /dev/fuse worker reads both) submits its queue first,
+        // so the cancel finds the op, and does not wait for it to leave:
+        // only this thread's next pass takes its completion.
+        let own = io::submit_own();
         self.io_stats
             .cancels
-            .cancel(unique, std::time::Duration::from_millis(20))
+            .cancel_from(unique, std::time::Duration::from_millis(20), own)
     }
 
     /// Open descriptions held for POSIX lock owners.
