@@ -239,11 +239,17 @@ impl DevWorker {
                 Kind::Read(arg.size),
                 Some(slot.client_mem_at(PAGE, arg.size as usize)),
             ),
-            // Its data is at MSG_AT + 80, the slot's second page.
-            Operation::Write { arg, data } if data.len() == arg.size as usize => (
-                Kind::Write(arg.size),
-                Some(slot.client_mem_at(PAGE, arg.size as usize)),
-            ),
+            // Its data is at MSG_AT + 80, the slot's second page (checked:
+            // the memory handed out is where the decoder found the data).
+            Operation::Write { arg, data }
+                if data.len() == arg.size as usize
+                    && data.as_ptr() as usize == slot.as_mut_ptr() as usize + PAGE =>
+            {
+                (
+                    Kind::Write(arg.size),
+                    Some(slot.client_mem_at(PAGE, arg.size as usize)),
+                )
+            }
             Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. } => {
                 (Kind::NoData, None)
             }
