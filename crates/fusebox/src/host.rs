@@ -159,11 +159,11 @@ fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
                 continue;
             }
             if n > 0 {
-                eprintln!("fusebox: signal {sig} again, aborting the connection");
+                log::warn!("signal {sig} again, aborting the connection");
             }
             if let Err(e) = dev.abort() {
                 // Exiting closes /dev/fuse, which aborts the connection too.
-                eprintln!("fusebox: aborting the connection through fusectl: {e}; exiting");
+                log::error!("aborting the connection through fusectl: {e}; exiting");
                 std::process::exit(1);
             }
         }
@@ -175,12 +175,12 @@ fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
 /// the connection must be aborted instead.
 fn first_stop(sig: i32, mnt: &Path, dev: &DevFuse) -> bool {
     // Said first: once the mount goes the process may end at any moment.
-    eprintln!("fusebox: signal {sig}, unmounting {}", mnt.display());
+    log::info!("signal {sig}, unmounting {}", mnt.display());
     match dev.detach_if_mounted_on(mnt) {
         Ok(true) => false,
         Ok(false) => {
-            eprintln!(
-                "fusebox: {} no longer holds this daemon's mount (detached, or \
+            log::warn!(
+                "{} no longer holds this daemon's mount (detached, or \
                  another mount is there); aborting the connection",
                 mnt.display()
             );
@@ -188,7 +188,7 @@ fn first_stop(sig: i32, mnt: &Path, dev: &DevFuse) -> bool {
         }
         Err(e) => {
             crate::report(&e);
-            eprintln!("fusebox: aborting the connection");
+            log::warn!("aborting the connection");
             true
         }
     }
@@ -198,9 +198,9 @@ fn first_stop(sig: i32, mnt: &Path, dev: &DevFuse) -> bool {
 /// the kernel would hold requests for its queue forever, so the connection
 /// is aborted (callers get an error, the daemon ends).
 fn ring_failed(dev: &DevFuse, qid: u16, e: impl std::fmt::Display) {
-    eprintln!("fusebox: ring queue {qid}: {e}; aborting the connection");
+    log::error!("ring queue {qid}: {e}; aborting the connection");
     if let Err(e) = dev.abort() {
-        eprintln!("fusebox: aborting: {e}");
+        log::error!("aborting: {e}");
     }
 }
 
@@ -243,8 +243,8 @@ fn start_ring(
                 // Requests from that CPU still come to this queue, but the
                 // nudge after a lock wait goes to the queue of the CPU the
                 // thread runs on (see `KernelQueue::nudge`).
-                eprintln!(
-                    "fusebox: ring queue {qid}: cannot run on CPU {qid} (outside this \
+                log::warn!(
+                    "ring queue {qid}: cannot run on CPU {qid} (outside this \
                      process's CPU set); lock waits on it may hold up its other requests"
                 );
             }
@@ -267,8 +267,8 @@ fn start_ring(
                     Err(e) => return ring_failed(&dev, qid, e),
                     Ok(st) => {
                         if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
-                            eprintln!(
-                                "fusebox: ring queue {qid}: {} requests, {} READs started, \
+                            log::info!(
+                                "ring queue {qid}: {} requests, {} READs started, \
                                  at most {} in flight, {} parked, {} nudges committed, \
                                  {} refused, {} WRITEs started, {} syncs and FALLOCATEs started",
                                 st.served,
@@ -288,8 +288,8 @@ fn start_ring(
             ring_failed(&dev, qid, "REGISTER kept failing with EAGAIN")
         }));
     }
-    eprintln!(
-        "fusebox: serving over FUSE-over-io_uring ({} queues of {depth} entries)",
+    log::info!(
+        "serving over FUSE-over-io_uring ({} queues of {depth} entries)",
         out.len()
     );
     Ok(out)
@@ -325,8 +325,8 @@ fn serve_dev_at_depth(
             std::thread::spawn(move || match devfuse::serve_dev(w, &disp) {
                 Ok(st) => {
                     if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
-                        eprintln!(
-                            "fusebox: dev worker {n}: {} requests, {} started, at most {} \
+                        log::info!(
+                            "dev worker {n}: {} requests, {} started, at most {} \
                              in flight, {} WRITEs started, {} syncs and FALLOCATEs started",
                             st.served,
                             st.started,
@@ -337,9 +337,9 @@ fn serve_dev_at_depth(
                     }
                 }
                 Err(e) => {
-                    eprintln!("fusebox: /dev/fuse worker {n}: {e}; aborting the connection");
+                    log::error!("/dev/fuse worker {n}: {e}; aborting the connection");
                     if let Err(e) = dev.abort() {
-                        eprintln!("fusebox: aborting: {e}");
+                        log::error!("aborting: {e}");
                     }
                 }
             })
@@ -359,10 +359,10 @@ fn report_passthrough(disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         if disp.fs().inner().kernel_passthrough() {
-            eprintln!("fusebox: kernel passthrough on");
+            log::info!("kernel passthrough on");
         } else {
-            eprintln!(
-                "fusebox: the kernel did not negotiate FUSE_PASSTHROUGH \
+            log::warn!(
+                "the kernel did not negotiate FUSE_PASSTHROUGH \
                  (CONFIG_FUSE_PASSTHROUGH, Linux 6.9+); serving file data in the daemon"
             );
         }
@@ -371,6 +371,7 @@ fn report_passthrough(disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>) {
 
 /// Runs `fusebox mount`.
 pub fn run(a: MountArgs) -> Result<(), HostError> {
+    crate::logging::init(crate::cli::LogLevel::Info, false);
     let translation = |opt, maps: &[IdMapping]| {
         IdMap::new(maps).map_err(|source| HostError::Translate { opt, source })
     };
@@ -479,8 +480,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     // only with a connection to register backing files on.
     disp.fs().inner().attach_device(dev.clone());
     on_signals(signals, a.mountpoint.clone(), dev.clone());
-    eprintln!(
-        "fusebox: serving {} on {}",
+    log::info!(
+        "serving {} on {}",
         a.shared_dir.display(),
         a.mountpoint.display()
     );
@@ -523,8 +524,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     }
     let stuck = workers.iter().filter(|w| !w.is_finished()).count();
     if stuck > 0 {
-        eprintln!("fusebox: {stuck} worker(s) still blocked in a host call; leaving without them");
+        log::warn!("{stuck} worker(s) still blocked in a host call; leaving without them");
     }
-    eprintln!("fusebox: {} unmounted", a.mountpoint.display());
+    log::info!("{} unmounted", a.mountpoint.display());
     Ok(())
 }

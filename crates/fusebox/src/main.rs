@@ -5,7 +5,7 @@ mod caps;
 mod cli;
 mod compat;
 mod host;
-mod log;
+mod logging;
 mod rlimit;
 mod sandbox;
 mod seccomp;
@@ -13,12 +13,19 @@ mod signals;
 mod userns;
 mod vhost;
 
+/// Says why the daemon stops: on stderr, whatever the log's destination
+/// (a start error may come before the log is set up), and in the log too
+/// when that is syslog.
 fn report(e: &dyn std::error::Error) {
-    eprintln!("fusebox: {e}");
+    let mut msg = format!("{e}");
     let mut src = e.source();
     while let Some(s) = src {
-        eprintln!("  caused by: {s}");
+        msg.push_str(&format!("\n  caused by: {s}"));
         src = s.source();
+    }
+    eprintln!("fusebox: {msg}");
+    if logging::to_syslog() {
+        log::error!("{msg}");
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::caps;
 use crate::cli::{AclMode, FileHandles, VhostArgs};
-use crate::log;
+use crate::logging;
 use crate::rlimit;
 use crate::sandbox;
 use crate::seccomp;
@@ -130,7 +130,7 @@ fn on_signals(
     std::thread::spawn(move || {
         if no_caps {
             if let Err(e) = caps::keep_only(0) {
-                log::error(&format!("the signal thread's capabilities: {e}"));
+                log::error!("the signal thread's capabilities: {e}");
             }
         }
         let _ = dropped.send(());
@@ -139,15 +139,15 @@ fn on_signals(
             let dev = serving.get().cloned();
             if sig == libc::SIGUSR1 {
                 if let Some(d) = dev {
-                    log::info(&report(&d));
+                    log::info!("{}", report(&d));
                 }
                 continue;
             }
             let (tx, rx) = std::sync::mpsc::channel();
             let logger = std::thread::Builder::new().spawn(move || {
                 match dev {
-                    Some(d) => log::info(&format!("signal {sig}: exiting\n{}", report(&d))),
-                    None => log::info(&format!("signal {sig}: exiting")),
+                    Some(d) => log::info!("signal {sig}: exiting\n{}", report(&d)),
+                    None => log::info!("signal {sig}: exiting"),
                 }
                 let _ = tx.send(());
             });
@@ -169,18 +169,19 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         println!("{CAPABILITIES}");
         return Ok(());
     }
-    log::init(a.log_level, a.syslog);
+    logging::init(a.log_level, a.syslog);
     for n in &a.notices {
-        log::warn(n);
+        log::warn!("{n}");
     }
     // Until the signal thread runs (right after the sandbox's fork), stop
     // signals keep their default action: they end the process.
     let nofile = rlimit::raise(a.rlimit_nofile).map_err(VhostError::Rlimit)?;
     if nofile.soft < nofile.wanted {
-        log::warn(&format!(
+        log::warn!(
             "the fd limit is {} (the hard limit; {} asked for)",
-            nofile.soft, nofile.wanted
-        ));
+            nofile.soft,
+            nofile.wanted
+        );
     }
     // An explicit --rlimit-nofile also caps what the daemon uses when the
     // limit in force is higher already (it is never lowered).
@@ -296,11 +297,11 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         return Err(VhostError::NoFileHandles(dir.display().to_string()));
     }
     if a.inode_file_handles == FileHandles::Prefer && !fs.config().inode_file_handles {
-        log::warn(&format!(
+        log::warn!(
             "{} gives no file handles the daemon can open (a filesystem without them, or no \
              CAP_DAC_READ_SEARCH): holding an fd per inode",
             dir.display()
-        ));
+        );
     }
     let fs_handles = fs.config().inode_file_handles;
     let plan = a.faults.plan().map_err(VhostError::Faults)?;
@@ -337,14 +338,11 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             fixed_guest_memory: a.fixed_guest_memory,
             submit_batch: a.submit_batch as usize,
             report: Some(|error, msg| {
-                log::log(
-                    if error {
-                        crate::cli::LogLevel::Error
-                    } else {
-                        crate::cli::LogLevel::Info
-                    },
-                    msg,
-                )
+                if error {
+                    log::error!("{msg}");
+                } else {
+                    log::info!("{msg}");
+                }
             }),
             ..DeviceConfig::default()
         },
@@ -359,24 +357,24 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     dev.register_listeners(&daemon.get_epoll_handlers())
         .map_err(|e| VhostError::Device(DeviceError::Event(e)))?;
     if a.fixed_guest_memory {
-        log::warn(
+        log::warn!(
             "--fixed-guest-memory pins guest RAM: the VMM must not discard guest pages \
              (virtio-balloon, free page reporting, virtio-mem, postcopy migration), or reads \
-             and writes through the pinned pages would miss the guest's new ones",
+             and writes through the pinned pages would miss the guest's new ones"
         );
     }
-    log::info(&format!(
+    log::info!(
         "sharing {} ({} request queue(s)); waiting for the VMM",
         dir.display(),
         a.queues
-    ));
+    );
     let _ = serving.set(dev.clone());
     // Every thread exists or inherits from one that does: filter them all.
     seccomp::install(a.seccomp).map_err(VhostError::Seccomp)?;
     daemon.start(&mut listener).map_err(VhostError::Daemon)?;
-    log::info("frontend connected");
+    log::info!("frontend connected");
     let r = daemon.wait();
-    log::info(&format!("frontend disconnected\n{}", report(&dev)));
+    log::info!("frontend disconnected\n{}", report(&dev));
     // Calls hung by --inject-faults would keep the engine's workers, and
     // the exit, waiting.
     dev.engine().fs().release_hangs();
@@ -388,7 +386,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
         )) => Ok(()),
         Err(e) => {
-            log::error(&format!("{e}"));
+            log::error!("{e}");
             Err(VhostError::Daemon(e))
         }
     }

@@ -381,3 +381,44 @@ fn a_stop_signal_ends_the_daemon_while_its_start_is_blocked() {
     signal(&mount.0, libc::SIGTERM);
     let _ = exits_within(&mut mount.0, Duration::from_secs(10));
 }
+
+/// What the daemon logs to stderr for a connect and disconnect at
+/// `level` (the frontend leaves, the daemon exits).
+fn logged_at(tag: &str, level: &str) -> String {
+    use std::io::Read;
+    let (_dir, _share, sock, mut child) = start(tag, &["--sandbox", "none", "--log-level", level]);
+    let fe = VhostFrontend::connect(&sock, &FrontendConfig::default()).unwrap();
+    fe.client().getattr(ROOT_ID, None).unwrap();
+    drop(fe);
+    assert!(exits_within(&mut child, Duration::from_secs(10)).success());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    err
+}
+
+#[test]
+fn log_lines_follow_the_log_level() {
+    let info = logged_at("log-info", "info");
+    for want in [
+        "fusebox: sharing ",
+        "fusebox: frontend connected",
+        "fusebox: frontend disconnected",
+    ] {
+        assert!(info.contains(want), "{want:?} not in {info}");
+    }
+    // A multi-line message: each line of it carries the prefix.
+    assert!(
+        info.lines().all(|l| l.starts_with("fusebox: ")),
+        "a line without the prefix in {info}"
+    );
+    let quiet = logged_at("log-error", "error");
+    assert!(
+        !quiet.contains("sharing") && !quiet.contains("frontend"),
+        "{quiet}"
+    );
+}
