@@ -1,5 +1,6 @@
 //! Protocol constants of FUSE 7.45 (`include/uapi/linux/fuse.h`) plus the
-//! FUSE-over-io_uring buffer-pool extension described in DESIGN-NOTES §2.
+//! FUSE-over-io_uring buffer-pool extension (the 2026 patch series:
+//! `FUSE_HAS_IO_URING_BUFPOOL`, the ADD_BUFPOOL command).
 
 /// Major protocol version.
 pub const KERNEL_VERSION: u32 = 7;

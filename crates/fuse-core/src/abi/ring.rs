@@ -1,5 +1,6 @@
 //! FUSE-over-io_uring structs (protocol 7.42+, with the buffer-pool
-//! extension of DESIGN-NOTES §2). Sizes are asserted against the kernel ABI.
+//! extension of the 2026 patch series: a queue's payload buffers cut from
+//! one registered pool). Sizes are asserted against the kernel ABI.
 
 use super::consts::{URING_IN_OUT_HEADER_SZ, URING_OP_IN_OUT_SZ};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
