@@ -1,4 +1,4 @@
-//! Regressions for findings of the adversarial review: the ring gate when
+//! The engine stays sound at its edges: the ring gate when
 //! queues register early, a panicking reply copy, an end callback that
 //! re-enters abort, a server asking for an absurd max_write.
 
