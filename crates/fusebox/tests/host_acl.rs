@@ -5,17 +5,15 @@
 //! kernel checks the mode bits alone and the ACL xattrs pass through,
 //! where the host enforces them.
 
-#[path = "../../uring-ring/tests/support/acl.rs"]
-mod acl;
 mod common;
 
-use acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
 use common::{exits_cleanly, signal, start_with, Dirs};
 use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
+use uring_ring::testing::acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
 
 const ACCESS: &str = "system.posix_acl_access";
 const DEFAULT: &str = "system.posix_acl_default";

@@ -11,6 +11,8 @@ pub mod devfuse;
 mod driver;
 pub mod kring;
 pub mod passthrough;
+#[cfg(feature = "test-utils")]
+pub mod testing;
 
 pub use cancel::CancelRegistry;
 pub use driver::{pread, pwrite, Completion, Driver, DriverError, OpId, Supported, Target};

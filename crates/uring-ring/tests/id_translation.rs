@@ -4,13 +4,8 @@
 //! sees, chown, forbidden IDs, and the IDs inside ACLs, each checked on
 //! the host itself. Needs root (tmpfs mounts, files of other owners).
 
-#[path = "support/acl.rs"]
-mod acl;
 mod common;
 
-use acl::{
-    acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
-};
 use common::{HostDir, Kind, Mount, Via};
 use fuse_core::abi::{fattr, init, SetattrIn, ROOT_ID};
 use fuse_core::client::{Client, XattrReply};
@@ -18,6 +13,9 @@ use fuse_core::Errno;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use uring_ring::passthrough::{IdMap, IdMapping};
+use uring_ring::testing::acl::{
+    acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
+};
 use uring_ring::Config;
 
 const RW: u32 = libc::O_RDWR as u32;

@@ -4,18 +4,16 @@
 //! (The kernel's enforcement of ACLs is shown through a real mount in
 //! fusebox's host_mount tests.)
 
-#[path = "support/acl.rs"]
-mod acl;
 mod common;
 
-use acl::{
-    acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
-};
 use common::{HostDir, Kind, Mount, Via};
 use fuse_core::abi::{flags, init, ROOT_ID};
 use fuse_core::client::XattrReply;
 use fuse_core::Errno;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use uring_ring::testing::acl::{
+    acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
+};
 use uring_ring::Config;
 
 const ACCESS: &[u8] = b"system.posix_acl_access";

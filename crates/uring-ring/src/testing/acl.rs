@@ -1,12 +1,16 @@
-//! POSIX ACLs in their xattr form, for the ACL tests of uring-ring
-//! (`posix_acl.rs`) and of the fusebox binary (`host_acl.rs`, which
-//! includes this file by path).
-#![allow(dead_code)]
+//! POSIX ACLs in their xattr form (`system.posix_acl_access` and
+//! `_default` values), built by hand for tests of ACL handling: the ACL
+//! tests of uring-ring and of the fusebox binary.
 
+/// The owner entry (`ACL_USER_OBJ`).
 pub const USER_OBJ: u16 = 0x01;
+/// A named user (`ACL_USER`).
 pub const USER: u16 = 0x02;
+/// The owning group (`ACL_GROUP_OBJ`).
 pub const GROUP_OBJ: u16 = 0x04;
+/// The mask entry (`ACL_MASK`).
 pub const MASK: u16 = 0x10;
+/// Everyone else (`ACL_OTHER`).
 pub const OTHER: u16 = 0x20;
 /// The id of an entry that names nobody (owner, group, mask, other).
 pub const NONE: u32 = u32::MAX;
