@@ -26,6 +26,7 @@ mod stop;
 mod timeouts;
 use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
+use crate::sync::{lock, read, write};
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
 };
@@ -222,13 +223,13 @@ enum TicketState {
 impl Ticket {
     /// Whether it was answered (or its answer deferred) already.
     fn is_answered(&self) -> bool {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) != TicketState::InFlight
+        *lock(&self.state) != TicketState::InFlight
     }
 
     /// Moves InFlight → Answered; false if it was answered, or its answer
     /// deferred, already.
     fn claim(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = lock(&self.state);
         let first = *s == TicketState::InFlight;
         if first {
             *s = TicketState::Answered;
@@ -508,7 +509,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     fn memory(&self) -> Option<GuestMemoryLoadGuard<GuestMmap>> {
-        let m = self.inner.mem.read().unwrap_or_else(|e| e.into_inner());
+        let m = read(&self.inner.mem);
         m.as_ref().map(GuestAddressSpace::memory)
     }
 
@@ -768,7 +769,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // Before the pop: a ring stopped after it leaves this chain
             // with the old generation, so its answer never reaches the
             // new ring.
-            let gen = *self.inner.gens[q].read().unwrap_or_else(|e| e.into_inner());
+            let gen = *read(&self.inner.gens[q]);
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
             };
@@ -1025,9 +1026,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Returns a chain that cannot carry a reply unused (length 0), unless
     /// its ring was stopped or reset since it was popped.
     fn give_back_unanswered(&self, t: &Ticket) {
-        let gen = self.inner.gens[t.queue]
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let gen = read(&self.inner.gens[t.queue]);
         if *gen != t.gen {
             return;
         }
@@ -1039,9 +1038,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// [`FsDevice::answer`] for a reply whose last `in_guest` payload bytes
     /// the server already put in the guest's buffers (a READ by reference).
     fn answer_with(&self, t: &Ticket, error: i32, payload: &[u8], in_guest: usize) {
-        let gen = self.inner.gens[t.queue]
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let gen = read(&self.inner.gens[t.queue]);
         if *gen != t.gen {
             self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
             return;
@@ -1088,10 +1085,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 /// costs the device a few microseconds, so at 50 µs it stays a small part
 /// of the work it announces.
 const CHUNK_TIME: Duration = Duration::from_micros(50);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Signals the guest if it wants to hear about used buffers now.
 fn notify(vring: &Vring) {

@@ -72,7 +72,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         {
             // Taken after every answer under way (they hold the read lock)
             // wrote its used entry.
-            let mut g = gen.write().unwrap_or_else(|e| e.into_inner());
+            let mut g = write(gen);
             let lost = self.inner.heads[q].count();
             if lost > 0 {
                 self.inner
@@ -99,7 +99,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // land in rings it no longer has, so nothing is drained; what is
         // in flight is given up at once.
         for (g, h) in self.inner.gens.iter().zip(&self.inner.heads) {
-            let mut g = g.write().unwrap_or_else(|e| e.into_inner());
+            let mut g = write(g);
             *g += 1;
             h.clear();
         }
@@ -151,7 +151,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
-        *self.inner.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        *write(&self.inner.mem) = Some(mem);
         self.inner.maps.clear();
         Ok(())
     }

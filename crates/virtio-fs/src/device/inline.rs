@@ -25,6 +25,7 @@
 //! in `device.rs` drains the queue in its place while it is stuck.
 
 use super::{FsDevice, Inner};
+use crate::sync::lock;
 use fuse_core::chan::Chan;
 use fuse_core::fasthash::IdMap;
 use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
@@ -121,9 +122,7 @@ impl QueueServer {
             let make = move |unique: u64| {
                 let done = done.clone();
                 ReadDone::new(move |r| {
-                    done.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((unique, r));
+                    lock(&done).push((unique, r));
                 })
             };
             let unique = f.in_header().unique;
@@ -150,7 +149,7 @@ impl QueueServer {
 
     /// The completion of `unique` if it is already in.
     fn take_done(&self, unique: u64) -> Option<FsResult<usize>> {
-        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = lock(&self.done);
         let i = d.iter().rposition(|(u, _)| *u == unique)?;
         Some(d.swap_remove(i).1)
     }
@@ -181,8 +180,7 @@ impl QueueServer {
         self.fresh = 0;
         disp.fs().submit_async();
         disp.fs().complete_async();
-        let done: Vec<(u64, FsResult<usize>)> =
-            std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()));
+        let done: Vec<(u64, FsResult<usize>)> = std::mem::take(&mut *lock(&self.done));
         let n = done.len();
         for (unique, r) in done {
             let Some(mut f) = self.started.remove(&unique) else {
@@ -242,8 +240,4 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             Duration::from_millis(2)
         });
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
