@@ -2,30 +2,49 @@
 //!
 //! Queue 0 is the hiprio queue (FORGET, BATCH_FORGET, INTERRUPT); queues
 //! 1..=N are request queues, each served by its own vring thread and
-//! mapped to its own engine ring queue (request queue `i` is ring queue
-//! `i - 1`). A guest request becomes a background request of the engine
-//! (`Chan::try_send_background`): when admission is full the queue stops
-//! popping, leaves the chain in the avail ring, and resumes when a request
-//! ends (a per-queue eventfd wakes its vring thread).
+//! mapped to its own engine ring queue (`queue.rs`: an [`RqId`] names one,
+//! and its state is one [`RequestQueue`]). A guest request becomes a
+//! background request of the engine (`Chan::try_send_background`): when
+//! admission is full the queue stops popping, leaves the chain in the
+//! avail ring, and resumes when a request ends (a per-queue eventfd wakes
+//! its vring thread).
 //!
-//! Request lifecycle (one [`Ticket`], state guarded by its `state` mutex):
-//! `InFlight` → `Answered` by exactly one of: the engine's end callback,
-//! the timeout scanner, or the submit path when the engine refuses it.
+//! Request lifecycle (one [`Ticket`], `ticket.rs`, state guarded by its
+//! `state` mutex): `InFlight` → `Answered` by exactly one of: the engine's
+//! end callback (`answer.rs`), the timeout scanner, or the submit path when
+//! the engine refuses it.
+//!
+//! Where the rest is: `backend.rs` (what the frontend asks:
+//! `VhostUserBackend`), `hiprio.rs`, `request.rs` (a chain read into engine
+//! arguments), `inline.rs` (serving on the vring thread, the watchdog),
+//! `lock_calls.rs`, `answer.rs`, `notify.rs` (guest notifications per
+//! batch), `stop.rs` (dirty log, ring stops, lent buffers taken back),
+//! `timeouts.rs`, `migration.rs` (device state), `heads.rs`, `exit_fds.rs`.
 
 use crate::chain::{Chain, ChainError};
 use crate::guest_mem::{GuestSpans, MapCache};
 use inline::QueueServer;
+use notify::{notify, notify_batched, Batch, CHUNK_TIME};
+use queue::{RequestQueue, RqId, Vq, HIPRIO};
+use ticket::{Ticket, TicketState, ORPHAN_ENDED, ORPHAN_NO, ORPHAN_YES};
 
+mod answer;
 mod backend;
 mod exit_fds;
 mod heads;
+mod hiprio;
 mod inline;
+mod lock_calls;
 mod migration;
+mod notify;
+mod queue;
 mod request;
 mod stop;
+mod ticket;
 mod timeouts;
 use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
+use crate::sync::{lock, read, write};
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
 };
@@ -48,7 +67,6 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zerocopy::{FromBytes, IntoBytes};
 
 /// Guest RAM as the device maps it: each region carries the frontend's
@@ -173,70 +191,6 @@ impl Default for DeviceConfig {
     }
 }
 
-/// Most forgets the engine holds for the server: past it the hiprio
-/// thread takes no more chains until the server has taken half of them
-/// (FORGET has no reply, so nothing else would slow a guest that sends
-/// them faster than the server takes them). 64 Ki forgets, 1 MiB.
-const FORGETS_HIGH: usize = 1 << 16;
-
-/// `Ticket::orphan` states.
-const ORPHAN_NO: u8 = 0;
-const ORPHAN_YES: u8 = 1;
-const ORPHAN_ENDED: u8 = 2;
-
-/// A guest request in flight. `state` (its own mutex, a leaf lock)
-/// guards who answers it.
-struct Ticket {
-    unique: u64,
-    /// The unique the server sees (0 until sent).
-    engine_unique: AtomicU64,
-    /// The generation of its queue when popped: a reply for an older one
-    /// (the ring was stopped or reset since) is dropped.
-    gen: u64,
-    opcode: u32,
-    queue: usize,
-    started: Instant,
-    chain: Chain,
-    vring: Vring,
-    mem: GuestMemoryLoadGuard<GuestMmap>,
-    /// A READ's or WRITE's guest data buffers, lent to the engine.
-    client: Option<Arc<GuestSpans>>,
-    /// `ORPHAN_NO` until the timeout scanner answers it while the engine
-    /// still holds it (`ORPHAN_YES`, counted in `Inner::orphans`) or the
-    /// engine ends it (`ORPHAN_ENDED`): whichever comes first decides.
-    orphan: std::sync::atomic::AtomicU8,
-    state: Mutex<TicketState>,
-}
-
-/// Who answers a request. InFlight → Answered (the engine's reply, an
-/// error path, or the timeout scanner), or InFlight → Deferred (timed out
-/// while a server was doing host I/O on its guest buffers) → Answered with
-/// EIO by the last such I/O to end. Guarded by `Ticket::state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TicketState {
-    InFlight,
-    Deferred,
-    Answered,
-}
-
-impl Ticket {
-    /// Whether it was answered (or its answer deferred) already.
-    fn is_answered(&self) -> bool {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) != TicketState::InFlight
-    }
-
-    /// Moves InFlight → Answered; false if it was answered, or its answer
-    /// deferred, already.
-    fn claim(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let first = *s == TicketState::InFlight;
-        if first {
-            *s = TicketState::Answered;
-        }
-        first
-    }
-}
-
 struct Inner<F: Filesystem + 'static> {
     engine: Embedded<F>,
     cfg: DeviceConfig,
@@ -246,57 +200,45 @@ struct Inner<F: Filesystem + 'static> {
     maps: MapCache,
     event_idx: AtomicBool,
     acked: AtomicU64,
-    /// Per request queue: set while it stopped popping for admission.
-    stalled: Vec<AtomicBool>,
-    /// Per request queue: the vring thread's own ring entries and the
-    /// requests it has in flight on them (made on first use; only that
-    /// thread locks it, and Drop).
-    inline: Vec<Mutex<Option<QueueServer>>>,
-    /// The daemon's vring threads' event loops (to add a queue's
-    /// completion eventfd once its thread has one).
+    /// Each request queue's own state, by [`RqId`] (the hiprio queue has
+    /// none: see `queue.rs`).
+    queues: Vec<RequestQueue>,
+    /// The daemon's vring threads' event loops, by thread (= virtqueue)
+    /// index (to add a request queue's completion eventfd once its thread
+    /// has one).
     handlers: Mutex<Vec<Weak<VringEpollHandler<FsDevice<F>>>>>,
-    /// Per request queue: when its vring thread started serving in line
-    /// (milliseconds on `epoch`, 0: not serving).
-    busy_since: Vec<AtomicU64>,
-    /// Per request queue: held from popping a chain until it is submitted
-    /// or put back, so the vring thread and the watchdog never interleave
-    /// a pop with another's rewind.
-    pop_lock: Vec<Mutex<()>>,
-    /// The vrings, as the vring threads last saw them (for the watchdog).
-    vrings: Mutex<Vec<Option<Vring>>>,
+    /// What `RequestQueue::busy_since` counts from.
     epoch: Instant,
-    /// Per queue: requests whose guest buffers are lent to the engine
-    /// (pruned as they go), so a ring stop or reset can take them back.
-    lent: Vec<Mutex<Vec<Weak<Ticket>>>>,
     /// Timed-out tickets whose answer waits for I/O on their buffers.
     deferred: Mutex<Vec<Arc<Ticket>>>,
     /// Exit-event fds vhost-user-backend leaks (see `exit_event`), each
     /// with a duplicate that identifies it.
     exit_fds: Mutex<Vec<(usize, exit_fds::Leaked)>>,
-    /// Per request queue: written to resume a stalled queue.
-    resume: Vec<EventFd>,
+    /// The counters; per queue by virtqueue index (hiprio first,
+    /// `RqId::vq` for a request queue).
     stats: DeviceStats,
     /// Tickets in submission order, for the timeout scanner (lock order:
     /// `timeouts` before any ticket's `state`).
     timeouts: Mutex<VecDeque<Arc<Ticket>>>,
-    /// Per queue: requests the timeout scanner answered that the engine
-    /// still holds (their heads are back with the guest, which may
-    /// publish them again): at the queue's size the queue stops popping
-    /// until the engine lets some go, so work in flight stays bounded
-    /// when the server hangs.
-    orphans: Vec<AtomicU64>,
-    /// Per queue: the heads of its chains in flight (see `heads.rs`).
-    heads: Vec<heads::Heads>,
     /// Lock calls in flight (they may wait without end), by the unique
     /// the guest gave them: a guest's FUSE_INTERRUPT names them so.
     waiters: Mutex<HashMap<u64, (Weak<Ticket>, Sent)>>,
-    /// Per queue: bumped when the frontend stops or resets the ring.
-    /// Replies are written under the read lock, so once `stop_vring` holds
-    /// the write lock no reply of the old ring can reach guest memory.
-    gens: Vec<RwLock<u64>>,
     /// Live migration: the guest's INIT and the state transfer.
     migration: migration::Migration,
     stop: AtomicBool,
+}
+
+impl<F: Filesystem + 'static> Inner<F> {
+    /// Request queue `q`'s state.
+    fn queue(&self, q: RqId) -> &RequestQueue {
+        // An `RqId` is only made for a queue the device has.
+        &self.queues[q.index()]
+    }
+
+    /// The request queue on virtqueue `vq`, if it is one.
+    fn request_queue(&self, vq: usize) -> Option<RqId> {
+        RqId::from_vq(vq, self.queues.len())
+    }
 }
 
 /// The virtio-fs device around a [`Filesystem`]. Cheap to clone.
@@ -368,33 +310,25 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             },
         )
         .map_err(DeviceError::Engine)?;
-        let resume = (0..queues)
-            .map(|_| EventFd::new(EFD_NONBLOCK))
+        let request_queues = (0..queues)
+            .map(|_| RequestQueue::new())
             .collect::<Result<Vec<_>, _>>()
             .map_err(DeviceError::Event)?;
         let inner = Arc::new(Inner {
             engine,
-            stalled: (0..queues).map(|_| AtomicBool::new(false)).collect(),
-            inline: (0..queues).map(|_| Mutex::new(None)).collect(),
+            queues: request_queues,
             handlers: Mutex::new(Vec::new()),
-            busy_since: (0..queues).map(|_| AtomicU64::new(0)).collect(),
-            pop_lock: (0..queues).map(|_| Mutex::new(())).collect(),
-            vrings: Mutex::new(vec![None; queues + 1]),
             epoch: Instant::now(),
             exit_fds: Mutex::new(Vec::new()),
-            lent: (0..=queues).map(|_| Mutex::new(Vec::new())).collect(),
             deferred: Mutex::new(Vec::new()),
-            resume,
-            stats: DeviceStats::new(queues + 1),
+            // The hiprio queue's counters and the request queues'.
+            stats: DeviceStats::new(1 + queues),
             config_space,
             mem: RwLock::new(None),
             maps: MapCache::default(),
             event_idx: AtomicBool::new(false),
             acked: AtomicU64::new(0),
             timeouts: Mutex::new(VecDeque::new()),
-            gens: (0..=queues).map(|_| RwLock::new(0)).collect(),
-            heads: (0..=queues).map(|_| heads::Heads::default()).collect(),
-            orphans: (0..=queues).map(|_| AtomicU64::new(0)).collect(),
             waiters: Mutex::new(HashMap::new()),
             migration: migration::Migration::default(),
             stop: AtomicBool::new(false),
@@ -425,7 +359,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Chains of request queue `queue` (1-based; 0 is hiprio) the device
     /// holds now.
     pub fn heads_in_flight(&self, queue: usize) -> usize {
-        self.inner.heads.get(queue).map_or(0, heads::Heads::count)
+        // The hiprio queue holds none: each chain goes back as it is taken.
+        self.inner
+            .request_queue(queue)
+            .map_or(0, |q| self.inner.queue(q).heads.count())
     }
 
     /// The engine (its connection counters, the filesystem).
@@ -450,16 +387,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// threads (call once, after the daemon is made, before serving).
     pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Self>>]) -> io::Result<()> {
         *lock(&self.inner.handlers) = handlers.iter().map(Arc::downgrade).collect();
-        let base = self.num_queues() as u64;
-        for (i, fd) in self.inner.resume.iter().enumerate() {
-            // Request queue i (vring i + 1) runs on thread i + 1.
+        for q in RqId::all(self.inner.queues.len()) {
+            // A request queue's vring runs on the thread of its index.
             let h = handlers
-                .get(i + 1)
+                .get(q.vq())
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
             h.register_listener(
-                std::os::fd::AsRawFd::as_raw_fd(fd),
+                std::os::fd::AsRawFd::as_raw_fd(&self.inner.queue(q).resume),
                 EventSet::IN,
-                base + 1 + i as u64,
+                q.resume_event(self.num_queues()),
             )?;
         }
         Ok(())
@@ -469,62 +405,29 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// stalled on admission and may go on; `register_listeners` hands it
     /// to the vring thread of that queue.
     pub fn resume_fd(&self, i: usize) -> Option<std::os::fd::RawFd> {
-        self.inner
-            .resume
-            .get(i)
-            .map(std::os::fd::AsRawFd::as_raw_fd)
-    }
-
-    /// The frontend took ring `q` back (stop or reset): its guests'
-    /// buffers may be reused at once, so no host I/O may run on them any
-    /// more. Every lent buffer is revoked, its request interrupted in the
-    /// backend (cancelling an io_uring operation), and the I/O already
-    /// running on it is waited for, as a device reset waits for DMA.
-    fn take_back_buffers(&self, q: usize) {
-        let Some(lent) = self.inner.lent.get(q) else {
-            return;
-        };
-        let tickets: Vec<Arc<Ticket>> = std::mem::take(&mut *lock(lent))
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for t in &tickets {
-            if let Some(c) = &t.client {
-                if !c.revoke() {
-                    let unique = t.engine_unique.load(Ordering::Relaxed);
-                    if unique != 0 {
-                        self.inner.engine.fs().interrupt(unique);
-                    }
-                }
-            }
-        }
-        for t in &tickets {
-            if let Some(c) = &t.client {
-                c.wait_idle();
-                // Never answered, but a READ may have filled some of it.
-                self.mark_written(&t.mem, &t.chain.writable);
-            }
-        }
+        let q = RqId::from_index(i, self.inner.queues.len())?;
+        Some(std::os::fd::AsRawFd::as_raw_fd(&self.inner.queue(q).resume))
     }
 
     fn memory(&self) -> Option<GuestMemoryLoadGuard<GuestMmap>> {
-        let m = self.inner.mem.read().unwrap_or_else(|e| e.into_inner());
+        let m = read(&self.inner.mem);
         m.as_ref().map(GuestAddressSpace::memory)
     }
 
-    /// Serves queue `q` (0: hiprio) until it is empty or stalls.
-    fn serve_queue(&self, vring: &Vring, q: usize) -> Result<(), DeviceError> {
+    /// Serves queue `q` until it is empty or stalls.
+    fn serve_queue(&self, vring: &Vring, q: Vq) -> Result<(), DeviceError> {
         let event_idx = self.inner.event_idx.load(Ordering::Relaxed);
         loop {
             if event_idx {
                 vring.disable_notification().map_err(DeviceError::Vring)?;
             }
             let before = vring.queue_next_avail();
-            let stalled = if q == 0 {
-                self.drain_hiprio(vring);
-                false
-            } else {
-                self.drain_requests(vring, q)
+            let stalled = match q {
+                Vq::Hiprio => {
+                    self.drain_hiprio(vring);
+                    false
+                }
+                Vq::Request(q) => self.drain_requests(vring, q),
             };
             if stalled || !event_idx || !vring.enable_notification().map_err(DeviceError::Vring)? {
                 break;
@@ -534,7 +437,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // index the queue refuses (more than a ring ahead) or an
                 // unreadable head. Stop rather than spin; the next kick
                 // retries.
-                self.inner.stats.queues[q]
+                self.inner.stats.queues[q.index()]
                     .malformed
                     .fetch_add(1, Ordering::Relaxed);
                 break;
@@ -557,204 +460,20 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         Some(Chain::parse(chain, max).map_err(|e| (head, e)))
     }
 
-    /// Waits while the engine holds more than [`FORGETS_HIGH`] forgets
-    /// for the server, until it holds half as many. False if the device is
-    /// going away meanwhile (the hiprio thread's exit event was raised).
-    fn wait_for_forget_room(&self) -> bool {
-        let chan = self.inner.engine.chan();
-        if chan.forgets_queued() <= FORGETS_HIGH {
-            return true;
-        }
-        self.inner
-            .stats
-            .forget_waits
-            .fetch_add(1, Ordering::Relaxed);
-        while chan.forgets_queued() > FORGETS_HIGH / 2 {
-            if self.inner.stop.load(Ordering::Relaxed) || !chan.is_connected() {
-                return false;
-            }
-            let exit = lock(&self.inner.exit_fds)
-                .iter()
-                .rev()
-                .find(|(t, _)| *t == 0)
-                .map(|(_, l)| l.raised(1));
-            match exit {
-                Some(true) => return false,
-                Some(false) => {}
-                None => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
-        true
-    }
-
-    fn drain_hiprio(&self, vring: &Vring) {
-        let Some(mem) = self.memory() else { return };
-        let qs = &self.inner.stats.queues[0];
-        let mut used = false;
-        while self.wait_for_forget_room() {
-            let Some(popped) = self.pop(vring, &mem) else {
-                break;
-            };
-            used = true;
-            let chain = match popped {
-                Ok(c) => c,
-                Err((head, _)) => {
-                    qs.malformed.fetch_add(1, Ordering::Relaxed);
-                    self.publish(vring, &mem, head, &[], 0);
-                    continue;
-                }
-            };
-            qs.submitted.fetch_add(1, Ordering::Relaxed);
-            self.forget(&mem, &chain);
-            qs.completed.fetch_add(1, Ordering::Relaxed);
-            self.publish(vring, &mem, chain.head, &chain.writable, 0);
-        }
-        if used {
-            notify(vring);
-        }
-    }
-
-    /// FORGET and BATCH_FORGET go to the engine; INTERRUPT (which Linux's
-    /// virtio-fs does not send today) to the lock call it names; anything
-    /// else is dropped and counted as malformed.
-    fn forget(&self, mem: &GuestMmap, chain: &Chain) {
-        let len = chain.readable_len().min(1 << 20);
-        let mut buf = vec![0u8; len];
-        if chain.read_at(mem, 0, &mut buf).is_err() {
-            return;
-        }
-        let Ok((h, rest)) = InHeader::read_from_prefix(&buf) else {
-            return;
-        };
-        let chan = self.inner.engine.chan();
-        match Opcode::from_u32(h.opcode) {
-            Some(Opcode::Forget) => {
-                if let Ok((f, _)) = ForgetIn::read_from_prefix(rest) {
-                    chan.send_forget(h.nodeid, f.nlookup);
-                }
-            }
-            Some(Opcode::BatchForget) => {
-                let Ok((b, rest)) = BatchForgetIn::read_from_prefix(rest) else {
-                    return;
-                };
-                let n = (b.count as usize).min(rest.len() / std::mem::size_of::<ForgetOne>());
-                if let Ok((list, _)) = <[ForgetOne]>::ref_from_prefix_with_elems(rest, n) {
-                    chan.send_forgets(list);
-                }
-            }
-            Some(Opcode::Interrupt) => {
-                if let Ok((i, _)) = InterruptIn::read_from_prefix(rest) {
-                    self.interrupt_waiter(i.unique);
-                }
-            }
-            _ => {
-                self.inner.stats.queues[0]
-                    .malformed
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Pops and submits until the queue is empty (false) or admission is
-    /// full (true: the chain went back to the avail ring), serving on this
-    /// thread as it goes (`inline.rs`): READs started, the rest served in
-    /// line; then submits the started I/O at once and answers what
-    /// completed.
-    fn drain_requests(&self, vring: &Vring, q: usize) -> bool {
-        let k = self.inner.cfg.inline_per_batch;
-        if k == 0 {
-            return self.submit_requests(vring, q, None);
-        }
-        let mut slot = lock(&self.inner.inline[q - 1]);
-        if slot.is_none() {
-            let most = usize::from(self.inner.cfg.queue_size);
-            *slot = QueueServer::new(self.inner.engine.chan(), (q - 1) as u16, most).ok();
-        }
-        let Some(s) = slot.as_mut() else {
-            return self.submit_requests(vring, q, None);
-        };
-        // Each request goes to this thread's entries and is served right
-        // away, up to `k`; then the rest go to the workers and this thread
-        // serves what its entries got once the batch is in.
-        s.prefer(true);
-        let stalled = self.submit_requests(vring, q, Some((s, k)));
-        s.prefer(false);
-        self.serve_inline(s, q, usize::MAX);
-        self.complete_inline(s, q);
-        stalled
-    }
-
-    /// Submits the I/O this queue's thread started and answers what has
-    /// completed, and what the entries took meanwhile; makes sure the
-    /// thread's completion eventfd is in its epoll.
-    fn complete_inline(&self, s: &mut QueueServer, q: usize) {
-        let disp = self.inner.engine.dispatcher();
-        // The answers of one reaped batch of completions signal the guest
-        // once, when all are in its used ring (inside a chunk of requests
-        // served in line, with that chunk's: see `Batch`).
-        while {
-            let _batch = Batch::begin();
-            s.complete(disp)
-        } > 0
-            && self.serve_inline(s, q, usize::MAX) > 0
-        {}
-        if s.fd_registered.is_none() {
-            if let Some(fd) = disp.fs().async_fd() {
-                let h = lock(&self.inner.handlers).get(q).and_then(Weak::upgrade);
-                let ev = self.completion_event(q - 1);
-                if let Some(h) = h {
-                    if h.register_listener(fd, EventSet::IN, ev).is_ok() {
-                        s.fd_registered = Some(fd);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The device event of request queue `i`'s (0-based) completions.
-    fn completion_event(&self, i: usize) -> u64 {
-        (self.num_queues() + usize::from(self.inner.cfg.request_queues) + 1 + i) as u64
-    }
-
-    /// Request queue `q`'s thread has completions to take.
-    pub(super) fn on_completions(&self, q: usize) {
-        let mut slot = lock(&self.inner.inline[q - 1]);
-        let Some(s) = slot.as_mut() else { return };
-        if let Some(fd) = s.fd_registered {
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into a u64 from the filesystem's
-            // eventfd (non-blocking): that resets it.
-            unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-        }
-        self.complete_inline(s, q);
-    }
-
-    /// Serves up to `budget` requests on this thread's entries, marking the
-    /// queue busy for the watchdog meanwhile.
-    fn serve_inline(&self, s: &mut QueueServer, q: usize, budget: usize) -> usize {
-        let now = self.inner.epoch.elapsed().as_millis() as u64;
-        self.inner.busy_since[q - 1].store(now.max(1), Ordering::SeqCst);
-        let n = s.serve(self.inner.engine.dispatcher(), budget);
-        self.inner.busy_since[q - 1].store(0, Ordering::SeqCst);
-        self.inner.stats.queues[q]
-            .inline
-            .fetch_add(n as u64, Ordering::Relaxed);
-        n
-    }
-
     /// Pops and submits (see [`FsDevice::drain_requests`]); with `inline`,
     /// serves each submitted request on this thread until `k` were.
     fn submit_requests(
         &self,
         vring: &Vring,
-        q: usize,
+        q: RqId,
         mut inline: Option<(&mut QueueServer, usize)>,
     ) -> bool {
         let mut served = 0;
         // Answers given in line signal the guest once per chunk.
         let (mut batch, mut in_batch): (Option<Batch>, usize) = (None, 0);
         let mut chunk_start = std::time::Instant::now();
-        let qs = &self.inner.stats.queues[q];
+        let rq = self.inner.queue(q);
+        let qs = &self.inner.stats.queues[q.vq()];
         loop {
             // Each round: serving in line may have taken long, and the
             // memory table may have changed meanwhile.
@@ -764,15 +483,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             if self.too_many_orphans(q) {
                 return true;
             }
-            let pop_guard = lock(&self.inner.pop_lock[q - 1]);
+            let pop_guard = lock(&rq.pop_lock);
             // Before the pop: a ring stopped after it leaves this chain
             // with the old generation, so its answer never reaches the
             // new ring.
-            let gen = *self.inner.gens[q].read().unwrap_or_else(|e| e.into_inner());
+            let gen = *read(&rq.gen);
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
             };
-            let heads = &self.inner.heads[q];
+            let heads = &rq.heads;
             let chain = match popped {
                 Ok(c) if heads.claim(c.head) => c,
                 // A head republished while the device still serves it: the
@@ -861,7 +580,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 Err(TrySendError::Full(_)) => {
                     vring.get_mut().get_queue_mut().go_to_previous_position();
                     heads.release(ticket.chain.head);
-                    let stalled = &self.inner.stalled[q - 1];
+                    let stalled = &rq.stalled;
                     stalled.store(true, Ordering::SeqCst);
                     qs.stalls.fetch_add(1, Ordering::Relaxed);
                     // A slot freed between the refusal and the flag would
@@ -890,15 +609,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Whether queue `q` must stop popping while the engine still holds as
     /// many timed-out requests as the queue has room for (then it is
     /// marked stalled; an end of a request resumes it).
-    fn too_many_orphans(&self, q: usize) -> bool {
+    fn too_many_orphans(&self, q: RqId) -> bool {
         let max = u64::from(self.inner.cfg.queue_size);
-        let orphans = &self.inner.orphans[q];
+        let rq = self.inner.queue(q);
+        let orphans = &rq.orphans;
         if orphans.load(Ordering::SeqCst) < max {
             return false;
         }
-        let stalled = &self.inner.stalled[q - 1];
+        let stalled = &rq.stalled;
         stalled.store(true, Ordering::SeqCst);
-        self.inner.stats.queues[q]
+        self.inner.stats.queues[q.vq()]
             .stalls
             .fetch_add(1, Ordering::Relaxed);
         // One that ended between the look and the flag would not wake us.
@@ -906,262 +626,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return false;
         }
         true
-    }
-
-    /// Sends a lock call (GETLK, SETLK, SETLKW). They are synchronous in
-    /// the kernel, never background: a parked SETLKW must not hold a
-    /// background slot (enough of them would keep out the unlock that
-    /// frees them). They go without waiting (`Chan::send_async`: no thread
-    /// per call) over the engine's device rather than the ring, so a
-    /// parked SETLKW holds no ring entry or payload buffer; the guest's
-    /// FUSE_INTERRUPT finds them by their guest unique.
-    fn send_lock_call(&self, args: Args, ticket: &Arc<Ticket>) {
-        let weak = Arc::downgrade(&self.inner);
-        let mine = ticket.clone();
-        let end = Box::new(move |r: ReqResult| {
-            if let Some(inner) = weak.upgrade() {
-                let dev = FsDevice { inner };
-                dev.forget_waiter(&mine);
-                dev.finish(&mine, r);
-            }
-        });
-        // No device lock is held across the engine call: it may end the
-        // request on this very thread (a transport that was aborted), and
-        // its end takes `waiters`. An end that comes meanwhile on another
-        // thread may leave an entry for an answered ticket, which is never
-        // interrupted (`Sent` of a finished request does nothing) and is
-        // pruned later.
-        match self.inner.engine.chan().send_async(args.over_device(), end) {
-            Ok(sent) => {
-                ticket.engine_unique.store(sent.unique(), Ordering::Relaxed);
-                if !ticket.is_answered() {
-                    let mut waiters = lock(&self.inner.waiters);
-                    if waiters.len() >= 64 && waiters.len().is_power_of_two() {
-                        waiters.retain(|_, (t, _)| t.strong_count() > 0);
-                    }
-                    waiters.insert(ticket.unique, (Arc::downgrade(ticket), sent));
-                }
-            }
-            Err(e) => {
-                if ticket.claim() {
-                    self.answer(ticket, e.to_wire(), &[]);
-                }
-            }
-        }
-    }
-
-    /// A lock call ended: the guest's interrupts no longer reach it.
-    fn forget_waiter(&self, t: &Arc<Ticket>) {
-        let mut waiters = lock(&self.inner.waiters);
-        if let Some((w, _)) = waiters.get(&t.unique) {
-            if std::ptr::eq(w.as_ptr(), Arc::as_ptr(t)) {
-                waiters.remove(&t.unique);
-            }
-        }
-    }
-
-    /// Interrupts the lock calls of queue `q` (every queue: None) still in
-    /// flight: the frontend took their ring back (a stop or a reset, as
-    /// when the guest reboots), so no answer can reach the guest, and a
-    /// parked SETLKW must not hold its waiter thread for good.
-    pub(super) fn interrupt_waiters(&self, q: Option<usize>) {
-        let sent: Vec<Sent> = lock(&self.inner.waiters)
-            .values()
-            .filter(|(t, _)| t.upgrade().is_some_and(|t| q.is_none_or(|q| t.queue == q)))
-            .map(|(_, s)| s.clone())
-            .collect();
-        for s in sent {
-            s.interrupt();
-        }
-    }
-
-    /// The guest's FUSE_INTERRUPT for its request `unique` (a lock call
-    /// that waits; Linux guests do not send them today).
-    fn interrupt_waiter(&self, unique: u64) {
-        let sent = lock(&self.inner.waiters)
-            .get(&unique)
-            .filter(|(t, _)| t.strong_count() > 0)
-            .map(|(_, s)| s.clone());
-        if let Some(s) = sent {
-            s.interrupt();
-        }
-    }
-
-    /// The engine's answer to a request.
-    fn finish(&self, t: &Arc<Ticket>, r: ReqResult) {
-        if t.orphan.swap(ORPHAN_ENDED, Ordering::SeqCst) == ORPHAN_YES {
-            self.inner.orphans[t.queue].fetch_sub(1, Ordering::SeqCst);
-        }
-        self.resume_stalled();
-        if !t.claim() {
-            return;
-        }
-        match r {
-            Ok(reply) => self.answer_with(t, 0, &reply.data, reply.in_client),
-            Err(e) => {
-                if e == Errno::ENOTCONN {
-                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
-                }
-                self.answer(t, e.to_wire(), &[])
-            }
-        }
-    }
-
-    /// Wakes every stalled queue: a background slot may have freed.
-    fn resume_stalled(&self) {
-        for (i, s) in self.inner.stalled.iter().enumerate() {
-            if s.swap(false, Ordering::SeqCst) {
-                let _ = self.inner.resume[i].write(1);
-            }
-        }
-    }
-
-    /// Writes the reply into the chain and returns it to the guest, unless
-    /// its ring was stopped or reset since the chain was popped.
-    fn answer(&self, t: &Ticket, error: i32, payload: &[u8]) {
-        self.answer_with(t, error, payload, 0);
-    }
-
-    /// Returns a chain that cannot carry a reply unused (length 0), unless
-    /// its ring was stopped or reset since it was popped.
-    fn give_back_unanswered(&self, t: &Ticket) {
-        let gen = self.inner.gens[t.queue]
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
-        if *gen != t.gen {
-            return;
-        }
-        self.inner.heads[t.queue].release(t.chain.head);
-        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, 0);
-        notify(&t.vring);
-    }
-
-    /// [`FsDevice::answer`] for a reply whose last `in_guest` payload bytes
-    /// the server already put in the guest's buffers (a READ by reference).
-    fn answer_with(&self, t: &Ticket, error: i32, payload: &[u8], in_guest: usize) {
-        let gen = self.inner.gens[t.queue]
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
-        if *gen != t.gen {
-            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        // Given back to the guest below, and free to come again.
-        self.inner.heads[t.queue].release(t.chain.head);
-        let reply_len = OUT_HEADER + payload.len() + in_guest;
-        let (error, payload, reply_len) = if reply_len > t.chain.writable_len() {
-            (Errno::ERANGE.to_wire(), &[][..], OUT_HEADER)
-        } else {
-            (error, payload, reply_len)
-        };
-        let h = OutHeader {
-            len: reply_len as u32,
-            error,
-            unique: t.unique,
-        };
-        let written = match t.chain.write_all(&*t.mem, &[h.as_bytes(), payload]) {
-            // The data the server put in the guest's buffers counts too.
-            Ok(_) => reply_len as u32,
-            Err(_) => 0,
-        };
-        self.inner
-            .stats
-            .record(t.opcode, error, t.started.elapsed());
-        if t.opcode == Opcode::Init as u32 {
-            // What a migration replays is the INIT the guest was granted.
-            self.inner.migration.init_answered(t.unique, error == 0);
-        }
-        self.inner.stats.queues[t.queue]
-            .completed
-            .fetch_add(1, Ordering::Relaxed);
-        // The server may have written the chain's pages by host address
-        // (a READ by reference): logged here, before the guest has them.
-        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, written);
-        notify_batched(t.queue, &t.vring);
-    }
-}
-
-/// The longest a chunk of answers given in line waits for its
-/// notification, whatever `submit_batch` says: a 1 MiB READ takes about
-/// 100 µs to copy, so four of them in a chunk kept a guest at depth 4 from
-/// hearing of any (and refilling its queue) for 400 µs; a notification
-/// costs the device a few microseconds, so at 50 µs it stays a small part
-/// of the work it announces.
-const CHUNK_TIME: Duration = Duration::from_micros(50);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Signals the guest if it wants to hear about used buffers now.
-fn notify(vring: &Vring) {
-    if vring.needs_notification().unwrap_or(true) {
-        let _ = vring.signal_used_queue();
-    }
-}
-
-thread_local! {
-    /// While a vring thread answers a chunk of requests or a reaped batch
-    /// of completions ([`Batch`]): the queues it answered on, to signal
-    /// once at the end instead of once per answer.
-    static BATCH: std::cell::RefCell<Option<Vec<(usize, Vring)>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Signals the guest about queue `q` now, or at the end of this thread's
-/// batch if it has one open ([`Batch`]).
-fn notify_batched(q: usize, vring: &Vring) {
-    let deferred = BATCH.with(|b| match b.borrow_mut().as_mut() {
-        Some(list) => {
-            if !list.iter().any(|(x, _)| *x == q) {
-                list.push((q, vring.clone()));
-            }
-            true
-        }
-        None => false,
-    });
-    if !deferred {
-        notify(vring);
-    }
-}
-
-/// A vring thread's batch: answers given on this thread while it lives
-/// signal the guest once per queue, when it ends (EVENT_IDX then decides
-/// whether the guest wants it). Held around the answers of one reaped
-/// batch of completions, and of each `submit_batch` requests served in
-/// line: held across a whole kick (popping and serving every chain) the
-/// guest heard of nothing until all were served, and it could not refill
-/// its queue meanwhile (GETATTR at depth 16 ran at 0.4x); signalled per
-/// answer, a guest that reaps as fast as the device answers is woken for
-/// each (a wake-up costs the device tens of microseconds on a VM host).
-/// A batch begun while one is open is part of the outer one.
-struct Batch {
-    owner: bool,
-}
-
-impl Batch {
-    fn begin() -> Batch {
-        let owner = BATCH.with(|b| {
-            let mut b = b.borrow_mut();
-            let open = b.is_some();
-            if !open {
-                *b = Some(Vec::new());
-            }
-            !open
-        });
-        Batch { owner }
-    }
-}
-
-impl Drop for Batch {
-    fn drop(&mut self) {
-        if !self.owner {
-            return;
-        }
-        let list = BATCH.with(|b| b.borrow_mut().take());
-        for (_, v) in list.into_iter().flatten() {
-            notify(&v);
-        }
     }
 }
 

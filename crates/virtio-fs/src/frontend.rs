@@ -15,6 +15,7 @@
 //! mutex; a slot is `Free` or `InFlight` (the submitter claims it, the
 //! completer frees it).
 
+use crate::sync::{lock, wait};
 use fuse_core::abi::{InHeader, Opcode, OutHeader};
 use fuse_core::chan::{Chan, ChanConfig, Device, Errno};
 use fuse_core::client::Client;
@@ -365,10 +366,6 @@ impl Drop for VhostFrontend {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Moves requests from the engine's device end into the queues.
 fn submit(s: &Shared, dev: &Device) {
     let mut buf = vec![0u8; (s.max_msg as usize).max(dev.min_read_buffer())];
@@ -408,7 +405,7 @@ fn submit(s: &Shared, dev: &Device) {
                     st.slots[i] = Slot::InFlight(h.unique);
                     break i as u16;
                 }
-                st = q.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+                st = wait(&q.freed, st);
             }
         };
         let write = Opcode::from_u32(h.opcode) == Some(Opcode::Write);

@@ -16,6 +16,7 @@
 //! afterwards.
 
 use crate::chain::Seg;
+use crate::sync::{lock, read, wait, write};
 use crate::GuestMmap;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -35,7 +36,7 @@ pub(crate) struct MapCache(RwLock<Option<(Mem, Arc<ClientMap>)>>);
 impl MapCache {
     /// Forgets the map (a new memory table: the old one may be unmapped).
     pub(crate) fn clear(&self) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = None;
+        *write(&self.0) = None;
     }
 
     /// The map of `mem`'s regions (None if one has no host address).
@@ -45,10 +46,10 @@ impl MapCache {
                 .filter(|(m, _)| std::ptr::eq::<GuestMmap>(&**m, &**mem))
                 .map(|(_, map)| map.clone())
         };
-        if let Some(map) = same(&self.0.read().unwrap_or_else(|e| e.into_inner())) {
+        if let Some(map) = same(&read(&self.0)) {
             return Some(map);
         }
-        let mut c = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut c = write(&self.0);
         if let Some(map) = same(&c) {
             return Some(map);
         }
@@ -162,7 +163,7 @@ impl GuestSpans {
     pub(crate) fn wait_idle(&self) {
         let mut a = lock(&self.access);
         while a.busy > 0 {
-            a = self.idle.wait(a).unwrap_or_else(|e| e.into_inner());
+            a = wait(&self.idle, a);
         }
     }
 
@@ -199,10 +200,6 @@ impl GuestSpans {
             Err(Errno::EFAULT)
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 // SAFETY: every span comes from a `VolatileSlice` of `mem`, a mapping of

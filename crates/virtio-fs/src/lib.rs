@@ -13,6 +13,7 @@ pub mod frontend;
 pub mod guest;
 mod guest_mem;
 pub mod stats;
+mod sync;
 
 pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, GuestMmap, Vring, TAG_LEN};
 pub use dirty_log::LogBitmap;

@@ -2,6 +2,7 @@
 //! `VhostUserBackend` (features, config space, ring stop and reset, memory
 //! table, events), split from `device.rs`.
 
+use super::queue::Event;
 use super::*;
 use fuse_core::server::state::StateError;
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
@@ -63,30 +64,33 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // call that waits is interrupted so that it ends (EINTR) rather
         // than hold the stop. What is still unanswered after the bound is
         // given up: its late reply never reaches the guest.
-        let q = queue_index as usize;
-        let Some(gen) = self.inner.gens.get(q) else {
+        // The hiprio queue has nothing in flight: each of its chains went
+        // back as it was taken.
+        let Some(q) = self.inner.request_queue(queue_index as usize) else {
             return Ok(());
         };
+        let rq = self.inner.queue(q);
         self.interrupt_waiters(Some(q));
         self.drain_ring(q);
         {
             // Taken after every answer under way (they hold the read lock)
             // wrote its used entry.
-            let mut g = gen.write().unwrap_or_else(|e| e.into_inner());
-            let lost = self.inner.heads[q].count();
+            let mut g = write(&rq.gen);
+            let lost = rq.heads.count();
             if lost > 0 {
                 self.inner
                     .stats
                     .lost_on_stop
                     .fetch_add(lost as u64, Ordering::Relaxed);
                 eprintln!(
-                    "fusebox: queue {q} stopped with {lost} request(s) still unanswered; \
-                     they are given up"
+                    "fusebox: queue {} stopped with {lost} request(s) still unanswered; \
+                     they are given up",
+                    q.vq()
                 );
             }
             *g += 1;
             // Nothing of the old ring is in flight any more.
-            self.inner.heads[q].clear();
+            rq.heads.clear();
         }
         self.take_back_buffers(q);
         self.interrupt_waiters(Some(q));
@@ -98,12 +102,12 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // The driver is gone (a reboot, a driver unbind): answers would
         // land in rings it no longer has, so nothing is drained; what is
         // in flight is given up at once.
-        for (g, h) in self.inner.gens.iter().zip(&self.inner.heads) {
-            let mut g = g.write().unwrap_or_else(|e| e.into_inner());
+        for rq in &self.inner.queues {
+            let mut g = write(&rq.gen);
             *g += 1;
-            h.clear();
+            rq.heads.clear();
         }
-        for q in 0..self.inner.lent.len() {
+        for q in RqId::all(self.inner.queues.len()) {
             self.take_back_buffers(q);
         }
         self.interrupt_waiters(None);
@@ -151,7 +155,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
-        *self.inner.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        *write(&self.inner.mem) = Some(mem);
         self.inner.maps.clear();
         Ok(())
     }
@@ -186,44 +190,45 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         }
         // Each thread owns exactly one vring (`queues_per_thread`): queue
         // `thread_id`, which the event loop hands over as `vrings[0]` with
-        // device_event 0. Events above num_queues are the resume eventfds
-        // (registered as num_queues + 1 + request queue index).
-        let n = self.num_queues();
-        let ev = usize::from(device_event);
+        // device_event 0. The events past num_queues are the device's own
+        // (`queue.rs`: `Event`).
         let Some(vring) = vrings.first() else {
             return Ok(());
         };
-        if ev > n {
-            let i = ev - n - 1;
-            let rq = usize::from(self.inner.cfg.request_queues);
-            if i >= rq {
-                // Request queue i - rq's completions (`complete_inline`).
-                if i - rq + 1 == thread_id {
-                    self.on_completions(thread_id);
+        let count = self.inner.queues.len();
+        match Event::decode(device_event, count) {
+            Event::Kick => {}
+            Event::Other => return Ok(()),
+            Event::Completions(q) => {
+                // Its thread's io_uring completions (`complete_inline`).
+                if q.vq() == thread_id {
+                    self.on_completions(q);
                 }
                 return Ok(());
             }
-            if let Some(fd) = self.inner.resume.get(i) {
-                let _ = fd.read();
+            Event::Resume(q) => {
+                let _ = self.inner.queue(q).resume.read();
+                // The event loop checks a ring's state for kicks only.
+                if !vring.get_ref().is_enabled() {
+                    return Ok(());
+                }
             }
-            // The event loop checks a ring's state for kicks only.
-            if !vring.get_ref().is_enabled() {
-                return Ok(());
-            }
-        } else if ev != 0 {
-            return Ok(());
         }
-        if let Some(slot) = lock(&self.inner.vrings).get_mut(thread_id) {
+        let Some(q) = Vq::from_index(thread_id, count) else {
+            return Ok(());
+        };
+        if let Vq::Request(q) = q {
+            let mut slot = lock(&self.inner.queue(q).vring);
             if slot.is_none() {
                 *slot = Some(vring.clone());
             }
         }
         // An error here would end this vring thread for good: count it and
         // keep serving on the next event instead.
-        if self.serve_queue(vring, thread_id).is_err() {
-            if let Some(q) = self.inner.stats.queues.get(thread_id) {
-                q.malformed.fetch_add(1, Ordering::Relaxed);
-            }
+        if self.serve_queue(vring, q).is_err() {
+            self.inner.stats.queues[q.index()]
+                .malformed
+                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -13,6 +13,7 @@
 //! ring stop, which clears the set under the write lock, never races an
 //! answer of the old ring).
 
+use crate::sync::lock;
 use std::sync::Mutex;
 
 /// One bit per possible head index (a u16).
@@ -27,7 +28,7 @@ impl Default for Heads {
 
 impl Heads {
     fn bits(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.0)
     }
 
     /// Marks `head` in flight; false if it already was.

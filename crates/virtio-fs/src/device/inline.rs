@@ -22,9 +22,12 @@
 //!
 //! A request that may wait (SETLKW) never goes to these entries. A host
 //! call that hangs in line would hold up the vring thread, so the watchdog
-//! in `device.rs` drains the queue in its place while it is stuck.
+//! ([`watchdog`]) drains the queue in its place while it is stuck.
 
-use super::{FsDevice, Inner};
+use super::notify::{notify, Batch};
+use super::queue::RqId;
+use super::{FsDevice, Inner, Vring};
+use crate::sync::lock;
 use fuse_core::chan::Chan;
 use fuse_core::fasthash::IdMap;
 use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
@@ -35,14 +38,15 @@ use fuse_core::Errno;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use vhost_user_backend::VringT;
+use vhost_user_backend::{VhostUserBackend, VringT};
+use vmm_sys_util::epoll::EventSet;
 
-/// A vring thread's own entries of its engine ring queue and the requests
-/// it has in flight on them. Only that thread uses it (under its
-/// `Inner::inline` lock, which the device's Drop also takes).
 /// Completed started READs by unique, as the filesystem reports them.
 type DoneList = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
 
+/// A vring thread's own entries of its engine ring queue and the requests
+/// it has in flight on them. Only that thread uses it (under its queue's
+/// `RequestQueue::inline` lock).
 pub(crate) struct QueueServer {
     ring: RingEnd,
     qid: u16,
@@ -121,9 +125,7 @@ impl QueueServer {
             let make = move |unique: u64| {
                 let done = done.clone();
                 ReadDone::new(move |r| {
-                    done.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((unique, r));
+                    lock(&done).push((unique, r));
                 })
             };
             let unique = f.in_header().unique;
@@ -150,7 +152,7 @@ impl QueueServer {
 
     /// The completion of `unique` if it is already in.
     fn take_done(&self, unique: u64) -> Option<FsResult<usize>> {
-        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = lock(&self.done);
         let i = d.iter().rposition(|(u, _)| *u == unique)?;
         Some(d.swap_remove(i).1)
     }
@@ -181,8 +183,7 @@ impl QueueServer {
         self.fresh = 0;
         disp.fs().submit_async();
         disp.fs().complete_async();
-        let done: Vec<(u64, FsResult<usize>)> =
-            std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()));
+        let done: Vec<(u64, FsResult<usize>)> = std::mem::take(&mut *lock(&self.done));
         let n = done.len();
         for (unique, r) in done {
             let Some(mut f) = self.started.remove(&unique) else {
@@ -191,6 +192,92 @@ impl QueueServer {
             Self::set_result(&mut f, r);
             self.commit(f);
         }
+        n
+    }
+}
+
+impl<F: Filesystem + 'static> FsDevice<F> {
+    /// Pops and submits until the queue is empty (false) or admission is
+    /// full (true: the chain went back to the avail ring), serving on this
+    /// thread as it goes: READs started, the rest served in line; then
+    /// submits the started I/O at once and answers what completed.
+    pub(super) fn drain_requests(&self, vring: &Vring, q: RqId) -> bool {
+        let k = self.inner.cfg.inline_per_batch;
+        if k == 0 {
+            return self.submit_requests(vring, q, None);
+        }
+        let mut slot = lock(&self.inner.queue(q).inline);
+        if slot.is_none() {
+            let most = usize::from(self.inner.cfg.queue_size);
+            *slot = QueueServer::new(self.inner.engine.chan(), q.ring_queue(), most).ok();
+        }
+        let Some(s) = slot.as_mut() else {
+            return self.submit_requests(vring, q, None);
+        };
+        // Each request goes to this thread's entries and is served right
+        // away, up to `k`; then the rest go to the workers and this thread
+        // serves what its entries got once the batch is in.
+        s.prefer(true);
+        let stalled = self.submit_requests(vring, q, Some((s, k)));
+        s.prefer(false);
+        self.serve_inline(s, q, usize::MAX);
+        self.complete_inline(s, q);
+        stalled
+    }
+
+    /// Submits the I/O this queue's thread started and answers what has
+    /// completed, and what the entries took meanwhile; makes sure the
+    /// thread's completion eventfd is in its epoll.
+    pub(super) fn complete_inline(&self, s: &mut QueueServer, q: RqId) {
+        let disp = self.inner.engine.dispatcher();
+        // The answers of one reaped batch of completions signal the guest
+        // once, when all are in its used ring (inside a chunk of requests
+        // served in line, with that chunk's: see `Batch`).
+        while {
+            let _batch = Batch::begin();
+            s.complete(disp)
+        } > 0
+            && self.serve_inline(s, q, usize::MAX) > 0
+        {}
+        if s.fd_registered.is_none() {
+            if let Some(fd) = disp.fs().async_fd() {
+                let h = lock(&self.inner.handlers)
+                    .get(q.vq())
+                    .and_then(Weak::upgrade);
+                let ev = q.completion_event(self.num_queues());
+                if let Some(h) = h {
+                    if h.register_listener(fd, EventSet::IN, ev).is_ok() {
+                        s.fd_registered = Some(fd);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Request queue `q`'s thread has completions to take.
+    pub(super) fn on_completions(&self, q: RqId) {
+        let mut slot = lock(&self.inner.queue(q).inline);
+        let Some(s) = slot.as_mut() else { return };
+        if let Some(fd) = s.fd_registered {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a u64 from the filesystem's
+            // eventfd (non-blocking): that resets it.
+            unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+        }
+        self.complete_inline(s, q);
+    }
+
+    /// Serves up to `budget` requests on this thread's entries, marking the
+    /// queue busy for the watchdog meanwhile.
+    pub(super) fn serve_inline(&self, s: &mut QueueServer, q: RqId, budget: usize) -> usize {
+        let busy_since = &self.inner.queue(q).busy_since;
+        let now = self.inner.epoch.elapsed().as_millis() as u64;
+        busy_since.store(now.max(1), Ordering::SeqCst);
+        let n = s.serve(self.inner.engine.dispatcher(), budget);
+        busy_since.store(0, Ordering::SeqCst);
+        self.inner.stats.queues[q.vq()]
+            .inline
+            .fetch_add(n as u64, Ordering::Relaxed);
         n
     }
 }
@@ -210,28 +297,24 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             return;
         }
         let now = inner.epoch.elapsed().as_millis() as u64;
-        let stuck: Vec<usize> = inner
-            .busy_since
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| {
-                let b = b.load(Ordering::SeqCst);
+        let stuck: Vec<(RqId, Option<Vring>)> = RqId::all(inner.queues.len())
+            .filter(|&q| {
+                let b = inner.queue(q).busy_since.load(Ordering::SeqCst);
                 b != 0 && now.saturating_sub(b) >= STUCK.as_millis() as u64
             })
-            .map(|(i, _)| i + 1)
+            .map(|q| (q, lock(&inner.queue(q).vring).clone()))
             .collect();
-        let vrings = lock(&inner.vrings).clone();
         let dev = FsDevice { inner };
-        for q in &stuck {
-            if let Some(Some(vring)) = vrings.get(*q) {
+        for (q, vring) in &stuck {
+            if let Some(vring) = vring {
                 if vring.get_ref().is_enabled() {
-                    dev.inner.stats.queues[*q]
+                    dev.inner.stats.queues[q.vq()]
                         .takeovers
                         .fetch_add(1, Ordering::Relaxed);
                     dev.submit_requests(vring, *q, None);
                     // The stuck thread may hold answers it gave in line,
                     // their signal waiting for the end of its chunk.
-                    super::notify(vring);
+                    notify(vring);
                 }
             }
         }
@@ -242,8 +325,4 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             Duration::from_millis(2)
         });
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

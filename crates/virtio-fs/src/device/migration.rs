@@ -21,6 +21,7 @@
 //! is taken at once, while the device is stopped. CHECK_DEVICE_STATE
 //! waits for that thread.
 
+use crate::sync::lock;
 use fuse_core::abi::structs::InHeader;
 use fuse_core::abi::Opcode;
 use fuse_core::server::state::{StateError, StateReader, StateWriter};
@@ -79,10 +80,6 @@ fn tell(report: Option<fn(bool, &str)>, error: bool, e: &StateError) {
         src = s.source();
     }
     f(error, &msg);
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The stream for `init` (the guest's INIT body) and `fs` (the

@@ -3,6 +3,7 @@
 //! reference (see `guest_mem.rs`), malformed chains refused.
 
 use super::*;
+use std::sync::atomic::AtomicU8;
 
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Reads a request chain into engine arguments. Err(Some) for a chain
@@ -15,7 +16,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         vring: &Vring,
         mem: &GuestMemoryLoadGuard<GuestMmap>,
         chain: Chain,
-        q: usize,
+        q: RqId,
         gen: u64,
     ) -> Result<(Args, Arc<Ticket>), Option<Arc<Ticket>>> {
         let total = chain.readable_len();
@@ -55,7 +56,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             vring: vring.clone(),
             mem: mem.clone(),
             client: client.clone(),
-            orphan: std::sync::atomic::AtomicU8::new(ORPHAN_NO),
+            orphan: AtomicU8::new(ORPHAN_NO),
             state: Mutex::new(TicketState::InFlight),
         });
         if let Some(c) = &client {
@@ -74,7 +75,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     FsDevice { inner }.answer(&t, Errno::EIO.to_wire(), &[]);
                 }
             }));
-            let mut lent = lock(&self.inner.lent[q]);
+            let mut lent = lock(&self.inner.queue(q).lent);
             if lent.len() >= 64 && lent.len().is_power_of_two() {
                 lent.retain(|t| t.strong_count() > 0);
             }
@@ -150,7 +151,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .body(body)
             .data(data)
             .out(reply_room, true)
-            .qid((q - 1) as u16);
+            .qid(q.ring_queue());
         if let Some(c) = client {
             args = args.client(c);
         }

@@ -1,6 +1,8 @@
 //! Live migration: the device's writes into guest memory are logged in
 //! the frontend's dirty-page log, and a ring stop (GET_VRING_BASE) answers
-//! every request popped from the ring before it returns.
+//! every request popped from the ring before it returns. A stop or a reset
+//! then takes back the guest buffers still lent to the engine
+//! ([`FsDevice::take_back_buffers`]).
 //!
 //! **Dirty log.** Guest RAM is `GuestMemoryMmap<LogBitmap>`: once
 //! the frontend sets a log (`VHOST_USER_SET_LOG_BASE`, mapped by
@@ -79,24 +81,21 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Waits (bounded: [`FsDevice::drain_bound`]) until every chain popped
-    /// from ring `q` is back in its used ring, answered. Called by
-    /// `stop_vring` on the vhost-user thread after the handler marked the
-    /// queue not ready, so nothing more is popped; the answers come from
-    /// the threads that answer anyway (ring workers, the vring thread's
-    /// completions through its epoll, the engine's device workers for
-    /// lock calls, the timeout scanner): this thread holds none of the
-    /// locks they take (`gens`, `heads`, the vring lock, `inline`), only
-    /// the vhost-user handler's, which none of them takes. Returns how
-    /// many are still unanswered.
-    pub(super) fn drain_ring(&self, q: usize) -> usize {
-        let Some(heads) = self.inner.heads.get(q) else {
-            return 0;
-        };
+    /// from request queue `q`'s ring is back in its used ring, answered.
+    /// Called by `stop_vring` on the vhost-user thread after the handler
+    /// marked the queue not ready, so nothing more is popped; the answers
+    /// come from the threads that answer anyway (ring workers, the vring
+    /// thread's completions through its epoll, the engine's device workers
+    /// for lock calls, the timeout scanner): this thread holds none of the
+    /// locks they take (the queue's `gen`, `heads` and `inline`, the vring
+    /// lock), only the vhost-user handler's, which none of them takes.
+    /// Returns how many are still unanswered.
+    pub(super) fn drain_ring(&self, q: RqId) -> usize {
+        let rq = self.inner.queue(q);
+        let heads = &rq.heads;
         // A pop that raced the queue going not ready has claimed its head
         // (or put the chain back) by the time its pop lock is free.
-        if let Some(p) = q.checked_sub(1).and_then(|i| self.inner.pop_lock.get(i)) {
-            drop(lock(p));
-        }
+        drop(lock(&rq.pop_lock));
         let bound = self.drain_bound();
         let start = Instant::now();
         let mut nap = Duration::from_micros(50);
@@ -114,6 +113,37 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             }
             std::thread::sleep(nap);
             nap = (nap * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// The frontend took request queue `q`'s ring back (stop or reset):
+    /// its guest's buffers may be reused at once, so no host I/O may run on
+    /// them any more. Every lent buffer is revoked, its request interrupted
+    /// in the backend (cancelling an io_uring operation), and the I/O
+    /// already running on it is waited for, as a device reset waits for
+    /// DMA.
+    pub(super) fn take_back_buffers(&self, q: RqId) {
+        let lent = &self.inner.queue(q).lent;
+        let tickets: Vec<Arc<Ticket>> = std::mem::take(&mut *lock(lent))
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for t in &tickets {
+            if let Some(c) = &t.client {
+                if !c.revoke() {
+                    let unique = t.engine_unique.load(Ordering::Relaxed);
+                    if unique != 0 {
+                        self.inner.engine.fs().interrupt(unique);
+                    }
+                }
+            }
+        }
+        for t in &tickets {
+            if let Some(c) = &t.client {
+                c.wait_idle();
+                // Never answered, but a READ may have filled some of it.
+                self.mark_written(&t.mem, &t.chain.writable);
+            }
         }
     }
 }

@@ -57,7 +57,10 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 .compare_exchange(ORPHAN_NO, ORPHAN_YES, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
             {
-                dev.inner.orphans[t.queue].fetch_add(1, Ordering::SeqCst);
+                dev.inner
+                    .queue(t.queue)
+                    .orphans
+                    .fetch_add(1, Ordering::SeqCst);
             }
             if now {
                 dev.answer(&t, Errno::EIO.to_wire(), &[]);

@@ -1,0 +1,101 @@
+//! Answering a guest request: the engine's end callback, and the reply
+//! written into the chain and published in the used ring (unless the ring
+//! was stopped or reset since the chain was popped).
+
+use super::*;
+
+impl<F: Filesystem + 'static> FsDevice<F> {
+    /// The engine's answer to a request.
+    pub(super) fn finish(&self, t: &Arc<Ticket>, r: ReqResult) {
+        if t.orphan.swap(ORPHAN_ENDED, Ordering::SeqCst) == ORPHAN_YES {
+            self.inner
+                .queue(t.queue)
+                .orphans
+                .fetch_sub(1, Ordering::SeqCst);
+        }
+        self.resume_stalled();
+        if !t.claim() {
+            return;
+        }
+        match r {
+            Ok(reply) => self.answer_with(t, 0, &reply.data, reply.in_client),
+            Err(e) => {
+                if e == Errno::ENOTCONN {
+                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                }
+                self.answer(t, e.to_wire(), &[])
+            }
+        }
+    }
+
+    /// Wakes every stalled queue: a background slot may have freed.
+    fn resume_stalled(&self) {
+        for q in &self.inner.queues {
+            if q.stalled.swap(false, Ordering::SeqCst) {
+                let _ = q.resume.write(1);
+            }
+        }
+    }
+
+    /// Writes the reply into the chain and returns it to the guest, unless
+    /// its ring was stopped or reset since the chain was popped.
+    pub(super) fn answer(&self, t: &Ticket, error: i32, payload: &[u8]) {
+        self.answer_with(t, error, payload, 0);
+    }
+
+    /// Returns a chain that cannot carry a reply unused (length 0), unless
+    /// its ring was stopped or reset since it was popped.
+    pub(super) fn give_back_unanswered(&self, t: &Ticket) {
+        let rq = self.inner.queue(t.queue);
+        let gen = read(&rq.gen);
+        if *gen != t.gen {
+            return;
+        }
+        rq.heads.release(t.chain.head);
+        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, 0);
+        notify(&t.vring);
+    }
+
+    /// [`FsDevice::answer`] for a reply whose last `in_guest` payload bytes
+    /// the server already put in the guest's buffers (a READ by reference).
+    fn answer_with(&self, t: &Ticket, error: i32, payload: &[u8], in_guest: usize) {
+        let rq = self.inner.queue(t.queue);
+        let gen = read(&rq.gen);
+        if *gen != t.gen {
+            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // Given back to the guest below, and free to come again.
+        rq.heads.release(t.chain.head);
+        let reply_len = OUT_HEADER + payload.len() + in_guest;
+        let (error, payload, reply_len) = if reply_len > t.chain.writable_len() {
+            (Errno::ERANGE.to_wire(), &[][..], OUT_HEADER)
+        } else {
+            (error, payload, reply_len)
+        };
+        let h = OutHeader {
+            len: reply_len as u32,
+            error,
+            unique: t.unique,
+        };
+        let written = match t.chain.write_all(&*t.mem, &[h.as_bytes(), payload]) {
+            // The data the server put in the guest's buffers counts too.
+            Ok(_) => reply_len as u32,
+            Err(_) => 0,
+        };
+        self.inner
+            .stats
+            .record(t.opcode, error, t.started.elapsed());
+        if t.opcode == Opcode::Init as u32 {
+            // What a migration replays is the INIT the guest was granted.
+            self.inner.migration.init_answered(t.unique, error == 0);
+        }
+        self.inner.stats.queues[t.queue.vq()]
+            .completed
+            .fetch_add(1, Ordering::Relaxed);
+        // The server may have written the chain's pages by host address
+        // (a READ by reference): logged here, before the guest has them.
+        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, written);
+        notify_batched(t.queue, &t.vring);
+    }
+}

@@ -1,0 +1,230 @@
+//! The device's queues: how they are numbered, and each request queue's
+//! own state.
+//!
+//! Virtqueue 0 is the hiprio queue; virtqueues 1..=N are the request
+//! queues. Request queue `i` (0-based, an [`RqId`]) is virtqueue `i + 1`,
+//! served by vring thread `i + 1` (one vring per thread), and maps to the
+//! engine's ring queue `i`. [`RqId`] is the one place that offset is
+//! written. The hiprio queue keeps no state of its own besides its
+//! counters (`DeviceStats::queues[0]`): each of its chains is given back as
+//! it is taken, so it has nothing in flight, no generation to bump, nothing
+//! lent.
+
+use super::heads::Heads;
+use super::inline::QueueServer;
+use super::{Ticket, Vring};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Mutex, RwLock, Weak};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// Virtqueue index of the hiprio queue (also its vring thread, and its
+/// counters in `DeviceStats::queues`).
+pub(super) const HIPRIO: usize = 0;
+
+/// A request queue, by its 0-based number among the request queues. Made
+/// only for a queue the device has (so it indexes `Inner::queues`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RqId(u16);
+
+impl RqId {
+    /// Request queue `i` (0-based) of a device with `count` of them.
+    pub(super) fn from_index(i: usize, count: usize) -> Option<RqId> {
+        if i < count {
+            u16::try_from(i).ok().map(RqId)
+        } else {
+            None
+        }
+    }
+
+    /// The request queue on virtqueue `vq` of a device with `count` request
+    /// queues (None for hiprio, and past the last).
+    pub(super) fn from_vq(vq: usize, count: usize) -> Option<RqId> {
+        RqId::from_index(vq.checked_sub(1)?, count)
+    }
+
+    /// Every request queue of a device with `count` of them.
+    pub(super) fn all(count: usize) -> impl Iterator<Item = RqId> {
+        (0..count).filter_map(move |i| RqId::from_index(i, count))
+    }
+
+    /// Its place in `Inner::queues`.
+    pub(super) fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    /// Its virtqueue index: also its vring thread, and its counters in
+    /// `DeviceStats::queues`.
+    pub(super) fn vq(self) -> usize {
+        self.index() + 1
+    }
+
+    /// The engine ring queue it maps to.
+    pub(super) fn ring_queue(self) -> u16 {
+        self.0
+    }
+
+    /// The device event that resumes it after a stall (its resume eventfd,
+    /// registered with its vring thread; `num_queues` counts hiprio).
+    pub(super) fn resume_event(self, num_queues: usize) -> u64 {
+        (num_queues + 1 + self.index()) as u64
+    }
+
+    /// The device event of its vring thread's io_uring completions (that
+    /// ring's eventfd, registered once the thread has one).
+    pub(super) fn completion_event(self, num_queues: usize) -> u64 {
+        // After the resume events of all `num_queues - 1` request queues.
+        (2 * num_queues + self.index()) as u64
+    }
+}
+
+/// A virtqueue of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Vq {
+    /// Virtqueue 0: FORGET, BATCH_FORGET, INTERRUPT.
+    Hiprio,
+    /// A request queue.
+    Request(RqId),
+}
+
+impl Vq {
+    /// Virtqueue `vq` of a device with `count` request queues.
+    pub(super) fn from_index(vq: usize, count: usize) -> Option<Vq> {
+        if vq == HIPRIO {
+            Some(Vq::Hiprio)
+        } else {
+            RqId::from_vq(vq, count).map(Vq::Request)
+        }
+    }
+
+    /// Its virtqueue index.
+    pub(super) fn index(self) -> usize {
+        match self {
+            Vq::Hiprio => HIPRIO,
+            Vq::Request(id) => id.vq(),
+        }
+    }
+}
+
+/// What a device event handed to a vring thread is, beside the kicks of its
+/// own vring (vhost-user-backend numbers a thread's vrings from 0 and
+/// leaves the events past `num_queues` to the backend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Event {
+    /// The thread's vring was kicked.
+    Kick,
+    /// A stalled request queue may go on ([`RqId::resume_event`]).
+    Resume(RqId),
+    /// A request queue's thread has io_uring completions
+    /// ([`RqId::completion_event`]).
+    Completions(RqId),
+    /// Nothing the device registered.
+    Other,
+}
+
+impl Event {
+    /// The event `ev` of a device with `count` request queues.
+    pub(super) fn decode(ev: u16, count: usize) -> Event {
+        let ev = usize::from(ev);
+        if ev == 0 {
+            return Event::Kick;
+        }
+        let num_queues = count + 1;
+        let Some(i) = ev.checked_sub(num_queues + 1) else {
+            return Event::Other;
+        };
+        if let Some(id) = RqId::from_index(i, count) {
+            return Event::Resume(id);
+        }
+        match RqId::from_index(i - count, count) {
+            Some(id) => Event::Completions(id),
+            None => Event::Other,
+        }
+    }
+}
+
+/// A request queue's own state. Each field says what guards it; the lock
+/// order is in docs/DESIGN.md ("Lock order").
+pub(super) struct RequestQueue {
+    /// Bumped when the frontend stops or resets the ring. Replies are
+    /// written under the read lock, so once `stop_vring` holds the write
+    /// lock no reply of the old ring can reach guest memory.
+    pub(super) gen: RwLock<u64>,
+    /// The heads of its chains in flight (`heads.rs`: its own mutex, a
+    /// leaf; taken under `gen`'s read lock when answering).
+    pub(super) heads: Heads,
+    /// Held from popping a chain until it is submitted or put back, so the
+    /// vring thread and the watchdog never interleave a pop with another's
+    /// rewind.
+    pub(super) pop_lock: Mutex<()>,
+    /// Set while it stopped popping (admission full, or too many orphans);
+    /// atomic: the end of any request swaps it off and writes `resume`.
+    pub(super) stalled: AtomicBool,
+    /// Written to resume it once stalled (its vring thread polls it:
+    /// [`RqId::resume_event`]).
+    pub(super) resume: EventFd,
+    /// The vring thread's own ring entries and the requests it has in
+    /// flight on them (made on first use; only that thread locks it).
+    pub(super) inline: Mutex<Option<QueueServer>>,
+    /// When its vring thread started serving in line (milliseconds on
+    /// `Inner::epoch`, 0: not serving); atomic, read by the watchdog.
+    pub(super) busy_since: AtomicU64,
+    /// Its vring as its thread last saw it, for the watchdog (its own
+    /// mutex, a leaf).
+    pub(super) vring: Mutex<Option<Vring>>,
+    /// Requests whose guest buffers are lent to the engine (pruned as they
+    /// go), so a ring stop or reset can take them back (its own mutex, a
+    /// leaf).
+    pub(super) lent: Mutex<Vec<Weak<Ticket>>>,
+    /// Requests the timeout scanner answered that the engine still holds
+    /// (their heads are back with the guest, which may publish them again):
+    /// at the queue's size it stops popping until the engine lets some go,
+    /// so work in flight stays bounded when the server hangs. Atomic.
+    pub(super) orphans: AtomicU64,
+}
+
+impl RequestQueue {
+    pub(super) fn new() -> std::io::Result<RequestQueue> {
+        Ok(RequestQueue {
+            gen: RwLock::new(0),
+            heads: Heads::default(),
+            pop_lock: Mutex::new(()),
+            stalled: AtomicBool::new(false),
+            resume: EventFd::new(EFD_NONBLOCK)?,
+            inline: Mutex::new(None),
+            busy_since: AtomicU64::new(0),
+            vring: Mutex::new(None),
+            lent: Mutex::new(Vec::new()),
+            orphans: AtomicU64::new(0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_queue_numbers_and_events_agree() {
+        let count = 3;
+        let num_queues = count + 1;
+        assert_eq!(RqId::from_vq(HIPRIO, count), None);
+        assert_eq!(RqId::from_vq(count + 1, count), None);
+        assert_eq!(Vq::from_index(HIPRIO, count), Some(Vq::Hiprio));
+        assert_eq!(Vq::from_index(count + 1, count), None);
+        let ids: Vec<RqId> = RqId::all(count).collect();
+        assert_eq!(ids.len(), count);
+        for (i, id) in ids.into_iter().enumerate() {
+            assert_eq!(RqId::from_vq(i + 1, count), Some(id));
+            assert_eq!(Vq::from_index(i + 1, count).map(Vq::index), Some(i + 1));
+            assert_eq!((id.vq(), id.ring_queue()), (i + 1, i as u16));
+            let ev = |e: u64| Event::decode(u16::try_from(e).unwrap(), count);
+            assert_eq!(ev(id.resume_event(num_queues)), Event::Resume(id));
+            assert_eq!(ev(id.completion_event(num_queues)), Event::Completions(id));
+        }
+        assert_eq!(Event::decode(0, count), Event::Kick);
+        for vq in 1..=num_queues {
+            assert_eq!(Event::decode(vq as u16, count), Event::Other);
+        }
+        assert_eq!(Event::decode((3 * num_queues) as u16, count), Event::Other);
+    }
+}
