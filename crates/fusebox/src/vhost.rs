@@ -337,13 +337,6 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             congestion_threshold: a.congestion_threshold,
             fixed_guest_memory: a.fixed_guest_memory,
             submit_batch: a.submit_batch as usize,
-            report: Some(|error, msg| {
-                if error {
-                    log::error!("{msg}");
-                } else {
-                    log::info!("{msg}");
-                }
-            }),
             ..DeviceConfig::default()
         },
     )

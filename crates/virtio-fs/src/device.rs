@@ -158,10 +158,6 @@ pub struct DeviceConfig {
     /// the device runs, which defeats ballooning and overcommit: off by
     /// default.
     pub fixed_guest_memory: bool,
-    /// Where the device tells the operator how a live migration's state
-    /// transfer went (true: an error), since QEMU is told only that it
-    /// failed. None: nowhere.
-    pub report: Option<fn(bool, &str)>,
     /// How long a ring stop (GET_VRING_BASE: before a migration, or when
     /// the guest resets the device) waits for the requests popped from
     /// that ring to be answered, when no `request_timeout` bounds them
@@ -185,7 +181,6 @@ impl Default for DeviceConfig {
             inline_per_batch: 0,
             submit_batch: 4,
             fixed_guest_memory: false,
-            report: None,
             ring_stop_drain: stop::RING_STOP_DRAIN,
         }
     }

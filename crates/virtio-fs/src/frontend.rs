@@ -505,19 +505,19 @@ fn deliver(s: &Shared, q: &Queue, slot: u16, len: usize, unique: u64, dev: &Devi
         return false;
     };
     if oh.unique != unique || (oh.len as usize) < oh_len || oh.len as usize > len {
-        if std::env::var_os("FUSEBOX_FRONTEND_DEBUG").is_some() {
-            eprintln!(
-                "bad reply: unique {} (want {unique}) len {} used {len}",
-                oh.unique, oh.len
-            );
-        }
+        log::debug!(
+            "bad reply: unique {} (want {unique}) len {} used {len}",
+            oh.unique,
+            oh.len
+        );
         return false;
     }
     let plen = oh.len as usize - oh_len;
-    if oh.error != 0 && std::env::var_os("FUSEBOX_FRONTEND_DEBUG").is_some() {
-        eprintln!(
+    if oh.error != 0 {
+        log::debug!(
             "reply: unique {unique} error {} len {} used {len}",
-            oh.error, oh.len
+            oh.error,
+            oh.len
         );
     }
     let src = GuestAddress(out + oh_len as u64);

@@ -82,8 +82,8 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
                     .stats
                     .lost_on_stop
                     .fetch_add(lost as u64, Ordering::Relaxed);
-                eprintln!(
-                    "fusebox: queue {} stopped with {lost} request(s) still unanswered; \
+                log::warn!(
+                    "queue {} stopped with {lost} request(s) still unanswered; \
                      they are given up",
                     q.vq()
                 );
@@ -139,19 +139,12 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         };
         self.inner
             .migration
-            .start(
-                self.inner.engine.fs(),
-                direction,
-                phase,
-                file,
-                load,
-                self.inner.cfg.report,
-            )
+            .start(self.inner.engine.fs(), direction, phase, file, load)
             .map(|()| None)
     }
 
     fn check_device_state(&self) -> io::Result<()> {
-        self.inner.migration.check(self.inner.cfg.report)
+        self.inner.migration.check()
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {

@@ -70,16 +70,16 @@ fn io_refused(what: &str, e: std::io::Error) -> StateError {
     }
 }
 
-/// Tells the operator about `e`, with its causes.
-fn tell(report: Option<fn(bool, &str)>, error: bool, e: &StateError) {
-    let Some(f) = report else { return };
+/// Tells the operator about `e`, with its causes, in the log: QEMU is
+/// told only that the transfer failed.
+fn tell(e: &StateError) {
     let mut msg = format!("migration: {e}");
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
         msg.push_str(&format!(": {s}"));
         src = s.source();
     }
-    f(error, &msg);
+    log::error!("{msg}");
 }
 
 /// The stream for `init` (the guest's INIT body) and `fs` (the
@@ -182,7 +182,6 @@ impl Migration {
         phase: VhostTransferStatePhase,
         file: std::fs::File,
         load: impl FnOnce(Vec<u8>) -> Result<(), StateError> + Send + 'static,
-        report: Option<fn(bool, &str)>,
     ) -> std::io::Result<()> {
         if phase != VhostTransferStatePhase::STOPPED {
             return Err(std::io::Error::new(
@@ -210,13 +209,13 @@ impl Migration {
                 .map_err(|e| io_refused("a thread to read the state", e)),
         };
         r.map_err(|e| {
-            tell(report, true, &e);
+            tell(&e);
             std::io::Error::other(e)
         })
     }
 
     /// CHECK_DEVICE_STATE: how the last transfer ended.
-    pub(crate) fn check(&self, report: Option<fn(bool, &str)>) -> std::io::Result<()> {
+    pub(crate) fn check(&self) -> std::io::Result<()> {
         let Some(t) = lock(&self.transfer).take() else {
             return Err(std::io::Error::other("no state transfer to check"));
         };
@@ -225,13 +224,11 @@ impl Migration {
             .unwrap_or_else(|_| Err(StateError::refused("the transfer thread panicked")));
         match r {
             Ok(()) => {
-                if let Some(f) = report {
-                    f(false, "migration: device state transferred");
-                }
+                log::info!("migration: device state transferred");
                 Ok(())
             }
             Err(e) => {
-                tell(report, true, &e);
+                tell(&e);
                 Err(std::io::Error::other(e))
             }
         }
