@@ -194,16 +194,11 @@ struct Shared {
     max_payload: usize,
     state: Mutex<State>,
     wake: OwnedFd,
-    wake_count: std::cell::UnsafeCell<u64>,
     /// Set by [`KernelQueue::shutdown`].
     stop: std::sync::atomic::AtomicBool,
     /// Nudges sent (numbers their uniques).
     nudges: std::sync::atomic::AtomicU64,
 }
-
-// SAFETY: `wake_count` is only the read target of the eventfd drain, done
-// by the worker holding `state`'s lock; everything else is Sync.
-unsafe impl Sync for Shared {}
 
 /// One queue of the kernel's ring, served by one worker thread.
 #[derive(Clone)]
@@ -322,7 +317,6 @@ impl KernelQueue {
                     failed: None,
                 }),
                 wake,
-                wake_count: std::cell::UnsafeCell::new(0),
                 stop: std::sync::atomic::AtomicBool::new(false),
                 nudges: std::sync::atomic::AtomicU64::new(0),
             }),
@@ -556,12 +550,13 @@ impl KernelQueue {
             }
             if ud == WAKE {
                 st.wake_armed = false;
-                // SAFETY: reads 8 bytes into the counter, which only the
-                // lock holder (us) touches.
+                // Drains the eventfd; the count itself is not needed.
+                let mut count = 0u64;
+                // SAFETY: reads at most 8 bytes into a local u64.
                 unsafe {
                     libc::read(
                         self.shared.wake.as_raw_fd(),
-                        self.shared.wake_count.get().cast(),
+                        (&mut count as *mut u64).cast(),
                         8,
                     );
                 }
