@@ -204,12 +204,7 @@ impl LockCall {
                 } {
                     // Interruptible (FUSE_INTERRUPT signals this thread):
                     // std's sleep would go back to sleep on EINTR.
-                    let nap = libc::timespec {
-                        tv_sec: 0,
-                        tv_nsec: 10_000_000,
-                    };
-                    // SAFETY: `nap` is a valid timespec; no remainder asked.
-                    if unsafe { libc::nanosleep(&nap, std::ptr::null_mut()) } != 0 {
+                    if sys::nap(Duration::from_millis(10)).is_err() {
                         return Err(Errno::EINTR);
                     }
                 }
