@@ -45,6 +45,7 @@ pub(crate) mod arena;
 pub mod serve;
 
 use crate::devfuse::DevFuse;
+use crate::sync::{get_mut, lock};
 use fuse_core::abi::{
     notify, uring, InHeader, NotifyRetrieveOut, Opcode, OutHeader, UringCmdReq, UringReqHeader,
 };
@@ -324,7 +325,7 @@ impl KernelQueue {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.shared.state)
     }
 
     /// Queues the command `cmd_op` for `ent` and submits it; the entry is
@@ -768,7 +769,7 @@ impl Drop for Shared {
     /// being torn down) may yet be written by the kernel: their memory is
     /// leaked rather than freed under it.
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let st = get_mut(&mut self.state);
         for (_, ent) in st.inflight.drain() {
             Box::leak(ent);
         }

@@ -11,6 +11,7 @@ pub mod devfuse;
 mod driver;
 pub mod kring;
 pub mod passthrough;
+mod sync;
 
 pub use cancel::CancelRegistry;
 pub use driver::{pread, pwrite, Completion, Driver, DriverError, OpId, Supported, Target};
