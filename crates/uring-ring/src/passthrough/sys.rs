@@ -1,14 +1,17 @@
-//! Thin, safe wrappers over the syscalls the passthrough uses. Every one
-//! takes file descriptors it borrows and names as C strings, and returns
-//! the kernel's errno unchanged.
+//! Thin wrappers over the syscalls the passthrough uses. Every one takes
+//! file descriptors it borrows and names as C strings, and returns the
+//! kernel's errno unchanged. All are safe but [`preadv_nowait`], an
+//! `unsafe fn` whose caller vouches for the memory it reads into.
 //!
-//! Every raw syscall of the passthrough is here. The only other `unsafe`
-//! in the passthrough is I/O on a client's memory, which cannot be made
-//! safe here: fuse-core's `unsafe trait ClientMem` promises that a client's
-//! spans stay mapped while held for I/O, and the code that holds them
-//! (`client_io.rs` with its `IoGuard`; `started.rs` and `started/write.rs`
-//! between `begin_io` and `end_io`) is where that promise is discharged
-//! into the driver's `unsafe fn`s and [`preadv_nowait`].
+//! Every raw syscall of the passthrough is here, in one file on purpose
+//! (past the usual length): one flat list of wrappers, each a few lines,
+//! to audit in one read. The only other `unsafe` in the passthrough is
+//! I/O on a client's memory, which cannot be made safe here: fuse-core's
+//! `unsafe trait ClientMem` promises that a client's spans stay mapped
+//! while held for I/O, and the code that holds them (`client_io.rs` with
+//! its `IoGuard`; `started.rs` and `started/write.rs` between `begin_io`
+//! and `end_io`) is where that promise is discharged into the driver's
+//! `unsafe fn`s and [`preadv_nowait`].
 
 use fuse_core::Errno;
 use std::ffi::{CStr, CString};
