@@ -9,6 +9,7 @@
 //! leaves the registry (under that lock) before its driver can drop the
 //! ring, so the fd named is always that live ring.
 
+use crate::sync::lock;
 use std::collections::BTreeSet;
 use std::os::fd::RawFd;
 use std::sync::Mutex;
@@ -41,7 +42,7 @@ pub struct CancelRegistry {
 
 impl CancelRegistry {
     fn ops(&self) -> std::sync::MutexGuard<'_, BTreeSet<(u64, RawFd, u64)>> {
-        self.ops.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.ops)
     }
 
     pub(crate) fn enter(&self, key: u64, ring: RawFd, user_data: u64) {

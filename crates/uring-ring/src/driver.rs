@@ -4,8 +4,8 @@
 //!   buffer lives in the driver's slot table (indexed by `user_data`), not
 //!   with the caller. A caller that gives up on an op ([`Driver::forget`])
 //!   leaves the buffer parked there until the CQE arrives.
-//! - Dropping the driver cancels everything in flight and drains the
-//!   completions before the ring and its buffers are freed.
+//! - Dropping the driver cancels everything in flight and waits for every
+//!   completion before the ring and its buffers are freed (`teardown.rs`).
 //! - Submissions are batched: ops are queued and submitted together by
 //!   [`Driver::submit`] or when waiting.
 //! - At start-up the driver probes the opcodes it uses and falls back to
@@ -17,16 +17,31 @@
 //! - An op carries a key (the FUSE request's unique): [`Driver::cancel`]
 //!   cancels every op with that key (ASYNC_CANCEL); an op may carry a
 //!   deadline (a linked LINK_TIMEOUT).
+//!
+//! Files: this one (the slot table, queueing, submitting, reaping,
+//! waiting, cancelling), `owned.rs` (ops on memory the driver owns: the
+//! slot's buffer, its registered regions), `blocking.rs` (ops on memory
+//! the caller borrows, waited for before returning), `vectored.rs`
+//! (vectored ops on a client's memory, its registered map), `started.rs`
+//! (ops left running on a client's memory), `personality.rs`,
+//! `teardown.rs` (Drop).
+//!
+//! Unsafe: the one place an SQE reaches the kernel is [`Driver::push_all`],
+//! an `unsafe fn` whose contract is that the memory the SQE names outlives
+//! the op; each caller says why that holds for what it pushes.
 
+mod blocking;
+mod owned;
 mod personality;
 mod started;
+mod teardown;
 mod vectored;
+pub use owned::{pread, pwrite};
 pub use vectored::{preadv_raw, pwritev_raw, MAX_IOVECS};
 
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Duration;
 
 /// user_data of the linked timeouts and cancel requests (never a slot).
 const INTERNAL: u64 = u64::MAX;
@@ -114,11 +129,28 @@ enum Slot {
         key: u64,
         timeout: Option<Box<types::Timespec>>,
         forgotten: bool,
+        /// The registered region a READ_FIXED/WRITE_FIXED uses (so
+        /// [`Driver::region`] refuses it meanwhile).
+        region: Option<u16>,
     },
     Done {
         res: i32,
         buf: Option<Vec<u8>>,
     },
+}
+
+impl Slot {
+    /// An op about to be queued, owning `buf` (if any) until its
+    /// completion.
+    fn in_flight(buf: Option<Vec<u8>>, key: u64) -> Slot {
+        Slot::InFlight {
+            buf,
+            key,
+            timeout: None,
+            forgotten: false,
+            region: None,
+        }
+    }
 }
 
 /// One io_uring with its in-flight operations.
@@ -249,226 +281,46 @@ impl Driver {
         self.free.push(idx);
     }
 
-    /// Queues `entry`, flushing the queue first when it is full.
-    fn push(&mut self, entry: &squeue::Entry) -> Result<(), DriverError> {
+    /// Queues `entries` together (all or none: a linked pair never has its
+    /// link flag dangle onto an unrelated SQE), submitting what is queued
+    /// first when they do not fit. On an error none of them was queued.
+    ///
+    /// # Safety
+    ///
+    /// Every memory an entry names (a buffer, an iovec array and the
+    /// memory its iovecs describe, a timespec) must stay valid for the
+    /// kernel's access (mapped; writable, and reached through no Rust
+    /// reference, where the kernel writes) until that entry's completion
+    /// has been reaped; entries of ops in slots must carry their slot's
+    /// index as `user_data`, others [`INTERNAL`]. The driver's Drop waits
+    /// for every completion (see `teardown.rs`), so memory the driver owns
+    /// (slot buffers, timespecs, iovec arrays, regions) meets this by
+    /// staying in the driver until `reap` takes the op's completion.
+    unsafe fn push_all(&mut self, entries: &[squeue::Entry]) -> Result<(), DriverError> {
         loop {
-            // SAFETY: every buffer or timespec an entry points to is owned by
-            // this driver's slot table (or its registered regions) and stays
-            // there, unmoved on the heap, until the entry's completion has
-            // been reaped; the driver's Drop drains all completions first.
-            let pushed = unsafe { self.ring.submission().push(entry) };
+            // SAFETY: the caller's contract.
+            let pushed = unsafe { self.ring.submission().push_multiple(entries) };
             if pushed.is_ok() {
-                self.queued += 1;
+                self.queued += entries.len();
                 return Ok(());
+            }
+            if self.ring.submission().capacity() < entries.len() {
+                return Err(DriverError::Submit(io::Error::from_raw_os_error(
+                    libc::EINVAL,
+                )));
             }
             self.submit()?;
         }
     }
 
-    fn with_deadline(
-        &mut self,
-        id: OpId,
-        mut entry: squeue::Entry,
-        deadline: Option<Duration>,
-    ) -> Result<OpId, DriverError> {
-        entry = entry.user_data(id.idx as u64);
-        match deadline.filter(|_| self.supported.link_timeout) {
-            Some(d) => {
-                let ts = Box::new(
-                    types::Timespec::new()
-                        .sec(d.as_secs())
-                        .nsec(d.subsec_nanos()),
-                );
-                let ptr: *const types::Timespec = &*ts;
-                if let Slot::InFlight { timeout, .. } = &mut self.slots[id.idx] {
-                    *timeout = Some(ts);
-                }
-                self.push(&entry.flags(squeue::Flags::IO_LINK))?;
-                self.push(&opcode::LinkTimeout::new(ptr).build().user_data(INTERNAL))?;
-            }
-            None => self.push(&entry)?,
-        }
-        Ok(id)
-    }
-
-    /// Reads `buf.len()` bytes at `offset` into `buf` (which the op owns
-    /// until it completes). `key` names the op for [`Driver::cancel`].
-    pub fn read(
-        &mut self,
-        t: Target,
-        buf: Vec<u8>,
-        offset: u64,
-        key: u64,
-        deadline: Option<Duration>,
-    ) -> Result<OpId, DriverError> {
-        self.owned(Dir::Read, t, buf, offset, key, deadline)
-    }
-
-    /// Writes `buf` at `offset` (the op owns `buf` until it completes).
-    pub fn write(
-        &mut self,
-        t: Target,
-        buf: Vec<u8>,
-        offset: u64,
-        key: u64,
-        deadline: Option<Duration>,
-    ) -> Result<OpId, DriverError> {
-        self.owned(Dir::Write, t, buf, offset, key, deadline)
-    }
-
-    fn supports(&self, dir: Dir, fixed: bool) -> bool {
-        let s = self.supported;
-        match (dir, fixed) {
-            (Dir::Read, false) => s.read,
-            (Dir::Write, false) => s.write,
-            (Dir::Read, true) => s.read_fixed,
-            (Dir::Write, true) => s.write_fixed,
-        }
-    }
-
-    fn owned(
-        &mut self,
-        dir: Dir,
-        t: Target,
-        mut buf: Vec<u8>,
-        offset: u64,
-        key: u64,
-        deadline: Option<Duration>,
-    ) -> Result<OpId, DriverError> {
-        if !self.supports(dir, false) {
-            let res = fallback(dir, t, &mut buf, offset);
-            return Ok(self.alloc(Slot::Done {
-                res,
-                buf: Some(buf),
-            }));
-        }
-        let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
-        let id = self.alloc(Slot::InFlight {
-            buf: Some(buf),
-            key,
-            timeout: None,
-            forgotten: false,
-        });
-        self.with_deadline(id, build(dir, t, ptr, len, offset, None), deadline)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn fixed(
-        &mut self,
-        dir: Dir,
-        t: Target,
-        index: u16,
-        off: usize,
-        len: usize,
-        offset: u64,
-        key: u64,
-    ) -> Result<OpId, DriverError> {
-        let ptr = self.fixed_ptr(index, off, len)?;
-        if !self.supports(dir, true) {
-            let res = fallback(
-                dir,
-                t,
-                &mut self.regions[usize::from(index)][off..off + len],
-                offset,
-            );
-            return Ok(self.alloc(Slot::Done { res, buf: None }));
-        }
-        let id = self.alloc(Slot::InFlight {
-            buf: None,
-            key,
-            timeout: None,
-            forgotten: false,
-        });
-        self.with_deadline(
-            id,
-            build(dir, t, ptr, len as u32, offset, Some(index)),
-            None,
-        )
-    }
-
-    /// Allocates regions of `sizes` bytes (each split into pieces of at most
-    /// 1 GiB) and registers them as fixed buffers. Returns the index of the
-    /// first piece of each region. Replaces earlier registrations.
-    pub fn register_regions(&mut self, sizes: &[usize]) -> Result<Vec<u16>, DriverError> {
-        if self.in_flight() != 0 {
-            return Err(DriverError::Register(io::Error::from_raw_os_error(
-                libc::EBUSY,
-            )));
-        }
-        let _ = self.ring.submitter().unregister_buffers();
-        self.client_map = None;
-        let mut regions = Vec::new();
-        let mut firsts = Vec::new();
-        for &size in sizes {
-            firsts.push(regions.len() as u16);
-            let mut left = size;
-            while left > 0 {
-                let n = left.min(MAX_REGION);
-                regions.push(vec![0u8; n].into_boxed_slice());
-                left -= n;
-            }
-        }
-        let iovecs: Vec<libc::iovec> = regions
-            .iter_mut()
-            .map(|r| libc::iovec {
-                iov_base: r.as_mut_ptr().cast(),
-                iov_len: r.len(),
-            })
-            .collect();
-        // SAFETY: the regions are owned by the driver (boxed slices, never
-        // moved or freed while registered: they are replaced only after
-        // unregistering, and the ring is dropped before them).
-        unsafe { self.ring.submitter().register_buffers(&iovecs) }
-            .map_err(DriverError::Register)?;
-        self.regions = regions;
-        Ok(firsts)
-    }
-
-    /// A registered region.
-    pub fn region(&self, index: u16) -> Option<&[u8]> {
-        self.regions.get(usize::from(index)).map(|r| &r[..])
-    }
-
-    /// A registered region, for filling before a WRITE_FIXED. Do not touch
-    /// a range an op in flight uses.
-    pub fn region_mut(&mut self, index: u16) -> Option<&mut [u8]> {
-        self.regions.get_mut(usize::from(index)).map(|r| &mut r[..])
-    }
-
-    fn fixed_ptr(&mut self, index: u16, off: usize, len: usize) -> Result<*mut u8, DriverError> {
-        let end = off.saturating_add(len);
-        let r = self
-            .regions
-            .get_mut(usize::from(index))
-            .filter(|r| end <= r.len());
-        let r = r.ok_or(DriverError::BadFixed { index, off, end })?;
-        Ok(r[off..end].as_mut_ptr())
-    }
-
-    /// READ_FIXED of `len` bytes at file `offset` into region `index` at `off`.
-    pub fn read_fixed(
-        &mut self,
-        t: Target,
-        index: u16,
-        off: usize,
-        len: usize,
-        offset: u64,
-        key: u64,
-    ) -> Result<OpId, DriverError> {
-        self.fixed(Dir::Read, t, index, off, len, offset, key)
-    }
-
-    /// WRITE_FIXED of `len` bytes from region `index` at `off` to file `offset`.
-    pub fn write_fixed(
-        &mut self,
-        t: Target,
-        index: u16,
-        off: usize,
-        len: usize,
-        offset: u64,
-        key: u64,
-    ) -> Result<OpId, DriverError> {
-        self.fixed(Dir::Write, t, index, off, len, offset, key)
+    /// [`Driver::push_all`] of one entry.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Driver::push_all`].
+    unsafe fn push(&mut self, entry: &squeue::Entry) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.push_all(std::slice::from_ref(entry)) }
     }
 
     /// Registers `fds` as fixed files (index = position).
@@ -588,89 +440,6 @@ impl Driver {
         }
     }
 
-    /// Reads into a borrowed buffer: submits and waits for the completion
-    /// before returning, so the kernel never holds the borrow beyond it.
-    pub fn read_into(
-        &mut self,
-        t: Target,
-        buf: &mut [u8],
-        offset: u64,
-        key: u64,
-    ) -> io::Result<usize> {
-        if !self.supported.read {
-            return result(fallback(Dir::Read, t, buf, offset));
-        }
-        let len = buf.len().min(u32::MAX as usize) as u32;
-        self.blocking(
-            build(Dir::Read, t, buf.as_mut_ptr(), len, offset, None),
-            key,
-        )
-    }
-
-    /// Writes from a borrowed buffer, waiting for the completion.
-    pub fn write_from(
-        &mut self,
-        t: Target,
-        buf: &[u8],
-        offset: u64,
-        key: u64,
-    ) -> io::Result<usize> {
-        if !self.supported.write {
-            return result(syscall_write(t, buf, offset));
-        }
-        let len = buf.len().min(u32::MAX as usize) as u32;
-        // The kernel only reads through this pointer for a write.
-        let ptr = buf.as_ptr().cast_mut();
-        self.blocking(build(Dir::Write, t, ptr, len, offset, None), key)
-    }
-
-    /// fsync (or fdatasync) through the ring, waiting for the completion.
-    pub fn fsync(&mut self, t: Target, datasync: bool, key: u64) -> io::Result<usize> {
-        self.blocking(started::fsync_entry(t, datasync), key)
-    }
-
-    /// Submits `entry`, which points into memory the caller borrows, and
-    /// waits for its completion. Once the entry is queued this function
-    /// does not return before the kernel is done with that memory.
-    fn blocking(&mut self, entry: squeue::Entry, key: u64) -> io::Result<usize> {
-        // Not queued: the kernel never saw the pointer.
-        let id = self.queue_entry(entry, key).map_err(driver_io)?;
-        let ring_fd = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
-        let cancels = self.cancels.clone();
-        if let Some(r) = &cancels {
-            r.enter(key, ring_fd, id.idx as u64);
-        }
-        let mut failures = 0;
-        loop {
-            if let Some(c) = self.take(id) {
-                if let Some(r) = &cancels {
-                    r.leave(key, ring_fd, id.idx as u64);
-                }
-                return c.result;
-            }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => self.sync_queued(),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) => {}
-                Err(e) => {
-                    failures += 1;
-                    if failures > 1000 {
-                        // The entry may still be in the ring with a pointer
-                        // into the caller's borrow: returning would let the
-                        // kernel write into freed memory.
-                        eprintln!("uring-ring: io_uring_enter keeps failing ({e}); aborting");
-                        std::process::abort();
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-            self.reap();
-        }
-    }
-
     /// Gives up on `id`: its buffer stays parked in the driver until the
     /// kernel's completion arrives, then it is freed.
     pub fn forget(&mut self, id: OpId) {
@@ -699,69 +468,20 @@ impl Driver {
             return Ok(0);
         }
         for &i in &targets {
-            self.push(
-                &opcode::AsyncCancel::new(i as u64)
-                    .build()
-                    .user_data(INTERNAL),
-            )?;
+            // SAFETY: a cancel names no memory, only the user_data of the
+            // op it cancels.
+            unsafe { self.push(&cancel_entry(i)) }?;
         }
         self.submit()?;
         Ok(targets.len())
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dir {
-    Read,
-    Write,
-}
-
-/// The SQE for a read or write, plain or fixed, on a plain or fixed file.
-fn build(
-    dir: Dir,
-    t: Target,
-    ptr: *mut u8,
-    len: u32,
-    offset: u64,
-    fixed: Option<u16>,
-) -> squeue::Entry {
-    macro_rules! on {
-        ($fd:expr) => {
-            match (dir, fixed) {
-                (Dir::Read, None) => opcode::Read::new($fd, ptr, len).offset(offset).build(),
-                (Dir::Write, None) => opcode::Write::new($fd, ptr, len).offset(offset).build(),
-                (Dir::Read, Some(i)) => opcode::ReadFixed::new($fd, ptr, len, i)
-                    .offset(offset)
-                    .build(),
-                (Dir::Write, Some(i)) => opcode::WriteFixed::new($fd, ptr, len, i)
-                    .offset(offset)
-                    .build(),
-            }
-        };
-    }
-    match t {
-        Target::Fd(fd) => on!(types::Fd(fd)),
-        Target::Fixed(i) => on!(types::Fixed(i)),
-    }
-}
-
-/// The syscall path for a kernel without the opcode.
-fn fallback(dir: Dir, t: Target, buf: &mut [u8], offset: u64) -> i32 {
-    match t {
-        Target::Fd(fd) => syscall_rw(fd, buf, offset, dir == Dir::Write),
-        // Registered files exist only inside io_uring.
-        Target::Fixed(_) => -libc::EBADF,
-    }
-}
-
-/// pread(2), for callers without a ring.
-pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    result(syscall_rw(fd, buf, offset, false))
-}
-
-/// pwrite(2), for callers without a ring.
-pub fn pwrite(fd: RawFd, buf: &[u8], offset: u64) -> io::Result<usize> {
-    result(syscall_write(Target::Fd(fd), buf, offset))
+/// The SQE that cancels the op in slot `idx`.
+fn cancel_entry(idx: usize) -> squeue::Entry {
+    opcode::AsyncCancel::new(idx as u64)
+        .build()
+        .user_data(INTERNAL)
 }
 
 fn result(res: i32) -> io::Result<usize> {
@@ -776,75 +496,5 @@ fn driver_io(e: DriverError) -> io::Error {
     match e {
         DriverError::Setup(e) | DriverError::Register(e) | DriverError::Submit(e) => e,
         other => io::Error::other(other),
-    }
-}
-
-/// pwrite from a shared buffer; returns bytes or a negative errno.
-fn syscall_write(t: Target, buf: &[u8], offset: u64) -> i32 {
-    let Target::Fd(fd) = t else {
-        return -libc::EBADF;
-    };
-    // SAFETY: `buf` is a valid slice for the duration of the call and its
-    // length is passed with it; pwrite only reads from it.
-    let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), offset as libc::off_t) };
-    if n < 0 {
-        -io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO)
-    } else {
-        n as i32
-    }
-}
-
-/// pread/pwrite fallback; returns bytes or a negative errno.
-fn syscall_rw(fd: RawFd, buf: &mut [u8], offset: u64, write: bool) -> i32 {
-    let off = offset as libc::off_t;
-    // SAFETY: `buf` is a valid, exclusively borrowed slice for the duration
-    // of the call and its length is passed with it.
-    let n = unsafe {
-        if write {
-            libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off)
-        } else {
-            libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off)
-        }
-    };
-    if n < 0 {
-        -io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO)
-    } else {
-        n as i32
-    }
-}
-
-impl Drop for Driver {
-    /// Cancels what is in flight and drains every completion, so no buffer
-    /// is freed while the kernel may still write to it.
-    fn drop(&mut self) {
-        let keys: Vec<usize> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, Slot::InFlight { .. }))
-            .map(|(i, _)| i)
-            .collect();
-        for i in keys {
-            // SAFETY: see `push`; a cancel entry points to no memory.
-            let _ = unsafe {
-                self.ring.submission().push(
-                    &opcode::AsyncCancel::new(i as u64)
-                        .build()
-                        .user_data(INTERNAL),
-                )
-            };
-        }
-        while self.in_flight() > 0 {
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(_) => break,
-            }
-            self.reap();
-        }
     }
 }

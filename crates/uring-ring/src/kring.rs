@@ -45,6 +45,7 @@ pub(crate) mod arena;
 pub mod serve;
 
 use crate::devfuse::DevFuse;
+use crate::sync::{get_mut, lock};
 use fuse_core::abi::{
     notify, uring, InHeader, NotifyRetrieveOut, Opcode, OutHeader, UringCmdReq, UringReqHeader,
 };
@@ -194,16 +195,11 @@ struct Shared {
     max_payload: usize,
     state: Mutex<State>,
     wake: OwnedFd,
-    wake_count: std::cell::UnsafeCell<u64>,
     /// Set by [`KernelQueue::shutdown`].
     stop: std::sync::atomic::AtomicBool,
     /// Nudges sent (numbers their uniques).
     nudges: std::sync::atomic::AtomicU64,
 }
-
-// SAFETY: `wake_count` is only the read target of the eventfd drain, done
-// by the worker holding `state`'s lock; everything else is Sync.
-unsafe impl Sync for Shared {}
 
 /// One queue of the kernel's ring, served by one worker thread.
 #[derive(Clone)]
@@ -322,7 +318,6 @@ impl KernelQueue {
                     failed: None,
                 }),
                 wake,
-                wake_count: std::cell::UnsafeCell::new(0),
                 stop: std::sync::atomic::AtomicBool::new(false),
                 nudges: std::sync::atomic::AtomicU64::new(0),
             }),
@@ -330,7 +325,7 @@ impl KernelQueue {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.shared.state)
     }
 
     /// Queues the command `cmd_op` for `ent` and submits it; the entry is
@@ -556,12 +551,13 @@ impl KernelQueue {
             }
             if ud == WAKE {
                 st.wake_armed = false;
-                // SAFETY: reads 8 bytes into the counter, which only the
-                // lock holder (us) touches.
+                // Drains the eventfd; the count itself is not needed.
+                let mut count = 0u64;
+                // SAFETY: reads at most 8 bytes into a local u64.
                 unsafe {
                     libc::read(
                         self.shared.wake.as_raw_fd(),
-                        self.shared.wake_count.get().cast(),
+                        (&mut count as *mut u64).cast(),
                         8,
                     );
                 }
@@ -773,7 +769,7 @@ impl Drop for Shared {
     /// being torn down) may yet be written by the kernel: their memory is
     /// leaked rather than freed under it.
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let st = get_mut(&mut self.state);
         for (_, ent) in st.inflight.drain() {
             Box::leak(ent);
         }

@@ -11,6 +11,7 @@ pub mod devfuse;
 mod driver;
 pub mod kring;
 pub mod passthrough;
+mod sync;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 

@@ -232,6 +232,74 @@ fn dropping_the_driver_cancels_and_drains() {
     );
 }
 
+/// Dropping a driver with reads in flight on a pipe nobody writes: every
+/// read is cancelled and has completed before `drop` returns, so none is
+/// left in the kernel to take bytes written afterwards (into buffers the
+/// drop has freed, or client memory its owner has unmapped). More ops than
+/// the ring's submission queue holds, the last ones still queued
+/// unsubmitted, so the cancels need room made for them (a drop that pushed
+/// them only while there was room waited for ever).
+#[test]
+fn drop_cancels_and_waits_for_every_op_before_returning() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let registry = Arc::new(uring_ring::CancelRegistry::default());
+    let (mut rx, tx) = pipe();
+    let fd = rx.as_raw_fd();
+    let mut d = Driver::new(4).unwrap();
+    d.set_cancel_registry(registry.clone());
+    for _ in 0..8 {
+        d.read(Target::Fd(fd), vec![0; 64], 0, 1, None).unwrap();
+    }
+    // A started read into memory the test owns (client memory's stand-in).
+    let mut client = vec![0u8; 64];
+    let iov = vec![libc::iovec {
+        iov_base: client.as_mut_ptr().cast(),
+        iov_len: client.len(),
+    }]
+    .into_boxed_slice();
+    // SAFETY: `client` is not touched until the driver is dropped below,
+    // and the drop waits for the op.
+    unsafe { d.start_readv(Target::Fd(fd), iov, 0, 2, false, false) }.unwrap();
+    d.submit().unwrap();
+    // A full submission queue, not submitted.
+    for _ in 0..4 {
+        d.read(Target::Fd(fd), vec![0; 64], 0, 3, None).unwrap();
+    }
+    assert_eq!(d.in_flight(), 13);
+    assert_eq!(registry.in_flight(), 1);
+    // A drop that hangs is released (the reads fed) so the test fails
+    // rather than hangs.
+    let dropped = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let dropped = dropped.clone();
+        let mut tx = tx;
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            while !dropped.load(Ordering::Acquire) {
+                if t.elapsed() > Duration::from_secs(10) {
+                    tx.write_all(&[0xee; 13 * 64]).unwrap();
+                    return (tx, true);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (tx, false)
+        })
+    };
+    drop(d);
+    dropped.store(true, Ordering::Release);
+    let (mut tx, hung) = watchdog.join().unwrap();
+    assert!(!hung, "drop waited for ops it had not cancelled");
+    assert_eq!(registry.in_flight(), 0, "the started op left the registry");
+    assert_eq!(client, [0u8; 64], "the started read wrote nothing");
+    // No read is left in the kernel: all of this stays in the pipe.
+    tx.write_all(b"after drop").unwrap();
+    drop(tx);
+    let mut rest = Vec::new();
+    rx.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, b"after drop");
+}
+
 #[test]
 fn another_thread_cancels_a_waiting_op_by_key() {
     // A borrowed-buffer read blocks on an empty pipe in one thread; another

@@ -33,6 +33,7 @@
 
 use super::DevFuse;
 use crate::kring::arena::{Arena, Payload, PAGE};
+use crate::sync::lock;
 use fuse_core::abi::{self, InHeader, Operation, WriteIn, WriteOut};
 use fuse_core::server::{Deferred, DeviceEnd, Dispatcher, Filesystem, FsResult, Handled, ReadDone};
 use fuse_core::{ClientMem, Errno};
@@ -383,10 +384,6 @@ fn signal(fd: &OwnedFd) {
     let one = 1u64;
     // SAFETY: writes 8 bytes from a local u64.
     unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn last_errno() -> Errno {

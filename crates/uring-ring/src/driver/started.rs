@@ -41,7 +41,8 @@ impl Driver {
     /// Every iovec must describe mapped, writable memory that no Rust
     /// reference points into, and stay so until this op's completion has
     /// been taken with [`Driver::take_started`] (or the driver dropped:
-    /// its Drop waits for every op).
+    /// its Drop cancels and waits for every op, and aborts the process if
+    /// the ring is too broken to).
     pub unsafe fn start_readv(
         &mut self,
         t: Target,
@@ -68,8 +69,8 @@ impl Driver {
     ///
     /// Every iovec must describe mapped, readable memory, and stay so
     /// until this op's completion has been taken with
-    /// [`Driver::take_started`] (or the driver dropped: its Drop waits for
-    /// every op).
+    /// [`Driver::take_started`] (or the driver dropped, as for
+    /// [`Driver::start_readv`]).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn start_writev(
         &mut self,
@@ -142,16 +143,14 @@ impl Driver {
             Some(p) => entry.personality(p),
             None => entry,
         };
-        let id = self.alloc(Slot::InFlight {
-            buf: None,
-            key,
-            timeout: None,
-            forgotten: false,
-        });
+        let id = self.alloc(Slot::in_flight(None, key));
         // The array stays here, unmoved on the heap (a boxed slice), until
         // `reap` sees the op's completion.
         self.iov_store.insert(id.idx, iovs);
-        if let Err(e) = self.push(&entry.user_data(id.idx as u64)) {
+        // SAFETY: the iovec array is in `iov_store` until `reap` takes the
+        // op's completion; the memory it describes is the caller's
+        // contract.
+        if let Err(e) = unsafe { self.push(&entry.user_data(id.idx as u64)) } {
             // Not queued: the kernel never saw the pointers.
             self.iov_store.remove(&id.idx);
             self.release(id.idx);
@@ -180,7 +179,8 @@ impl Driver {
             Some(p) => entry.personality(p),
             None => entry,
         };
-        self.start_entry(entry, key)
+        // SAFETY: an fsync names no memory.
+        unsafe { self.start_entry(entry, key) }
     }
 
     /// Queues a fallocate(2) of `t` (`mode`, `len` bytes at `offset`), as
@@ -212,30 +212,38 @@ impl Driver {
             Some(p) => entry.personality(p),
             None => entry,
         };
-        self.start_entry(entry, key)
+        // SAFETY: a fallocate names no memory.
+        unsafe { self.start_entry(entry, key) }
     }
 
-    /// Queues `entry`, an op that names no memory, as started.
-    fn start_entry(&mut self, entry: squeue::Entry, key: u64) -> Result<OpId, DriverError> {
-        let id = self.queue_entry(entry, key)?;
+    /// Queues `entry` as started.
+    ///
+    /// # Safety
+    ///
+    /// `entry` names no memory (or, as for [`Driver::push_all`], only
+    /// memory valid until its completion is taken).
+    unsafe fn start_entry(&mut self, entry: squeue::Entry, key: u64) -> Result<OpId, DriverError> {
+        // SAFETY: the caller's contract.
+        let id = unsafe { self.queue_entry(entry, key) }?;
         self.track(id, key);
         Ok(id)
     }
 
     /// Queues `entry` in a new in-flight slot named by `key`; its slot
     /// freed again if the ring did not take it.
-    pub(super) fn queue_entry(
+    ///
+    /// # Safety
+    ///
+    /// As for [`Driver::push_all`]: the memory `entry` names stays valid
+    /// for the kernel until the op's completion has been reaped.
+    pub(super) unsafe fn queue_entry(
         &mut self,
         entry: squeue::Entry,
         key: u64,
     ) -> Result<OpId, DriverError> {
-        let id = self.alloc(Slot::InFlight {
-            buf: None,
-            key,
-            timeout: None,
-            forgotten: false,
-        });
-        if let Err(e) = self.push(&entry.user_data(id.idx as u64)) {
+        let id = self.alloc(Slot::in_flight(None, key));
+        // SAFETY: the caller's contract.
+        if let Err(e) = unsafe { self.push(&entry.user_data(id.idx as u64)) } {
             self.release(id.idx);
             return Err(e);
         }

@@ -132,9 +132,10 @@ impl Driver {
         key: u64,
     ) -> Option<io::Result<usize>> {
         let e = self.client_fixed_entry(t, iovs, false)?;
-        // `blocking` waits for the completion: the iovec array and the
-        // memory it names (the caller's contract) outlive the op.
-        Some(self.blocking(e.offset(offset).build(), key))
+        // SAFETY: `blocking` waits for the completion: the iovec array
+        // (borrowed for this call) and the memory it names (the caller's
+        // contract) outlive the op.
+        Some(unsafe { self.blocking(e.offset(offset).build(), key) })
     }
 
     /// [`Driver::writev_raw`] through the registered client map (see
@@ -152,7 +153,8 @@ impl Driver {
         key: u64,
     ) -> Option<io::Result<usize>> {
         let e = self.client_fixed_entry(t, iovs, true)?;
-        Some(self.blocking(e.offset(offset).build(), key))
+        // SAFETY: as in `readv_client_fixed` (the kernel only reads).
+        Some(unsafe { self.blocking(e.offset(offset).build(), key) })
     }
 
     /// The unsubmitted op for a fixed client-memory read or write.
@@ -210,9 +212,10 @@ impl Driver {
             Target::Fd(fd) => opcode::Readv::new(types::Fd(fd), iovs.as_ptr(), n),
             Target::Fixed(i) => opcode::Readv::new(types::Fixed(i), iovs.as_ptr(), n),
         };
-        // `blocking` waits for the completion: the iovec array (borrowed
-        // here) and the memory it names (the caller's contract) outlive it.
-        self.blocking(e.offset(offset).build(), key)
+        // SAFETY: `blocking` waits for the completion: the iovec array
+        // (borrowed here) and the memory it names (the caller's contract)
+        // outlive it.
+        unsafe { self.blocking(e.offset(offset).build(), key) }
     }
 
     /// Writes from the memory `iovs` describes at `offset`
@@ -238,7 +241,8 @@ impl Driver {
             Target::Fd(fd) => opcode::Writev::new(types::Fd(fd), iovs.as_ptr(), n),
             Target::Fixed(i) => opcode::Writev::new(types::Fixed(i), iovs.as_ptr(), n),
         };
-        self.blocking(e.offset(offset).build(), key)
+        // SAFETY: as in `readv_raw` (the kernel only reads).
+        unsafe { self.blocking(e.offset(offset).build(), key) }
     }
 }
 

@@ -48,6 +48,7 @@
 //! daemon's grace period at exit.
 
 use super::{EntState, KernelQueue, KernelSlot};
+use crate::sync::lock;
 use fuse_core::abi::Opcode;
 use fuse_core::server::RingSlot;
 use fuse_core::server::{
@@ -321,8 +322,4 @@ fn take<T>(list: &Answers<T>, unique: u64) -> Option<T> {
 /// WRITE (a `fuse_write_out` in the payload).
 fn set_result(slot: &mut KernelSlot, r: FsResult<usize>) {
     complete_started(slot, r);
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

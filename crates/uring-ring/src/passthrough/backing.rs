@@ -59,6 +59,7 @@
 use super::creds::as_io_delegate;
 use super::sys;
 use crate::devfuse::DevFuse;
+use crate::sync::lock;
 use fuse_core::Errno;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -160,7 +161,7 @@ impl Backing {
     /// An open of the inode whose state is `state`, on the host file `fd`
     /// just opened for the caller.
     pub fn acquire(&self, state: &Mutex<BackingState>, fd: i32) -> Grant {
-        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(state);
         match *st {
             BackingState::Passthrough { id, users } => {
                 *st = BackingState::Passthrough {
@@ -210,7 +211,7 @@ impl Backing {
 
     /// The RELEASE of an open that got `grant` from [`Backing::acquire`].
     pub fn release(&self, state: &Mutex<BackingState>) {
-        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(state);
         *st = match *st {
             BackingState::Passthrough { id, users: 1 } => {
                 if let Some(dev) = self.dev.get() {

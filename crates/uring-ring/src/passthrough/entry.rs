@@ -5,6 +5,7 @@ use super::creds::{private_umask, Caps};
 use super::idmap::{acl_to_guest, acl_to_host};
 use super::label::{same_inode, Fresh};
 use super::{component, sys, PassthroughFs, STATX_MASK};
+use crate::sync::write_lock;
 use fuse_core::abi::{fattr, Attr, Kstatfs, SetattrIn, Statx, SxTime, ROOT_ID};
 use fuse_core::server::{Ctx, Entry, FsResult, Xattr};
 use fuse_core::Errno;
@@ -177,7 +178,7 @@ impl PassthroughFs {
                 libc::S_IFDIR => return Err(Errno::EISDIR),
                 _ => return Err(Errno::EINVAL),
             }
-            let _io = data.io_lock.write().unwrap_or_else(|e| e.into_inner());
+            let _io = write_lock(&data.io_lock);
             match &handle {
                 Some(h) => sys::ftruncate(h.fd.raw(), a.size)?,
                 None => {

@@ -6,6 +6,7 @@ use super::creds::{private_umask, Caps, Cred};
 use super::inode::{CountedFd, InodeData};
 use super::label::{same_inode, Fresh};
 use super::{component, io, sys, PassthroughFs};
+use crate::sync::{lock, read_lock, write_lock};
 use fuse_core::abi::flags as wflags;
 use fuse_core::server::{
     Created, Ctx, DirPlusSink, DirSink, FsResult, Opened, ReadSink, WriteSource,
@@ -63,7 +64,7 @@ impl Handles {
     /// Enters `h` under a new id, or under `at` (a migration taking up the
     /// source's handles: EEXIST if it is taken).
     fn insert(&self, h: HandleData, at: Option<u64>) -> Result<u64, Errno> {
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = write_lock(&self.map);
         let id = match at {
             None => self.next.fetch_add(1, Ordering::Relaxed) + 1,
             Some(id) => {
@@ -82,23 +83,15 @@ impl Handles {
         Ok(id)
     }
     fn is_lost(&self, fh: u64) -> bool {
-        self.lost
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&fh)
+        read_lock(&self.lost).contains(&fh)
     }
     /// Records `fh` as lost in a migration (EIO until released).
     pub(super) fn restore_lost(&self, fh: u64) -> Result<(), Errno> {
-        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let map = read_lock(&self.map);
         if fh == 0 || fh > super::inode::MAX_RESTORED_ID || map.contains_key(&fh) {
             return Err(Errno(libc::EEXIST));
         }
-        if !self
-            .lost
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(fh)
-        {
+        if !write_lock(&self.lost).insert(fh) {
             return Err(Errno(libc::EEXIST));
         }
         self.next.fetch_max(fh, Ordering::Relaxed);
@@ -106,57 +99,41 @@ impl Handles {
     }
     /// Every open handle, by id, and the lost ones.
     pub(super) fn snapshot(&self) -> (Vec<(u64, Arc<HandleData>)>, Vec<u64>) {
-        let mut v: Vec<_> = self
-            .map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let mut v: Vec<_> = read_lock(&self.map)
             .iter()
             .map(|(&k, h)| (k, h.clone()))
             .collect();
         v.sort_by_key(|(k, _)| *k);
-        let mut lost: Vec<u64> = self
-            .lost
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect();
+        let mut lost: Vec<u64> = read_lock(&self.lost).iter().copied().collect();
         lost.sort_unstable();
         (v, lost)
     }
     /// The handle `fh`, or EBADF (EIO for one lost in a migration).
     pub fn get(&self, fh: u64) -> Result<Arc<HandleData>, Errno> {
-        match self.map.read().unwrap_or_else(|e| e.into_inner()).get(&fh) {
+        match read_lock(&self.map).get(&fh) {
             Some(h) => Ok(h.clone()),
             None if self.is_lost(fh) => Err(Errno::EIO),
             None => Err(Errno::EBADF),
         }
     }
     fn remove(&self, fh: u64) -> Option<Arc<HandleData>> {
-        let h = self
-            .map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh);
+        let h = write_lock(&self.map).remove(&fh);
         if h.is_none() {
-            self.lost
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&fh);
+            write_lock(&self.lost).remove(&fh);
         }
         h
     }
     /// Open handles.
     pub fn len(&self) -> usize {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).len()
+        read_lock(&self.map).len()
     }
     /// The most writers seen in one inode's lock at once.
     pub fn max_parallel(&self) -> usize {
         self.max_parallel.load(Ordering::Relaxed)
     }
     pub(super) fn clear(&self) {
-        self.map.write().unwrap_or_else(|e| e.into_inner()).clear();
-        self.lost.write().unwrap_or_else(|e| e.into_inner()).clear();
+        write_lock(&self.map).clear();
+        write_lock(&self.lost).clear();
     }
     /// Counts a writer of `inode` (in its `writers`, and in the most seen
     /// at once) until the result is dropped.
@@ -219,7 +196,7 @@ impl PassthroughFs {
         if !self.cfg.io_uring {
             return false;
         }
-        let mut known = self.nowait.lock().unwrap_or_else(|e| e.into_inner());
+        let mut known = lock(&self.nowait);
         if let Some(&v) = known.get(&dev) {
             return v;
         }
@@ -247,7 +224,7 @@ impl PassthroughFs {
     /// Whether files on device `dev` are known to do non-blocking I/O (a
     /// handle of one was probed).
     pub(super) fn nowait_known(&self, dev: u64) -> bool {
-        let known = self.nowait.lock().unwrap_or_else(|e| e.into_inner());
+        let known = lock(&self.nowait);
         known.get(&dev).copied().unwrap_or(false)
     }
 
@@ -577,9 +554,9 @@ impl PassthroughFs {
         let (cred, caps) = self.write_creds(ctx, &h, flags)?;
         let (_r, _w);
         if self.parallel_write(&h) {
-            _r = h.inode.io_lock.read().unwrap_or_else(|e| e.into_inner());
+            _r = read_lock(&h.inode.io_lock);
         } else {
-            _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
+            _w = write_lock(&h.inode.io_lock);
         }
         let writer = self.handles.writer(&h.inode);
         let r = (|| {
@@ -644,7 +621,7 @@ impl PassthroughFs {
 
     fn dents(&self, fh: u64, offset: u64, mut each: impl FnMut(&Dent<'_>) -> bool) -> FsResult<()> {
         let h = self.handles.get(fh)?;
-        let _pos = h.dir.lock().unwrap_or_else(|e| e.into_inner());
+        let _pos = lock(&h.dir);
         let off = i64::try_from(offset).map_err(|_| Errno::EINVAL)?;
         sys::lseek(h.fd.raw(), off, libc::SEEK_SET)?;
         let mut buf = vec![0u8; 32 * 1024];
@@ -739,7 +716,7 @@ impl PassthroughFs {
         off: u64,
         len: u64,
     ) -> FsResult<()> {
-        let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
+        let _w = write_lock(&h.inode.io_lock);
         {
             // Allocates: as the caller, without CAP_SYS_RESOURCE.
             let _c = self.creds_as(cred, Caps::ALLOCATE)?;

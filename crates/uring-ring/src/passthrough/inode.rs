@@ -10,6 +10,7 @@
 
 use super::backing::BackingState;
 use super::sys;
+use crate::sync::{lock, read_lock, write_lock};
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -235,7 +236,7 @@ impl InodeData {
     }
     /// Current lookup count.
     pub fn refs(&self) -> u64 {
-        *self.refs.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.refs)
     }
 }
 
@@ -294,10 +295,10 @@ impl InodeTable {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Maps> {
-        self.maps.read().unwrap_or_else(|e| e.into_inner())
+        read_lock(&self.maps)
     }
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Maps> {
-        self.maps.write().unwrap_or_else(|e| e.into_inner())
+        write_lock(&self.maps)
     }
 
     /// The inode with node id `id`, or EBADF (the client names an inode it
@@ -408,7 +409,7 @@ impl InodeTable {
                     _ => true,
                 };
                 if same {
-                    *data.refs.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                    *lock(&data.refs) += 1;
                     return Ok(data.clone());
                 }
             }
@@ -454,7 +455,7 @@ impl InodeTable {
             }
             return;
         };
-        let mut refs = data.refs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut refs = lock(&data.refs);
         let floor = u64::from(id == fuse_core::abi::ROOT_ID);
         *refs = refs.saturating_sub(n).max(floor);
         if *refs == 0 {

@@ -147,12 +147,8 @@ impl Drop for FscreateGuard {
 }
 
 fn write_all(fd: RawFd, b: &[u8]) -> Result<(), Errno> {
-    // SAFETY: `b` is readable for its length; the result is checked.
-    let n = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
-    if n < 0 {
-        return Err(sys::errno());
-    }
-    if n as usize != b.len() {
+    let n = sys::write(fd, b)?;
+    if n != b.len() {
         return Err(Errno::EIO);
     }
     Ok(())
@@ -224,18 +220,11 @@ impl Fresh {
 
     /// Before making an inode of type `kind` as `owner`.
     pub(super) fn before(kind: u32, owner: u32) -> Fresh {
-        let mut t = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `t` is valid for writing; the clock id is a constant.
         // Timestamps come from the coarse clock, so this one is never
         // later than the new inode's ctime.
-        let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut t) };
-        let since = if r == 0 {
-            (t.tv_sec - Fresh::SKEW, t.tv_nsec as u32)
-        } else {
-            (i64::MIN, 0)
+        let since = match sys::realtime_coarse() {
+            Ok((sec, nsec)) => (sec - Fresh::SKEW, nsec as u32),
+            Err(_) => (i64::MIN, 0),
         };
         Fresh { kind, owner, since }
     }
@@ -454,19 +443,9 @@ mod tests {
     fn host_get(p: &Path, name: &CStr) -> Option<Vec<u8>> {
         let path = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         let mut buf = vec![0u8; 256];
-        // SAFETY: NUL-terminated strings; `buf` is writable for its length.
-        let r = unsafe {
-            libc::lgetxattr(
-                path.as_ptr(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        (r >= 0).then(|| {
-            buf.truncate(r as usize);
-            buf
-        })
+        let n = sys::lgetxattr(&path, name, &mut buf).ok()?;
+        buf.truncate(n);
+        Some(buf)
     }
 
     /// Every creating operation of `fs` for `name` in the root, its result.

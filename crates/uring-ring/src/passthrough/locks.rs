@@ -45,10 +45,11 @@ pub use handover::SavedOwner;
 use super::file::HandleData;
 use super::sys::{self, wake};
 use super::PassthroughFs;
+use crate::sync::lock;
 use fuse_core::abi::FileLock;
 use fuse_core::server::{Ctx, Deferred, FsResult, LockReq};
 use fuse_core::Errno;
-use owners::{lock, settle, Key, OwnerDesc, OwnerTable, Settled, MAX_OWNERS, RETRIES};
+use owners::{settle, Key, OwnerDesc, OwnerTable, Settled, MAX_OWNERS, RETRIES};
 use range::Span;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -204,12 +205,7 @@ impl LockCall {
                 } {
                     // Interruptible (FUSE_INTERRUPT signals this thread):
                     // std's sleep would go back to sleep on EINTR.
-                    let nap = libc::timespec {
-                        tv_sec: 0,
-                        tv_nsec: 10_000_000,
-                    };
-                    // SAFETY: `nap` is a valid timespec; no remainder asked.
-                    if unsafe { libc::nanosleep(&nap, std::ptr::null_mut()) } != 0 {
+                    if sys::nap(Duration::from_millis(10)).is_err() {
                         return Err(Errno::EINTR);
                     }
                 }

@@ -222,8 +222,7 @@ impl Default for Config {
             parallel_direct_writes: true,
             inode_file_handles: false,
             max_fds: 65536,
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            creds: unsafe { libc::geteuid() } == 0,
+            creds: sys::geteuid() == 0,
             groups: Groups::None,
             io_uring: true,
             announce_submounts: false,
@@ -526,8 +525,7 @@ impl PassthroughFs {
         if self.cfg.creds {
             cred.uid
         } else {
-            // SAFETY: geteuid has no preconditions.
-            unsafe { libc::geteuid() }
+            sys::geteuid()
         }
     }
 

@@ -1,6 +1,17 @@
-//! Thin, safe wrappers over the syscalls the passthrough uses. Every one
-//! takes file descriptors it borrows and names as C strings, and returns
-//! the kernel's errno unchanged. All `unsafe` of the passthrough is here.
+//! Thin wrappers over the syscalls the passthrough uses. Every one takes
+//! file descriptors it borrows and names as C strings, and returns the
+//! kernel's errno unchanged. All are safe but [`preadv_nowait`], an
+//! `unsafe fn` whose caller vouches for the memory it reads into.
+//!
+//! Every raw syscall of the passthrough is here, in one file on purpose
+//! (past the usual length): one flat list of wrappers, each a few lines,
+//! to audit in one read. The only other `unsafe` in the passthrough is
+//! I/O on a client's memory, which cannot be made safe here: fuse-core's
+//! `unsafe trait ClientMem` promises that a client's spans stay mapped
+//! while held for I/O, and the code that holds them (`client_io.rs` with
+//! its `IoGuard`; `started.rs` and `started/write.rs` between `begin_io`
+//! and `end_io`) is where that promise is discharged into the driver's
+//! `unsafe fn`s and [`preadv_nowait`].
 
 use fuse_core::Errno;
 use std::ffi::{CStr, CString};
@@ -505,6 +516,14 @@ pub fn getfl(fd: RawFd) -> Result<i32, Errno> {
     check(unsafe { libc::fcntl(fd, libc::F_GETFL) })
 }
 
+/// A `struct flock` of zeros (F_RDLCK, SEEK_SET, offset and length 0),
+/// for the caller to fill in.
+pub fn flock_zeroed() -> libc::flock {
+    // SAFETY: a zeroed flock is a valid value of this plain C struct (all
+    // integer fields).
+    unsafe { std::mem::zeroed() }
+}
+
 /// flock(2).
 pub fn flock(fd: RawFd, op: i32) -> Result<(), Errno> {
     // SAFETY: plain syscall on an fd.
@@ -764,4 +783,63 @@ pub fn eventfd() -> Result<OwnedFd, Errno> {
     }
     // SAFETY: `fd` was just returned by eventfd and is owned by no one.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The daemon's effective uid.
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Sleeps for `d` (under a second) with nanosleep(2), which, unlike
+/// `std::thread::sleep`, does not go back to sleep when a signal
+/// interrupts it: EINTR then.
+pub fn nap(d: std::time::Duration) -> Result<(), Errno> {
+    let t = libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `t` is a valid timespec; no remainder asked.
+    check(unsafe { libc::nanosleep(&t, std::ptr::null_mut()) }).map(drop)
+}
+
+/// write(2) of `b` to `fd`: how many bytes were written.
+pub fn write(fd: RawFd, b: &[u8]) -> Result<usize, Errno> {
+    // SAFETY: `b` is readable for its length.
+    let n = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
+    if n < 0 {
+        return Err(errno());
+    }
+    Ok(n as usize)
+}
+
+/// CLOCK_REALTIME_COARSE now (seconds, nanoseconds): the clock the
+/// kernel stamps inode times with.
+pub fn realtime_coarse() -> Result<(i64, i64), Errno> {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is valid for writing; the clock id is a constant.
+    check(unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut t) })?;
+    Ok((t.tv_sec, t.tv_nsec))
+}
+
+/// lgetxattr(2) of `name` on the path `path` itself (tests look at what
+/// the host stored).
+#[cfg(test)]
+pub fn lgetxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    // SAFETY: NUL-terminated strings; `buf` is writable for its length.
+    let r = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if r < 0 {
+        return Err(errno());
+    }
+    Ok(r as usize)
 }

@@ -9,6 +9,7 @@
 use super::super::inode::CountedFd;
 use super::super::sys;
 use super::range::{RangeSet, Span, OFFSET_MAX};
+use crate::sync::lock;
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,11 +23,6 @@ pub const RETRIES: usize = 16;
 
 /// (inode, lock owner).
 pub type Key = (u64, u64);
-
-/// Locks `m`, ignoring poisoning as the rest of the passthrough does.
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A lock owner's open file description on an inode: its POSIX locks are
 /// OFD locks on it.

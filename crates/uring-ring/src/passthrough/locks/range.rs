@@ -47,8 +47,7 @@ impl Span {
 
     /// As a `struct flock` (whence SEEK_SET, length 0 for "to EOF").
     pub fn flock(self) -> libc::flock {
-        // SAFETY: a zeroed flock is a valid value of this plain C struct.
-        let mut f: libc::flock = unsafe { std::mem::zeroed() };
+        let mut f = super::super::sys::flock_zeroed();
         // F_RDLCK, F_WRLCK and F_UNLCK are 0..=2.
         f.l_type = self.typ as libc::c_short;
         f.l_whence = libc::SEEK_SET as libc::c_short;

@@ -28,6 +28,7 @@ use super::{ensure_eventfd, NoData, PassthroughFs, STARTED};
 use crate::passthrough::creds::Caps;
 use crate::passthrough::file::HandleData;
 use crate::passthrough::io;
+use crate::sync::write_lock;
 use crate::Target;
 use fuse_core::server::{Ctx, ReadDone};
 use fuse_core::Errno;
@@ -126,7 +127,7 @@ impl PassthroughFs {
     ) -> Result<usize, Errno> {
         match r {
             Err(Errno(libc::EACCES) | Errno::EPERM) => {
-                let _w = h.inode.io_lock.write().unwrap_or_else(|e| e.into_inner());
+                let _w = write_lock(&h.inode.io_lock);
                 let _c = a.creds.enter()?;
                 crate::passthrough::sys::fallocate(h.fd.raw(), a.mode as i32, a.off, a.len)?;
                 Ok(0)

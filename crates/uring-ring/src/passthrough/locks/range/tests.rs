@@ -3,6 +3,7 @@
 //! the extremes.
 
 use super::*;
+use crate::passthrough::sys;
 use proptest::prelude::*;
 use std::os::fd::AsRawFd;
 
@@ -145,9 +146,8 @@ fn kernel_ranges(other: &std::fs::File) -> Vec<(u64, u64)> {
             end: OFFSET_MAX,
         }
         .flock();
-        // SAFETY: `f` is a valid flock for the duration of the call.
-        let r = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut f) };
-        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        let r = sys::fcntl_lock(other.as_raw_fd(), libc::F_OFD_GETLK, &mut f);
+        assert_eq!(r, Ok(()));
         if f.l_type == libc::F_UNLCK as libc::c_short {
             return out;
         }
@@ -208,9 +208,8 @@ proptest! {
                 end: a.max(b),
             };
             let mut f = span.flock();
-            // SAFETY: `f` is a valid flock for the duration of the call.
-            let r = unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &mut f) };
-            prop_assert_eq!(r, 0);
+            let r = sys::fcntl_lock(holder.as_raw_fd(), libc::F_OFD_SETLK, &mut f);
+            prop_assert_eq!(r, Ok(()));
             s.apply(span);
             prop_assert_eq!(s.iter().collect::<Vec<_>>(), kernel_ranges(&other));
         }
