@@ -99,7 +99,7 @@ impl Driver {
                         // The entry may still be in the ring with a pointer
                         // into the caller's borrow: returning would let the
                         // kernel write into freed memory.
-                        eprintln!("uring-ring: io_uring_enter keeps failing ({e}); aborting");
+                        log::error!("io_uring_enter keeps failing ({e}); aborting");
                         std::process::abort();
                     }
                     std::thread::sleep(Duration::from_millis(1));

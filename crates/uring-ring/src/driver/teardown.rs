@@ -36,7 +36,7 @@ impl Drop for Driver {
             // and that memory is not ours to keep: its owner unmaps it once
             // this returns (the `start_readv` contract). Returning would
             // let the kernel write into whatever is mapped there next.
-            eprintln!("uring-ring: io_uring broken with ops on client memory in flight; aborting");
+            log::error!("io_uring broken with ops on client memory in flight; aborting");
             std::process::abort();
         }
         // The ring is broken and ops may still be in flight: the kernel may

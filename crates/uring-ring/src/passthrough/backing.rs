@@ -200,9 +200,7 @@ impl Backing {
         if let Some(why) = refused {
             if self.active.swap(false, Ordering::Relaxed) {
                 // Every open from now on is served by the daemon.
-                eprintln!(
-                    "fusebox: kernel passthrough off: {why}; serving file data in the daemon"
-                );
+                log::warn!("kernel passthrough off: {why}; serving file data in the daemon");
             }
         }
         *st = BackingState::Cached { users: 1 };

@@ -365,7 +365,7 @@ impl Drop for CredGuard {
                 // The thread keeps fewer capabilities than it had: later
                 // calls may fail, none gains anything. The next guard
                 // reads what it has.
-                eprintln!("fusebox: restoring a worker's capabilities: {e}");
+                log::error!("restoring a worker's capabilities: {e}");
                 OWN.with(|o| o.set(None));
             }
         }

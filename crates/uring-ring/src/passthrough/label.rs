@@ -141,7 +141,7 @@ impl Drop for FscreateGuard {
         // fails the thread's next creation would carry this label: nothing
         // better to do than say so.
         if let Err(e) = write_all(self.fd.as_raw_fd(), &[]) {
-            eprintln!("fusebox: clearing a worker's fscreate label: {e}");
+            log::warn!("clearing a worker's fscreate label: {e}");
         }
     }
 }
@@ -267,7 +267,7 @@ impl PassthroughFs {
         }
         // The mapped name comes from the client's, which has no NUL.
         let host = CString::new(host).map_err(|e| {
-            eprintln!("fusebox: a label's host xattr name: {e}");
+            log::warn!("a label's host xattr name: {e}");
             Errno::EINVAL
         })?;
         let label = Label {
@@ -323,7 +323,7 @@ impl PassthroughFs {
         let _c = match self.creds_as(cred, Caps::Caller) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("fusebox: removing {name:?}, whose security label could not be set: {e}");
+                log::warn!("removing {name:?}, whose security label could not be set: {e}");
                 return;
             }
         };
@@ -342,7 +342,7 @@ impl PassthroughFs {
             0
         };
         if let Err(e) = sys::unlinkat(dir, name, flags) {
-            eprintln!("fusebox: removing {name:?}, whose security label could not be set: {e}");
+            log::warn!("removing {name:?}, whose security label could not be set: {e}");
         }
     }
 }

@@ -135,7 +135,7 @@ struct HandleRec {
 /// over as lost (the guest gets EIO on it): on the daemon's standard
 /// error, as the device's other migration reports.
 fn lost(what: &str) {
-    eprintln!("fusebox: migration: carried over as lost (EIO): {what}");
+    log::error!("migration: carried over as lost (EIO): {what}");
 }
 
 /// The link count of the file `fd` refers to.

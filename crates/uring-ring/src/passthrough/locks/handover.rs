@@ -329,8 +329,8 @@ fn retry(pending: Weak<Mutex<Pending>>, owners: Weak<OwnerTable>) {
             let mut p = lock(&pending);
             if begun.elapsed() > RETRY_FOR {
                 for (key, spans) in p.map.drain() {
-                    eprintln!(
-                        "fusebox: migration: gave up taking {} POSIX lock(s) of owner {:#x} on node {} \
+                    log::warn!(
+                        "migration: gave up taking {} POSIX lock(s) of owner {:#x} on node {} \
                          from the source (still held on the host by another)",
                         spans.len(),
                         key.1,
