@@ -71,6 +71,35 @@ fn paths(dir: &Path) -> Embedded<PassthroughFs> {
     )
 }
 
+/// A daemon that takes up handles by file handle (`--migration-mode
+/// file-handles`) and aborts on a file it cannot find.
+fn handles(dir: &Path) -> Embedded<PassthroughFs> {
+    daemon(
+        dir,
+        MigrationMode::FileHandles,
+        MigrationOnError::Abort,
+        false,
+    )
+}
+
+/// A find-paths daemon that carries a file it cannot find over as lost
+/// (`--migration-on-error guest-error`: EIO on it).
+fn lost_as_eio(dir: &Path) -> Embedded<PassthroughFs> {
+    daemon(
+        dir,
+        MigrationMode::FindPaths,
+        MigrationOnError::GuestError,
+        false,
+    )
+}
+
+/// Moves `src`'s state into `dst` (which must take it) and returns `dst`.
+fn carry(src: &Embedded<PassthroughFs>, dst: Embedded<PassthroughFs>) -> Embedded<PassthroughFs> {
+    let state = src.fs().save_state().unwrap();
+    dst.fs().load_state(&state).unwrap();
+    dst
+}
+
 fn refusal(r: Result<(), StateError>) -> String {
     match r {
         Err(e @ StateError::Refused { .. }) => e.to_string(),
@@ -117,10 +146,7 @@ fn the_destination_serves_the_sources_node_ids_and_handles_by_path() {
     let src = paths(&s.dir);
     let h = hold(src.client(), &s.dir);
     let rh = src.client().opendir(ROOT_ID).unwrap().fh;
-    let state = src.fs().save_state().unwrap();
-
-    let dst = paths(&s.dir);
-    dst.fs().load_state(&state).unwrap();
+    let dst = carry(&src, paths(&s.dir));
     let c = dst.client();
     // A handle of the shared directory itself comes along too.
     let top: Vec<Vec<u8>> = c
@@ -180,24 +206,12 @@ fn the_destination_serves_the_sources_node_ids_and_handles_by_path() {
 fn a_file_unlinked_while_open_goes_by_handle_and_fails_by_path_as_configured() {
     let s = share();
     // file-handles: the unlinked file is carried over.
-    let src = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
+    let src = handles(&s.dir);
     let c = src.client();
     let (e, o) = c.create(ROOT_ID, b"gone", 0o644, RW, 0).unwrap();
     c.write(e.nodeid, o.fh, 0, b"still here", 0).unwrap();
     c.unlink(ROOT_ID, b"gone").unwrap();
-    let state = src.fs().save_state().unwrap();
-    let dst = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
-    dst.fs().load_state(&state).unwrap();
+    let dst = carry(&src, handles(&s.dir));
     assert_eq!(
         dst.client().read(e.nodeid, o.fh, 0, 100).unwrap(),
         b"still here"
@@ -214,24 +228,12 @@ fn a_file_unlinked_while_open_goes_by_handle_and_fails_by_path_as_configured() {
 
     // find-paths, guest-error: it is carried over as lost, EIO on it and
     // its handle, the other file served.
-    let src = daemon(
-        &s.dir,
-        MigrationMode::FindPaths,
-        MigrationOnError::GuestError,
-        false,
-    );
+    let src = lost_as_eio(&s.dir);
     let c2 = src.client();
     let (e2, o2) = c2.create(ROOT_ID, b"gone3", 0o644, RW, 0).unwrap();
     let (k2, ko2) = c2.create(ROOT_ID, b"kept3", 0o644, RW, 0).unwrap();
     c2.unlink(ROOT_ID, b"gone3").unwrap();
-    let state = src.fs().save_state().unwrap();
-    let dst = daemon(
-        &s.dir,
-        MigrationMode::FindPaths,
-        MigrationOnError::GuestError,
-        false,
-    );
-    dst.fs().load_state(&state).unwrap();
+    let dst = carry(&src, lost_as_eio(&s.dir));
     let d = dst.client();
     assert_eq!(d.read(e2.nodeid, o2.fh, 0, 10), Err(Errno::EIO));
     assert_eq!(d.getattr(e2.nodeid, None).map(drop), Err(Errno::EIO));
@@ -248,22 +250,12 @@ fn file_handles_are_taken_up_with_a_cold_cache_and_checked_against_their_path() 
     // ext4, whose dentries the kernel evicts: a handle opened with none
     // cached gives a disconnected dentry (its /proc name says nothing).
     let s = share_on(Kind::Ext4);
-    let src = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
+    let src = handles(&s.dir);
     let h = hold(src.client(), &s.dir);
     let state = src.fs().save_state().unwrap();
     drop(src);
     std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
-    let dst = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
+    let dst = handles(&s.dir);
     dst.fs().load_state(&state).unwrap();
     let c = dst.client();
     assert_eq!(c.read(h.g, h.fh_ro, 0, 100).unwrap(), b"read me");
@@ -273,12 +265,7 @@ fn file_handles_are_taken_up_with_a_cold_cache_and_checked_against_their_path() 
     let state = dst.fs().save_state().unwrap();
     drop(dst);
     std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
-    let third = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
+    let third = handles(&s.dir);
     third.fs().load_state(&state).unwrap();
     assert_eq!(
         third.client().read(h.g, h.fh_ro, 0, 100).unwrap(),
@@ -287,12 +274,7 @@ fn file_handles_are_taken_up_with_a_cold_cache_and_checked_against_their_path() 
     drop(third);
     // A file moved out of the share: its handle still opens it, its path
     // no longer leads to it, so it is refused.
-    let src = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
+    let src = handles(&s.dir);
     let c = src.client();
     let d = c.lookup(ROOT_ID, b"d").unwrap().nodeid;
     let g = c.lookup(d, b"g").unwrap().nodeid;
@@ -301,12 +283,7 @@ fn file_handles_are_taken_up_with_a_cold_cache_and_checked_against_their_path() 
     drop(src);
     std::fs::rename(s.dir.join("d/g"), s.outside.join("g")).unwrap();
     std::fs::write(s.dir.join("d/g"), b"a new g").unwrap();
-    let dst = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
+    let dst = handles(&s.dir);
     let why = refusal(dst.fs().load_state(&state));
     assert!(why.contains("not at its path"), "{why}");
 }
@@ -327,12 +304,7 @@ fn a_destination_that_cannot_find_a_file_aborts_or_gives_eio_never_another_file(
     assert_eq!(dst.client().getattr(h.f, None).map(drop), Err(Errno::EBADF));
     assert_eq!(dst.fs().inode_count(), 1);
 
-    let dst = daemon(
-        &s.dir,
-        MigrationMode::FindPaths,
-        MigrationOnError::GuestError,
-        false,
-    );
+    let dst = lost_as_eio(&s.dir);
     dst.fs().load_state(&state).unwrap();
     let c = dst.client();
     assert_eq!(c.read(h.g, h.fh_ro, 0, 10), Err(Errno::EIO));
@@ -428,9 +400,7 @@ fn posix_locks_move_to_the_destination_once_the_source_lets_go() {
         .unwrap();
     c.setlk(e.nodeid, o.fh, 8, lk(libc::F_RDLCK, 100, 199), false)
         .unwrap();
-    let state = src.fs().save_state().unwrap();
-    let dst = paths(&s.dir);
-    dst.fs().load_state(&state).unwrap();
+    let dst = carry(&src, paths(&s.dir));
     let d = dst.client();
     // While the source lives it holds them; the destination's client
     // meanwhile unlocks owner 8's range (it is its own to change).
@@ -468,9 +438,7 @@ fn a_lock_still_pending_on_the_destination_is_its_owners_against_other_owners() 
     let (e, o) = c.create(ROOT_ID, b"locked", 0o644, RW, 0).unwrap();
     c.setlk(e.nodeid, o.fh, 7, lk(libc::F_WRLCK, 0, 9), false)
         .unwrap();
-    let state = src.fs().save_state().unwrap();
-    let dst = paths(&s.dir);
-    dst.fs().load_state(&state).unwrap();
+    let dst = carry(&src, paths(&s.dir));
     let d = dst.client();
     // Another owner: refused, and told who holds it.
     assert_eq!(
@@ -582,23 +550,13 @@ fn a_hostile_state_is_an_error_and_reaches_nothing_outside_the_share() {
         let st = state_with(2, reg, 2, |w| {
             w.u32(typ as u32).bytes(&handle).bytes(path);
         });
-        let dst = daemon(
-            &s.dir,
-            MigrationMode::FileHandles,
-            MigrationOnError::Abort,
-            false,
-        );
+        let dst = handles(&s.dir);
         assert!(dst.fs().load_state(&st).is_err(), "{path:?}");
     }
     let st = state_with(2, reg, 2, |w| {
         w.u32(typ as u32).bytes(&handle).bytes(b"inside");
     });
-    let dst = daemon(
-        &s.dir,
-        MigrationMode::FileHandles,
-        MigrationOnError::Abort,
-        false,
-    );
+    let dst = handles(&s.dir);
     let why = refusal(dst.fs().load_state(&st));
     assert!(why.contains("not at its path"), "{why}");
     // Under guest-error it is lost, not served.
