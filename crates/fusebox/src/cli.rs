@@ -6,8 +6,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fuse_core::server::faults::{FaultPlan, PlanError};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use uring_ring::passthrough::CachePolicy;
 use uring_ring::passthrough::{IdMap, IdMapping};
-use uring_ring::CachePolicy;
 
 const QEMU_EXAMPLE: &str = "\
 Example (QEMU; guest memory must be shared):

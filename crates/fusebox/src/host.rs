@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uring_ring::devfuse::{self, DevFuse, MountError, MountOptions};
 use uring_ring::kring::{self, KernelQueue};
+use uring_ring::passthrough::{Config, PassthroughError, PassthroughFs};
 use uring_ring::passthrough::{Groups, IdMap, IdMapError, IdMapping};
-use uring_ring::{Config, PassthroughError, PassthroughFs};
 
 /// Errors of the host mount.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use std::os::fd::FromRawFd;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use uring_ring::passthrough::Groups;
-use uring_ring::{Config, PassthroughError, PassthroughFs};
+use uring_ring::passthrough::{Config, PassthroughError, PassthroughFs};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::{DeviceConfig, DeviceError, FsDevice};

@@ -21,7 +21,7 @@ use fuse_core::{Chan, ChanConfig};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uring_ring::{Config, PassthroughFs};
+use uring_ring::passthrough::{Config, PassthroughFs};
 
 const FILE: u64 = 64 << 20;
 const BLOCK: u64 = 4096;

@@ -3,7 +3,7 @@
 //!
 //! - [`Driver`]: one io_uring per worker thread, whose operations own
 //!   their buffers until the kernel is done with them.
-//! - [`PassthroughFs`]: a host directory served as a FUSE filesystem,
+//! - [`passthrough::PassthroughFs`]: a host directory served as a FUSE filesystem,
 //!   confined beneath that directory, with data I/O through the driver.
 
 mod cancel;
@@ -17,4 +17,3 @@ pub mod testing;
 
 pub use cancel::CancelRegistry;
 pub use driver::{pread, pwrite, Completion, Driver, DriverError, OpId, Supported, Target};
-pub use passthrough::{CachePolicy, Config, PassthroughError, PassthroughFs};

@@ -15,7 +15,7 @@ use fuse_core::server::{Ctx, Filesystem, FsResult, ReadDone};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use uring_ring::Config;
+use uring_ring::passthrough::Config;
 
 const RW: u32 = libc::O_RDWR as u32;
 

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use uring_ring::{CachePolicy, Config, PassthroughFs};
+use uring_ring::passthrough::{CachePolicy, Config, PassthroughFs};
 
 const RW: u32 = libc::O_RDWR as u32;
 const DIRECT: u32 = libc::O_DIRECT as u32;

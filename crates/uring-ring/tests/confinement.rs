@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use uring_ring::Config;
+use uring_ring::passthrough::Config;
 
 const RW: u32 = libc::O_RDWR as u32;
 

@@ -20,8 +20,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
+use uring_ring::passthrough::Config;
 use uring_ring::passthrough::Groups;
-use uring_ring::Config;
 
 const RW: u32 = libc::O_RDWR as u32;
 /// The engine's client writes at most this much per WRITE (max_write).
@@ -505,7 +505,7 @@ fn a_users_writeback_through_the_kernel_stops_at_root_reserved_blocks() {
     use std::io::Write;
     use uring_ring::devfuse::{unmount, DevFuse, MountOptions};
     let host = reserved_ext4(None);
-    let fs = uring_ring::PassthroughFs::new(&host.path, writeback_cfg()).unwrap();
+    let fs = uring_ring::passthrough::PassthroughFs::new(&host.path, writeback_cfg()).unwrap();
     let disp = std::sync::Arc::new(Dispatcher::new(fs, ServerConfig::default()));
     let mnt = host.path.with_extension("mnt");
     std::fs::create_dir_all(&mnt).unwrap();

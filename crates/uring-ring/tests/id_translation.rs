@@ -12,11 +12,11 @@ use fuse_core::client::{Client, XattrReply};
 use fuse_core::Errno;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use uring_ring::passthrough::Config;
 use uring_ring::passthrough::{IdMap, IdMapping};
 use uring_ring::testing::acl::{
     acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
 };
-use uring_ring::Config;
 
 const RW: u32 = libc::O_RDWR as u32;
 const ACCESS: &[u8] = b"system.posix_acl_access";

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uring_ring::devfuse::{unmount, DevFuse, MountOptions};
-use uring_ring::{Config, PassthroughFs};
+use uring_ring::passthrough::{Config, PassthroughFs};
 
 struct Mount {
     base: PathBuf,

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use uring_ring::devfuse::{unmount, DevFuse, MountOptions};
-use uring_ring::{Config, PassthroughFs};
+use uring_ring::passthrough::{Config, PassthroughFs};
 
 const MAX: u64 = i64::MAX as u64;
 const RO: u32 = libc::O_RDONLY as u32;

@@ -10,7 +10,7 @@ use fuse_core::server::{Ctx, Filesystem, LockReq};
 use fuse_core::Errno;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
-use uring_ring::Config;
+use uring_ring::passthrough::Config;
 
 const MAX: u64 = i64::MAX as u64;
 const RD: u32 = libc::F_RDLCK as u32;

@@ -9,7 +9,7 @@ use fuse_core::abi::{FileLock, ROOT_ID};
 use fuse_core::server::{Ctx, Deferred, Filesystem, LockReq};
 use fuse_core::Errno;
 use std::sync::mpsc;
-use uring_ring::Config;
+use uring_ring::passthrough::Config;
 
 const RW: u32 = libc::O_RDWR as u32;
 

@@ -15,8 +15,8 @@ use fuse_core::server::state::{StateError, StateWriter};
 use fuse_core::server::Filesystem;
 use fuse_core::Errno;
 use std::path::{Path, PathBuf};
+use uring_ring::passthrough::{Config, PassthroughFs};
 use uring_ring::passthrough::{MigrationConfig, MigrationMode, MigrationOnError};
-use uring_ring::{Config, PassthroughFs};
 
 const RW: u32 = libc::O_RDWR as u32;
 const RO: u32 = libc::O_RDONLY as u32;

@@ -7,7 +7,7 @@ use common::{host_open_flags, Kind, Mount, Via};
 use fuse_core::abi::{fattr, flags, fopen, init, SetattrIn, ROOT_ID};
 use fuse_core::Errno;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use uring_ring::{CachePolicy, Config};
+use uring_ring::passthrough::{CachePolicy, Config};
 
 const RW: u32 = libc::O_RDWR as u32;
 

@@ -9,7 +9,7 @@ use fuse_core::abi::{fattr, FileLock, SetattrIn, ROOT_ID};
 use fuse_core::client::XattrReply;
 use fuse_core::Errno;
 use std::os::unix::fs::MetadataExt;
-use uring_ring::Config;
+use uring_ring::passthrough::Config;
 
 const RW: u32 = libc::O_RDWR as u32;
 

@@ -11,10 +11,10 @@ use fuse_core::abi::{flags, init, ROOT_ID};
 use fuse_core::client::XattrReply;
 use fuse_core::Errno;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use uring_ring::passthrough::Config;
 use uring_ring::testing::acl::{
     acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
 };
-use uring_ring::Config;
 
 const ACCESS: &[u8] = b"system.posix_acl_access";
 const DEFAULT: &[u8] = b"system.posix_acl_default";

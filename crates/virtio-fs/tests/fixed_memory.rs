@@ -10,7 +10,7 @@ mod common;
 use fuse_core::abi::ROOT_ID;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use uring_ring::Config;
+use uring_ring::passthrough::Config;
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::DeviceConfig;
 

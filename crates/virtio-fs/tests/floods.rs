@@ -360,7 +360,7 @@ fn ring_at<F: fuse_core::server::Filesystem>(
 /// The passthrough of a directory holding file `f`, behind the device,
 /// and the guest's requests to it on queue 1 as raw chains.
 struct Guest {
-    h: Harness<uring_ring::PassthroughFs>,
+    h: Harness<uring_ring::passthrough::PassthroughFs>,
     vring: VringRwLock<GuestMem>,
     idx: u16,
     next_desc: u16,
@@ -381,7 +381,11 @@ impl Guest {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("f"), b"locked").unwrap();
         let h = Harness::new(
-            uring_ring::PassthroughFs::new(&dir, uring_ring::Config::default()).unwrap(),
+            uring_ring::passthrough::PassthroughFs::new(
+                &dir,
+                uring_ring::passthrough::Config::default(),
+            )
+            .unwrap(),
             DeviceConfig {
                 queue_size: QSIZE,
                 ..DeviceConfig::default()

@@ -9,7 +9,7 @@ mod common;
 
 use fuse_core::abi::{CreateIn, EntryOut, Opcode, ReleaseIn, ROOT_ID};
 use std::time::{Duration, Instant};
-use uring_ring::Config;
+use uring_ring::passthrough::Config;
 use virtio_fs::guest::{GuestConfig, GuestDriver, Req};
 use virtio_fs::DeviceConfig;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};

@@ -10,7 +10,7 @@ use fuse_core::abi::ROOT_ID;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use uring_ring::{Config, PassthroughFs};
+use uring_ring::passthrough::{Config, PassthroughFs};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 use vhost_user_backend::VhostUserBackend;
 use virtio_fs::frontend::{FrontendConfig, VhostFrontend};

@@ -363,7 +363,7 @@ pub(super) fn same_inode(made: &libc::statx, st: &libc::statx) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Config;
+    use crate::passthrough::Config;
     use fuse_core::abi::ROOT_ID;
     use fuse_core::server::Ctx;
     use std::path::PathBuf;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use uring_ring::{Config, PassthroughFs};
+use uring_ring::passthrough::{Config, PassthroughFs};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 

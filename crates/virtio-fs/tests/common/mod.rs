@@ -181,13 +181,17 @@ pub fn request_as(op: Opcode, unique: u64, uid: u32, body: &[u8]) -> Vec<u8> {
 pub fn serve_passthrough(
     dir: &std::path::Path,
     sock: &std::path::Path,
-    fs_cfg: uring_ring::Config,
+    fs_cfg: uring_ring::passthrough::Config,
     cfg: DeviceConfig,
 ) -> (
-    FsDevice<uring_ring::PassthroughFs>,
+    FsDevice<uring_ring::passthrough::PassthroughFs>,
     std::thread::JoinHandle<()>,
 ) {
-    let dev = FsDevice::new(uring_ring::PassthroughFs::new(dir, fs_cfg).unwrap(), cfg).unwrap();
+    let dev = FsDevice::new(
+        uring_ring::passthrough::PassthroughFs::new(dir, fs_cfg).unwrap(),
+        cfg,
+    )
+    .unwrap();
     let served = serve_device(&dev, sock);
     (dev, served)
 }
