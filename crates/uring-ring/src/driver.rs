@@ -245,6 +245,7 @@ impl Driver {
 
     /// Pretends the kernel lacks every opcode, so the syscall fallbacks run
     /// (for tests of those paths).
+    #[cfg(feature = "test-utils")]
     pub fn disable_uring_ops(&mut self) {
         self.supported = Supported::default();
     }

@@ -153,6 +153,7 @@ impl Backing {
         self.active.load(Ordering::Relaxed)
     }
 
+    #[cfg(feature = "test-utils")]
     /// Backing ids open now.
     pub fn open_ids(&self) -> usize {
         self.open_ids.load(Ordering::Relaxed)

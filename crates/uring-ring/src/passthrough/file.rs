@@ -123,10 +123,12 @@ impl Handles {
         }
         h
     }
+    #[cfg(feature = "test-utils")]
     /// Open handles.
     pub fn len(&self) -> usize {
         read_lock(&self.map).len()
     }
+    #[cfg(feature = "test-utils")]
     /// The most writers seen in one inode's lock at once.
     pub fn max_parallel(&self) -> usize {
         self.max_parallel.load(Ordering::Relaxed)

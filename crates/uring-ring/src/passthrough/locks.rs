@@ -118,10 +118,12 @@ impl Locks {
         }
         lock(&self.pids).clear();
     }
+    #[cfg(feature = "test-utils")]
     /// Parked waiters.
     pub fn parked(&self) -> usize {
         lock(&self.waiters).parked.len()
     }
+    #[cfg(feature = "test-utils")]
     /// Descriptions held for lock owners.
     pub fn owner_fds(&self) -> usize {
         self.owners.len()

@@ -425,11 +425,13 @@ impl PassthroughFs {
     }
 
     /// Fds the daemon holds now (counted against [`Config::max_fds`]).
+    #[cfg(feature = "test-utils")]
     pub fn fds_in_use(&self) -> usize {
         self.budget.used()
     }
 
     /// Inodes known (the root included).
+    #[cfg(feature = "test-utils")]
     pub fn inode_count(&self) -> usize {
         self.inodes.len()
     }
@@ -449,16 +451,19 @@ impl PassthroughFs {
 
     /// Backing files registered with the kernel now (one per inode with
     /// passthrough opens).
+    #[cfg(feature = "test-utils")]
     pub fn backing_ids_open(&self) -> usize {
         self.backing.open_ids()
     }
 
     /// Open file and directory handles.
+    #[cfg(feature = "test-utils")]
     pub fn handle_count(&self) -> usize {
         self.handles.len()
     }
 
     /// The lookup count of node `id` (None when unknown).
+    #[cfg(feature = "test-utils")]
     pub fn lookup_count(&self, id: u64) -> Option<u64> {
         self.inodes.get(id).ok().map(|d| d.refs())
     }
@@ -483,17 +488,20 @@ impl PassthroughFs {
     }
 
     /// Open descriptions held for POSIX lock owners.
+    #[cfg(feature = "test-utils")]
     pub fn lock_owner_fds(&self) -> usize {
         self.locks.owner_fds()
     }
 
     /// SETLKW requests parked on waiter threads now.
+    #[cfg(feature = "test-utils")]
     pub fn parked_locks(&self) -> usize {
         self.locks.parked()
     }
 
     /// The highest number of direct writers seen holding one inode's lock
     /// together.
+    #[cfg(feature = "test-utils")]
     pub fn max_parallel_writers(&self) -> usize {
         self.handles.max_parallel()
     }

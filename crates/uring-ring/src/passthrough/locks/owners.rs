@@ -208,6 +208,7 @@ impl OwnerTable {
         lock(&self.0).iter().map(|(&k, d)| (k, d.clone())).collect()
     }
 
+    #[cfg(feature = "test-utils")]
     /// Descriptions held.
     pub fn len(&self) -> usize {
         lock(&self.0).len()
