@@ -16,7 +16,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fusebox");
 

@@ -1,6 +1,6 @@
 //! The vhost-user daemon as operators run it: `fusebox --socket-path ...
 //! --shared-dir ...` served to the engine acting as the guest
-//! (virtio_fs::frontend), under each sandbox mode and the seccomp filter.
+//! (virtio_fs::testing::frontend), under each sandbox mode and the seccomp filter.
 //! The serving process must have the shared directory as its root (and,
 //! with `namespace`, mount and network namespaces of its own), serve the
 //! guest, and exit cleanly when the frontend leaves.
@@ -9,7 +9,7 @@ use fuse_core::abi::ROOT_ID;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 mod vhost_support;
 

@@ -1,7 +1,7 @@
 //! `--translate-uid` / `--translate-gid` as operators pass them: the
 //! fusebox binary (default sandbox and seccomp filter) served over its
 //! vhost-user socket to the engine acting as the guest
-//! (virtio_fs::frontend), with the guest's root translated to host uid
+//! (virtio_fs::testing::frontend), with the guest's root translated to host uid
 //! and gid 1000. What the guest makes is the host's 1000's, the guest sees
 //! its own IDs, a chown from the guest lands as the host's IDs, and a
 //! forbidden guest ID gets EPERM and changes nothing.
@@ -14,7 +14,7 @@ use fuse_core::Errno;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use vhost_support::Daemon;
-use virtio_fs::frontend::VhostFrontend;
+use virtio_fs::testing::frontend::VhostFrontend;
 
 mod vhost_support;
 

@@ -12,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 const FILES: usize = 10_000;
 

@@ -18,7 +18,7 @@ use fuse_core::{Args, Errno};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use vhost_support::Daemon;
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 use zerocopy::FromBytes;
 
 mod vhost_support;
@@ -291,7 +291,7 @@ fn always_refuses_a_guest_that_cannot_label_and_auto_serves_it() {
         let t = std::time::Instant::now();
         let r = loop {
             match VhostFrontend::connect(&sock, &FrontendConfig::default()) {
-                Err(virtio_fs::frontend::FrontendError::Init(e)) => break Err(e),
+                Err(virtio_fs::testing::frontend::FrontendError::Init(e)) => break Err(e),
                 Ok(fe) => break Ok(fe),
                 Err(e) => {
                     assert!(t.elapsed().as_secs() < 10, "{e}");

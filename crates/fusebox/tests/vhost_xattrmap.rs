@@ -1,6 +1,6 @@
 //! `--xattrmap` as operators pass it: the fusebox binary (default sandbox
 //! and seccomp filter) over its vhost-user socket, the engine acting as
-//! the guest (virtio_fs::frontend). A guest's SELinux-style
+//! the guest (virtio_fs::testing::frontend). A guest's SELinux-style
 //! `security.selinux` label lives on the host as
 //! `user.virtiofs.security.selinux`, reads back and lists under its own
 //! name; the host's own unmapped xattrs stay hidden from the guest; a
@@ -15,7 +15,7 @@ use fuse_core::Errno;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use vhost_support::Daemon;
-use virtio_fs::frontend::VhostFrontend;
+use virtio_fs::testing::frontend::VhostFrontend;
 
 mod vhost_support;
 

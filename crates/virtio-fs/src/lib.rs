@@ -9,11 +9,10 @@
 pub mod chain;
 mod device;
 mod dirty_log;
-pub mod frontend;
-pub mod guest;
 mod guest_mem;
 pub mod stats;
 mod sync;
+pub mod testing;
 
 pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, GuestMmap, Vring, TAG_LEN};
 pub use dirty_log::LogBitmap;

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vhost::VhostBackend;
-use virtio_fs::guest::{Done, GuestConfig, GuestDriver, Req};
+use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, Req};
 use virtio_fs::{DeviceConfig, FsDevice};
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};

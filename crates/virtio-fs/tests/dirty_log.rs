@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VhostUserDirtyLogRegion};
-use virtio_fs::guest::{Done, GuestConfig, GuestDriver, Req};
+use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, Req};
 use virtio_fs::DeviceConfig;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};

@@ -15,7 +15,7 @@ use fuse_core::abi::ROOT_ID;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).unwrap().count()

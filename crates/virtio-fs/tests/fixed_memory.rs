@@ -11,7 +11,7 @@ use fuse_core::abi::ROOT_ID;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use uring_ring::passthrough::Config;
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::DeviceConfig;
 
 /// A fresh ext4 image mounted at `base/share` (unmounted on drop).

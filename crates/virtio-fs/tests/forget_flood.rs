@@ -10,7 +10,7 @@ mod common;
 use fuse_core::abi::ROOT_ID;
 use std::time::{Duration, Instant};
 use uring_ring::passthrough::Config;
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::DeviceConfig;
 
 const FILES: usize = 40_000;

@@ -10,7 +10,7 @@ mod common;
 use fuse_core::abi::{CreateIn, EntryOut, Opcode, ReleaseIn, ROOT_ID};
 use std::time::{Duration, Instant};
 use uring_ring::passthrough::Config;
-use virtio_fs::guest::{GuestConfig, GuestDriver, Req};
+use virtio_fs::testing::guest::{GuestConfig, GuestDriver, Req};
 use virtio_fs::DeviceConfig;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 

@@ -10,7 +10,7 @@ use virtio_fs::DeviceConfig;
 
 use fuse_core::abi::ROOT_ID;
 use fuse_core::Errno;
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 #[test]
 fn ten_thousand_open_files_against_a_1024_fd_cap() {

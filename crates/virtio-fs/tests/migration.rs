@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use uring_ring::passthrough::{Config, PassthroughFs};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 use vhost_user_backend::VhostUserBackend;
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::{DeviceConfig, FsDevice};
 
 fn device(dir: &std::path::Path) -> FsDevice<PassthroughFs> {

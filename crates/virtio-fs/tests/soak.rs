@@ -14,7 +14,7 @@ use virtio_fs::DeviceConfig;
 
 use fuse_core::abi::ROOT_ID;
 use fuse_core::client::fsx::{self, FsxConfig};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 #[test]
 fn fsx_through_the_device() {

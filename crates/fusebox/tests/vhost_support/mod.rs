@@ -1,12 +1,12 @@
 //! Helpers of the vhost-user daemon tests: the fusebox binary serving a
 //! fresh share over its socket with the engine as the guest
-//! (virtio_fs::frontend), and the processes it makes.
+//! (virtio_fs::testing::frontend), and the processes it makes.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 /// A daemon and its directory (share, socket, stderr log): killed and
 /// removed when dropped.

@@ -1,5 +1,5 @@
 //! The old mode (`--engine-client`): the engine as the guest through
-//! `virtio_fs::frontend`, one caller thread per request in flight. Kept
+//! `virtio_fs::testing::frontend`, one caller thread per request in flight. Kept
 //! for comparison only: on a small host its threads eat the cores and
 //! send every request alone, which squeezes every ratio toward 1.0.
 
@@ -10,7 +10,7 @@ use fuse_core::Errno;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtio_fs::frontend::{FrontendConfig, VhostFrontend};
+use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 /// The data file, filled once (1 MiB writes, or what the server allows).
 fn data_file(c: &Client, name: &str, mib: u64, max_write: u32) -> Result<(u64, u64), LoadError> {

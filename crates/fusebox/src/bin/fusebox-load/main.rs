@@ -3,7 +3,7 @@
 //! percentiles and the CPU the backend and the load spent per operation.
 //!
 //! By default it drives the queue as a guest kernel does
-//! (`virtio_fs::guest`): one thread posts `--depth` chains, kicks once,
+//! (`virtio_fs::testing::guest`): one thread posts `--depth` chains, kicks once,
 //! sleeps until the device signals, reaps and reposts, with EVENT_IDX.
 //! `--engine-client` is the old mode (a thread per request in flight).
 
@@ -93,9 +93,9 @@ struct Args {
 #[derive(Debug, thiserror::Error)]
 enum LoadError {
     #[error("connecting")]
-    Connect(#[source] virtio_fs::frontend::FrontendError),
+    Connect(#[source] virtio_fs::testing::frontend::FrontendError),
     #[error("the guest")]
-    Guest(#[source] virtio_fs::guest::GuestError),
+    Guest(#[source] virtio_fs::testing::guest::GuestError),
     #[error("{0}: {1}")]
     Fs(&'static str, Errno),
     #[error("{0}: {1}")]

@@ -1,12 +1,12 @@
 //! The default mode: the queue driven as a guest kernel drives it
-//! (`virtio_fs::guest`), one thread, `--depth` chains in flight.
+//! (`virtio_fs::testing::guest`), one thread, `--depth` chains in flight.
 
 use crate::{Args, LoadError, Report, Rng, Workload};
 use fuse_core::abi::{
     CreateIn, EntryOut, FsyncIn, GetattrIn, Opcode, OpenIn, OpenOut, ReadIn, ReleaseIn, WriteIn,
 };
 use std::time::{Duration, Instant};
-use virtio_fs::guest::{Done, GuestConfig, GuestDriver, GuestError, Req};
+use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, GuestError, Req};
 use vm_memory::Bytes;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 

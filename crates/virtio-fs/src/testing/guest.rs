@@ -4,7 +4,7 @@
 //! device signals, reaps the used ring and reposts, with
 //! VIRTIO_RING_F_EVENT_IDX negotiated as Linux guests run it.
 //!
-//! Unlike [`crate::frontend`] (the engine as the guest: a thread per
+//! Unlike [`crate::testing::frontend`] (the engine as the guest: a thread per
 //! caller, each request alone), this is the shape a device sees from a
 //! guest under `fio --iodepth=N`: N chains in flight from one thread, one
 //! kick and one interrupt per batch. Requests are FUSE bytes built here;
