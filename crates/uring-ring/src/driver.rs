@@ -26,9 +26,10 @@
 //! (ops left running on a client's memory), `personality.rs`,
 //! `teardown.rs` (Drop).
 //!
-//! Unsafe: the one place an SQE reaches the kernel is [`Driver::push_all`],
-//! an `unsafe fn` whose contract is that the memory the SQE names outlives
-//! the op; each caller says why that holds for what it pushes.
+//! Unsafe: every SQE that names memory reaches the kernel through
+//! [`Driver::push_all`], an `unsafe fn` whose contract is that the memory
+//! the SQE names outlives the op; each caller says why that holds for what
+//! it pushes. (Drop's cancels, which name no memory, are pushed directly.)
 
 mod blocking;
 mod owned;

@@ -505,3 +505,66 @@ fn the_owning_thread_cancels_its_started_op_without_waiting() {
     );
     assert_eq!(registry.in_flight(), 0);
 }
+
+/// A started op that is forgotten ends with nobody to tell: it leaves the
+/// started list and the cancel registry when it completes, and the op that
+/// reuses its slot gets its own completion, not a stale one.
+#[test]
+fn a_forgotten_started_op_leaves_no_trace_and_its_slot_serves_the_next() {
+    let registry = std::sync::Arc::new(uring_ring::CancelRegistry::default());
+    let (r, mut w) = pipe();
+    let mut d = Driver::new(2).unwrap();
+    d.set_cancel_registry(registry.clone());
+    let mut buf = vec![0u8; 16];
+    let iov = |b: &mut Vec<u8>| {
+        vec![libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        }]
+        .into_boxed_slice()
+    };
+    // SAFETY: `buf` outlives the op: the loop below sees it complete (the
+    // driver's in-flight count falls to 0) before `buf` is dropped.
+    let id = unsafe { d.start_readv(Target::Fd(r.as_raw_fd()), iov(&mut buf), 0, 7, false, false) }
+        .unwrap();
+    d.submit().unwrap();
+    d.forget(id);
+    w.write_all(b"first").unwrap();
+    let mut out = Vec::new();
+    let t = Instant::now();
+    while d.in_flight() != 0 || registry.in_flight() != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the forgotten op never left"
+        );
+        d.take_started(&mut out).unwrap();
+    }
+    assert!(out.is_empty(), "a forgotten op was reported: {out:?}");
+    let mut buf2 = vec![0u8; 16];
+    // SAFETY: `buf2` outlives the op: its completion is taken below.
+    let id2 = unsafe {
+        d.start_readv(
+            Target::Fd(r.as_raw_fd()),
+            iov(&mut buf2),
+            0,
+            8,
+            false,
+            false,
+        )
+    }
+    .unwrap();
+    w.write_all(b"second").unwrap();
+    let t = Instant::now();
+    while out.is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the second op never completed"
+        );
+        d.take_started(&mut out).unwrap();
+    }
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, id2);
+    assert_eq!(*out[0].1.as_ref().unwrap(), 6);
+    assert_eq!(&buf2[..6], b"second");
+    assert_eq!(&buf[..5], b"first");
+}

@@ -303,6 +303,15 @@ impl Driver {
         let mut i = 0;
         while i < self.started.len() {
             let (id, key) = self.started[i];
+            // A forgotten op's slot is freed when it completes (and may
+            // hold another op by now): it has ended, with nobody to tell.
+            if self.gens[id.idx] != id.gen || matches!(self.slots[id.idx], Slot::Free) {
+                if let Some(r) = &self.cancels {
+                    r.leave(key, ring_fd, id.idx as u64);
+                }
+                self.started.swap_remove(i);
+                continue;
+            }
             if let Slot::Done { res, .. } = self.slots[id.idx] {
                 self.slots[id.idx] = Slot::Free;
                 self.free.push(id.idx);

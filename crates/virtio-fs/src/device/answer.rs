@@ -31,7 +31,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Wakes every stalled queue: a background slot may have freed.
     fn resume_stalled(&self) {
         for q in &self.inner.queues {
-            if q.stalled.swap(false, Ordering::SeqCst) {
+            // Looked at before it is cleared: every request's end comes
+            // here, and a swap would take each queue's cache line (shared
+            // with the next queue's hot fields) for writing every time.
+            // SeqCst, for the stall's recheck handshake in submit_requests.
+            if q.stalled.load(Ordering::SeqCst) && q.stalled.swap(false, Ordering::SeqCst) {
                 let _ = q.resume.write(1);
             }
         }
