@@ -3,9 +3,9 @@
 
 use super::ent::{Ent, EntState, EntryBufs};
 use super::pool::Pool;
-use super::{lk, EntHandle, Fetched, Mode, Ring, RingStats};
+use super::{lk, EntHandle, Fetched, Mode, Ring, RingLink, RingStats};
 use crate::abi::{uring, UringCmdReq};
-use crate::chan::{Core, Errno};
+use crate::chan::{Chan, Core, Errno};
 use std::sync::{Arc, Weak};
 use zerocopy::IntoBytes;
 
@@ -175,13 +175,29 @@ impl std::fmt::Debug for RingEnd {
     }
 }
 
+impl Chan {
+    /// The server's end of the ring (FUSE-over-io_uring). `privileged`
+    /// plays CAP_SYS_ADMIN for zero-copy queues.
+    pub fn ring_end(&self, privileged: bool) -> RingEnd {
+        RingEnd {
+            core: Arc::downgrade(self.core()),
+            privileged,
+        }
+    }
+}
+
+/// The ring of `core`, once INIT created it.
+fn ring_of(core: &Core) -> Option<&Arc<Ring>> {
+    core.part_ref::<RingLink>().and_then(RingLink::ring)
+}
+
 impl RingEnd {
     fn ring(&self) -> Result<Arc<Ring>, Errno> {
         let core = self.core.upgrade().ok_or(Errno::ENOTCONN)?;
         if !core.is_connected() {
             return Err(Errno::ENOTCONN);
         }
-        core.ring().cloned().ok_or(Errno::EAGAIN)
+        ring_of(&core).cloned().ok_or(Errno::EAGAIN)
     }
 
     /// ADD_QUEUE (`flags` may carry `uring::QUEUE_ZERO_COPY`).
@@ -389,7 +405,7 @@ impl RingEnd {
     /// The ring even after abort (for inspection).
     fn ring_any(&self) -> Result<Arc<Ring>, Errno> {
         let core = self.core.upgrade().ok_or(Errno::ENOTCONN)?;
-        core.ring().cloned().ok_or(Errno::EAGAIN)
+        ring_of(&core).cloned().ok_or(Errno::EAGAIN)
     }
 }
 

@@ -17,6 +17,7 @@ mod commands;
 mod copy;
 mod ent;
 mod fetched;
+mod link;
 mod pool;
 mod serve;
 mod wait;
@@ -25,13 +26,14 @@ pub use commands::{bufpool_area, cmd_area, RingEnd};
 pub use ent::{EntState, EntryBufs};
 pub use fetched::Fetched;
 use fetched::Payload;
+pub(crate) use link::RingLink;
 
 use crate::abi::{
     self, decode::op_in_size, fopen, uring, DecodeOptions, EntryOut, Opcode, OpenOut, OutHeader,
     UringCmdReq, UringReqHeader,
 };
 use crate::chan::req::{flag, Location, Request};
-use crate::chan::{Core, Errno};
+use crate::chan::{Core, Errno, InFlight};
 use ent::{Ent, ListId, Lists};
 use pool::{Pool, PoolBuf};
 use std::collections::{HashSet, VecDeque};
@@ -179,6 +181,9 @@ pub(crate) struct Ring {
     opts: DecodeOptions,
     queues: Vec<Mutex<Queue>>,
     cvs: Vec<Condvar>,
+    /// max_background, the engine's (set under its `bg_lock`), readable
+    /// without it.
+    max_bg: AtomicU32,
     active_bg: AtomicU32,
     zc_files: Mutex<HashSet<u64>>,
     zero_copies: AtomicU64,
@@ -233,6 +238,7 @@ impl Ring {
         nr_queues: u16,
         max_payload: usize,
         opts: DecodeOptions,
+        max_background: u32,
     ) -> Ring {
         let n = usize::from(nr_queues.max(1));
         Ring {
@@ -241,6 +247,7 @@ impl Ring {
             opts,
             queues: (0..n).map(|_| Mutex::new(Queue::new())).collect(),
             cvs: (0..n).map(|_| Condvar::new()).collect(),
+            max_bg: AtomicU32::new(max_background),
             active_bg: AtomicU32::new(0),
             zc_files: Mutex::new(HashSet::new()),
             zero_copies: AtomicU64::new(0),
@@ -330,9 +337,12 @@ impl Ring {
     }
 
     fn max_background(&self) -> u32 {
-        self.core
-            .upgrade()
-            .map_or(u32::MAX, |c| c.max_background_now())
+        self.max_bg.load(Ordering::SeqCst)
+    }
+
+    /// The engine's max_background changed (see [`Ring::flush_all`]).
+    pub(crate) fn set_max_background(&self, max: u32) {
+        self.max_bg.store(max, Ordering::SeqCst);
     }
 
     /// Moves background requests to the queue while under the limit
@@ -381,7 +391,7 @@ impl Ring {
         &self,
         reqs: impl IntoIterator<Item = Arc<Request>>,
         background: bool,
-        refused: &mut Vec<Arc<Request>>,
+        refused: &mut Vec<InFlight>,
     ) {
         let max = if background {
             self.max_background()
@@ -398,7 +408,7 @@ impl Ring {
             let mut next = Some(first);
             while let Some(req) = next {
                 if !open {
-                    refused.push(req);
+                    refused.push(InFlight(req));
                 } else if background {
                     if q.bg.is_empty() && self.may_activate(&q, max) {
                         // What queueing and flushing at once would do.
@@ -432,7 +442,7 @@ impl Ring {
         let mut refused = Vec::new();
         self.queue_reqs(std::iter::once(req), background, &mut refused);
         match refused.pop() {
-            Some(r) => Err(r),
+            Some(InFlight(r)) => Err(r),
             None => Ok(()),
         }
     }
@@ -516,10 +526,12 @@ impl Ring {
         s
     }
 
-    /// Teardown: stop every queue, end queued requests with ECONNABORTED,
-    /// complete held commands with ENOTCONN. Requests whose client pages a
-    /// server holds end when it gives them back.
-    pub(crate) fn abort(&self) {
+    /// Teardown: stop every queue, complete held commands with ENOTCONN,
+    /// and return the requests the aborter ends (the engine, with
+    /// ECONNABORTED): those queued and those of entries a server holds.
+    /// Requests whose client pages a server holds end when it gives them
+    /// back.
+    pub(crate) fn abort(&self) -> Vec<Arc<Request>> {
         let mut to_end = Vec::new();
         for (qi, m) in self.queues.iter().enumerate() {
             let mut q = lk(m);
@@ -561,12 +573,7 @@ impl Ring {
             q.wake_sleepers();
             q.notify_cv(&self.cvs[qi]);
         }
-        if let Some(core) = self.core.upgrade() {
-            for r in to_end {
-                r.set_error(Errno::ECONNABORTED.0);
-                core.request_end(&r);
-            }
-        }
+        to_end
     }
 
     /// Records what a successful reply says about zero-copy files: OPEN
