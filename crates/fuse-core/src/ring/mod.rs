@@ -34,11 +34,10 @@ use crate::abi::{
 };
 use crate::chan::req::{flag, Location, Request};
 use crate::chan::{Core, Errno, InFlight};
+use crate::sync::{lock, Arc, AtomicU32, AtomicU64, Condvar, Mutex, Ordering, Weak};
 use ent::{Ent, ListId, Lists};
 use pool::{Pool, PoolBuf};
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -189,10 +188,6 @@ pub(crate) struct Ring {
     zero_copies: AtomicU64,
 }
 
-fn lk(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A handle naming one registered entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EntHandle {
@@ -217,7 +212,7 @@ fn needs_payload(req: &Request, opts: DecodeOptions) -> bool {
 
 /// The client memory a READ or WRITE carries (`Args::client`): its data
 /// goes by reference, never through the entry's payload.
-fn client_mem(req: &Request) -> Option<&std::sync::Arc<dyn crate::chan::ClientMem>> {
+fn client_mem(req: &Request) -> Option<&Arc<dyn crate::chan::ClientMem>> {
     req.args
         .client
         .as_ref()
@@ -321,7 +316,7 @@ impl Ring {
 
     pub(crate) fn prefer(&self, qid: u16, h: Option<EntHandle>) -> Result<(), Errno> {
         let qi = self.qidx(qid)?;
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         if h.is_some_and(|h| h.qid != qid || h.ent as usize >= q.ents.len()) {
             return Err(Errno::EINVAL);
         }
@@ -376,11 +371,7 @@ impl Ring {
         zero_copy_queue
             && client_mem(req).is_none()
             && matches!(req.args.opcode, Opcode::Read | Opcode::Write)
-            && self
-                .zc_files
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&read_fh(req))
+            && lock(&self.zc_files).contains(&read_fh(req))
     }
 
     /// Queues `reqs` (in order) on the ring queues they name, taking each
@@ -403,7 +394,7 @@ impl Ring {
         let mut reqs = reqs.into_iter().peekable();
         while let Some(first) = reqs.next() {
             let qi = qi_of(&first);
-            let mut q = lk(&self.queues[qi]);
+            let mut q = lock(&self.queues[qi]);
             let open = !q.stopped && q.exists;
             let mut next = Some(first);
             while let Some(req) = next {
@@ -451,7 +442,7 @@ impl Ring {
     pub(crate) fn bg_done(&self, qid: u16, n: u32) {
         let max = self.max_background();
         let qi = usize::from(qid) % self.queues.len();
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         q.active_bg = q.active_bg.saturating_sub(n);
         let _ = self
             .active_bg
@@ -466,7 +457,7 @@ impl Ring {
     pub(crate) fn flush_all(&self) {
         let max = self.max_background();
         for (qi, m) in self.queues.iter().enumerate() {
-            let mut q = lk(m);
+            let mut q = lock(m);
             self.flush_bg(&mut q, max);
             self.dispatch(&mut q, qi);
         }
@@ -475,7 +466,7 @@ impl Ring {
     /// Withdraws a request no entry has taken yet (killed requester).
     pub(crate) fn remove_pending(&self, req: &Arc<Request>) -> bool {
         let qi = usize::from(req.args.qid) % self.queues.len();
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         let before = q.reqs.len();
         q.reqs.retain(|r| !Arc::ptr_eq(r, req));
         let removed = q.reqs.len() != before;
@@ -489,7 +480,7 @@ impl Ring {
     pub(crate) fn head_expired(&self, now: Duration, timeout: Duration) -> bool {
         let old = |r: &Arc<Request>| now.saturating_sub(r.create_time) > timeout;
         self.queues.iter().any(|m| {
-            let q = lk(m);
+            let q = lock(m);
             let ent_old = |l: ListId| {
                 q.lists
                     .front(l)
@@ -516,7 +507,7 @@ impl Ring {
             ..Default::default()
         };
         for m in &self.queues {
-            let q = lk(m);
+            let q = lock(m);
             s.queued += q.reqs.len();
             s.bg_queued += q.bg.len();
             s.in_userspace += q.lists.count_state(EntState::Userspace);
@@ -534,7 +525,7 @@ impl Ring {
     pub(crate) fn abort(&self) -> Vec<Arc<Request>> {
         let mut to_end = Vec::new();
         for (qi, m) in self.queues.iter().enumerate() {
-            let mut q = lk(m);
+            let mut q = lock(m);
             q.stopped = true;
             to_end.extend(q.reqs.drain(..));
             to_end.extend(q.bg.drain(..));
@@ -589,7 +580,7 @@ impl Ring {
             // Only OPEN, CREATE and RELEASE change the set.
             return;
         }
-        let mut zc = self.zc_files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut zc = lock(&self.zc_files);
         if let Some(o) = open_out
             .and_then(|b| OpenOut::read_from_prefix(b).ok())
             .map(|(o, _)| o)

@@ -8,8 +8,8 @@ use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
 use crate::chan::{ClientMem, Errno};
 use crate::ring::{EntHandle, EntryBufs, Fetched, RingEnd};
+use crate::sync::{lock, Arc, Mutex};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 /// One ring entry holding a request, as a worker sees it.
 pub trait RingSlot {
@@ -375,8 +375,4 @@ fn serve_queue<R: RingTransport, F: Filesystem>(
             lock(&idle).push(h);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
