@@ -136,6 +136,18 @@ impl Queue {
             .map_err(|_| Errno::EINVAL)
     }
 
+    /// Moves entry `id` along a transition its caller knows is allowed
+    /// (it checked the entry's state under this lock, or put it there).
+    /// A refusal is a bug in the ring: loud in debug builds; a release
+    /// build leaves the entry where it is, as it always did.
+    fn mv_known(&mut self, id: u32, to: EntState) {
+        let moved = self.lists.move_ent(&mut self.ents, id, to);
+        debug_assert!(
+            moved.is_ok(),
+            "ring entry {id}: transition refused (from, to) = {moved:?}"
+        );
+    }
+
     /// Marks entry `id` reserved (its lists follow).
     fn set_reserved(&mut self, id: u32) {
         self.lists.set_reserved(&mut self.ents, id, true);
@@ -543,8 +555,8 @@ impl Ring {
                         let b = e.pool_buf.take();
                         e.own_payload = None;
                         q.put_buf(b);
-                        let _ = q.mv(id, EntState::Teardown);
-                        let _ = q.mv(id, EntState::Released);
+                        q.mv_known(id, EntState::Teardown);
+                        q.mv_known(id, EntState::Released);
                     }
                     EntState::Userspace => {
                         let e = &q.ents[id as usize];

@@ -216,8 +216,8 @@ impl Ring {
                 }
                 p => self.give_back(req, p),
             }
-            let _ = q.mv(ent, EntState::Teardown);
-            let _ = q.mv(ent, EntState::Released);
+            q.mv_known(ent, EntState::Teardown);
+            q.mv_known(ent, EntState::Released);
         } else {
             // The request does not fit this entry: fail it, keep serving.
             e.req = None;
@@ -229,7 +229,7 @@ impl Ring {
                 }
                 Payload::Client(_) | Payload::None => {}
             }
-            let _ = q.mv(ent, EntState::Available);
+            q.mv_known(ent, EntState::Available);
             self.dispatch(q, qi);
         }
     }
@@ -265,8 +265,8 @@ impl Ring {
                     EntState::FuseReq if !e.copying => break,
                     EntState::Available | EntState::FuseReq => {
                         if q.stopped && e.state == EntState::Available {
-                            let _ = q.mv(h.ent, EntState::Teardown);
-                            let _ = q.mv(h.ent, EntState::Released);
+                            q.mv_known(h.ent, EntState::Teardown);
+                            q.mv_known(h.ent, EntState::Released);
                             return Err(Errno::ENOTCONN);
                         }
                         if !block {
@@ -489,10 +489,10 @@ impl Ring {
             Payload::None => {}
         }
         if stopped {
-            let _ = q.mv(h.ent, EntState::Teardown);
-            let _ = q.mv(h.ent, EntState::Released);
+            q.mv_known(h.ent, EntState::Teardown);
+            q.mv_known(h.ent, EntState::Released);
         } else {
-            let _ = q.mv(h.ent, EntState::Available);
+            q.mv_known(h.ent, EntState::Available);
             self.dispatch(&mut q, qi);
         }
         q.notify_cv(&self.cvs[qi]);
@@ -528,7 +528,7 @@ impl Ring {
         // The committer holds the request from here (an entry in Commit
         // is left alone by abort and the timeout scan).
         let req = e.req.take().ok_or(Errno::EINVAL)?;
-        let _ = q.mv(h.ent, EntState::Commit);
+        q.mv_known(h.ent, EntState::Commit);
         Ok(req)
     }
 
@@ -566,8 +566,8 @@ impl Ring {
         };
         if q.stopped {
             q.put_buf(leftover);
-            let _ = q.mv(ent, EntState::Teardown);
-            let _ = q.mv(ent, EntState::Released);
+            q.mv_known(ent, EntState::Teardown);
+            q.mv_known(ent, EntState::Released);
             return Err(Errno::ENOTCONN);
         }
         e.header = Some(header);
@@ -593,9 +593,9 @@ impl Ring {
                 };
                 if needs && buf.is_none() {
                     q.enobufs += 1;
-                    let _ = q.mv(ent, EntState::Available);
+                    q.mv_known(ent, EntState::Available);
                 } else if let Some(r) = q.reqs.pop_front() {
-                    let _ = q.mv(ent, EntState::FuseReq);
+                    q.mv_known(ent, EntState::FuseReq);
                     let e = &mut q.ents[ent as usize];
                     e.req = Some(r);
                     e.pool_buf = buf;
@@ -603,7 +603,7 @@ impl Ring {
             }
             None => {
                 q.put_buf(leftover);
-                let _ = q.mv(ent, EntState::Available);
+                q.mv_known(ent, EntState::Available);
             }
         }
         Ok(())

@@ -31,8 +31,8 @@ impl Ring {
                     for h in ents.iter().filter(|h| h.qid == qid) {
                         if q.ents.get(h.ent as usize).map(|e| e.state) == Some(EntState::Available)
                         {
-                            let _ = q.mv(h.ent, EntState::Teardown);
-                            let _ = q.mv(h.ent, EntState::Released);
+                            q.mv_known(h.ent, EntState::Teardown);
+                            q.mv_known(h.ent, EntState::Released);
                         }
                     }
                     return Err(Errno::ENOTCONN);
