@@ -2,7 +2,8 @@
 //! entry (more while requests are parked). It sees the ring only through
 //! [`RingSlot`] and [`RingTransport`] (the kernel's ring
 //! ABI: the 288-byte header, split arguments, a payload buffer), so the
-//! same code serves the emulated ring and, later, the kernel's.
+//! same code serves the emulated ring ([`RingEnd`]) and the host kernel's
+//! (uring-ring's `KernelQueue`).
 
 use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
