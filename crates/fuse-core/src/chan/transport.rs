@@ -58,11 +58,13 @@ pub trait Transport: Send + Sync {
     fn forgets_queued(&self) -> usize {
         0
     }
-    /// Learns what INIT negotiated, under the connection lock and before
-    /// the connection is published as initialized. Returns how many of the
-    /// transport's queues must each register (see the engine's admission
-    /// gate) before it carries requests; 0: it takes over none (the device
-    /// carries everything from INIT on).
+    /// Learns what INIT negotiated, before the connection is published as
+    /// initialized; it takes no engine lock (the ring's is called under
+    /// the connection lock, so that no registration slips in before the
+    /// gate is set up). Returns how many of the transport's queues must
+    /// each register (see the engine's admission gate) before it carries
+    /// requests; 0: it takes over none (the device carries everything from
+    /// INIT on).
     fn negotiated(&self, _neg: &Negotiated) -> u16 {
         0
     }
