@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 
 pub mod abi;
+mod assemble;
 pub mod chan;
 pub mod client;
 pub mod embedded;

@@ -1,9 +1,11 @@
 //! loom models of the engine's real code: admission and wake-up, abort vs
-//! completion, interrupt vs reply. Run with
+//! completion, interrupt vs reply, and the ring's fetch and commit against
+//! an abort. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p fuse-core --test loom --release`.
 #![cfg(loom)]
 
-use fuse_core::abi::{self, InHeader, Opcode};
+use fuse_core::abi::{self, init, InHeader, Opcode};
+use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, RingEnd};
 use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -233,5 +235,104 @@ fn batch_send_vs_abort() {
             }
         }
         assert_eq!(chan.stats().waiting, 0);
+    });
+}
+
+/// A connection whose ring has one queue with one registered entry (so
+/// admission is open and requests go over the ring).
+fn ring_chan() -> (Chan, RingEnd, EntHandle) {
+    let chan = Chan::new(ChanConfig {
+        spawn_scanner: false,
+        ring_queues: 1,
+        ..Default::default()
+    });
+    chan.set_initialized(Negotiated {
+        max_write: 4096,
+        flags: init::OVER_IO_URING,
+        ring_queues: 1,
+        congestion_threshold: 4,
+        ..Negotiated::with_max_background(4)
+    });
+    let end = chan.ring_end(false);
+    end.add_queue(&cmd_area(0, 0, 0)).unwrap();
+    let h = end
+        .register(&cmd_area(0, 0, 0), EntryBufs::with_payload(8192), None)
+        .unwrap();
+    (chan, end, h)
+}
+
+/// A background request counted by `ends`, whose result may be the reply
+/// or the abort's.
+fn counted(ends: &Arc<AtomicUsize>) -> fuse_core::chan::EndFn {
+    let e = ends.clone();
+    Box::new(move |r| {
+        assert!(
+            matches!(r, Ok(_) | Err(Errno::ECONNABORTED) | Err(Errno::ENOTCONN)),
+            "{r:?}"
+        );
+        e.fetch_add(1, Ordering::SeqCst);
+    })
+}
+
+/// Fetches entry `h`'s request (without waiting) and commits an empty
+/// reply, as a server does; either step may find the ring torn down.
+fn serve_once(end: &RingEnd, h: EntHandle, block: bool) {
+    if let Ok(Some(mut f)) = end.fetch(h, block) {
+        f.set_reply(0, 0);
+        let area = f.commit_cmd();
+        // Refused once the abort took the entry: dropping the Fetched the
+        // error hands back gives its buffers back.
+        let _ = end.commit(&area, f, None);
+    }
+}
+
+/// The ring's fetch and commit racing an abort: the request ends exactly
+/// once (with the reply or the abort's error), nothing stays counted as
+/// waiting, and every entry and buffer is where its state says.
+#[test]
+fn ring_fetch_commit_vs_abort() {
+    model(|| {
+        let (chan, end, h) = ring_chan();
+        let ends = Arc::new(AtomicUsize::new(0));
+        chan.send_background(noop(), counted(&ends)).unwrap();
+        let e = end.clone();
+        let server = thread::spawn(move || serve_once(&e, h, false));
+        let c = chan.clone();
+        let aborter = thread::spawn(move || c.abort());
+        server.join().unwrap();
+        aborter.join().unwrap();
+        chan.wait_aborted();
+        assert_eq!(ends.load(Ordering::SeqCst), 1);
+        assert_eq!(chan.stats().waiting, 0);
+        end.check_invariants().unwrap();
+    });
+}
+
+/// A server blocked in fetch while the request arrives and the connection
+/// aborts: the fetch returns (with the request, or ENOTCONN), and the
+/// request ends exactly once.
+#[test]
+fn ring_blocking_fetch_vs_send_and_abort() {
+    model(|| {
+        let (chan, end, h) = ring_chan();
+        let ends = Arc::new(AtomicUsize::new(0));
+        let e = end.clone();
+        let server = thread::spawn(move || serve_once(&e, h, true));
+        let c = chan.clone();
+        let n = ends.clone();
+        let sender = thread::spawn(move || {
+            // Refused (and its callback dropped) once the abort got there
+            // first.
+            if c.send_background(noop(), counted(&n)).is_err() {
+                n.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        chan.abort();
+        sender.join().unwrap();
+        server.join().unwrap();
+        chan.wait_aborted();
+        assert_eq!(ends.load(Ordering::SeqCst), 1);
+        assert_eq!(chan.stats().waiting, 0);
+        end.check_invariants().unwrap();
     });
 }

@@ -8,7 +8,7 @@
 use super::errno::Errno;
 use super::req::{flag, Location, Request};
 use super::transport::{InFlight, Transport};
-use super::Core;
+use super::{Chan, Core, Negotiated};
 use crate::abi::{
     self, BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader,
 };
@@ -612,10 +612,27 @@ impl Transport for DevQueue {
         lock(&self.iq).forgets.len()
     }
 
+    fn negotiated(&self, neg: &Negotiated) -> u16 {
+        self.minor.store(neg.minor, Ordering::Relaxed);
+        self.max_write.store(neg.max_write, Ordering::Relaxed);
+        0
+    }
+
     fn counts(&self) -> (usize, usize) {
         let pending = lock(&self.iq).pending.len();
         let pq = lock(&self.pq);
         (pending, pq.processing.len() + pq.io.len())
+    }
+}
+
+impl Chan {
+    /// The server's end, when the connection uses the in-process device.
+    pub fn device(&self) -> Option<Device> {
+        let core = self.core();
+        core.part::<DevQueue>().map(|dev| Device {
+            core: core.clone(),
+            dev,
+        })
     }
 }
 

@@ -99,14 +99,14 @@ impl Core {
                         Some((q, n)) if q == qid => Some((q, n + 1)),
                         other => {
                             if let Some((q, n)) = other {
-                                ring.bg_done(q, n);
+                                ring.background_done(q, n);
                             }
                             Some((qid, 1))
                         }
                     };
                 }
                 if let Some((q, n)) = run {
-                    ring.bg_done(q, n);
+                    ring.background_done(q, n);
                 }
             }
             self.end_refused(refused);

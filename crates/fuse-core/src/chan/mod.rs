@@ -11,7 +11,7 @@ pub mod bg;
 mod call;
 pub mod client_mem;
 mod config;
-mod dev;
+pub(crate) mod dev;
 mod end;
 pub mod errno;
 mod negotiate;
@@ -34,8 +34,8 @@ use crate::abi::{self, ForgetOne};
 use crate::sync::{lock, wait, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 use bg::{BgState, WaitSlot, WakeBudget};
 use call::SigState;
-use dev::DevQueue;
 use req::Request;
+use std::any::Any;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +50,8 @@ enum Phase {
 struct ConnState {
     phase: Phase,
     negotiated: Option<Negotiated>,
-    /// Ring queues that have an entry (created while processing INIT).
+    /// Which queues of the ring (the transport offered beside the device)
+    /// have an entry; sized while processing INIT.
     ring_registered: Vec<bool>,
 }
 
@@ -81,13 +82,19 @@ pub(crate) struct Core {
     aborts: AtomicU64,
     notifications: AtomicU64,
     legacy_single_wake: AtomicBool,
+    /// The transport that carries everything until the ring is up, and
+    /// interrupts, forgets and `over_device` requests always (the device).
     transport: Arc<dyn Transport>,
-    dev: Option<Arc<DevQueue>>,
+    /// The transport offered beside it with FUSE_OVER_IO_URING (the ring).
+    ring_offer: Option<Arc<dyn Transport>>,
+    /// `ring_offer`, once INIT accepted it (set before `initialized` is
+    /// published); it carries requests once the gate opens (`route`).
+    ring: std::sync::OnceLock<Arc<dyn Transport>>,
+    /// The transports' own objects, for the server ends to find again by
+    /// type (`Chan::device`, `Chan::ring_end`, in the transports' modules):
+    /// the engine itself knows them only as [`Transport`]s.
+    parts: Vec<Arc<dyn Any + Send + Sync>>,
     scan: Arc<timeout::ScanCtl>,
-    /// The FUSE-over-io_uring ring, created while INIT is processed.
-    ring: std::sync::OnceLock<Arc<crate::ring::Ring>>,
-    /// max_background, readable without `bg_lock` (the ring's flush).
-    max_bg: std::sync::atomic::AtomicU32,
     /// Ended requests nobody holds, kept for the batch send to reuse
     /// (`Request::recycle`, `Request::renew`): the allocation per request
     /// a batch would otherwise make and free. At most [`SPARES`]. A leaf
@@ -121,20 +128,25 @@ impl Core {
         }
     }
 
-    pub(crate) fn max_background_now(&self) -> u32 {
-        self.max_bg.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
     pub(crate) fn is_connected(&self) -> bool {
         self.connected.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn ring(&self) -> Option<&Arc<crate::ring::Ring>> {
-        self.ring.get()
+    /// The object of type `T` the connection was assembled with, if any
+    /// (a transport's module finding its own; see `Core::parts`).
+    pub(crate) fn part<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.parts
+            .iter()
+            .find_map(|p| p.clone().downcast::<T>().ok())
+    }
+
+    /// [`Core::part`] without taking a reference (the per-command path).
+    pub(crate) fn part_ref<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.parts.iter().find_map(|p| (**p).downcast_ref::<T>())
     }
 
     /// The ring, once it carries requests (INIT done, every queue ready).
-    fn route(&self) -> Option<&Arc<crate::ring::Ring>> {
+    fn route(&self) -> Option<&Arc<dyn Transport>> {
         if self.gate_open.load(Ordering::Acquire) {
             self.ring.get()
         } else {
@@ -153,7 +165,7 @@ impl Core {
     /// refused.
     pub(crate) fn send_req(&self, req: Arc<Request>) -> Result<(), Arc<Request>> {
         match self.route().filter(|_| !req.args.over_device) {
-            Some(ring) => ring.queue_req(req, false),
+            Some(ring) => ring.send_req(InFlight(req)).map_err(|f| f.0),
             None => self.transport.send_req(InFlight(req)).map_err(|f| f.0),
         }
     }
@@ -161,7 +173,8 @@ impl Core {
     /// Withdraws a request the server has not seen.
     pub(crate) fn remove_pending(&self, req: &Arc<Request>) -> bool {
         if req.flags.test(flag::URING) {
-            self.ring.get().is_some_and(|r| r.remove_pending(req))
+            let req = InFlight(req.clone());
+            self.ring.get().is_some_and(|r| r.remove_pending(&req))
         } else {
             self.transport.remove_pending(&InFlight(req.clone()))
         }
@@ -244,18 +257,18 @@ impl Core {
         }
     }
 
-    fn send_to_transport(&self, reqs: Vec<Arc<Request>>) -> Vec<Arc<Request>> {
+    fn send_to_transport(&self, reqs: Vec<Arc<Request>>) -> Vec<InFlight> {
         let mut refused = Vec::new();
         for r in reqs {
-            if let Err(InFlight(r)) = self.transport.send_req(InFlight(r)) {
+            if let Err(r) = self.transport.send_req(InFlight(r)) {
                 refused.push(r);
             }
         }
         refused
     }
 
-    fn end_refused(&self, refused: Vec<Arc<Request>>) {
-        for r in refused {
+    fn end_refused(&self, refused: Vec<InFlight>) {
+        for InFlight(r) in refused {
             r.set_error(self.abort_errno().0);
             self.request_end(&r);
         }
@@ -333,7 +346,7 @@ impl Core {
             .into_iter()
             .map(|f| f.0)
             .collect();
-        to_end.extend(refused);
+        to_end.extend(refused.into_iter().map(|f| f.0));
         for r in &to_end {
             r.set_error(self.abort_errno().0);
         }
@@ -341,7 +354,13 @@ impl Core {
             self.request_end(&r);
         }
         if let Some(ring) = self.ring.get() {
-            ring.abort();
+            // What the ring held ends with ECONNABORTED, as the kernel's
+            // ring teardown (`fuse_uring_abort`) ends it.
+            let err = Errno::ECONNABORTED;
+            for InFlight(r) in ring.abort(err) {
+                r.set_error(err.0);
+                self.request_end(&r);
+            }
         }
         self.scan.stop();
         ABORTING.with(|a| a.set(false));
@@ -440,90 +459,66 @@ impl std::fmt::Debug for Chan {
     }
 }
 
+/// What a connection is assembled from (`crate::assemble`), made once the
+/// engine's `Weak` exists (the transports hold one).
+pub(crate) struct Transports {
+    /// The transport that carries requests from the start.
+    pub(crate) device: Arc<dyn Transport>,
+    /// A transport offered with FUSE_OVER_IO_URING (see `Core::ring_offer`).
+    pub(crate) ring: Option<Arc<dyn Transport>>,
+    /// See `Core::parts`.
+    pub(crate) parts: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
 impl Chan {
-    /// A connection served through the in-process [`Device`].
-    pub fn new(cfg: ChanConfig) -> Chan {
-        Chan::with_clock(cfg, Arc::new(MonotonicClock::new()))
-    }
-
-    /// Like [`Chan::new`] with a chosen clock (tests use [`ManualClock`]).
-    pub fn with_clock(cfg: ChanConfig, clock: Arc<dyn Clock>) -> Chan {
-        let dev = Arc::new(DevQueue::new());
-        Chan::build(cfg, clock, dev.clone(), Some(dev))
-    }
-
-    /// A connection over another transport.
-    pub fn with_transport(
+    /// Builds the engine over the transports `assemble` makes.
+    pub(crate) fn build(
         cfg: ChanConfig,
         clock: Arc<dyn Clock>,
-        transport: Arc<dyn Transport>,
-    ) -> Chan {
-        Chan::build(cfg, clock, transport, None)
-    }
-
-    fn build(
-        cfg: ChanConfig,
-        clock: Arc<dyn Clock>,
-        transport: Arc<dyn Transport>,
-        dev: Option<Arc<DevQueue>>,
+        assemble: impl FnOnce(&crate::sync::Weak<Core>) -> Transports,
     ) -> Chan {
         let bg = BgState::new(cfg.max_background, cfg.congestion_threshold);
-        let core = Arc::new(Core {
-            cfg,
-            clock,
-            conn: Mutex::new(ConnState {
-                phase: Phase::Connected,
-                negotiated: None,
-                ring_registered: Vec::new(),
-            }),
-            conn_cv: Condvar::new(),
-            initialized: AtomicBool::new(false),
-            gate_open: AtomicBool::new(false),
-            connected: AtomicBool::new(true),
-            bg: Mutex::new(bg),
-            num_waiting: AtomicUsize::new(0),
-            waiting_mx: Mutex::new(0),
-            waiting_cv: Condvar::new(),
-            reqctr: AtomicU64::new(0),
-            no_interrupt: AtomicBool::new(false),
-            abort_error: AtomicBool::new(false),
-            timeout_ns: AtomicU64::new(0),
-            timeouts_fired: AtomicU64::new(0),
-            aborts: AtomicU64::new(0),
-            notifications: AtomicU64::new(0),
-            legacy_single_wake: AtomicBool::new(false),
-            transport,
-            dev,
-            scan: Arc::new(timeout::ScanCtl::default()),
-            ring: std::sync::OnceLock::new(),
-            max_bg: std::sync::atomic::AtomicU32::new(bg::DEFAULT_MAX_BACKGROUND),
-            spares: Mutex::new(Vec::new()),
+        let core = Arc::new_cyclic(|weak| {
+            let t = assemble(weak);
+            Core {
+                cfg,
+                clock,
+                conn: Mutex::new(ConnState {
+                    phase: Phase::Connected,
+                    negotiated: None,
+                    ring_registered: Vec::new(),
+                }),
+                conn_cv: Condvar::new(),
+                initialized: AtomicBool::new(false),
+                gate_open: AtomicBool::new(false),
+                connected: AtomicBool::new(true),
+                bg: Mutex::new(bg),
+                num_waiting: AtomicUsize::new(0),
+                waiting_mx: Mutex::new(0),
+                waiting_cv: Condvar::new(),
+                reqctr: AtomicU64::new(0),
+                no_interrupt: AtomicBool::new(false),
+                abort_error: AtomicBool::new(false),
+                timeout_ns: AtomicU64::new(0),
+                timeouts_fired: AtomicU64::new(0),
+                aborts: AtomicU64::new(0),
+                notifications: AtomicU64::new(0),
+                legacy_single_wake: AtomicBool::new(false),
+                transport: t.device,
+                ring_offer: t.ring,
+                ring: std::sync::OnceLock::new(),
+                parts: t.parts,
+                scan: Arc::new(timeout::ScanCtl::default()),
+                spares: Mutex::new(Vec::new()),
+            }
         });
         Chan {
             owner: Arc::new(Owner(core)),
         }
     }
 
-    fn core(&self) -> &Arc<Core> {
+    pub(crate) fn core(&self) -> &Arc<Core> {
         &self.owner.0
-    }
-
-    /// The server's end, when the connection uses the in-process device.
-    pub fn device(&self) -> Option<Device> {
-        let core = self.core();
-        core.dev.as_ref().map(|dev| Device {
-            core: core.clone(),
-            dev: dev.clone(),
-        })
-    }
-
-    /// The server's end of the ring (FUSE-over-io_uring). `privileged`
-    /// plays CAP_SYS_ADMIN for zero-copy queues.
-    pub fn ring_end(&self, privileged: bool) -> crate::ring::RingEnd {
-        crate::ring::RingEnd {
-            core: Arc::downgrade(self.core()),
-            privileged,
-        }
     }
 
     /// Prepares a synchronous request; [`Call::signal`] gives a handle to
@@ -619,14 +614,16 @@ impl Chan {
                 return;
             }
             bg.max_background = max.max(1);
-            core.max_bg.store(bg.max_background, Ordering::SeqCst);
+            if let Some(ring) = core.ring.get() {
+                ring.set_max_background(bg.max_background);
+            }
             bg.grant(core.budget());
             let next = bg.flush();
             core.send_to_transport(next)
         };
         core.end_refused(refused);
         if let Some(ring) = core.ring.get() {
-            ring.flush_all();
+            ring.flush_background();
         }
     }
 

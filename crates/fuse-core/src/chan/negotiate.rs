@@ -4,7 +4,7 @@
 use super::bg::WakeBudget;
 use super::{Args, Chan, Errno, Negotiated};
 use crate::abi::{self, init, InitIn, InitOut, Opcode};
-use crate::sync::{lock, Arc, Ordering};
+use crate::sync::{lock, Ordering};
 use std::time::Duration;
 
 /// Largest max_write a server may negotiate (the kernel's 256 pages).
@@ -115,10 +115,7 @@ impl Chan {
     /// reply does). Everything is set before `initialized` is published.
     pub fn set_initialized(&self, neg: Negotiated) {
         let core = self.core();
-        if let Some(dev) = &core.dev {
-            dev.minor.store(neg.minor, Ordering::Relaxed);
-            dev.max_write.store(neg.max_write, Ordering::Relaxed);
-        }
+        core.transport.negotiated(&neg);
         core.abort_error
             .store(neg.flags & init::ABORT_ERROR != 0, Ordering::Relaxed);
         core.timeout_ns.store(
@@ -129,27 +126,21 @@ impl Chan {
             // conn -> bg: ring registrations and the gate change together.
             let mut c = lock(&core.conn);
             c.negotiated = Some(neg);
-            // The ring is created here, before `initialized`. Registrations
-            // take `conn` too, so none can slip between this and the gate.
-            let q = usize::from(neg.ring_queues);
-            c.ring_registered = vec![false; q];
-            let ready = q == 0;
+            // The ring takes over here (it creates its queues), before
+            // `initialized`. Registrations take `conn` too, so none can
+            // slip between this and the gate.
+            let q = core
+                .ring_offer
+                .as_ref()
+                .map_or(0, |ring| ring.negotiated(&neg));
             if q > 0 {
-                let max_payload = (neg.max_write as usize).max(8192);
-                let opts = abi::DecodeOptions {
-                    minor: neg.minor,
-                    flags: neg.flags,
-                    write_data_elsewhere: false,
-                };
-                let ring = crate::ring::Ring::new(
-                    Arc::downgrade(core),
-                    neg.ring_queues,
-                    max_payload,
-                    opts,
-                );
-                let _ = core.ring.set(Arc::new(ring));
+                if let Some(ring) = &core.ring_offer {
+                    // A second INIT keeps the ring of the first.
+                    let _ = core.ring.set(ring.clone());
+                }
             }
-            core.max_bg.store(neg.max_background, Ordering::SeqCst);
+            c.ring_registered = vec![false; usize::from(q)];
+            let ready = q == 0;
             let mut bg = lock(&core.bg);
             bg.max_background = neg.max_background;
             bg.congestion_threshold = neg.congestion_threshold;

@@ -4,7 +4,7 @@
 //! allocations of requests that ended (`Core::spares`).
 
 use super::req::{flag, Args, EndFn, Request};
-use super::{call::SigState, Chan, Core, Errno};
+use super::{call::SigState, Chan, Core, Errno, InFlight, Transport};
 use crate::sync::{lock, Arc, Ordering};
 
 /// Most requests kept for reuse (`Core::spares`).
@@ -45,6 +45,10 @@ impl Core {
         into.extend(spares.drain(at..));
     }
 }
+
+/// What `Chan::send_admitted` leaves to its caller: the ring, when it
+/// queues the requests itself, and the requests the transport refused.
+type Admitted<'a> = (Option<&'a Arc<dyn Transport>>, Vec<InFlight>);
 
 /// The flags of a background request.
 fn bg_flags(force: bool) -> u32 {
@@ -211,7 +215,7 @@ impl Chan {
         match self.send_admitted(&reqs) {
             Ok((ring, mut refused)) => {
                 if let Some(ring) = ring {
-                    ring.queue_reqs(reqs, true, &mut refused);
+                    ring.send_background(&mut reqs.into_iter().map(InFlight), &mut refused);
                 }
                 core.end_refused(refused);
             }
@@ -229,14 +233,10 @@ impl Chan {
     /// for it), under bg_lock: the connection's check, FORCE requests
     /// counted, and without the ring the background queue and its flush
     /// to the transport. Returns the ring to queue them on (outside
-    /// bg_lock), if it carries them, and the requests the transport
-    /// refused (to end). On an error nothing was sent and no end callback
-    /// runs.
-    #[allow(clippy::type_complexity)]
-    fn send_admitted(
-        &self,
-        reqs: &[Arc<Request>],
-    ) -> Result<(Option<&Arc<crate::ring::Ring>>, Vec<Arc<Request>>), Errno> {
+    /// bg_lock: it queues background requests itself), if it carries them,
+    /// and the requests the transport refused (to end). On an error nothing
+    /// was sent and no end callback runs.
+    fn send_admitted(&self, reqs: &[Arc<Request>]) -> Result<Admitted<'_>, Errno> {
         let core = self.core();
         let ring = core.route();
         let mut bg = lock(&core.bg);
@@ -278,7 +278,7 @@ impl Chan {
         let req = Request::new(core, unique, args, flags, core.clock.now(), Some(end));
         let (ring, mut refused) = self.send_admitted(std::slice::from_ref(&req))?;
         if let Some(ring) = ring {
-            ring.queue_reqs(std::iter::once(req), true, &mut refused);
+            ring.send_background(&mut std::iter::once(InFlight(req)), &mut refused);
         }
         core.end_refused(refused);
         Ok(unique)

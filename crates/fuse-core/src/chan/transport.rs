@@ -1,7 +1,11 @@
 //! The transport vtable between the connection engine and whatever carries
-//! requests to a server: the in-process device (default), later the ring,
-//! a virtqueue or a vhost-user frontend. The engine names none of them.
+//! requests to a server (the kernel's `fiq->ops`): the in-process device
+//! queue, and the FUSE-over-io_uring ring, which takes the requests over once
+//! INIT accepted it and every one of its queues registered. The engine names
+//! neither: the connection is assembled in `crate::assemble`, the one place
+//! that names them by type.
 
+use super::config::Negotiated;
 use super::errno::Errno;
 use super::req::Request;
 use crate::abi::ForgetOne;
@@ -54,4 +58,40 @@ pub trait Transport: Send + Sync {
     fn forgets_queued(&self) -> usize {
         0
     }
+    /// Learns what INIT negotiated, before the connection is published as
+    /// initialized; it takes no engine lock (the ring's is called under
+    /// the connection lock, so that no registration slips in before the
+    /// gate is set up). Returns how many of the transport's queues must
+    /// each register (see the engine's admission gate) before it carries
+    /// requests; 0: it takes over none (the device carries everything from
+    /// INIT on).
+    fn negotiated(&self, _neg: &Negotiated) -> u16 {
+        0
+    }
+    /// Takes admitted background requests, in order, that it queues itself
+    /// (per queue, under its own active limit: the ring's
+    /// `fuse_req_bg_queue`) rather than through the engine's background
+    /// queue; called with no engine lock held. Those it cannot take go on
+    /// `refused` (the engine ends them).
+    fn send_background(
+        &self,
+        reqs: &mut dyn Iterator<Item = InFlight>,
+        refused: &mut Vec<InFlight>,
+    ) {
+        for r in reqs {
+            if let Err(r) = self.send_req(r) {
+                refused.push(r);
+            }
+        }
+    }
+    /// `n` background requests of queue `qid` that it had made active
+    /// ended (the engine already gave their admission slots back): their
+    /// active slots are free for the ones it holds back.
+    fn background_done(&self, _qid: u16, _n: u32) {}
+    /// max_background is now `max` (called under `bg_lock`, so the
+    /// transport's copy changes in the engine's order).
+    fn set_max_background(&self, _max: u32) {}
+    /// Re-evaluates the background requests it holds back (the limit
+    /// changed); called with no engine lock held.
+    fn flush_background(&self) {}
 }

@@ -3,10 +3,10 @@
 
 use super::ent::{Ent, EntState, EntryBufs};
 use super::pool::Pool;
-use super::{lk, EntHandle, Fetched, Mode, Ring, RingStats};
+use super::{EntHandle, Fetched, Mode, Ring, RingLink, RingStats};
 use crate::abi::{uring, UringCmdReq};
-use crate::chan::{Core, Errno};
-use std::sync::{Arc, Weak};
+use crate::chan::{Chan, Core, Errno};
+use crate::sync::{lock, Arc, Weak};
 use zerocopy::IntoBytes;
 
 impl Ring {
@@ -20,7 +20,7 @@ impl Ring {
         if zc && !privileged {
             return Err(Errno::EPERM);
         }
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         if q.stopped {
             return Err(Errno::ENOTCONN);
         }
@@ -41,7 +41,7 @@ impl Ring {
         if mem.len() < self.max_payload {
             return Err(Errno::EINVAL);
         }
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         if q.stopped {
             return Err(Errno::ENOTCONN);
         }
@@ -62,7 +62,7 @@ impl Ring {
     ) -> Result<(EntHandle, bool), Errno> {
         let cmd = Self::cmd(area)?;
         let qi = self.qidx(cmd.qid)?;
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         if q.stopped {
             return Err(Errno::ENOTCONN);
         }
@@ -96,18 +96,18 @@ impl Ring {
     }
 
     fn pool_free(&self, qid: u16) -> Option<(usize, usize)> {
-        let q = lk(self.queues.get(usize::from(qid))?);
+        let q = lock(self.queues.get(usize::from(qid))?);
         q.pool.as_ref().map(|p| (p.free_count(), p.len()))
     }
 
     fn entry_state(&self, h: EntHandle) -> Option<EntState> {
-        let q = lk(self.queues.get(usize::from(h.qid))?);
+        let q = lock(self.queues.get(usize::from(h.qid))?);
         q.ents.get(h.ent as usize).map(|e| e.state)
     }
 
     fn check_invariants(&self) -> Result<(), String> {
         for (qi, m) in self.queues.iter().enumerate() {
-            let mut q = lk(m);
+            let mut q = lock(m);
             let q = &mut *q;
             for (id, e) in q.ents.iter().enumerate() {
                 let id = id as u32;
@@ -175,13 +175,29 @@ impl std::fmt::Debug for RingEnd {
     }
 }
 
+impl Chan {
+    /// The server's end of the ring (FUSE-over-io_uring). `privileged`
+    /// plays CAP_SYS_ADMIN for zero-copy queues.
+    pub fn ring_end(&self, privileged: bool) -> RingEnd {
+        RingEnd {
+            core: Arc::downgrade(self.core()),
+            privileged,
+        }
+    }
+}
+
+/// The ring of `core`, once INIT created it.
+fn ring_of(core: &Core) -> Option<&Arc<Ring>> {
+    core.part_ref::<RingLink>().and_then(RingLink::ring)
+}
+
 impl RingEnd {
     fn ring(&self) -> Result<Arc<Ring>, Errno> {
         let core = self.core.upgrade().ok_or(Errno::ENOTCONN)?;
         if !core.is_connected() {
             return Err(Errno::ENOTCONN);
         }
-        core.ring().cloned().ok_or(Errno::EAGAIN)
+        ring_of(&core).cloned().ok_or(Errno::EAGAIN)
     }
 
     /// ADD_QUEUE (`flags` may carry `uring::QUEUE_ZERO_COPY`).
@@ -389,7 +405,7 @@ impl RingEnd {
     /// The ring even after abort (for inspection).
     fn ring_any(&self) -> Result<Arc<Ring>, Errno> {
         let core = self.core.upgrade().ok_or(Errno::ENOTCONN)?;
-        core.ring().cloned().ok_or(Errno::EAGAIN)
+        ring_of(&core).cloned().ok_or(Errno::EAGAIN)
     }
 }
 

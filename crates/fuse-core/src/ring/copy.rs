@@ -48,7 +48,7 @@ impl Ring {
         e.reserved = 0;
         let zc = zero_copy_queue && self.goes_zero_copy(true, req);
         if zc {
-            let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+            let mut d = lock(&req.data);
             // The client's pages themselves: no payload copy at all.
             let (pages, n) = if op == Opcode::Write {
                 let p = std::mem::take(&mut d.pages);
@@ -92,7 +92,7 @@ impl Ring {
         }
         dst[..rest.len()].copy_from_slice(rest);
         if n > rest.len() {
-            let d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+            let d = lock(&req.data);
             let Some(to) = dst.get_mut(rest.len()..rest.len() + d.pages.len()) else {
                 return fail;
             };
@@ -106,7 +106,7 @@ impl Ring {
     /// payloads need no lock-free return and are dropped by the caller).
     pub(super) fn give_back(&self, req: &Arc<Request>, payload: Payload) {
         if let Payload::Client(v) = payload {
-            let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+            let mut d = lock(&req.data);
             if req.args.opcode == Opcode::Write {
                 d.pages = v;
             } else {
@@ -166,7 +166,7 @@ impl Ring {
             self.note_zero_copy(req, &src[..sz]);
         }
         // The result and the reply under one lock of the request's data.
-        let mut d = req.data.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = lock(&req.data);
         d.error = match result {
             Ok(()) => 0,
             Err(e) => e.0,

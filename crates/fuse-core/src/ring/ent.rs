@@ -3,7 +3,7 @@
 use super::pool::PoolBuf;
 use crate::abi::UringReqHeader;
 use crate::chan::req::Request;
-use std::sync::Arc;
+use crate::sync::Arc;
 
 /// The state of a ring entry. Each state but `Invalid`, `Commit` and
 /// `Released` has its own list in the queue; all lists and states are

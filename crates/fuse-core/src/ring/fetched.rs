@@ -3,7 +3,7 @@
 use super::pool::PoolBuf;
 use super::{EntHandle, Ring};
 use crate::abi::{self, uring, InHeader, OutHeader, UringCmdReq, UringReqHeader};
-use std::sync::Arc;
+use crate::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
 
 pub(crate) enum Payload {

@@ -17,6 +17,7 @@ mod commands;
 mod copy;
 mod ent;
 mod fetched;
+mod link;
 mod pool;
 mod serve;
 mod wait;
@@ -25,18 +26,18 @@ pub use commands::{bufpool_area, cmd_area, RingEnd};
 pub use ent::{EntState, EntryBufs};
 pub use fetched::Fetched;
 use fetched::Payload;
+pub(crate) use link::RingLink;
 
 use crate::abi::{
     self, decode::op_in_size, fopen, uring, DecodeOptions, EntryOut, Opcode, OpenOut, OutHeader,
     UringCmdReq, UringReqHeader,
 };
 use crate::chan::req::{flag, Location, Request};
-use crate::chan::{Core, Errno};
+use crate::chan::{Core, Errno, InFlight};
+use crate::sync::{lock, Arc, AtomicU32, AtomicU64, Condvar, Mutex, Ordering, Weak};
 use ent::{Ent, ListId, Lists};
 use pool::{Pool, PoolBuf};
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -135,6 +136,18 @@ impl Queue {
             .map_err(|_| Errno::EINVAL)
     }
 
+    /// Moves entry `id` along a transition its caller knows is allowed
+    /// (it checked the entry's state under this lock, or put it there).
+    /// A refusal is a bug in the ring: loud in debug builds; a release
+    /// build leaves the entry where it is, as it always did.
+    fn mv_known(&mut self, id: u32, to: EntState) {
+        let moved = self.lists.move_ent(&mut self.ents, id, to);
+        debug_assert!(
+            moved.is_ok(),
+            "ring entry {id}: transition refused (from, to) = {moved:?}"
+        );
+    }
+
     /// Marks entry `id` reserved (its lists follow).
     fn set_reserved(&mut self, id: u32) {
         self.lists.set_reserved(&mut self.ents, id, true);
@@ -179,13 +192,12 @@ pub(crate) struct Ring {
     opts: DecodeOptions,
     queues: Vec<Mutex<Queue>>,
     cvs: Vec<Condvar>,
+    /// max_background, the engine's (set under its `bg_lock`), readable
+    /// without it.
+    max_bg: AtomicU32,
     active_bg: AtomicU32,
     zc_files: Mutex<HashSet<u64>>,
     zero_copies: AtomicU64,
-}
-
-fn lk(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A handle naming one registered entry.
@@ -212,7 +224,7 @@ fn needs_payload(req: &Request, opts: DecodeOptions) -> bool {
 
 /// The client memory a READ or WRITE carries (`Args::client`): its data
 /// goes by reference, never through the entry's payload.
-fn client_mem(req: &Request) -> Option<&std::sync::Arc<dyn crate::chan::ClientMem>> {
+fn client_mem(req: &Request) -> Option<&Arc<dyn crate::chan::ClientMem>> {
     req.args
         .client
         .as_ref()
@@ -233,6 +245,7 @@ impl Ring {
         nr_queues: u16,
         max_payload: usize,
         opts: DecodeOptions,
+        max_background: u32,
     ) -> Ring {
         let n = usize::from(nr_queues.max(1));
         Ring {
@@ -241,6 +254,7 @@ impl Ring {
             opts,
             queues: (0..n).map(|_| Mutex::new(Queue::new())).collect(),
             cvs: (0..n).map(|_| Condvar::new()).collect(),
+            max_bg: AtomicU32::new(max_background),
             active_bg: AtomicU32::new(0),
             zc_files: Mutex::new(HashSet::new()),
             zero_copies: AtomicU64::new(0),
@@ -314,7 +328,7 @@ impl Ring {
 
     pub(crate) fn prefer(&self, qid: u16, h: Option<EntHandle>) -> Result<(), Errno> {
         let qi = self.qidx(qid)?;
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         if h.is_some_and(|h| h.qid != qid || h.ent as usize >= q.ents.len()) {
             return Err(Errno::EINVAL);
         }
@@ -330,9 +344,12 @@ impl Ring {
     }
 
     fn max_background(&self) -> u32 {
-        self.core
-            .upgrade()
-            .map_or(u32::MAX, |c| c.max_background_now())
+        self.max_bg.load(Ordering::SeqCst)
+    }
+
+    /// The engine's max_background changed (see [`Ring::flush_all`]).
+    pub(crate) fn set_max_background(&self, max: u32) {
+        self.max_bg.store(max, Ordering::SeqCst);
     }
 
     /// Moves background requests to the queue while under the limit
@@ -366,11 +383,7 @@ impl Ring {
         zero_copy_queue
             && client_mem(req).is_none()
             && matches!(req.args.opcode, Opcode::Read | Opcode::Write)
-            && self
-                .zc_files
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&read_fh(req))
+            && lock(&self.zc_files).contains(&read_fh(req))
     }
 
     /// Queues `reqs` (in order) on the ring queues they name, taking each
@@ -381,7 +394,7 @@ impl Ring {
         &self,
         reqs: impl IntoIterator<Item = Arc<Request>>,
         background: bool,
-        refused: &mut Vec<Arc<Request>>,
+        refused: &mut Vec<InFlight>,
     ) {
         let max = if background {
             self.max_background()
@@ -393,12 +406,12 @@ impl Ring {
         let mut reqs = reqs.into_iter().peekable();
         while let Some(first) = reqs.next() {
             let qi = qi_of(&first);
-            let mut q = lk(&self.queues[qi]);
+            let mut q = lock(&self.queues[qi]);
             let open = !q.stopped && q.exists;
             let mut next = Some(first);
             while let Some(req) = next {
                 if !open {
-                    refused.push(req);
+                    refused.push(InFlight(req));
                 } else if background {
                     if q.bg.is_empty() && self.may_activate(&q, max) {
                         // What queueing and flushing at once would do.
@@ -432,7 +445,7 @@ impl Ring {
         let mut refused = Vec::new();
         self.queue_reqs(std::iter::once(req), background, &mut refused);
         match refused.pop() {
-            Some(r) => Err(r),
+            Some(InFlight(r)) => Err(r),
             None => Ok(()),
         }
     }
@@ -441,7 +454,7 @@ impl Ring {
     pub(crate) fn bg_done(&self, qid: u16, n: u32) {
         let max = self.max_background();
         let qi = usize::from(qid) % self.queues.len();
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         q.active_bg = q.active_bg.saturating_sub(n);
         let _ = self
             .active_bg
@@ -456,7 +469,7 @@ impl Ring {
     pub(crate) fn flush_all(&self) {
         let max = self.max_background();
         for (qi, m) in self.queues.iter().enumerate() {
-            let mut q = lk(m);
+            let mut q = lock(m);
             self.flush_bg(&mut q, max);
             self.dispatch(&mut q, qi);
         }
@@ -465,7 +478,7 @@ impl Ring {
     /// Withdraws a request no entry has taken yet (killed requester).
     pub(crate) fn remove_pending(&self, req: &Arc<Request>) -> bool {
         let qi = usize::from(req.args.qid) % self.queues.len();
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         let before = q.reqs.len();
         q.reqs.retain(|r| !Arc::ptr_eq(r, req));
         let removed = q.reqs.len() != before;
@@ -479,7 +492,7 @@ impl Ring {
     pub(crate) fn head_expired(&self, now: Duration, timeout: Duration) -> bool {
         let old = |r: &Arc<Request>| now.saturating_sub(r.create_time) > timeout;
         self.queues.iter().any(|m| {
-            let q = lk(m);
+            let q = lock(m);
             let ent_old = |l: ListId| {
                 q.lists
                     .front(l)
@@ -506,7 +519,7 @@ impl Ring {
             ..Default::default()
         };
         for m in &self.queues {
-            let q = lk(m);
+            let q = lock(m);
             s.queued += q.reqs.len();
             s.bg_queued += q.bg.len();
             s.in_userspace += q.lists.count_state(EntState::Userspace);
@@ -516,13 +529,15 @@ impl Ring {
         s
     }
 
-    /// Teardown: stop every queue, end queued requests with ECONNABORTED,
-    /// complete held commands with ENOTCONN. Requests whose client pages a
-    /// server holds end when it gives them back.
-    pub(crate) fn abort(&self) {
+    /// Teardown: stop every queue, complete held commands with ENOTCONN,
+    /// and return the requests the aborter ends (the engine, with
+    /// ECONNABORTED): those queued and those of entries a server holds.
+    /// Requests whose client pages a server holds end when it gives them
+    /// back.
+    pub(crate) fn abort(&self) -> Vec<Arc<Request>> {
         let mut to_end = Vec::new();
         for (qi, m) in self.queues.iter().enumerate() {
-            let mut q = lk(m);
+            let mut q = lock(m);
             q.stopped = true;
             to_end.extend(q.reqs.drain(..));
             to_end.extend(q.bg.drain(..));
@@ -540,8 +555,8 @@ impl Ring {
                         let b = e.pool_buf.take();
                         e.own_payload = None;
                         q.put_buf(b);
-                        let _ = q.mv(id, EntState::Teardown);
-                        let _ = q.mv(id, EntState::Released);
+                        q.mv_known(id, EntState::Teardown);
+                        q.mv_known(id, EntState::Released);
                     }
                     EntState::Userspace => {
                         let e = &q.ents[id as usize];
@@ -561,12 +576,7 @@ impl Ring {
             q.wake_sleepers();
             q.notify_cv(&self.cvs[qi]);
         }
-        if let Some(core) = self.core.upgrade() {
-            for r in to_end {
-                r.set_error(Errno::ECONNABORTED.0);
-                core.request_end(&r);
-            }
-        }
+        to_end
     }
 
     /// Records what a successful reply says about zero-copy files: OPEN
@@ -582,7 +592,7 @@ impl Ring {
             // Only OPEN, CREATE and RELEASE change the set.
             return;
         }
-        let mut zc = self.zc_files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut zc = lock(&self.zc_files);
         if let Some(o) = open_out
             .and_then(|b| OpenOut::read_from_prefix(b).ok())
             .map(|(o, _)| o)

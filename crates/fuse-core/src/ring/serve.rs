@@ -24,6 +24,7 @@
 use super::copy::CopiedIn;
 use super::fetched::Held;
 use super::*;
+use crate::sync::wait;
 
 /// Most entries a batch fetches or commits per acquisition of their
 /// queue's lock (the batch forms' working storage is this many slots on
@@ -99,7 +100,7 @@ impl Ring {
     /// Marks entry `h` reserved (see [`Queue::preferring`]).
     pub(super) fn reserve(&self, h: EntHandle) -> Result<(), Errno> {
         let qi = self.qidx(h.qid)?;
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         if q.ents.get(h.ent as usize).is_none() {
             return Err(Errno::EINVAL);
         }
@@ -215,8 +216,8 @@ impl Ring {
                 }
                 p => self.give_back(req, p),
             }
-            let _ = q.mv(ent, EntState::Teardown);
-            let _ = q.mv(ent, EntState::Released);
+            q.mv_known(ent, EntState::Teardown);
+            q.mv_known(ent, EntState::Released);
         } else {
             // The request does not fit this entry: fail it, keep serving.
             e.req = None;
@@ -228,7 +229,7 @@ impl Ring {
                 }
                 Payload::Client(_) | Payload::None => {}
             }
-            let _ = q.mv(ent, EntState::Available);
+            q.mv_known(ent, EntState::Available);
             self.dispatch(q, qi);
         }
     }
@@ -257,22 +258,22 @@ impl Ring {
     ) -> Result<Option<Fetched>, Errno> {
         let qi = self.qidx(h.qid)?;
         loop {
-            let mut q = lk(&self.queues[qi]);
+            let mut q = lock(&self.queues[qi]);
             loop {
                 let e = q.ents.get(h.ent as usize).ok_or(Errno::EINVAL)?;
                 match e.state {
                     EntState::FuseReq if !e.copying => break,
                     EntState::Available | EntState::FuseReq => {
                         if q.stopped && e.state == EntState::Available {
-                            let _ = q.mv(h.ent, EntState::Teardown);
-                            let _ = q.mv(h.ent, EntState::Released);
+                            q.mv_known(h.ent, EntState::Teardown);
+                            q.mv_known(h.ent, EntState::Released);
                             return Err(Errno::ENOTCONN);
                         }
                         if !block {
                             return Ok(None);
                         }
                         q.cv_waiters += 1;
-                        q = self.cvs[qi].wait(q).unwrap_or_else(|e| e.into_inner());
+                        q = wait(&self.cvs[qi], q);
                         q.cv_waiters -= 1;
                     }
                     EntState::Teardown | EntState::Released => return Err(Errno::ENOTCONN),
@@ -289,7 +290,7 @@ impl Ring {
             let mut spare = Payload::None;
             let c = self.copy_in(&req, &mut f.header, &mut f.held.payload, zq, &mut spare);
             let landing = {
-                let mut q = lk(&self.queues[qi]);
+                let mut q = lock(&self.queues[qi]);
                 let l = self.land(&mut q, qi, h.ent, &req, c, spare);
                 match l {
                     Landing::Aborted => self.unland(&mut q, qi, f, &req, true),
@@ -319,7 +320,7 @@ impl Ring {
     pub(super) fn fetch_own(self: &Arc<Self>, qid: u16) -> Result<Option<Fetched>, Errno> {
         let qi = self.qidx(qid)?;
         let found = {
-            let q = lk(&self.queues[qi]);
+            let q = lock(&self.queues[qi]);
             if q.stopped {
                 return Err(Errno::ENOTCONN);
             }
@@ -355,7 +356,7 @@ impl Ring {
                 break;
             }
             let (n, zq) = {
-                let mut q = lk(&self.queues[qi]);
+                let mut q = lock(&self.queues[qi]);
                 if q.stopped {
                     stopped = true;
                     break;
@@ -398,7 +399,7 @@ impl Ring {
             }
             let mut failed = 0;
             {
-                let mut q = lk(&self.queues[qi]);
+                let mut q = lock(&self.queues[qi]);
                 let mut spares = spares.into_iter().peekable();
                 for i in 0..n {
                     let Some(req) = &reqs[i] else { continue };
@@ -466,7 +467,7 @@ impl Ring {
     /// header went with the `Fetched`: the next fetch makes one).
     pub(crate) fn abandon(&self, h: EntHandle, payload: Payload) {
         let Ok(qi) = self.qidx(h.qid) else { return };
-        let mut q = lk(&self.queues[qi]);
+        let mut q = lock(&self.queues[qi]);
         let stopped = q.stopped;
         let idx = h.ent as usize;
         if q.ents.get(idx).map(|e| e.state) != Some(EntState::Userspace) {
@@ -488,10 +489,10 @@ impl Ring {
             Payload::None => {}
         }
         if stopped {
-            let _ = q.mv(h.ent, EntState::Teardown);
-            let _ = q.mv(h.ent, EntState::Released);
+            q.mv_known(h.ent, EntState::Teardown);
+            q.mv_known(h.ent, EntState::Released);
         } else {
-            let _ = q.mv(h.ent, EntState::Available);
+            q.mv_known(h.ent, EntState::Available);
             self.dispatch(&mut q, qi);
         }
         q.notify_cv(&self.cvs[qi]);
@@ -527,7 +528,7 @@ impl Ring {
         // The committer holds the request from here (an entry in Commit
         // is left alone by abort and the timeout scan).
         let req = e.req.take().ok_or(Errno::EINVAL)?;
-        let _ = q.mv(h.ent, EntState::Commit);
+        q.mv_known(h.ent, EntState::Commit);
         Ok(req)
     }
 
@@ -565,8 +566,8 @@ impl Ring {
         };
         if q.stopped {
             q.put_buf(leftover);
-            let _ = q.mv(ent, EntState::Teardown);
-            let _ = q.mv(ent, EntState::Released);
+            q.mv_known(ent, EntState::Teardown);
+            q.mv_known(ent, EntState::Released);
             return Err(Errno::ENOTCONN);
         }
         e.header = Some(header);
@@ -592,9 +593,9 @@ impl Ring {
                 };
                 if needs && buf.is_none() {
                     q.enobufs += 1;
-                    let _ = q.mv(ent, EntState::Available);
+                    q.mv_known(ent, EntState::Available);
                 } else if let Some(r) = q.reqs.pop_front() {
-                    let _ = q.mv(ent, EntState::FuseReq);
+                    q.mv_known(ent, EntState::FuseReq);
                     let e = &mut q.ents[ent as usize];
                     e.req = Some(r);
                     e.pool_buf = buf;
@@ -602,7 +603,7 @@ impl Ring {
             }
             None => {
                 q.put_buf(leftover);
-                let _ = q.mv(ent, EntState::Available);
+                q.mv_known(ent, EntState::Available);
             }
         }
         Ok(())
@@ -623,7 +624,7 @@ impl Ring {
         }
         let qi = usize::from(h.qid);
         let (req, stopped) = {
-            let mut q = lk(&self.queues[qi]);
+            let mut q = lock(&self.queues[qi]);
             match Self::begin_commit(&mut q, h, cmd.commit_id, fixed) {
                 Ok(req) => (req, q.stopped),
                 Err(e) => {
@@ -634,7 +635,7 @@ impl Ring {
         };
         self.copy_back(&mut f, &req, stopped);
         let r = {
-            let mut q = lk(&self.queues[qi]);
+            let mut q = lock(&self.queues[qi]);
             let r = self.finish_commit(&mut q, f);
             if r.is_ok() {
                 self.dispatch(&mut q, qi);
@@ -677,7 +678,7 @@ impl Ring {
                 .take_while(|f| f.held.handle.qid == qid)
                 .count();
             let stopped = {
-                let mut q = lk(&self.queues[qi]);
+                let mut q = lock(&self.queues[qi]);
                 for (i, f) in batch[..n].iter().enumerate() {
                     let r = Self::begin_commit(&mut q, f.held.handle, f.commit_id(), fixed);
                     slots.put(i, r.ok());
@@ -691,7 +692,7 @@ impl Ring {
                 }
             }
             {
-                let mut q = lk(&self.queues[qi]);
+                let mut q = lock(&self.queues[qi]);
                 for (f, r) in batch.drain(..n).zip(reqs.iter()) {
                     if r.is_some() {
                         let _ = self.finish_commit(&mut q, f);

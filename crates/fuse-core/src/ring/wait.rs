@@ -4,9 +4,9 @@
 //! request was answered) holds. This is what a thread does with the CQEs of
 //! several COMMIT_AND_FETCH commands on the kernel's ring.
 
-use super::{lk, EntHandle, EntState, Fetched, Ring};
+use super::{EntHandle, EntState, Fetched, Ring};
 use crate::chan::Errno;
-use std::sync::{Arc, Condvar};
+use crate::sync::{lock, wait, Arc, Condvar};
 
 impl Ring {
     /// Waits (guarded by the queue's lock) until one of `entries()` holds a
@@ -21,7 +21,7 @@ impl Ring {
     ) -> Result<Option<Fetched>, Errno> {
         let qi = self.qidx(qid)?;
         let found = {
-            let mut q = lk(&self.queues[qi]);
+            let mut q = lock(&self.queues[qi]);
             loop {
                 if ready() {
                     return Ok(None);
@@ -31,8 +31,8 @@ impl Ring {
                     for h in ents.iter().filter(|h| h.qid == qid) {
                         if q.ents.get(h.ent as usize).map(|e| e.state) == Some(EntState::Available)
                         {
-                            let _ = q.mv(h.ent, EntState::Teardown);
-                            let _ = q.mv(h.ent, EntState::Released);
+                            q.mv_known(h.ent, EntState::Teardown);
+                            q.mv_known(h.ent, EntState::Released);
                         }
                     }
                     return Err(Errno::ENOTCONN);
@@ -56,7 +56,7 @@ impl Ring {
                     // No entry of ours here: only `wake` or a stop helps.
                     q.sleepers.push((u32::MAX, cv.clone()));
                 }
-                q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                q = wait(&cv, q);
                 q.sleepers.retain(|(_, c)| !Arc::ptr_eq(c, &cv));
             }
         };
@@ -67,7 +67,7 @@ impl Ring {
     /// Wakes every thread waiting on queue `qid` (to re-check `ready`).
     pub(super) fn wake(&self, qid: u16) {
         if let Ok(qi) = self.qidx(qid) {
-            let q = lk(&self.queues[qi]);
+            let q = lock(&self.queues[qi]);
             q.wake_sleepers();
             q.notify_cv(&self.cvs[qi]);
         }

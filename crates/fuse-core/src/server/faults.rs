@@ -41,9 +41,8 @@ use super::{
 };
 use crate::abi::{Attr, Kstatfs, Opcode, SetattrIn, Statx};
 use crate::chan::{ClientMem, Errno};
+use crate::sync::{lock, wait, Arc, AtomicU64, Condvar, Mutex, Ordering};
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -150,7 +149,7 @@ pub struct Faulty<F> {
     hung: Mutex<Hung>,
     hung_cv: Condvar,
     /// Calls held by `gather` (see [`async_reads::Gather`]).
-    gather: std::sync::Arc<Mutex<async_reads::Gather>>,
+    gather: Arc<Mutex<async_reads::Gather>>,
     gather_cv: Condvar,
     /// READs offered to start without waiting get their faults so.
     async_reads: bool,
@@ -175,7 +174,7 @@ impl<F: Filesystem> Faulty<F> {
             draw: Mutex::new((seed, vec![0; n], vec![0; n])),
             hung: Mutex::new(Hung::default()),
             hung_cv: Condvar::new(),
-            gather: std::sync::Arc::default(),
+            gather: Arc::default(),
             gather_cv: Condvar::new(),
             async_reads: false,
             counts: FaultCounts::default(),
@@ -277,7 +276,7 @@ impl<F: Filesystem> Faulty<F> {
                 self.counts.hangs.fetch_add(1, Ordering::Relaxed);
                 let mut h = lock(&self.hung);
                 while !h.released && !h.interrupted.contains(&unique) {
-                    h = self.hung_cv.wait(h).unwrap_or_else(|e| e.into_inner());
+                    h = wait(&self.hung_cv, h);
                 }
                 if h.interrupted.remove(&unique) {
                     self.counts
@@ -297,10 +296,6 @@ impl<F: Filesystem> Faulty<F> {
             Decision::Run | Decision::Short(_) => f(),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A READ sink cut to `n` bytes.
@@ -478,7 +473,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         handle: F::Handle,
         offset: u64,
         len: usize,
-        mem: std::sync::Arc<dyn crate::chan::ClientMem>,
+        mem: Arc<dyn crate::chan::ClientMem>,
         done: super::ReadDone,
     ) -> Result<(), super::ReadDone> {
         if self.plan.rules.is_empty() {
@@ -508,7 +503,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         inode: F::Inode,
         handle: F::Handle,
         offset: u64,
-        mem: std::sync::Arc<dyn crate::chan::ClientMem>,
+        mem: Arc<dyn crate::chan::ClientMem>,
         flags: u32,
         done: super::ReadDone,
     ) -> Result<(), super::ReadDone> {

@@ -2,14 +2,15 @@
 //! entry (more while requests are parked). It sees the ring only through
 //! [`RingSlot`] and [`RingTransport`] (the kernel's ring
 //! ABI: the 288-byte header, split arguments, a payload buffer), so the
-//! same code serves the emulated ring and, later, the kernel's.
+//! same code serves the emulated ring ([`RingEnd`]) and the host kernel's
+//! (uring-ring's `KernelQueue`).
 
 use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
 use crate::chan::{ClientMem, Errno};
 use crate::ring::{EntHandle, EntryBufs, Fetched, RingEnd};
+use crate::sync::{lock, Arc, Mutex};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 /// One ring entry holding a request, as a worker sees it.
 pub trait RingSlot {
@@ -375,8 +376,4 @@ fn serve_queue<R: RingTransport, F: Filesystem>(
             lock(&idle).push(h);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -1,12 +1,11 @@
 //! Faults of READs started without waiting ([`Filesystem::read_async`]),
 //! and the `gather` fault: none of them blocks the serving thread.
 
-use super::{cut, lock, Fault, Faulty};
+use super::{cut, Fault, Faulty};
 use crate::abi::Opcode;
 use crate::chan::{ClientMem, Errno};
 use crate::server::{Ctx, Filesystem, FsResult, ReadDone, ReadSink};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use crate::sync::{lock, wait, Arc, Ordering};
 
 /// Calls held by `gather` (guarded by `Faulty::gather`). Each call joins
 /// the open round; the call that makes it `n` strong closes it, and every
@@ -90,7 +89,7 @@ impl<F: Filesystem> Faulty<F> {
             return;
         }
         while g.open(round) {
-            g = self.gather_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            g = wait(&self.gather_cv, g);
         }
     }
 
@@ -148,6 +147,8 @@ impl<F: Filesystem> Faulty<F> {
     /// `gather=n` it joins is complete.
     fn gathered(&self, read: Read<'_, F>, done: ReadDone, n: u32) {
         self.counts.gathers.fetch_add(1, Ordering::Relaxed);
+        // std's: a static needs a const constructor, which loom's atomics
+        // lack; it only numbers the calls.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
         let closed = {
