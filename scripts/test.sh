@@ -61,7 +61,7 @@ step "device fuzz harness: hostile descriptor chains and FUSE bytes (${FUSEBOX_D
 FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs --profile fuzz --test device_fuzz -- --nocapture
 
 step "ring command fuzz: hostile FUSE-over-io_uring command areas (${FUSEBOX_RING_FUZZ_ITERS:=20000} commands)"
-FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --profile fuzz --test ring_cmd_fuzz -- --nocapture
+FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --profile fuzz --test dev_uring_cmd_fuzz -- --nocapture
 
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh

@@ -7,7 +7,7 @@
 
 use crate::chan::dev::DevQueue;
 use crate::chan::{Chan, ChanConfig, Clock, MonotonicClock, Transport, Transports};
-use crate::ring::RingLink;
+use crate::dev_uring::RingLink;
 use crate::sync::Arc;
 
 impl Chan {

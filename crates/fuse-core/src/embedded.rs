@@ -213,12 +213,16 @@ impl<F: Filesystem + 'static> Embedded<F> {
                 .map_or(payload, |n| (n.max_write as usize).max(8192));
             let ring = chan.ring_end(false);
             for qid in 0..opts.ring_queues {
-                ring.add_queue(&crate::ring::cmd_area(qid, 0, 0))?;
+                ring.add_queue(&crate::dev_uring::cmd_area(qid, 0, 0))?;
                 let len = opts.ring_pool.saturating_mul(max_payload);
                 let Ok(len32) = u32::try_from(len) else {
                     return Err(Errno::EINVAL);
                 };
-                ring.add_bufpool(&crate::ring::bufpool_area(qid, len32), vec![0u8; len], None)?;
+                ring.add_bufpool(
+                    &crate::dev_uring::bufpool_area(qid, len32),
+                    vec![0u8; len],
+                    None,
+                )?;
             }
             0
         } else {

@@ -17,9 +17,9 @@ pub mod abi;
 mod assemble;
 pub mod chan;
 pub mod client;
+pub mod dev_uring;
 pub mod embedded;
 pub mod fasthash;
-pub mod ring;
 pub mod server;
 mod sync;
 

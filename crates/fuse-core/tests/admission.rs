@@ -249,7 +249,7 @@ fn e_nothing_admitted_before_init() {
 
 #[test]
 fn e_ring_gate_holds_until_every_queue_has_an_entry() {
-    use fuse_core::ring::{cmd_area, EntryBufs};
+    use fuse_core::dev_uring::{cmd_area, EntryBufs};
     let cfg = ChanConfig {
         spawn_scanner: false,
         ring_queues: 2,

@@ -9,7 +9,7 @@ mod common;
 use common::until;
 use fuse_core::abi::{encode::Body, init, Attr, AttrOut, GetattrIn, Opcode};
 use fuse_core::chan::{EndFn, TrySendError};
-use fuse_core::ring::{bufpool_area, cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
+use fuse_core::dev_uring::{bufpool_area, cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated, ReqResult};
 use std::sync::{Arc, Mutex};
 

@@ -22,7 +22,7 @@ fn ring_init() -> InitOut {
 /// gate opens once every queue has an entry, whatever the interleaving.
 #[test]
 fn ring_registration_racing_init_is_not_lost() {
-    use fuse_core::ring::{cmd_area, EntryBufs};
+    use fuse_core::dev_uring::{cmd_area, EntryBufs};
     for _ in 0..50 {
         let chan = Chan::new(ChanConfig {
             spawn_scanner: false,

@@ -5,7 +5,7 @@
 #![cfg(loom)]
 
 use fuse_core::abi::{self, init, InHeader, Opcode};
-use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, RingEnd};
+use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, RingEnd};
 use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;

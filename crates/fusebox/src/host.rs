@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uring_ring::devfuse::{self, DevFuse, MountError, MountOptions};
-use uring_ring::kring::{self, KernelQueue};
+use uring_ring::kernel_uring::{self, KernelQueue};
 use uring_ring::passthrough::{Config, PassthroughError, PassthroughFs};
 use uring_ring::passthrough::{Groups, IdMap, IdMapError, IdMapping};
 
@@ -29,7 +29,7 @@ pub enum HostError {
     Mount(#[source] MountError),
     /// FUSE-over-io_uring.
     #[error("FUSE-over-io_uring")]
-    Ring(#[source] uring_ring::kring::KringError),
+    Ring(#[source] uring_ring::kernel_uring::KringError),
     /// A /dev/fuse worker could not be made (its fd, its slots).
     #[error("starting a /dev/fuse worker")]
     Worker(#[source] fuse_core::Errno),
@@ -120,7 +120,7 @@ pub struct MountArgs {
     /// with --io-uring, ring entries per queue (one per request a CPU's
     /// callers keep in flight, e.g. fio's iodepth); without, requests per
     /// /dev/fuse worker (1: each worker serves one request at a time).
-    #[arg(long, default_value_t = kring::serve::DEFAULT_DEPTH as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, default_value_t = kernel_uring::serve::DEFAULT_DEPTH as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     ring_depth: u16,
     /// Translate UIDs between the mount's users (the "guest" side) and
     /// the shared directory (the host side), as the vhost-user device's
@@ -236,10 +236,10 @@ fn start_ring(
         return Err(HostError::NoRing);
     }
     let mut out = Vec::new();
-    for qid in 0..kring::possible_cpus() as u16 {
+    for qid in 0..kernel_uring::possible_cpus() as u16 {
         let (dev, d, queues) = (dev.clone(), disp.clone(), queues.clone());
         out.push(std::thread::spawn(move || {
-            if !kring::pin_to_cpu(usize::from(qid)) {
+            if !kernel_uring::pin_to_cpu(usize::from(qid)) {
                 // Requests from that CPU still come to this queue, but the
                 // nudge after a lock wait goes to the queue of the CPU the
                 // thread runs on (see `KernelQueue::nudge`).
@@ -260,7 +260,7 @@ fn start_ring(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(q.clone());
-                match kring::serve::serve_queue(&q, &d, depth) {
+                match kernel_uring::serve::serve_queue(&q, &d, depth) {
                     Err(fuse_core::Errno::EAGAIN) => {
                         std::thread::sleep(std::time::Duration::from_millis(5))
                     }
@@ -421,7 +421,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let dev_depth = (!a.io_uring && depth > 1).then_some(depth);
     if a.io_uring {
         // Before the mount: the kernel offers the flag in INIT only then.
-        kring::enable().map_err(HostError::Ring)?;
+        kernel_uring::enable().map_err(HostError::Ring)?;
         scfg.flags |= init::OVER_IO_URING;
     }
     if a.io_uring || dev_depth.is_some() {
@@ -436,7 +436,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         // keep in flight, unless told.
         if a.max_background == 0 {
             let threads = if a.io_uring {
-                kring::possible_cpus()
+                kernel_uring::possible_cpus()
             } else {
                 a.thread_pool_size.max(1)
             };
@@ -514,7 +514,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     disp.fs().release_hangs();
     // Ring threads whose every entry holds a READ that has not completed
     // see no command fail: tell them. Their READs' payload slots stay
-    // mapped until those READs complete (see kring's arena).
+    // mapped until those READs complete (see kernel_uring's arena).
     for q in queues.lock().unwrap_or_else(|e| e.into_inner()).iter() {
         q.shutdown();
     }

@@ -9,7 +9,7 @@
 mod cancel;
 pub mod devfuse;
 mod driver;
-pub mod kring;
+pub mod kernel_uring;
 pub mod passthrough;
 mod sync;
 #[cfg(feature = "test-utils")]

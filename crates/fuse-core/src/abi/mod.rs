@@ -4,13 +4,13 @@
 pub mod consts;
 pub mod decode;
 pub mod encode;
-pub mod ring;
 pub mod structs;
+mod uring_structs;
 
 pub use consts::*;
 pub use decode::{
     creation_security_context, decode_reply, decode_request, decode_split, security_context,
     DecodeError, DecodeOptions, Operation, Reply, SecCtx, FIRST_EXTENSION_MINOR,
 };
-pub use ring::*;
 pub use structs::*;
+pub use uring_structs::*;

@@ -18,12 +18,12 @@
 mod dispatch;
 pub mod faults;
 pub mod memfs;
-mod ring_worker;
 pub mod state;
+mod uring_worker;
 mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
-pub use ring_worker::{
+pub use uring_worker::{
     answer as answer_ring, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport,
     Served,
 };

@@ -1,10 +1,10 @@
 //! Serving /dev/fuse with many requests in flight on one thread (`fusebox
 //! mount` without `--io-uring`): the /dev/fuse counterpart of
-//! `kring::serve`.
+//! `kernel_uring::serve`.
 //!
 //! Each worker thread reads from its own clone of the connection's fd
 //! (FUSE_DEV_IOC_CLONE, non-blocking) into `depth` page-aligned slots of
-//! one mapping (`kring::arena`). A READ, WRITE, FSYNC, FSYNCDIR or
+//! one mapping (`kernel_uring::arena`). A READ, WRITE, FSYNC, FSYNCDIR or
 //! FALLOCATE the filesystem can start without waiting
 //! ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
 //! [`Dispatcher::start_no_data`]: the passthrough's per-thread io_uring)
@@ -32,7 +32,7 @@
 //! A started op whose host call hangs holds only its slot.
 
 use super::DevFuse;
-use crate::kring::arena::{Arena, Payload, PAGE};
+use crate::kernel_uring::arena::{Arena, Payload, PAGE};
 use crate::sync::lock;
 use fuse_core::abi::{self, InHeader, Operation, WriteIn, WriteOut};
 use fuse_core::server::{Deferred, DeviceEnd, Dispatcher, Filesystem, FsResult, Handled, ReadDone};

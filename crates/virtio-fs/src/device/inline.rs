@@ -29,8 +29,8 @@ use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
 use fuse_core::chan::Chan;
+use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::fasthash::IdMap;
-use fuse_core::ring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::server::{
     complete_started, serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served,
 };

@@ -8,7 +8,7 @@
 use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
 use crate::chan::{ClientMem, Errno};
-use crate::ring::{EntHandle, EntryBufs, Fetched, RingEnd};
+use crate::dev_uring::{EntHandle, EntryBufs, Fetched, RingEnd};
 use crate::sync::{lock, Arc, Mutex};
 use std::collections::HashMap;
 
@@ -101,7 +101,7 @@ impl RingTransport for RingEnd {
         } else {
             EntryBufs::with_payload(payload)
         };
-        RingEnd::register(self, &crate::ring::cmd_area(qid, 0, 0), bufs, fixed)
+        RingEnd::register(self, &crate::dev_uring::cmd_area(qid, 0, 0), bufs, fixed)
     }
     fn commit(&self, slot: Fetched, fixed: Option<u16>) -> Result<EntHandle, Errno> {
         let area = slot.commit_cmd();

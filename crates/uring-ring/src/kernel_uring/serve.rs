@@ -42,7 +42,7 @@
 //! A READ that hangs holds only its own entry: the others keep serving.
 //! When the connection goes, the thread's entries are dropped, but the
 //! payload slot a READ still reads into stays mapped until its completion
-//! is taken (see `kring::arena`); the thread itself ends only once the
+//! is taken (see `kernel_uring::arena`); the thread itself ends only once the
 //! passthrough's per-thread ring has cancelled and drained its I/O, so a
 //! READ stuck in the host (a hard NFS mount) holds the thread until the
 //! daemon's grace period at exit.

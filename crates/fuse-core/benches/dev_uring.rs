@@ -7,7 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fuse_core::abi::{encode::Body, fopen, init, uring, Attr, GetattrIn, Opcode, ReadIn, WriteIn};
-use fuse_core::ring::{bufpool_area, cmd_area, EntryBufs, RingEnd};
+use fuse_core::dev_uring::{bufpool_area, cmd_area, EntryBufs, RingEnd};
 use fuse_core::server::{
     answer_ring, run_ring_worker, serve_device, Ctx, Dispatcher, Filesystem, FsResult, Opened,
     ReadSink, ServerConfig, WriteSource,
@@ -236,7 +236,7 @@ fn pool_vs_per_entry(c: &mut Criterion) {
 
 fn poll_server(
     end: &RingEnd,
-    hs: &[fuse_core::ring::EntHandle],
+    hs: &[fuse_core::dev_uring::EntHandle],
     d: &Dispatcher<NullFs>,
     stop: &AtomicBool,
 ) {

@@ -5,7 +5,7 @@
 mod common;
 use common::until;
 use fuse_core::abi::{self, encode::Body, fopen, init, uring, *};
-use fuse_core::ring::{bufpool_area, cmd_area, EntState, EntryBufs, Fetched, RingEnd};
+use fuse_core::dev_uring::{bufpool_area, cmd_area, EntState, EntryBufs, Fetched, RingEnd};
 use fuse_core::server::{memfs::MemFs, run_ring_worker, Dispatcher, ServerConfig};
 use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated};
 use std::sync::{mpsc, Arc};
@@ -42,13 +42,13 @@ fn release(qid: u16) -> Args {
         .qid(qid)
 }
 
-fn reply_empty(end: &RingEnd, mut f: Fetched) -> fuse_core::ring::EntHandle {
+fn reply_empty(end: &RingEnd, mut f: Fetched) -> fuse_core::dev_uring::EntHandle {
     f.set_reply(0, 0);
     let area = f.commit_cmd();
     end.commit(&area, f, None).unwrap()
 }
 
-fn reply_attr(end: &RingEnd, mut f: Fetched) -> fuse_core::ring::EntHandle {
+fn reply_attr(end: &RingEnd, mut f: Fetched) -> fuse_core::dev_uring::EntHandle {
     let out = AttrOut {
         attr: Attr {
             ino: 1,
@@ -261,7 +261,10 @@ fn ring_gate_and_entry_lifecycle() {
     end.check_invariants().unwrap();
 }
 
-fn pool_ring(buffers: u32, entries: usize) -> (Chan, RingEnd, Vec<fuse_core::ring::EntHandle>) {
+fn pool_ring(
+    buffers: u32,
+    entries: usize,
+) -> (Chan, RingEnd, Vec<fuse_core::dev_uring::EntHandle>) {
     let (chan, end) = ring_chan(1, 64);
     end.add_queue(&cmd_area(0, 0, 0)).unwrap();
     let len = buffers * MAX_WRITE;
@@ -340,7 +343,7 @@ fn pool_exhaustion_and_recovery() {
     end.check_invariants().unwrap();
 }
 
-fn open_zc(chan: &Chan, end: &RingEnd, h: fuse_core::ring::EntHandle) -> u64 {
+fn open_zc(chan: &Chan, end: &RingEnd, h: fuse_core::dev_uring::EntHandle) -> u64 {
     let c = chan.clone();
     let t = std::thread::spawn(move || {
         c.send(

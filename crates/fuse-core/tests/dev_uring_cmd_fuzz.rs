@@ -7,7 +7,7 @@
 //! number of commands (default 4,000; CI runs 20,000 in release).
 
 use fuse_core::abi::{encode::Body, init, GetattrIn, Opcode};
-use fuse_core::ring::{bufpool_area, cmd_area, EntryBufs, RingEnd};
+use fuse_core::dev_uring::{bufpool_area, cmd_area, EntryBufs, RingEnd};
 use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated};
 
 struct Rng(u64);
@@ -105,7 +105,7 @@ fn hostile_ring_commands_never_break_the_ring() {
                     Ok(())
                 } else {
                     let k = r.below(held.len() as u64) as usize;
-                    let mut f: fuse_core::ring::Fetched = held.swap_remove(k);
+                    let mut f: fuse_core::dev_uring::Fetched = held.swap_remove(k);
                     let id = if r.below(2) == 0 {
                         f.commit_id()
                     } else {
