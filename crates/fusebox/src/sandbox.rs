@@ -37,6 +37,10 @@ pub enum SandboxError {
     /// The user namespace of an unprivileged start.
     #[error("sandbox: the user namespace")]
     UserNs(#[source] crate::userns::UserNsError),
+    /// A fork asked of a process with other threads (or whose threads
+    /// cannot be counted): its child could not safely run Rust code.
+    #[error("sandbox: it forks and must start from one thread; this process has {0:?}")]
+    Threads(Option<usize>),
     /// --uid-map or --gid-map where no user namespace is made.
     #[error(
         "--uid-map and --gid-map need --sandbox namespace started by a user other than root \
@@ -119,8 +123,13 @@ pub fn enter(
         // SAFETY: unshare has no memory arguments.
         None => check("unshare", unsafe { libc::unshare(flags) })?,
     }
-    // SAFETY: the process is single-threaded here (nothing has started a
-    // thread yet), so the child may go on running Rust code.
+    let threads = crate::userns::thread_count();
+    if threads != Some(1) {
+        return Err(SandboxError::Threads(threads));
+    }
+    // SAFETY: the process has one thread (counted just above; only this
+    // thread could start another), so the child may go on running Rust
+    // code.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(SandboxError::Sys("fork", io::Error::last_os_error()));

@@ -99,6 +99,15 @@ pub enum UserNsError {
     /// newuidmap or newgidmap failed (its own message went to stderr).
     #[error("{0} failed (is it installed, and are the ranges in /etc/subuid or /etc/subgid?)")]
     Helper(&'static str),
+    /// A fork asked of a process with other threads (or whose threads
+    /// cannot be counted): its child could not safely run Rust code.
+    #[error("the set-up forks and must start from one thread; this process has {0:?}")]
+    Threads(Option<usize>),
+}
+
+/// The threads of this process (None if /proc cannot say).
+pub(crate) fn thread_count() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
 }
 
 /// The maps for uids and gids: the given ones, or the process's own id as
@@ -162,8 +171,13 @@ impl Maps {
         let (done_r, done_w) = pipe()?;
         // SAFETY: getpid has no arguments.
         let me = unsafe { libc::getpid() };
-        // SAFETY: the process is single-threaded (the caller's promise), so
-        // the child may run Rust code (it allocates and spawns the helpers).
+        let threads = thread_count();
+        if threads != Some(1) {
+            return Err(UserNsError::Threads(threads));
+        }
+        // SAFETY: the process has one thread (counted just above; only this
+        // thread could start another), so the child may run Rust code (it
+        // allocates and spawns the helpers).
         let helper = unsafe { libc::fork() };
         if helper < 0 {
             return Err(UserNsError::Sys("fork", io::Error::last_os_error()));

@@ -75,12 +75,49 @@ pub enum VhostError {
 const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
     \"migrate-precopy\",\n    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\"\n  ]\n}";
 
+/// Whether `fd` is a listening socket and not one of the standard
+/// streams: `--fd` must name the socket the VMM (or libvirt) handed over,
+/// not some other open file the daemon would then own and close.
+fn listening_socket(fd: std::os::fd::RawFd) -> Result<(), std::io::Error> {
+    if fd <= 2 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a socket fd (0-2 are the standard streams)",
+        ));
+    }
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `on` and `len` are valid for writes of the sizes given; the
+    // kernel checks `fd` (EBADF, ENOTSOCK).
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut on as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if on == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a socket that is not listening",
+        ));
+    }
+    Ok(())
+}
+
 fn socket_group(path: &std::path::Path, group: &str) -> Result<(), VhostError> {
     let err = |e| VhostError::Socket(path.display().to_string(), e);
     let name = std::ffi::CString::new(group)
         .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
     // SAFETY: `name` is NUL-terminated; getgrnam returns NULL or a pointer
-    // to a static struct that is read at once, before any other call.
+    // to a static struct that is read at once, before any other call; the
+    // socket is made before any thread is started (`run`), so no other
+    // thread calls getgrnam meanwhile.
     let gid = unsafe {
         let g = libc::getgrnam(name.as_ptr());
         if g.is_null() {
@@ -202,9 +239,13 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
     })?;
     // The socket first: a sandbox cannot reach its path later.
     let mut listener = match (a.fd, &a.socket_path) {
-        // SAFETY: the caller passed this fd as a listening socket it no
-        // longer uses; it is owned by the Listener from here on.
-        (Some(fd), _) => unsafe { Listener::from_raw_fd(fd) },
+        (Some(fd), _) => {
+            listening_socket(fd).map_err(|e| VhostError::Socket(format!("--fd {fd}"), e))?;
+            // SAFETY: checked just above to be a listening socket other
+            // than stdin, stdout or stderr, which the caller passed to be
+            // used by this process alone; the Listener owns it from here.
+            unsafe { Listener::from_raw_fd(fd) }
+        }
         (None, Some(p)) => {
             let l = Listener::new(p, true)
                 .map_err(|e| VhostError::Socket(p.display().to_string(), e.into()))?;

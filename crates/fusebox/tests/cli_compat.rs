@@ -512,3 +512,41 @@ fn print_capabilities_is_json_listing_what_works() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
 }
+
+/// `--fd` must name a listening socket the caller handed over: a standard
+/// stream or an ordinary open file is refused at start, naming the option,
+/// and left open (the daemon must not own and close what is not its own).
+#[test]
+fn an_fd_that_is_no_listening_socket_is_refused() {
+    let d = base("badfd");
+    let share = d.0.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let file = std::fs::File::create(d.0.join("plain")).unwrap();
+    let fd = file.as_raw_fd();
+    for (arg, inherit) in [
+        ("--fd=0".to_string(), None),
+        (format!("--fd={fd}"), Some(fd)),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.arg(&arg)
+            .arg("--shared-dir")
+            .arg(&share)
+            .arg("--sandbox=none");
+        if let Some(fd) = inherit {
+            // SAFETY: fcntl is async-signal-safe; the closure touches nothing else.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{arg}: started: {err}");
+        let named = arg.replace('=', " ");
+        assert!(err.contains(&named), "{arg}: {err}");
+    }
+}

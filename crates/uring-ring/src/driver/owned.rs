@@ -132,12 +132,18 @@ impl Driver {
     ) -> Result<OpId, DriverError> {
         let ptr = self.fixed_ptr(index, off, len)?;
         if !self.supports(dir, true) {
-            let res = fallback(
-                dir,
-                t,
-                &mut self.regions[usize::from(index)][off..off + len],
-                offset,
-            );
+            // The syscall borrows the region as a slice: not while a fixed
+            // op of the other direction (supported) uses it.
+            let res = if self.region_busy(index) {
+                -libc::EBUSY
+            } else {
+                fallback(
+                    dir,
+                    t,
+                    &mut self.regions[usize::from(index)][off..off + len],
+                    offset,
+                )
+            };
             return Ok(self.alloc(Slot::Done { res, buf: None }));
         }
         let id = self.alloc(Slot::InFlight {

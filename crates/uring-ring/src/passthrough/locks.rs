@@ -144,9 +144,9 @@ impl Locks {
                 };
                 waiter.interrupted = true;
                 if let Some(t) = waiter.thread {
-                    // The thread removes itself under this lock before it
-                    // exits, so it is alive here.
-                    wake::kick(t);
+                    // SAFETY: the thread removes itself from `parked` under
+                    // this lock before it exits, so it is alive here.
+                    unsafe { wake::kick(t) };
                 }
             }
             std::thread::sleep(Duration::from_millis(1));

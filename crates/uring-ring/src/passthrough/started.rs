@@ -111,9 +111,16 @@ thread_local! {
     static STARTED: RefCell<Started> = RefCell::new(Started::default());
 }
 
-/// Queues the read or write of `p` from `p.got` on (the memory is held
-/// for I/O); a write with the registered `personality`.
-fn start(
+/// Queues the read or write of `p` from `p.got` on; a write with the
+/// registered `personality`.
+///
+/// # Safety
+///
+/// `p.mem` must be held for I/O (`begin_io` succeeded and `end_io` is not
+/// called) until the op's completion has been taken: the caller keeps `p`
+/// in this thread's `STARTED` table under the returned id, or ends the
+/// memory only after the op failed to start.
+unsafe fn start(
     d: &mut crate::Driver,
     p: &Pending,
     personality: Option<u16>,
@@ -269,7 +276,11 @@ impl PassthroughFs {
                 return None;
             }
             let personality = STARTED.with(|s| s.borrow_mut().personas.of(d, &p)).ok()?;
-            start(d, &p, personality, &self.io_stats).ok()
+            // SAFETY: `p`'s memory is held for I/O (start_pending's
+            // contract with its callers, who called begin_io); it goes
+            // into STARTED under this id below, and end_io comes only
+            // when its completion was taken (or here, if none started).
+            unsafe { start(d, &p, personality, &self.io_stats) }.ok()
         })
         .flatten();
         match id {
@@ -385,7 +396,10 @@ impl PassthroughFs {
                             // a write the host took only part of: go on.
                             let again = io::with_driver(true, &self.io_stats, |d| {
                                 let personality = s.personas.of(d, &p).ok()?;
-                                start(d, &p, personality, &self.io_stats).ok()
+                                // SAFETY: `p` came out of STARTED, so its
+                                // memory is still held for I/O; it goes
+                                // back in under the new id below.
+                                unsafe { start(d, &p, personality, &self.io_stats) }.ok()
                             })
                             .flatten();
                             if let Some(id) = again {
@@ -422,7 +436,9 @@ impl PassthroughFs {
         }
         for (mut p, mut r, stalled) in finished {
             if let Some(w) = p.write.take() {
-                r = self.write_finished(&p, w, r, stalled);
+                // SAFETY: `p`'s memory is still held for I/O: end_io comes
+                // below.
+                r = unsafe { self.write_finished(&p, w, r, stalled) };
             }
             // The kernel is done with the memory: the client may have it.
             p.mem.end_io();

@@ -504,9 +504,17 @@ pub fn flush_fd(fd: RawFd) -> Result<(), Errno> {
     check(unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(dup)) }).map(drop)
 }
 
-/// fcntl(2) with a `struct flock` (F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW).
+/// fcntl(2) with a `struct flock` (F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW;
+/// any other command is EINVAL: its argument may not be a flock).
 pub fn fcntl_lock(fd: RawFd, cmd: i32, fl: &mut libc::flock) -> Result<(), Errno> {
-    // SAFETY: `fl` is a valid flock for the duration of the call.
+    if !matches!(
+        cmd,
+        libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
+    ) {
+        return Err(Errno::EINVAL);
+    }
+    // SAFETY: `cmd` is one of the lock commands, whose argument is a
+    // `struct flock`; `fl` is a valid one for the duration of the call.
     check(unsafe { libc::fcntl(fd, cmd, fl as *mut libc::flock) }).map(drop)
 }
 
@@ -723,10 +731,17 @@ pub mod wake {
         }
     }
 
-    /// Sends the wake signal to `t`, a thread that is still running (the
-    /// caller guarantees it under the waiters' lock).
-    pub fn kick(t: libc::pthread_t) {
-        // SAFETY: `t` names a live thread (see above); the handler is set.
+    /// Sends the wake signal to `t`.
+    ///
+    /// # Safety
+    ///
+    /// `t` must name a thread that has not exited (pthread_kill on an
+    /// exited thread's id is undefined behaviour).
+    pub unsafe fn kick(t: libc::pthread_t) {
+        // A signal with no handler would end the process.
+        install();
+        // SAFETY: `t` names a live thread (this fn's contract); the
+        // handler is set.
         unsafe {
             libc::pthread_kill(t, signal());
         }

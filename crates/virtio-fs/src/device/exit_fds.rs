@@ -56,15 +56,19 @@ impl Leaked {
 
     /// Closes the leaked fd if it still is the same open file as the
     /// witness (which is closed either way).
-    pub(super) fn close(self) {
+    ///
+    /// # Safety
+    ///
+    /// The vring thread that used the fd (its only user) must have ended.
+    pub(super) unsafe fn close(self) {
         if same_file(self.fd, self.witness.as_raw_fd()) {
             // SAFETY: `fd` is the exit-event consumer this device created
             // and vhost-user-backend registered with `into_raw_fd` and
             // abandoned: kcmp shows the number still refers to that same
             // open file (the witness keeps the file alive, so no other
             // file can have taken its identity), which nothing else owns;
-            // its vring thread (the only user) has ended, since the device
-            // it held is being dropped.
+            // its vring thread, the only user, has ended (this fn's
+            // contract).
             unsafe { libc::close(self.fd) };
         }
     }
@@ -99,7 +103,8 @@ mod tests {
         let ev = EventFd::new(0).unwrap();
         let raw = std::os::fd::IntoRawFd::into_raw_fd(ev);
         let leaked = Leaked::record(&raw).unwrap();
-        leaked.close();
+        // SAFETY: no thread uses the fd.
+        unsafe { leaked.close() };
         // SAFETY: probing a number with F_GETFD reads no memory.
         assert_eq!(unsafe { libc::fcntl(raw, libc::F_GETFD) }, -1, "closed");
 
@@ -111,7 +116,8 @@ mod tests {
         unsafe { libc::close(raw) };
         let other = EventFd::new(0).unwrap();
         assert_eq!(other.as_raw_fd(), raw, "the number was reused");
-        leaked.close();
+        // SAFETY: no thread uses the recorded fd.
+        unsafe { leaked.close() };
         // SAFETY: as above.
         assert!(unsafe { libc::fcntl(raw, libc::F_GETFD) } >= 0, "left open");
     }

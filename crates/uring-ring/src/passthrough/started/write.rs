@@ -228,16 +228,24 @@ impl PassthroughFs {
     /// (SELinux's `io_uring { override_creds }`, AppArmor's) where the
     /// same credentials switched on the thread are allowed, and the usual
     /// path gives the host's own answer.
-    pub(super) fn write_finished(
+    ///
+    /// # Safety
+    ///
+    /// `p.mem` must still be held for I/O (`end_io` not yet called).
+    pub(super) unsafe fn write_finished(
         &self,
         p: &Pending,
         w: WriteOp,
         r: Result<usize, Errno>,
         stalled: bool,
     ) -> Result<usize, Errno> {
+        let rest = |p: &Pending| {
+            // SAFETY: `p.mem` is held for I/O (this fn's contract).
+            unsafe { self.write_rest(p, &w.creds) }
+        };
         let r = match r {
-            Ok(got) if stalled => Ok(got + self.write_rest(p, &w.creds).unwrap_or(0)),
-            Err(Errno(libc::EACCES) | Errno::EPERM) if p.got == 0 => self.write_rest(p, &w.creds),
+            Ok(got) if stalled => Ok(got + rest(p).unwrap_or(0)),
+            Err(Errno(libc::EACCES) | Errno::EPERM) if p.got == 0 => rest(p),
             r => r,
         };
         // No longer a writer.
@@ -248,16 +256,20 @@ impl PassthroughFs {
     /// Writes bytes `p.got..p.len` of `p` in line, with `creds` in force,
     /// as the usual path would; how many were written, or the error of
     /// the first call.
-    fn write_rest(&self, p: &Pending, creds: &WriteCreds) -> Result<usize, Errno> {
+    ///
+    /// # Safety
+    ///
+    /// `p.mem` must be held for I/O (`begin_io` succeeded, `end_io` not
+    /// yet called) for the whole call.
+    unsafe fn write_rest(&self, p: &Pending, creds: &WriteCreds) -> Result<usize, Errno> {
         let _c = creds.enter()?;
         let fd = p.h.fd.raw();
         let rest = io::repeat(p.len - p.got, p.off + p.got as u64, |done, at| {
             let iovs = iovecs(p.mem.spans(), p.got + done, p.len);
             self.io_stats.count(true, false);
             // SAFETY: `ClientMem`'s contract: the memory is held for I/O
-            // (begin_io at the start; end_io only after this returns), so
-            // every span is mapped and not reused; the iovecs stay inside
-            // the spans.
+            // (this fn's contract), so every span is mapped and not reused;
+            // the iovecs stay inside the spans.
             unsafe { crate::driver::pwritev_raw(fd, &iovs, at) }
         });
         rest
