@@ -236,6 +236,20 @@ impl Driver {
     /// `write_from`, `fsync`) in `registry`, so another thread can cancel
     /// them by key.
     pub fn set_cancel_registry(&mut self, registry: std::sync::Arc<crate::cancel::CancelRegistry>) {
+        if let Some(old) = &self.cancels {
+            if std::sync::Arc::ptr_eq(old, &registry) {
+                return;
+            }
+            // Ops started under the old registry move to the new one, so
+            // each leaves the registry it is in when it ends (left in the
+            // old one, an entry would outlive this ring's fd, whose number
+            // another ring may take).
+            let ring = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
+            for &(id, key) in &self.started {
+                old.leave(key, ring, id.idx as u64);
+                registry.enter(key, ring, id.idx as u64);
+            }
+        }
         self.cancels = Some(registry);
     }
 

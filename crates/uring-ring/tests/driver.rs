@@ -568,3 +568,41 @@ fn a_forgotten_started_op_leaves_no_trace_and_its_slot_serves_the_next() {
     assert_eq!(&buf2[..6], b"second");
     assert_eq!(&buf[..5], b"first");
 }
+
+/// A driver given another cancel registry while an op it started runs
+/// moves the op there: the op leaves the registry it is in when it ends,
+/// and none keeps an entry naming this ring after it is gone.
+#[test]
+fn a_started_op_follows_its_driver_to_a_new_cancel_registry() {
+    let (a, b) = (
+        std::sync::Arc::new(uring_ring::CancelRegistry::default()),
+        std::sync::Arc::new(uring_ring::CancelRegistry::default()),
+    );
+    let (r, mut w) = pipe();
+    let mut d = Driver::new(4).unwrap();
+    d.set_cancel_registry(a.clone());
+    let mut buf = vec![0u8; 8];
+    let iov = vec![libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    }]
+    .into_boxed_slice();
+    // SAFETY: `buf` outlives the op: its completion is taken below.
+    let id = unsafe { d.start_readv(Target::Fd(r.as_raw_fd()), iov, 0, 5, false, false) }.unwrap();
+    d.submit().unwrap();
+    assert_eq!((a.in_flight(), b.in_flight()), (1, 0));
+    d.set_cancel_registry(b.clone());
+    assert_eq!((a.in_flight(), b.in_flight()), (0, 1));
+    w.write_all(b"x").unwrap();
+    let mut out = Vec::new();
+    let t = Instant::now();
+    while out.is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the read never completed"
+        );
+        d.take_started(&mut out).unwrap();
+    }
+    assert_eq!(out[0].0, id);
+    assert_eq!((a.in_flight(), b.in_flight()), (0, 0));
+}

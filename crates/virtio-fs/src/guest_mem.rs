@@ -203,11 +203,17 @@ impl GuestSpans {
 }
 
 // SAFETY: every span comes from a `VolatileSlice` of `mem`, a mapping of
-// guest RAM (not a Rust object) that `self.mem` keeps mapped for as long as
-// `self` lives. The guest reuses the buffers only once its request is
-// answered, and the device answers a request only after `revoke` found no
-// I/O running, or from `on_idle` when the last one ended; `begin_io` fails
-// once revoked.
+// guest RAM (not a Rust object, so no Rust reference aliases it) that
+// `self.mem` keeps mapped for as long as `self` lives: host I/O through the
+// spans can never touch memory the daemon's own code uses. The guest
+// reuses the buffers once its request is answered. A request the device
+// answers on its own (timeout, ring stop) is answered only after `revoke`
+// found no I/O running, or from `on_idle` when the last one ended, and
+// `begin_io` fails once revoked. A request the filesystem answers is
+// answered when the filesystem says its I/O is done: a filesystem that
+// kept the memory and did I/O after answering would write buffers the
+// guest owns again (the guest's data, not the daemon's memory, is what it
+// could spoil).
 #[allow(unsafe_code)]
 unsafe impl ClientMem for GuestSpans {
     fn spans(&self) -> &[HostSpan] {
