@@ -48,10 +48,10 @@ use crate::sync::{lock, read, write};
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
 };
-use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::{Filesystem, ServerConfig};
 use fuse_core::Sent;
+use fuse_core::{Args, Errno, ReqResult, TrySendError};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io;

@@ -669,7 +669,7 @@ impl Device {
     /// EINVAL for a malformed message or a payload of the wrong size,
     /// ENOENT for an unknown unique (or one aborted meanwhile).
     pub fn write(&self, msg: &[u8]) -> Result<usize, Errno> {
-        let oh = abi::decode::Cursor::new(msg).read::<OutHeader>("fuse_out_header");
+        let oh = abi::Cursor::new(msg).read::<OutHeader>("fuse_out_header");
         let Ok(oh) = oh else {
             return Err(Errno::EINVAL);
         };
