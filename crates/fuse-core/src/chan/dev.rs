@@ -427,6 +427,7 @@ impl DevQueue {
     }
 
     /// Number of queued interrupts (for tests and stats).
+    #[cfg(feature = "test-utils")]
     pub(crate) fn queued_interrupts(&self) -> Vec<u64> {
         lock(&self.iq)
             .interrupts
@@ -436,6 +437,7 @@ impl DevQueue {
     }
 
     /// Number of queued forgets.
+    #[cfg(feature = "test-utils")]
     pub(crate) fn queued_forgets(&self) -> usize {
         lock(&self.iq).forgets.len()
     }
@@ -708,11 +710,13 @@ impl Device {
     }
 
     /// Uniques of the interrupts currently queued (diagnostics and tests).
+    #[cfg(feature = "test-utils")]
     pub fn queued_interrupts(&self) -> Vec<u64> {
         self.dev.queued_interrupts()
     }
 
     /// Number of forgets currently queued.
+    #[cfg(feature = "test-utils")]
     pub fn queued_forgets(&self) -> usize {
         self.dev.queued_forgets()
     }
