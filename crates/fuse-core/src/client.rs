@@ -6,8 +6,6 @@
 //! are kept for the caller: every call that returns an [`EntryOut`] hands
 //! the caller one reference, to be dropped with [`Client::forget`].
 
-pub mod fsx;
-
 use crate::abi::{self, encode::Body, *};
 use crate::chan::{Args, Call, Chan, Errno, ReplyPayload};
 use zerocopy::{FromBytes, Immutable, IntoBytes};

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use fuse_core::embedded::{Embedded, Options};
-//! use fuse_core::server::memfs::MemFs;
+//! use fuse_core::testing::memfs::MemFs;
 //! let fs = Embedded::start(MemFs::new(), Options::default()).unwrap();
 //! let c = fs.client();
 //! let d = c.mkdir(1, b"dir", 0o755, 0).unwrap();

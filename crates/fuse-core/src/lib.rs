@@ -10,7 +10,9 @@
 //! - [`dev_uring`]: the emulated kernel side of FUSE-over-io_uring;
 //! - [`server`]: server workers, the dispatcher and the `Filesystem` trait;
 //! - [`client`], [`embedded`]: a FUSE client over the engine, and a test
-//!   harness that runs one against a filesystem.
+//!   harness that runs one against a filesystem;
+//! - `testing` (feature `test-utils`): an in-memory filesystem and an
+//!   fsx-style checker for tests.
 //!
 //! Each public item has one path: modules are private where their items
 //! are re-exported, and re-exports are named, never globs.
@@ -31,6 +33,8 @@ pub mod embedded;
 pub mod fasthash;
 pub mod server;
 mod sync;
+#[cfg(feature = "test-utils")]
+pub mod testing;
 
 // The engine's module is private: its public items have this one path.
 pub use chan::{

@@ -3,7 +3,8 @@
 //! device-style workers, and back.
 
 use fuse_core::abi::{self, encode::Body, *};
-use fuse_core::server::{memfs::MemFs, serve_device, Dispatcher, ServerConfig};
+use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
+use fuse_core::testing::memfs::MemFs;
 use fuse_core::{Args, Chan, ChanConfig, Errno, ReplyPayload};
 use std::sync::Arc;
 use zerocopy::FromBytes;

@@ -17,7 +17,6 @@
 
 mod dispatch;
 pub mod faults;
-pub mod memfs;
 pub mod state;
 mod uring_worker;
 mod worker;
