@@ -30,13 +30,13 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fuse_core::abi::{encode::Body, init, Attr, GetattrIn, Opcode, ReadIn};
-use fuse_core::chan::{ClientMem, EndFn, HostSpan};
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::{
     serve_slot, Ctx, Dispatcher, Filesystem, FsResult, ReadDone, ReadSink, ServerConfig,
 };
 use fuse_core::{Args, Chan, Errno, ReqResult};
+use fuse_core::{ClientMem, EndFn, HostSpan};
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};

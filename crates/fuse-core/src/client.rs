@@ -6,10 +6,8 @@
 //! are kept for the caller: every call that returns an [`EntryOut`] hands
 //! the caller one reference, to be dropped with [`Client::forget`].
 
-pub mod fsx;
-
 use crate::abi::{self, encode::Body, *};
-use crate::chan::{Args, Call, Chan, Errno, Reply};
+use crate::chan::{Args, Call, Chan, Errno, ReplyPayload};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 /// One entry of a READDIR reply.
@@ -66,11 +64,11 @@ fn sz<T>() -> usize {
     std::mem::size_of::<T>()
 }
 
-fn read<T: FromBytes>(r: Reply) -> Result<T, Errno> {
+fn read<T: FromBytes>(r: ReplyPayload) -> Result<T, Errno> {
     r.read().ok_or(Errno::EPROTO)
 }
 
-fn own_dirent(d: &abi::decode::DirEntry<'_>) -> DirEntry {
+fn own_dirent(d: &abi::DirEntry<'_>) -> DirEntry {
     DirEntry {
         ino: d.dirent.ino,
         off: d.dirent.off,
@@ -129,7 +127,7 @@ impl Client {
         body: Body,
         out: usize,
         var: bool,
-    ) -> Result<Reply, Errno> {
+    ) -> Result<ReplyPayload, Errno> {
         self.chan.send(self.args(op, node, body).out(out, var))
     }
 
@@ -442,7 +440,7 @@ impl Client {
             size as usize,
             true,
         )?;
-        let ents = abi::decode::decode_dirents(&r.data).map_err(|_| Errno::EPROTO)?;
+        let ents = abi::decode_dirents(&r.data).map_err(|_| Errno::EPROTO)?;
         Ok(ents.iter().map(own_dirent).collect())
     }
     /// READDIRPLUS from `offset`.
@@ -466,7 +464,7 @@ impl Client {
             size as usize,
             true,
         )?;
-        let ents = abi::decode::decode_direntplus(&r.data).map_err(|_| Errno::EPROTO)?;
+        let ents = abi::decode_direntplus(&r.data).map_err(|_| Errno::EPROTO)?;
         Ok(ents
             .iter()
             .map(|(entry, d)| DirEntryPlus {
@@ -507,7 +505,7 @@ impl Client {
         };
         self.unit(Opcode::Setxattr, node, body.cstr(name).bytes(value))
     }
-    fn xattr_reply(r: Reply, size: u32) -> Result<XattrReply, Errno> {
+    fn xattr_reply(r: ReplyPayload, size: u32) -> Result<XattrReply, Errno> {
         if size == 0 {
             read::<GetxattrOut>(r).map(|o| XattrReply::Size(o.size))
         } else {

@@ -2,10 +2,13 @@
 //! process, perform INIT, and talk to it with a POSIX-like [`Client`] whose
 //! calls travel as FUSE requests through the [`Chan`] with the kernel's
 //! admission, interrupts, timeouts and abort. No root, no mount, no VM.
+//! A test harness: the engine and its workers are a
+//! [`server::Engine`](crate::server::Engine), which products use directly;
+//! this adds the client and a trace of what the server saw.
 //!
 //! ```
 //! use fuse_core::embedded::{Embedded, Options};
-//! use fuse_core::server::memfs::MemFs;
+//! use fuse_core::testing::memfs::MemFs;
 //! let fs = Embedded::start(MemFs::new(), Options::default()).unwrap();
 //! let c = fs.client();
 //! let d = c.mkdir(1, b"dir", 0o755, 0).unwrap();
@@ -13,16 +16,14 @@
 //! ```
 
 use crate::abi::{InHeader, Opcode};
-use crate::chan::{Chan, ChanConfig, Device, Errno};
+use crate::chan::{Chan, Device, Errno};
 use crate::client::Client;
-use crate::server::{
-    run_ring_worker, serve_device, DeviceEnd, Dispatcher, Filesystem, ServerConfig,
-};
+use crate::server::{DeviceEnd, Dispatcher, Engine, EngineConfig, Filesystem, ServerConfig};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zerocopy::FromBytes;
 
-/// Knobs of an embedded connection.
+/// Knobs of an embedded connection: an [`EngineConfig`]'s, and the trace.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// max_background the server asks for in INIT (0: the kernel default, 12).
@@ -59,19 +60,39 @@ pub struct Options {
 }
 
 impl Default for Options {
+    /// The engine's defaults, no trace.
     fn default() -> Self {
+        let e = EngineConfig::default();
         Options {
-            max_background: 0,
-            congestion_threshold: 0,
-            request_timeout: Duration::ZERO,
-            scan_period: Duration::from_millis(100),
-            workers: 2,
-            ring_queues: 0,
-            ring_workers: 1,
-            ring_pool: 0,
-            offer_flags: 0,
+            max_background: e.max_background,
+            congestion_threshold: e.congestion_threshold,
+            request_timeout: e.request_timeout,
+            scan_period: e.scan_period,
+            workers: e.workers,
+            ring_queues: e.ring_queues,
+            ring_workers: e.ring_workers,
+            ring_pool: e.ring_pool,
+            offer_flags: e.offer_flags,
             trace: false,
-            server: ServerConfig::default(),
+            server: e.server,
+        }
+    }
+}
+
+impl Options {
+    /// The engine's part.
+    fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            max_background: self.max_background,
+            congestion_threshold: self.congestion_threshold,
+            request_timeout: self.request_timeout,
+            scan_period: self.scan_period,
+            workers: self.workers,
+            ring_queues: self.ring_queues,
+            ring_workers: self.ring_workers,
+            ring_pool: self.ring_pool,
+            offer_flags: self.offer_flags,
+            server: self.server.clone(),
         }
     }
 }
@@ -160,9 +181,12 @@ impl DeviceEnd for TracedEnd {
 /// A filesystem served in process, and its client.
 pub struct Embedded<F: Filesystem + 'static> {
     client: Client,
-    disp: Arc<Dispatcher<F>>,
     log: Option<Log>,
-    workers: Vec<std::thread::JoinHandle<()>>,
+    // Last: dropping it aborts the connection and joins the server threads
+    // (a filesystem operation that never returns, a deliberately hung
+    // backend, makes that wait forever; leak such an instance with
+    // `std::mem::forget`).
+    engine: Engine<F>,
 }
 
 impl<F: Filesystem + 'static> std::fmt::Debug for Embedded<F> {
@@ -176,85 +200,15 @@ impl<F: Filesystem + 'static> std::fmt::Debug for Embedded<F> {
 impl<F: Filesystem + 'static> Embedded<F> {
     /// Starts server threads around `fs` and performs INIT.
     pub fn start(fs: F, opts: Options) -> Result<Self, Errno> {
-        let mut scfg = opts.server.clone();
-        if opts.max_background != 0 {
-            scfg.max_background = opts.max_background;
-        }
-        if opts.congestion_threshold != 0 {
-            scfg.congestion_threshold = opts.congestion_threshold;
-        }
-        if opts.ring_queues > 0 {
-            scfg.flags |= crate::abi::init::OVER_IO_URING;
-        }
-        let payload = scfg.max_write as usize + 4096;
-        let disp = Arc::new(Dispatcher::new(fs, scfg));
-        let dflt = ChanConfig::default();
-        let chan = Chan::new(ChanConfig {
-            ring_queues: opts.ring_queues,
-            init_flags: dflt.init_flags | opts.offer_flags,
-            default_request_timeout: opts.request_timeout,
-            max_request_timeout: opts.request_timeout,
-            scan_period: opts.scan_period,
-            // Always: the server may ask for a timeout in INIT.
-            spawn_scanner: true,
-            ..dflt
-        });
         let log = opts.trace.then(Log::default);
-        let end = TracedEnd {
-            dev: chan.device().ok_or(Errno::ENODEV)?,
+        let engine = Engine::start_with_end(fs, opts.engine(), |dev| TracedEnd {
+            dev,
             log: log.clone(),
-        };
-        let mut workers = serve_device(end, disp.clone(), opts.workers);
-        chan.init()?;
-        let payload = if opts.ring_pool > 0 && opts.ring_queues > 0 {
-            // The ring's payload size: what INIT settled.
-            let max_payload = chan
-                .negotiated()
-                .map_or(payload, |n| (n.max_write as usize).max(8192));
-            let ring = chan.ring_end(false);
-            for qid in 0..opts.ring_queues {
-                ring.add_queue(&crate::dev_uring::cmd_area(qid, 0, 0))?;
-                let len = opts.ring_pool.saturating_mul(max_payload);
-                let Ok(len32) = u32::try_from(len) else {
-                    return Err(Errno::EINVAL);
-                };
-                ring.add_bufpool(
-                    &crate::dev_uring::bufpool_area(qid, len32),
-                    vec![0u8; len],
-                    None,
-                )?;
-            }
-            0
-        } else {
-            payload
-        };
-        for qid in 0..opts.ring_queues {
-            for _ in 0..opts.ring_workers.max(1) {
-                let (ring, d, c) = (chan.ring_end(false), disp.clone(), chan.clone());
-                workers.push(std::thread::spawn(move || {
-                    // The worker ends with the connection; any other error
-                    // leaves its queue unserved, so the connection goes.
-                    if run_ring_worker(&ring, qid, payload, None, &d).is_err() {
-                        c.abort();
-                    }
-                }));
-            }
-        }
-        // Requests wait at the gate until every ring queue has an entry:
-        // return once it is open, so the first caller is admitted at once.
-        let t = std::time::Instant::now();
-        while !chan.stats().ready {
-            if t.elapsed() > Duration::from_secs(10) || !chan.is_connected() {
-                chan.abort();
-                return Err(Errno::ETIMEDOUT);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        })?;
         Ok(Embedded {
-            client: Client::new(chan),
-            disp,
+            client: Client::new(engine.chan().clone()),
             log,
-            workers,
+            engine,
         })
     }
 
@@ -270,12 +224,12 @@ impl<F: Filesystem + 'static> Embedded<F> {
 
     /// The dispatcher (its INIT state and the filesystem).
     pub fn dispatcher(&self) -> &Arc<Dispatcher<F>> {
-        &self.disp
+        self.engine.dispatcher()
     }
 
     /// The filesystem.
     pub fn fs(&self) -> &F {
-        self.disp.fs()
+        self.engine.fs()
     }
 
     /// Every request read and reply written so far (empty unless
@@ -290,17 +244,5 @@ impl<F: Filesystem + 'static> Embedded<F> {
     /// Aborts the connection (as `echo 1 > /sys/fs/fuse/connections/N/abort`).
     pub fn abort(&self) {
         self.chan().abort();
-    }
-}
-
-impl<F: Filesystem + 'static> Drop for Embedded<F> {
-    /// Aborts the connection and joins the server threads: a filesystem
-    /// operation that never returns (a deliberately hung backend) makes
-    /// this wait forever; leak such an instance (`std::mem::forget`).
-    fn drop(&mut self) {
-        self.chan().abort();
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
     }
 }

@@ -4,10 +4,21 @@
 //! semantics — without a kernel, a mount or root.
 //!
 //! - [`abi`]: protocol 7.45 constants and structs, bounds-checked decoders.
-//! - [`chan`]: the engine ([`Chan`]) and its in-process device ([`Device`]).
+//! - the engine ([`Chan`], its requests [`Args`] and results [`ReqResult`],
+//!   the [`Transport`] vtable) and its in-process device ([`Device`]), at
+//!   the crate root (their module, `chan`, is private);
+//! - [`dev_uring`]: the emulated kernel side of FUSE-over-io_uring;
+//! - [`server`]: server workers, the dispatcher and the `Filesystem` trait;
+//! - [`client`], [`embedded`]: a FUSE client over the engine, and a test
+//!   harness that runs one against a filesystem;
+//! - `testing` (feature `test-utils`): an in-memory filesystem and an
+//!   fsx-style checker for tests.
+//!
+//! Each public item has one path: modules are private where their items
+//! are re-exported, and re-exports are named, never globs.
 //!
 //! This crate performs no host I/O and contains no `unsafe` code; its one
-//! `unsafe` item is the declaration of the [`chan::ClientMem`] contract,
+//! `unsafe` item is the declaration of the [`ClientMem`] contract,
 //! which transports that map a client's memory implement. Its real
 //! synchronisation code is model-checked with loom (`tests/loom.rs`).
 
@@ -15,16 +26,19 @@
 
 pub mod abi;
 mod assemble;
-pub mod chan;
+mod chan;
 pub mod client;
 pub mod dev_uring;
 pub mod embedded;
 pub mod fasthash;
 pub mod server;
 mod sync;
+#[cfg(feature = "test-utils")]
+pub mod testing;
 
+// The engine's module is private: its public items have this one path.
 pub use chan::{
-    Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, Errno, HostSpan, InFlight,
-    IoGuard, ManualClock, MonotonicClock, Negotiated, Reply, ReqResult, Sent, Signal, Stats,
-    Transport,
+    Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, EndFn, Errno, HostSpan,
+    InFlight, IoGuard, ManualClock, MonotonicClock, Negotiated, ReplyPayload, ReqResult, Sent,
+    Signal, Stats, Transport, TrySendError,
 };

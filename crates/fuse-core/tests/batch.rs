@@ -8,9 +8,9 @@
 mod common;
 use common::until;
 use fuse_core::abi::{encode::Body, init, Attr, AttrOut, GetattrIn, Opcode};
-use fuse_core::chan::{EndFn, TrySendError};
 use fuse_core::dev_uring::{bufpool_area, cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated, ReqResult};
+use fuse_core::{EndFn, TrySendError};
 use std::sync::{Arc, Mutex};
 
 const MAX_WRITE: u32 = 16 * 1024;

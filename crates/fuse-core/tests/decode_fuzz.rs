@@ -243,8 +243,8 @@ fn decoders_never_panic() {
         }
         let op = Opcode::ALL[rng.below(Opcode::ALL.len())];
         let _ = abi::decode_reply(op, &input, rng.below(2) as u32);
-        let _ = abi::decode::decode_dirents(&input);
-        let _ = abi::decode::decode_direntplus(&input);
+        let _ = abi::decode_dirents(&input);
+        let _ = abi::decode_direntplus(&input);
         let _ = UringCmdReq::from_cmd_area(&input);
     }
     // The mutator must reach the body decoders, not only reject headers.
@@ -266,7 +266,7 @@ fn seeds_decode() {
     let d = seeds();
     let dir = &d[d.len() - 2];
     match abi::decode_reply(Opcode::Readdir, dir, 0).unwrap().body {
-        abi::decode::ReplyBody::Dir(e) => {
+        abi::ReplyBody::Dir(e) => {
             assert_eq!(e.len(), 2);
             assert_eq!(e[1].name, b"bcdefghij");
         }

@@ -7,8 +7,8 @@
 
 use fuse_core::abi::{encode::Body, GetattrIn, Opcode, ReleaseIn};
 use fuse_core::abi::{init, AttrOut};
-use fuse_core::chan::EndFn;
 use fuse_core::dev_uring::{bufpool_area, cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
+use fuse_core::EndFn;
 use fuse_core::{Args, Chan, ChanConfig, Negotiated};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,7 +7,7 @@
 use fuse_core::abi::{Opcode, ROOT_ID};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::faults::{Fault, FaultPlan, Faulty, PlanError};
-use fuse_core::server::memfs::MemFs;
+use fuse_core::testing::memfs::MemFs;
 use fuse_core::Errno;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -3,10 +3,10 @@
 //! reads (fault injection), so a passing soak means something.
 
 use fuse_core::abi::ROOT_ID;
-use fuse_core::client::fsx::{self, FsxConfig, FsxError};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::faults::{FaultPlan, Faulty};
-use fuse_core::server::memfs::MemFs;
+use fuse_core::testing::fsx::{self, FsxConfig, FsxError};
+use fuse_core::testing::memfs::MemFs;
 
 fn cfg(ops: u64) -> FsxConfig {
     FsxConfig {

@@ -163,10 +163,10 @@ fn batch_admission_vs_completion() {
         let c = chan.clone();
         let e = ends.clone();
         let sender = thread::spawn(move || {
-            let mut batch: Vec<(Args, fuse_core::chan::EndFn)> = (0..2)
+            let mut batch: Vec<(Args, fuse_core::EndFn)> = (0..2)
                 .map(|_| {
                     let e = e.clone();
-                    let end: fuse_core::chan::EndFn = Box::new(move |r| {
+                    let end: fuse_core::EndFn = Box::new(move |r| {
                         assert!(r.is_ok(), "{r:?}");
                         e.fetch_add(1, Ordering::SeqCst);
                     });
@@ -204,11 +204,11 @@ fn batch_send_vs_abort() {
         let c = chan.clone();
         let counters = ends.clone();
         let sender = thread::spawn(move || {
-            let mut batch: Vec<(Args, fuse_core::chan::EndFn)> = counters
+            let mut batch: Vec<(Args, fuse_core::EndFn)> = counters
                 .iter()
                 .map(|n| {
                     let n = n.clone();
-                    let end: fuse_core::chan::EndFn = Box::new(move |r| {
+                    let end: fuse_core::EndFn = Box::new(move |r| {
                         assert_eq!(r.unwrap_err(), Errno::ENOTCONN);
                         n.fetch_add(1, Ordering::SeqCst);
                     });
@@ -263,7 +263,7 @@ fn ring_chan() -> (Chan, RingEnd, EntHandle) {
 
 /// A background request counted by `ends`, whose result may be the reply
 /// or the abort's.
-fn counted(ends: &Arc<AtomicUsize>) -> fuse_core::chan::EndFn {
+fn counted(ends: &Arc<AtomicUsize>) -> fuse_core::EndFn {
     let e = ends.clone();
     Box::new(move |r| {
         assert!(

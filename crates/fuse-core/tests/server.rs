@@ -3,8 +3,9 @@
 //! device-style workers, and back.
 
 use fuse_core::abi::{self, encode::Body, *};
-use fuse_core::server::{memfs::MemFs, serve_device, Dispatcher, ServerConfig};
-use fuse_core::{Args, Chan, ChanConfig, Errno, Reply};
+use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
+use fuse_core::testing::memfs::MemFs;
+use fuse_core::{Args, Chan, ChanConfig, Errno, ReplyPayload};
 use std::sync::Arc;
 use zerocopy::FromBytes;
 
@@ -45,7 +46,7 @@ impl Client {
         body: Body,
         out: usize,
         var: bool,
-    ) -> Result<Reply, Errno> {
+    ) -> Result<ReplyPayload, Errno> {
         self.chan.send(
             Args::new(op, node)
                 .body(body.into_vec())
@@ -149,7 +150,7 @@ impl Client {
                 ..Default::default()
             });
             let r = self.req(Opcode::Readdir, ino, b, 96, true).unwrap();
-            let ents = abi::decode::decode_dirents(&r.data).unwrap();
+            let ents = abi::decode_dirents(&r.data).unwrap();
             if ents.is_empty() {
                 break;
             }

@@ -308,7 +308,7 @@ impl DevFuse {
     /// connection that negotiated FUSE_PASSTHROUGH (EPERM otherwise);
     /// ELOOP when the file's filesystem stacks too deep.
     pub fn backing_open(&self, fd: i32) -> Result<u32, Errno> {
-        let map = fuse_core::abi::structs::BackingMap {
+        let map = fuse_core::abi::BackingMap {
             fd,
             flags: 0,
             padding: 0,

@@ -48,10 +48,9 @@ use crate::sync::{lock, read, write};
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
 };
-use fuse_core::chan::{Args, Errno, ReqResult, TrySendError};
-use fuse_core::embedded::{Embedded, Options};
-use fuse_core::server::{Filesystem, ServerConfig};
+use fuse_core::server::{Engine, EngineConfig, Filesystem, ServerConfig};
 use fuse_core::Sent;
+use fuse_core::{Args, Errno, ReqResult, TrySendError};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io;
@@ -187,7 +186,7 @@ impl Default for DeviceConfig {
 }
 
 struct Inner<F: Filesystem + 'static> {
-    engine: Embedded<F>,
+    engine: Engine<F>,
     cfg: DeviceConfig,
     config_space: Vec<u8>,
     mem: RwLock<Option<GuestMem>>,
@@ -278,9 +277,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             max_write: cfg.max_write,
             ..ServerConfig::default()
         };
-        let engine = Embedded::start(
+        let engine = Engine::start(
             fs,
-            Options {
+            EngineConfig {
                 max_background: cfg.max_background,
                 congestion_threshold: cfg.congestion_threshold,
                 ring_queues: queues as u16,
@@ -301,7 +300,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // calls: two, so one slow lock call holds up no forget.
                 workers: 2,
                 server,
-                ..Options::default()
+                ..EngineConfig::default()
             },
         )
         .map_err(DeviceError::Engine)?;
@@ -361,7 +360,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// The engine (its connection counters, the filesystem).
-    pub fn engine(&self) -> &Embedded<F> {
+    pub fn engine(&self) -> &Engine<F> {
         &self.inner.engine
     }
 

@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use fuse_core::abi::{CreateIn, ForgetIn, GetattrIn, MkdirIn, Opcode, OutHeader, ReadIn, WriteIn};
-use fuse_core::server::memfs::MemFs;
+use fuse_core::testing::memfs::MemFs;
 use std::time::{Duration, Instant};
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_fs::DeviceConfig;

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use fuse_core::abi::{GetattrIn, Opcode, ReadIn};
 use fuse_core::server::faults::{FaultPlan, Faulty};
-use fuse_core::server::memfs::MemFs;
+use fuse_core::testing::memfs::MemFs;
 use fuse_core::Errno;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use fuse_core::abi::{BatchForgetIn, FlushIn, GetattrIn, LkIn, Opcode};
 use fuse_core::server::faults::{FaultPlan, Faulty};
-use fuse_core::server::memfs::MemFs;
+use fuse_core::testing::memfs::MemFs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vhost_user_backend::{VringRwLock, VringT};

@@ -1,5 +1,5 @@
 //! Soak through the whole device with no VM: the fsx-style checker
-//! (`fuse_core::client::fsx`: writes, verified reads, truncates, fsyncs,
+//! (`fuse_core::testing::fsx`: writes, verified reads, truncates, fsyncs,
 //! fallocates, hole punches, copy_file_ranges, reopens) drives fusebox's
 //! device over a real vhost-user socket, with the passthrough of a
 //! temporary directory behind it: one run, then four at once on distinct
@@ -13,7 +13,7 @@ use uring_ring::passthrough::Config;
 use virtio_fs::DeviceConfig;
 
 use fuse_core::abi::ROOT_ID;
-use fuse_core::client::fsx::{self, FsxConfig};
+use fuse_core::testing::fsx::{self, FsxConfig};
 use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
 #[test]

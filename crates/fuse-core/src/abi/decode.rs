@@ -838,7 +838,7 @@ fn decode_op<'a>(
 
 /// A decoded reply (or notification) from a server.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Reply<'a> {
+pub struct DecodedReply<'a> {
     /// The reply header.
     pub header: OutHeader,
     /// The typed body (empty for error replies).
@@ -911,11 +911,11 @@ pub fn decode_reply<'a>(
     opcode: Opcode,
     buf: &'a [u8],
     getxattr_size: u32,
-) -> Result<Reply<'a>, DecodeError> {
+) -> Result<DecodedReply<'a>, DecodeError> {
     let header = decode_out_header(buf)?;
     let mut c = Cursor::new(buf.get(core::mem::size_of::<OutHeader>()..).unwrap_or(&[]));
     if header.unique == 0 {
-        return Ok(Reply {
+        return Ok(DecodedReply {
             header,
             body: ReplyBody::Notify {
                 code: header.error,
@@ -924,7 +924,7 @@ pub fn decode_reply<'a>(
         });
     }
     if header.error != 0 {
-        return Ok(Reply {
+        return Ok(DecodedReply {
             header,
             body: ReplyBody::Empty,
         });
@@ -962,7 +962,7 @@ pub fn decode_reply<'a>(
         Opcode::Read | Opcode::Readlink | Opcode::Getxattr | Opcode::Listxattr => B::Data(c.rest()),
         _ => B::Empty,
     };
-    Ok(Reply { header, body })
+    Ok(DecodedReply { header, body })
 }
 
 fn dirent_name<'a>(c: &mut Cursor<'a>, d: &Dirent) -> Result<&'a [u8], DecodeError> {

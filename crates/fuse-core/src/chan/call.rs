@@ -5,7 +5,7 @@
 //! kernel's interruptible wait), `kill()` a fatal one (the killable wait).
 
 use super::bg::WaitSlot;
-use super::req::{flag, Args, Reply, ReqResult, Request};
+use super::req::{flag, Args, ReplyPayload, ReqResult, Request};
 use super::{Core, Errno};
 use crate::sync::{lock, wait, Arc, AtomicU8, Mutex, Ordering};
 
@@ -225,7 +225,7 @@ fn result(req: &Arc<Request>) -> ReqResult {
     if d.error != 0 {
         Err(Errno(d.error))
     } else {
-        Ok(Reply {
+        Ok(ReplyPayload {
             data: std::mem::take(&mut d.out),
             pages: std::mem::take(&mut d.pages),
             in_client: d.in_client,

@@ -427,6 +427,7 @@ impl DevQueue {
     }
 
     /// Number of queued interrupts (for tests and stats).
+    #[cfg(feature = "test-utils")]
     pub(crate) fn queued_interrupts(&self) -> Vec<u64> {
         lock(&self.iq)
             .interrupts
@@ -436,6 +437,7 @@ impl DevQueue {
     }
 
     /// Number of queued forgets.
+    #[cfg(feature = "test-utils")]
     pub(crate) fn queued_forgets(&self) -> usize {
         lock(&self.iq).forgets.len()
     }
@@ -669,7 +671,7 @@ impl Device {
     /// EINVAL for a malformed message or a payload of the wrong size,
     /// ENOENT for an unknown unique (or one aborted meanwhile).
     pub fn write(&self, msg: &[u8]) -> Result<usize, Errno> {
-        let oh = abi::decode::Cursor::new(msg).read::<OutHeader>("fuse_out_header");
+        let oh = abi::Cursor::new(msg).read::<OutHeader>("fuse_out_header");
         let Ok(oh) = oh else {
             return Err(Errno::EINVAL);
         };
@@ -708,11 +710,13 @@ impl Device {
     }
 
     /// Uniques of the interrupts currently queued (diagnostics and tests).
+    #[cfg(feature = "test-utils")]
     pub fn queued_interrupts(&self) -> Vec<u64> {
         self.dev.queued_interrupts()
     }
 
     /// Number of forgets currently queued.
+    #[cfg(feature = "test-utils")]
     pub fn queued_forgets(&self) -> usize {
         self.dev.queued_forgets()
     }

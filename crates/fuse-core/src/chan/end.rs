@@ -4,7 +4,7 @@
 //! acquisition for all), and its end callback runs, or its waiting
 //! requester wakes, with no engine lock held.
 
-use super::req::{flag, Location, Reply, Request};
+use super::req::{flag, Location, ReplyPayload, Request};
 use super::{Core, Errno, InFlight};
 use crate::sync::{lock, Arc};
 
@@ -122,7 +122,7 @@ impl Core {
                     let result = if d.error != 0 {
                         Err(Errno(d.error))
                     } else {
-                        Ok(Reply {
+                        Ok(ReplyPayload {
                             data: std::mem::take(&mut d.out),
                             pages: std::mem::take(&mut d.pages),
                             in_client: d.in_client,

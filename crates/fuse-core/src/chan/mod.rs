@@ -7,25 +7,28 @@
 //! `waiting` lock are leaves: nothing is taken while holding them; so is
 //! `spares`, the ended requests kept for reuse.
 
-pub mod bg;
+mod bg;
 mod call;
-pub mod client_mem;
+mod client_mem;
 mod config;
 pub(crate) mod dev;
 mod end;
-pub mod errno;
+mod errno;
 mod negotiate;
-pub mod req;
+pub(crate) mod req;
 mod send;
 mod timeout;
-pub mod transport;
+mod transport;
 
+// The module is private: these are re-exported once, at the crate root
+// (`fuse_core::Chan`, …), which is their one public path.
 pub use call::{Call, Signal};
 pub use client_mem::{ClientMap, ClientMem, HostSpan, IoGuard};
 pub use config::{ChanConfig, Negotiated, Stats};
 pub use dev::Device;
 pub use errno::Errno;
-pub use req::{flag, Args, EndFn, Location, Reply, ReqResult};
+pub(crate) use req::flag;
+pub use req::{Args, EndFn, ReplyPayload, ReqResult};
 pub use send::TrySendError;
 pub use timeout::{Clock, ManualClock, MonotonicClock};
 pub use transport::{InFlight, Transport};
@@ -276,7 +279,7 @@ impl Core {
 
     /// Handles a notification written to the device (unique 0).
     pub(crate) fn notify(&self, code: i32, body: &[u8]) -> Result<(), Errno> {
-        use abi::consts::notify as n;
+        use abi::notify as n;
         use std::mem::size_of;
         let need = match code {
             n::POLL => size_of::<abi::NotifyPollWakeupOut>(),

@@ -39,7 +39,7 @@ impl Chan {
                 return Err(e);
             }
         };
-        let out = abi::decode::Cursor::new(&reply.data)
+        let out = abi::Cursor::new(&reply.data)
             .read_compat::<InitOut>("fuse_init_out", abi::COMPAT_INIT_OUT_SIZE);
         match out {
             Ok(out) => self.process_init_reply(&out),

@@ -257,7 +257,7 @@ impl Args {
 
 /// A successful reply: the payload after `fuse_out_header`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Reply {
+pub struct ReplyPayload {
     /// Reply payload.
     pub data: Vec<u8>,
     /// The client's data pages (`Args::data`), given back for reuse.
@@ -267,7 +267,7 @@ pub struct Reply {
     pub in_client: usize,
 }
 
-impl Reply {
+impl ReplyPayload {
     /// Reads a struct from the start of the payload.
     pub fn read<T: zerocopy::FromBytes>(&self) -> Option<T> {
         T::read_from_prefix(&self.data).ok().map(|(v, _)| v)
@@ -275,7 +275,7 @@ impl Reply {
 }
 
 /// Outcome of a request.
-pub type ReqResult = Result<Reply, Errno>;
+pub type ReqResult = Result<ReplyPayload, Errno>;
 
 /// End callback of a background request.
 pub type EndFn = Box<dyn FnOnce(ReqResult) + Send>;

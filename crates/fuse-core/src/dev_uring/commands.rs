@@ -95,16 +95,19 @@ impl Ring {
         ))
     }
 
+    #[cfg(feature = "test-utils")]
     fn pool_free(&self, qid: u16) -> Option<(usize, usize)> {
         let q = lock(self.queues.get(usize::from(qid))?);
         q.pool.as_ref().map(|p| (p.free_count(), p.len()))
     }
 
+    #[cfg(feature = "test-utils")]
     fn entry_state(&self, h: EntHandle) -> Option<EntState> {
         let q = lock(self.queues.get(usize::from(h.qid))?);
         q.ents.get(h.ent as usize).map(|e| e.state)
     }
 
+    #[cfg(feature = "test-utils")]
     fn check_invariants(&self) -> Result<(), String> {
         for (qi, m) in self.queues.iter().enumerate() {
             let mut q = lock(m);
@@ -384,18 +387,22 @@ impl RingEnd {
         self.ring_any().map(|r| r.stats())
     }
 
-    /// `(free, total)` buffers of queue `qid`'s pool.
+    /// `(free, total)` buffers of queue `qid`'s pool. Inspection for
+    /// tests (feature `test-utils`), like the two below.
+    #[cfg(feature = "test-utils")]
     pub fn pool_free(&self, qid: u16) -> Option<(usize, usize)> {
         self.ring_any().ok()?.pool_free(qid)
     }
 
     /// The state of an entry.
+    #[cfg(feature = "test-utils")]
     pub fn entry_state(&self, h: EntHandle) -> Option<EntState> {
         self.ring_any().ok()?.entry_state(h)
     }
 
     /// Checks the ring's invariants: every entry on exactly the list of its
     /// state, and free + held + lent pool buffers equal the pool size.
+    #[cfg(feature = "test-utils")]
     pub fn check_invariants(&self) -> Result<(), String> {
         self.ring_any()
             .map_err(|e| e.to_string())?

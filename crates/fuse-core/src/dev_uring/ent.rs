@@ -260,6 +260,7 @@ impl Lists {
 
     /// How often `id` appears on the list(s) of state `s` (walking them:
     /// for the invariant check).
+    #[cfg(feature = "test-utils")]
     pub fn count(&self, ents: &[Ent], s: EntState, id: u32) -> usize {
         let own = ListId::of(s, true).filter(|l| Some(*l) != ListId::of(s, false));
         [ListId::of(s, false), own]
@@ -276,6 +277,7 @@ impl Lists {
 
     /// Checks the links of every list: lengths, back links, and that each
     /// entry says it is on the list it is found on.
+    #[cfg(feature = "test-utils")]
     pub fn check(&self, ents: &[Ent]) -> Result<(), String> {
         for (li, h) in self.heads.iter().enumerate() {
             let mut n = 0;

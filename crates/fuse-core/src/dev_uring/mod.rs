@@ -29,7 +29,7 @@ use fetched::Payload;
 pub(crate) use link::RingLink;
 
 use crate::abi::{
-    self, decode::op_in_size, fopen, uring, DecodeOptions, EntryOut, Opcode, OpenOut, OutHeader,
+    self, fopen, op_in_size, uring, DecodeOptions, EntryOut, Opcode, OpenOut, OutHeader,
     UringCmdReq, UringReqHeader,
 };
 use crate::chan::req::{flag, Location, Request};

@@ -38,10 +38,12 @@ impl Pool {
         }
     }
 
+    #[cfg(feature = "test-utils")]
     pub fn len(&self) -> usize {
         self.bufs.len()
     }
 
+    #[cfg(feature = "test-utils")]
     pub fn free_count(&self) -> usize {
         self.free.iter().map(|w| w.count_ones() as usize).sum()
     }

@@ -5,9 +5,8 @@ use super::{
     Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, ReadDone, Xattr,
 };
 use crate::abi::{
-    self, decode::Request, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, GetxattrOut,
-    InHeader, InitIn, InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, StatfsOut, StatxOut,
-    WriteOut,
+    self, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, GetxattrOut, InHeader, InitIn,
+    InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, Request, StatfsOut, StatxOut, WriteOut,
 };
 use crate::chan::{ClientMem, Errno};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -142,7 +141,7 @@ struct DirBuf<'a> {
 
 impl DirSink for DirBuf<'_> {
     fn add(&mut self, ino: u64, offset: u64, typ: u32, name: &[u8]) -> bool {
-        let size = abi::structs::dirent_size(name.len());
+        let size = abi::dirent_size(name.len());
         let Some(dst) = self.out.get_mut(self.len..self.len + size) else {
             return false;
         };
@@ -168,7 +167,7 @@ struct DirPlusBuf<'a> {
 
 impl DirPlusSink for DirPlusBuf<'_> {
     fn room(&self, namelen: usize) -> bool {
-        self.len + abi::structs::direntplus_size(namelen) <= self.out.len()
+        self.len + abi::direntplus_size(namelen) <= self.out.len()
     }
     fn add(
         &mut self,
@@ -181,7 +180,7 @@ impl DirPlusSink for DirPlusBuf<'_> {
         if !self.room(name.len()) {
             return false;
         }
-        let size = abi::structs::direntplus_size(name.len());
+        let size = abi::direntplus_size(name.len());
         let dst = &mut self.out[self.len..self.len + size];
         let entry_out = entry.map(entry_out).unwrap_or_default();
         let d = abi::DirentPlus {
@@ -253,7 +252,7 @@ impl<F: Filesystem> Dispatcher<F> {
         match abi::decode_request(msg, self.decode_options()) {
             Ok(req) => self.handle_with(&req, out, defer),
             Err(_) => {
-                let Ok(h) = abi::decode::Cursor::new(msg).read::<InHeader>("fuse_in_header") else {
+                let Ok(h) = abi::Cursor::new(msg).read::<InHeader>("fuse_in_header") else {
                     return Handled::NoReply;
                 };
                 if h.unique == 0 || h.opcode == abi::Opcode::Forget as u32 {

@@ -16,13 +16,14 @@
 //! succeeded must not be sent; the dispatcher never does that.
 
 mod dispatch;
+mod engine;
 pub mod faults;
-pub mod memfs;
 pub mod state;
 mod uring_worker;
 mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
+pub use engine::{Engine, EngineConfig};
 pub use uring_worker::{
     answer as answer_ring, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport,
     Served,

@@ -232,7 +232,7 @@ impl DevWorker {
         &self,
         disp: &Dispatcher<F>,
         slot: &Payload,
-        req: &abi::decode::Request<'_>,
+        req: &abi::Request<'_>,
     ) -> Option<Kind> {
         let unique = req.header.unique;
         let (kind, mem) = match &req.op {

@@ -28,12 +28,12 @@ use super::notify::{notify, Batch};
 use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
-use fuse_core::chan::Chan;
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::fasthash::IdMap;
 use fuse_core::server::{
     complete_started, serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served,
 };
+use fuse_core::Chan;
 use fuse_core::Errno;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};

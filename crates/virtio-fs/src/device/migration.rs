@@ -22,7 +22,7 @@
 //! waits for that thread.
 
 use crate::sync::lock;
-use fuse_core::abi::structs::InHeader;
+use fuse_core::abi::InHeader;
 use fuse_core::abi::Opcode;
 use fuse_core::server::state::{StateError, StateReader, StateWriter};
 use fuse_core::server::Filesystem;

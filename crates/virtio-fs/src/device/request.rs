@@ -182,7 +182,7 @@ fn body_cap(op: Opcode, max_write: usize) -> usize {
     const PATH: usize = 4096;
     /// An extended attribute's value (XATTR_SIZE_MAX).
     const XATTR: usize = 65536;
-    let fixed = fuse_core::abi::decode::op_in_size(op, fuse_core::abi::DecodeOptions::default());
+    let fixed = fuse_core::abi::op_in_size(op, fuse_core::abi::DecodeOptions::default());
     let var = match op {
         // The copied form of a WRITE (not by reference).
         Opcode::Write => max_write,

@@ -17,8 +17,8 @@
 
 use crate::sync::{lock, wait};
 use fuse_core::abi::{InHeader, Opcode, OutHeader};
-use fuse_core::chan::{Chan, ChanConfig, Device, Errno};
 use fuse_core::client::Client;
+use fuse_core::{Chan, ChanConfig, Device, Errno};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};

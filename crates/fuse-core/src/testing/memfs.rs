@@ -1,9 +1,11 @@
-//! An in-memory filesystem for tests, examples and benches. Node ids are
+//! An in-memory filesystem for tests. Node ids are
 //! inode numbers; a node is freed when it has no links and no lookups.
 
-use super::{Ctx, DirSink, Entry, Filesystem, FsResult, Opened, ReadSink, WriteSource, Xattr};
 use crate::abi::{fattr, Attr, Kstatfs, SetattrIn};
-use crate::chan::Errno;
+use crate::server::{
+    Created, Ctx, DirSink, Entry, Filesystem, FsResult, Opened, ReadSink, WriteSource, Xattr,
+};
+use crate::Errno;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -535,7 +537,7 @@ impl Filesystem for MemFs {
         mode: u32,
         _flags: u32,
         umask: u32,
-    ) -> FsResult<super::Created<u64, u64>> {
+    ) -> FsResult<Created<u64, u64>> {
         let e = self.st().create(
             ctx,
             parent,

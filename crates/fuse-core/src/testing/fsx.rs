@@ -7,9 +7,9 @@
 //!
 //! A run is reproducible from its seed (one caller per file).
 
-use super::Client;
 use crate::abi::{fattr, SetattrIn};
-use crate::chan::Errno;
+use crate::client::Client;
+use crate::Errno;
 use thiserror::Error;
 
 /// fallocate modes (linux/falloc.h).
