@@ -12,7 +12,9 @@
 //! command is queued until its completion is reaped, and by the serving
 //! thread in between: the kernel never holds a pointer into memory someone
 //! else owns. Its payload buffer is a slot of the queue's `arena`, held
-//! through an `Arc` by the entry and by any READ running into it.
+//! through an `Arc` by the entry and by any READ running into it; what
+//! the filesystem is lent of it (`arena::PayloadMem`) works only until the
+//! entry is sent again: every command first takes the slot back.
 //!
 //! Entry lifecycle ([`EntState`]; the kernel's own states in brackets):
 //!
@@ -329,8 +331,11 @@ impl KernelQueue {
     }
 
     /// Queues the command `cmd_op` for `ent` and submits it; the entry is
-    /// owned by the in-flight table until its completion.
+    /// owned by the in-flight table until its completion. The payload slot
+    /// is taken back first: whatever memory of it the filesystem still
+    /// holds gets EIO from now on, and what it had running is over.
     fn send(&self, mut ent: Box<Ent>, cmd_op: u32, commit_id: u64) -> Result<u64, Errno> {
+        ent.payload.take_back();
         let req = UringCmdReq {
             commit_id,
             qid: self.shared.qid,
@@ -361,8 +366,11 @@ impl KernelQueue {
         // SAFETY: the SQE points at `iov` and the header, inside the Box
         // now owned by `inflight`, which keeps it (unmoved on the heap) until
         // this SQE's completion is reaped, and at the payload slot, which the
-        // Box's `Payload` keeps mapped; no READ runs into that slot (the
-        // entry is committed only once its READ's completion was taken).
+        // Box's `Payload` keeps mapped. No I/O or copy of ours runs on that
+        // slot while the kernel has it: it was taken back at the top of
+        // this function (every `PayloadMem` of it refuses, and the ones
+        // running have ended), and the Box (the only way to make a new one
+        // or a slice) is the in-flight table's until the completion.
         let pushed = unsafe { st.ring.submission().push(&sqe) };
         if pushed.is_err() {
             st.ring.submit().map_err(|e| errno_of(&e))?;
@@ -407,7 +415,10 @@ impl KernelQueue {
     }
 
     /// Queues the COMMIT_AND_FETCH of a served entry (its reply set with
-    /// [`RingSlot::set_reply`]); submitted with the next wait.
+    /// [`RingSlot::set_reply`]); submitted with the next wait. The memory
+    /// its slot lent the filesystem is taken back first: kept past the
+    /// answer, it gets EIO, and I/O still running on it (a started READ
+    /// committed before its completion) is waited for, never raced.
     pub fn commit_slot(&self, slot: KernelSlot) -> Result<u64, Errno> {
         let commit_id = slot.ent.header.ring_ent_in_out.commit_id;
         self.send(slot.ent, uring::CMD_COMMIT_AND_FETCH, commit_id)
@@ -645,17 +656,24 @@ impl RingSlot for KernelSlot {
         self.ent.header.ring_ent_in_out.flags & uring::ENT_ZERO_COPY != 0
     }
     /// A READ's payload buffer is its [`RingSlot::client_mem`]: the data
-    /// is read there by reference, and no slice of it is handed out.
+    /// is read there by reference, and no slice of it is handed out. Any
+    /// other request's buffer is taken back from the memory lent of it
+    /// before (a WRITE's [`RingSlot::write_mem`]): that memory gets EIO
+    /// from then on, so start a WRITE from it before asking for the slice
+    /// (`serve_slot` does), and a started WRITE's slice waits for its I/O.
     fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
         let read = self.is_read();
         let e = &mut *self.ent;
         if read {
             return (&mut e.header, &mut []);
         }
-        // SAFETY: the entry is held by the serving thread (no command of it
-        // in flight, so the kernel does not touch the slot), and it is not
-        // a READ, so no `PayloadMem` of it does I/O (one is made only for
-        // READs); the slice borrows the entry mutably.
+        // SAFETY: the entry is held by the serving thread (a `KernelSlot`
+        // exists only between its command's completion and its next
+        // `send`), so the kernel does not touch the slot; its `Payload` is
+        // the only one of its slot (`register_entry` gives each entry a
+        // slot of its own); `slice_mut` takes the slot back from every
+        // `PayloadMem` made of it, and no new one can be made while the
+        // slice mutably borrows the entry.
         (&mut e.header, unsafe { e.payload.slice_mut() })
     }
     fn client_mem(&self) -> Option<Arc<dyn fuse_core::ClientMem>> {

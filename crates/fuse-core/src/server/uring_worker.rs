@@ -230,13 +230,37 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     let hdr = f.in_header();
     let sz = f.request_payload_len();
     let client = f.client_mem();
+    let mut opts = disp.decode_options();
+    // A WRITE whose data is the payload buffer itself (no client memory)
+    // is offered to start before `parts_mut`: the transport may hand out
+    // that buffer as a slice only once it has taken back the memory it
+    // lent of it (a kernel ring slot's does), and the filesystem gets the
+    // data as `write_mem` alone, so it is not decoded (only `op_in`).
+    if let (Some(make), None, true) = (start, &client, hdr.opcode == Opcode::Write as u32) {
+        // Copied before the memory is lent: `parts_mut` takes back what
+        // was lent before it.
+        let op_in = f.parts_mut().0.op_in;
+        if let Some(mem) = f.write_mem() {
+            let o = abi::DecodeOptions {
+                write_data_elsewhere: true,
+                ..opts
+            };
+            if let Ok(req) = abi::decode_split(hdr, &op_in, &[], o) {
+                match disp.start_write(&req, &mem, make(hdr.unique)) {
+                    Ok(()) => return Served::Started,
+                    Err(done) => done.disarm(),
+                }
+            }
+        }
+    }
+    // Client memory (a device's guest buffers) is apart from the payload
+    // buffer: a WRITE from it is started below, with the payload decoded.
     let write_mem = match start {
-        Some(_) if hdr.opcode == Opcode::Write as u32 => f.write_mem(),
+        Some(_) if client.is_some() && hdr.opcode == Opcode::Write as u32 => f.write_mem(),
         _ => None,
     };
     // A zero-copy WRITE's reply, and a WRITE's by reference, go in `op_in`.
     let zc_write = (f.is_zero_copy() || client.is_some()) && hdr.opcode == Opcode::Write as u32;
-    let mut opts = disp.decode_options();
     opts.write_data_elsewhere = client.is_some() && hdr.opcode == Opcode::Write as u32;
     let (header, payload) = f.parts_mut();
     let (inp, outp) = payload.split_at_mut(sz.min(payload.len()));

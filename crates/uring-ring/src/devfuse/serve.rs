@@ -172,9 +172,10 @@ impl DevWorker {
         let at = slot.as_mut_ptr().wrapping_add(MSG_AT);
         let room = slot.len() - MSG_AT;
         let n = loop {
-            // SAFETY: the slot is free (no request, no I/O on it), so this
-            // thread alone uses its memory; `room` bytes from `at` lie
-            // inside it.
+            // SAFETY: the slot is free: it was taken back from any memory
+            // lent of it before it was freed, and this worker alone uses
+            // its slots, so nothing else reads or writes it; `room` bytes
+            // from `at` lie inside it.
             let n = unsafe { libc::read(self.dev.raw_fd(), at.cast(), room) };
             match usize::try_from(n) {
                 Ok(n) => break n,
@@ -186,10 +187,19 @@ impl DevWorker {
             }
         };
         self.stats.served += 1;
-        // SAFETY: the kernel wrote `n` bytes there; nothing else touches
-        // the slot until it is started (then only the filesystem's I/O,
-        // after the last use of this slice) or freed.
-        let msg = unsafe { std::slice::from_raw_parts(at.cast_const(), n) };
+        if let Some(kind) = self.start_by_ref(disp, &slot, n.min(room)) {
+            self.started.insert(kind.0, (i, kind.1));
+            self.count_started(kind.1);
+            return Ok(true);
+        }
+        // A READ or WRITE the filesystem declined may have kept the memory
+        // it was offered: no slice of the slot while that memory works.
+        slot.take_back();
+        // SAFETY: the kernel wrote `n` (at most `room`) bytes there, inside
+        // the slot; nothing else touches the slot while this slice lives:
+        // the memory lent of it so far was taken back just above, none is
+        // lent while the slice lives, and it is no READ's destination.
+        let msg = unsafe { std::slice::from_raw_parts(at.cast_const(), n.min(room)) };
         let req = match abi::decode_request(msg, disp.decode_options()) {
             Ok(req) => req,
             Err(_) => {
@@ -201,15 +211,18 @@ impl DevWorker {
             }
         };
         let unique = req.header.unique;
-        if let Some(kind) = self.start(disp, &slot, &req) {
-            self.stats.started += 1;
-            match kind {
-                Kind::Write(_) => self.stats.writes_started += 1,
-                Kind::NoData => self.stats.no_data_started += 1,
-                Kind::Read(_) => {}
-            }
-            self.started.insert(unique, (i, kind));
-            self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len());
+        if matches!(
+            req.op,
+            Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. }
+        ) && disp
+            .start_no_data(&req, self.done_of(unique))
+            .map_err(ReadDone::disarm)
+            .is_ok()
+        {
+            // No memory of the slot is lent: the slot is free for the next
+            // request once it is answered (`answer`).
+            self.started.insert(unique, (i, Kind::NoData));
+            self.count_started(Kind::NoData);
             return Ok(true);
         }
         let dev = self.dev.clone();
@@ -226,60 +239,93 @@ impl DevWorker {
         Ok(true)
     }
 
-    /// Offers `req`, read into `slot`, to the filesystem to start: what it
-    /// will answer with if started.
-    fn start<F: Filesystem>(
-        &self,
-        disp: &Dispatcher<F>,
-        slot: &Payload,
-        req: &abi::Request<'_>,
-    ) -> Option<Kind> {
-        let unique = req.header.unique;
-        let (kind, mem) = match &req.op {
-            Operation::Read { arg } if arg.size as usize <= DATA => (
-                Kind::Read(arg.size),
-                Some(slot.client_mem_at(PAGE, arg.size as usize)),
-            ),
-            // Its data is at MSG_AT + 80, the slot's second page (checked:
-            // the memory handed out is where the decoder found the data).
-            Operation::Write { arg, data }
-                if data.len() == arg.size as usize
-                    && data.as_ptr() as usize == slot.as_mut_ptr() as usize + PAGE =>
-            {
-                (
-                    Kind::Write(arg.size),
-                    Some(slot.client_mem_at(PAGE, arg.size as usize)),
-                )
-            }
-            Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. } => {
-                (Kind::NoData, None)
-            }
-            _ => return None,
-        };
+    fn count_started(&mut self, kind: Kind) {
+        self.stats.started += 1;
+        match kind {
+            Kind::Write(_) => self.stats.writes_started += 1,
+            Kind::NoData => self.stats.no_data_started += 1,
+            Kind::Read(_) => {}
+        }
+        self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len());
+    }
+
+    /// The completion of started request `unique`.
+    fn done_of(&self, unique: u64) -> ReadDone {
         let done = self.done.clone();
         let wake = self.wake.clone();
         let me = std::thread::current().id();
-        let made = ReadDone::new(move |r| {
+        ReadDone::new(move |r| {
             lock(&done).push((unique, r));
             // Answered on this thread (its completions, a page-cache hit):
             // seen before it waits. Else wake it.
             if std::thread::current().id() != me {
                 signal(&wake);
             }
-        });
-        let r = match (&req.op, mem) {
-            (Operation::Read { .. }, Some(m)) => {
-                let m: Arc<dyn ClientMem> = Arc::new(m);
-                disp.start_read(req, &m, made)
-            }
-            (Operation::Write { .. }, Some(m)) => {
-                let m: Arc<dyn ClientMem> = Arc::new(m);
-                disp.start_write(req, &m, made)
-            }
-            _ => disp.start_no_data(req, made),
+        })
+    }
+
+    /// Offers the request of `n` bytes read into `slot` to the filesystem
+    /// to start by reference, if it is a READ (its data to go to the
+    /// slot's second page) or a WRITE (its data there already): its unique
+    /// and what it will answer with if started.
+    ///
+    /// Only the plain forms are offered: a READ of exactly its 80 bytes,
+    /// a WRITE of its 80 bytes and data (no extensions, nothing trailing).
+    /// Their header part, [`MSG_AT`, `PAGE`), is copied out and decoded
+    /// from the copy, so no slice of the slot lives while the filesystem
+    /// has the memory of [`PAGE`, end): the two never overlap.
+    fn start_by_ref<F: Filesystem>(
+        &self,
+        disp: &Dispatcher<F>,
+        slot: &Payload,
+        n: usize,
+    ) -> Option<(u64, Kind)> {
+        const HEAD: usize = PAGE - MSG_AT;
+        let mut head = [0u8; HEAD];
+        if n < HEAD {
+            return None;
+        }
+        // SAFETY: the kernel wrote `n` ≥ HEAD bytes from MSG_AT, inside the
+        // slot; no memory of the slot is lent (it is free until started),
+        // so nothing else touches it; `head` is a local array.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                slot.as_mut_ptr().wrapping_add(MSG_AT).cast_const(),
+                head.as_mut_ptr(),
+                HEAD,
+            )
+        };
+        let (hdr, op_in) = head.split_at(std::mem::size_of::<InHeader>());
+        let hdr: InHeader = zerocopy::FromBytes::read_from_bytes(hdr).ok()?;
+        if hdr.len as usize != n || hdr.total_extlen != 0 {
+            return None;
+        }
+        let opts = abi::DecodeOptions {
+            write_data_elsewhere: true,
+            ..disp.decode_options()
+        };
+        let req = abi::decode_split(hdr, op_in, &[], opts).ok()?;
+        let unique = hdr.unique;
+        let (kind, mem) = match &req.op {
+            Operation::Read { arg } if n == HEAD && arg.size as usize <= DATA => (
+                Kind::Read(arg.size),
+                slot.client_mem_at(PAGE, arg.size as usize),
+            ),
+            // Its data is all that follows the 80 bytes: the slot's second
+            // page on.
+            Operation::Write { arg, .. } if n == HEAD + arg.size as usize => (
+                Kind::Write(arg.size),
+                slot.client_mem_at(PAGE, arg.size as usize),
+            ),
+            _ => return None,
+        };
+        let m: Arc<dyn ClientMem> = Arc::new(mem);
+        let r = match kind {
+            Kind::Read(_) => disp.start_read(&req, &m, self.done_of(unique)),
+            _ => disp.start_write(&req, &m, self.done_of(unique)),
         };
         match r {
-            Ok(()) => Some(kind),
+            Ok(()) => Some((unique, kind)),
             Err(d) => {
                 d.disarm();
                 None
@@ -304,14 +350,20 @@ impl DevWorker {
             let Some((i, kind)) = self.started.remove(&unique) else {
                 continue;
             };
+            let slot = Payload::new(self.arena.clone(), i);
+            // The filesystem may keep the memory it was lent past its
+            // answer: it gets EIO from now on, and the slot is ours (to
+            // read a READ's data from, then to free).
+            slot.take_back();
             let _ = match (r, kind) {
                 (Err(e), _) => self.dev.write_reply(unique, e.to_wire(), &[]),
                 (Ok(n), Kind::Read(size)) => {
                     let n = n.min(size as usize);
-                    let slot = Payload::new(self.arena.clone(), i);
-                    // SAFETY: the READ's I/O is over (its completion is
-                    // taken), so nothing writes the slot; its `n` bytes
-                    // from the second page lie inside it (n ≤ DATA).
+                    // SAFETY: the slot was taken back above, so no memory
+                    // lent of it is used (the READ's I/O, and anything the
+                    // filesystem kept), and none is lent while the slice
+                    // lives; its `n` bytes from the second page lie inside
+                    // it (n ≤ DATA).
                     let data =
                         unsafe { std::slice::from_raw_parts(slot.as_mut_ptr().add(PAGE), n) };
                     self.dev.write_reply(unique, 0, data)

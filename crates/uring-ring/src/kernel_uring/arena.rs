@@ -9,9 +9,20 @@
 //! `Arc<Arena>`: the mapping goes when the last holder (entries, and the
 //! [`PayloadMem`] a started READ keeps until its completion is taken) lets
 //! go of it, never under a write in flight.
+//!
+//! A slot is lent to the filesystem as a [`PayloadMem`] (an
+//! `Arc<dyn ClientMem>` it may keep, clone and use after the request was
+//! answered), so each slot has a [`Gate`]: a generation, and counts of the
+//! host I/O and the copies running on it. A `PayloadMem` belongs to the
+//! generation it was made in. Before the serving loop reuses a slot (hands
+//! it back to the kernel, frees it, or touches it through a Rust slice) it
+//! calls [`Payload::take_back`]: the generation moves on, so the
+//! `PayloadMem`s of the old one refuse I/O (`begin_io` false, copies EIO),
+//! and it waits for what they already run to end.
 
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// Payload buffers start on a page, so that a file opened O_DIRECT (fio
@@ -28,6 +39,28 @@ pub(crate) struct Arena {
     /// register once as io_uring fixed buffers (the queue's main arena
     /// only: a map registered per extra entry would replace it each time).
     map: Option<Arc<ClientMap>>,
+    /// One gate per slot.
+    gates: Box<[Gate]>,
+}
+
+/// Who may still use a slot's memory through a [`PayloadMem`] (see the
+/// module docs). Every access is SeqCst: a user raises a count, then
+/// reads the generation; a taker moves the generation, then reads the
+/// counts. In the single total order of SeqCst operations one of them
+/// sees the other's change: the user backs off, or the taker waits for
+/// it.
+#[derive(Default)]
+struct Gate {
+    /// Bumped by each take-back; a `PayloadMem` of an older one is dead.
+    gen: AtomicU64,
+    /// `begin_io`s that returned true and were not yet ended (the
+    /// filesystem's host I/O on the spans). A u64: no program counts that
+    /// high.
+    io: AtomicU64,
+    /// `read_at`/`write_at` copies running. Kept apart from `io` because
+    /// `end_io` is a safe call anyone holding the memory can make too
+    /// often; our own copies must not depend on its callers pairing it.
+    copies: AtomicU64,
 }
 
 // SAFETY: the mapping is plain memory owned by the arena; who writes which
@@ -76,6 +109,7 @@ impl Arena {
             slot,
             slots,
             map,
+            gates: (0..slots).map(|_| Gate::default()).collect(),
         }))
     }
 
@@ -91,8 +125,10 @@ impl Arena {
 
     /// The address of slot `i`.
     fn addr(&self, i: usize) -> *mut u8 {
-        debug_assert!(i < self.slots);
-        // SAFETY: `i < slots`, so the offset stays inside the mapping.
+        // Checked in release builds too: `add` out of the mapping is UB.
+        assert!(i < self.slots, "slot {i} of {}", self.slots);
+        // SAFETY: `i < slots` (asserted), so `i * slot < len`: the offset
+        // stays inside the mapping.
         unsafe { self.base.as_ptr().add(i * self.slot) }
     }
 }
@@ -125,16 +161,46 @@ impl Payload {
         self.arena.addr(self.index)
     }
 
-    /// The buffer as a slice.
+    /// Takes the slot back from every [`PayloadMem`] made of it so far:
+    /// from now on they refuse I/O (`begin_io` false, copies EIO), and
+    /// this returns once the I/O and copies they had running are over.
+    /// Then no `PayloadMem` touches the slot until a new one is made.
+    ///
+    /// Copies are short; host I/O is over by the time a serving loop takes
+    /// a slot back (it waits for its completion, and the filesystem ends
+    /// its I/O before it completes). A filesystem that never ends its I/O
+    /// holds the slot, and this thread, as a READ that hangs would.
+    pub(crate) fn take_back(&self) {
+        let g = &self.arena.gates[self.index];
+        g.gen.fetch_add(1, SeqCst);
+        let mut tries = 0u32;
+        while g.io.load(SeqCst) != 0 || g.copies.load(SeqCst) != 0 {
+            tries = tries.saturating_add(1);
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else if tries < 1024 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// The buffer as a slice, after taking the slot back from any
+    /// [`PayloadMem`] of it ([`Payload::take_back`]).
     ///
     /// # Safety
     ///
-    /// Nobody else reads or writes the slot while the slice lives: the
-    /// kernel has no command of this entry in flight, and no READ into it
-    /// (a [`PayloadMem`] of it doing I/O) runs.
+    /// While the slice lives, nothing else reads or writes the slot: the
+    /// kernel has no command of this entry in flight, and no other
+    /// `Payload` of the same slot is used.
     pub(super) unsafe fn slice_mut(&mut self) -> &mut [u8] {
-        // SAFETY: the slot is inside the live mapping (we hold the Arc);
-        // exclusivity is the caller's contract.
+        self.take_back();
+        // SAFETY: the slot is inside the live mapping (we hold the Arc); no
+        // `PayloadMem` made so far touches it (taken back above), and no
+        // new one can be made of `self` while the slice borrows it
+        // mutably; the kernel and other `Payload`s are the caller's
+        // contract.
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
     }
 
@@ -154,6 +220,8 @@ impl Payload {
         let at = at.min(self.len());
         PayloadMem {
             arena: self.arena.clone(),
+            index: self.index,
+            gen: self.arena.gates[self.index].gen.load(SeqCst),
             span: [HostSpan {
                 addr: self.as_mut_ptr() as usize + at,
                 len: len.min(self.len() - at),
@@ -166,11 +234,39 @@ impl Payload {
 /// reference ([`ClientMem`]), or the source of a WRITE started without
 /// waiting: the filesystem reads into it (writes from it) directly, in
 /// line or started on its io_uring. It holds the arena, so the slot stays
-/// mapped for as long as any I/O on it can run.
+/// mapped for as long as any I/O on it can run, and it works only until
+/// the slot is taken back ([`Payload::take_back`]): the filesystem may
+/// keep it past its answer, but then it gets EIO.
 #[derive(Debug)]
 pub(crate) struct PayloadMem {
     arena: Arc<Arena>,
+    index: usize,
+    /// The slot's generation this was made in.
+    gen: u64,
     span: [HostSpan; 1],
+}
+
+impl PayloadMem {
+    fn gate(&self) -> &Gate {
+        &self.arena.gates[self.index]
+    }
+
+    /// Runs `f` (a copy to or from the slot) unless the slot was taken
+    /// back, counted in `copies` meanwhile so a take-back waits for it.
+    fn copy(&self, f: impl FnOnce()) -> Result<(), Errno> {
+        let g = self.gate();
+        g.copies.fetch_add(1, SeqCst);
+        let live = g.gen.load(SeqCst) == self.gen;
+        if live {
+            f();
+        }
+        g.copies.fetch_sub(1, SeqCst);
+        if live {
+            Ok(())
+        } else {
+            Err(Errno::EIO)
+        }
+    }
 }
 
 impl std::fmt::Debug for Arena {
@@ -182,51 +278,61 @@ impl std::fmt::Debug for Arena {
     }
 }
 
-// SAFETY: the span is one slot of a private anonymous mapping (no Rust
-// object) that stays mapped while this value holds the arena; the map, when
-// offered, is that whole mapping. The slot is not reused while I/O may run
-// on it: its entry is held by the serving thread (no kernel command of it
-// in flight) from the READ's (WRITE's) fetch until its completion was
-// taken, and is committed only after that.
+// SAFETY: the span is inside one slot of a private anonymous mapping (no
+// Rust object) that stays mapped while this value holds the arena; the
+// map, when offered, is that whole mapping. `begin_io` returns true only
+// while the slot's generation is this value's, counted in the gate's `io`,
+// and the slot is reused (handed to the kernel, freed, or made a slice)
+// only after `Payload::take_back`, which moves the generation on and then
+// waits for `io` to fall to 0: so while `begin_io` has returned true more
+// often than `end_io` was called, the slot is not reused.
 unsafe impl ClientMem for PayloadMem {
     fn spans(&self) -> &[HostSpan] {
         &self.span
     }
     fn begin_io(&self) -> bool {
-        // Never taken back: the entry waits for the READ's answer.
-        true
+        let g = self.gate();
+        g.io.fetch_add(1, SeqCst);
+        if g.gen.load(SeqCst) == self.gen {
+            return true;
+        }
+        // Taken back: undone, and refused.
+        g.io.fetch_sub(1, SeqCst);
+        false
     }
-    fn end_io(&self) {}
+    fn end_io(&self) {
+        // Never below 0 (an unpaired call, which the trait's contract
+        // leaves to its caller): a wrapped count would hold the slot
+        // forever.
+        let _ = self
+            .gate()
+            .io
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+    }
     fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
         let end = off.checked_add(buf.len()).ok_or(Errno::EINVAL)?;
         if end > self.span[0].len {
             return Err(Errno::EINVAL);
         }
-        // SAFETY: inside the slot (checked), which is mapped while we hold
-        // the arena; `buf` is a Rust buffer that cannot overlap it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.span[0].addr + off) as *const u8,
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
-        Ok(())
+        let src = (self.span[0].addr + off) as *const u8;
+        self.copy(|| {
+            // SAFETY: inside the slot (checked), which is mapped while we
+            // hold the arena and not reused while the copy is counted live
+            // (`copy`; see the impl's comment); `buf` is a Rust buffer,
+            // which cannot overlap the mapping.
+            unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) }
+        })
     }
     fn write_at(&self, off: usize, buf: &[u8]) -> Result<(), Errno> {
         let end = off.checked_add(buf.len()).ok_or(Errno::EINVAL)?;
         if end > self.span[0].len {
             return Err(Errno::EINVAL);
         }
-        // SAFETY: as in `read_at`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                buf.as_ptr(),
-                (self.span[0].addr + off) as *mut u8,
-                buf.len(),
-            )
-        };
-        Ok(())
+        let dst = (self.span[0].addr + off) as *mut u8;
+        self.copy(|| {
+            // SAFETY: as in `read_at`.
+            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, buf.len()) }
+        })
     }
     fn map(&self) -> Option<Arc<ClientMap>> {
         self.arena.map.clone()
@@ -262,5 +368,49 @@ mod tests {
         mem.read_at(10, &mut b).unwrap();
         assert_eq!(&b, b"abc");
         assert!(mem.write_at(4095, b"ab").is_err());
+    }
+
+    #[test]
+    fn a_slot_taken_back_refuses_the_memory_lent_before() {
+        let a = Arena::new(4096, 2, false).unwrap();
+        let p = Payload::new(a.clone(), 0);
+        let old = p.client_mem();
+        let other = Payload::new(a, 1).client_mem();
+        assert!(old.begin_io());
+        old.end_io();
+        // An unpaired end_io leaves the count at 0, not wrapped.
+        old.end_io();
+        p.take_back();
+        assert!(!old.begin_io());
+        assert_eq!(old.write_at(0, b"x"), Err(Errno::EIO));
+        assert_eq!(old.read_at(0, &mut [0u8; 1]), Err(Errno::EIO));
+        // The next request's memory works; the other slot's never stopped.
+        let new = p.client_mem();
+        new.write_at(0, b"y").unwrap();
+        assert!(other.begin_io());
+        other.end_io();
+        let mut b = [0u8; 1];
+        new.read_at(0, &mut b).unwrap();
+        assert_eq!(&b, b"y");
+        assert_eq!(old.write_at(0, b"x"), Err(Errno::EIO));
+    }
+
+    #[test]
+    fn a_take_back_waits_for_the_io_running() {
+        let a = Arena::new(4096, 1, false).unwrap();
+        let p = Payload::new(a, 0);
+        let mem = p.client_mem();
+        assert!(mem.begin_io());
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                p.take_back();
+                assert!(done.load(SeqCst), "taken back under I/O");
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            done.store(true, SeqCst);
+            mem.end_io();
+        });
+        assert!(!mem.begin_io());
     }
 }
