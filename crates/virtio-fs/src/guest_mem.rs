@@ -101,15 +101,18 @@ impl std::fmt::Debug for GuestSpans {
 }
 
 impl GuestSpans {
-    /// The bytes of `segs` from byte `skip` on. None if a descriptor does
-    /// not map to host memory (the chain was checked, so only a memory
-    /// table that changed under it).
+    /// The bytes of `segs` from byte `skip` on, with the map of `mem` from
+    /// `maps` when guest RAM is registered (taken here, so the map is
+    /// always `mem`'s: `ClientMem::map` promises its regions hold every
+    /// span). None if a descriptor does not map to host memory (the chain
+    /// was checked, so only a memory table that changed under it).
     pub(crate) fn new(
         mem: &Mem,
-        map: Option<Arc<ClientMap>>,
+        maps: Option<&MapCache>,
         segs: &[Seg],
         mut skip: usize,
     ) -> Option<GuestSpans> {
+        let map = maps.and_then(|c| c.get(mem));
         let mut out_segs = Vec::with_capacity(segs.len());
         let mut spans = Vec::with_capacity(segs.len());
         for s in segs {

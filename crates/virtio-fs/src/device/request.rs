@@ -29,18 +29,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // READ and WRITE data stays in the guest's buffers: the engine gets
         // them by reference (copied only if the chain cannot be mapped).
         let wi = std::mem::size_of::<WriteIn>();
-        let map = || {
-            self.inner
-                .cfg
-                .fixed_guest_memory
-                .then(|| self.inner.maps.get(mem))
-                .flatten()
-        };
+        let maps = self
+            .inner
+            .cfg
+            .fixed_guest_memory
+            .then_some(&self.inner.maps);
         let client = match header.map(|h| Opcode::from_u32(h.opcode)) {
             _ if !self.inner.cfg.zero_copy => None,
-            Some(Some(Opcode::Read)) => GuestSpans::new(mem, map(), &chain.writable, OUT_HEADER),
+            Some(Some(Opcode::Read)) => GuestSpans::new(mem, maps, &chain.writable, OUT_HEADER),
             Some(Some(Opcode::Write)) if total >= IN_HEADER + wi => {
-                GuestSpans::new(mem, map(), &chain.readable, IN_HEADER + wi)
+                GuestSpans::new(mem, maps, &chain.readable, IN_HEADER + wi)
             }
             _ => None,
         }
