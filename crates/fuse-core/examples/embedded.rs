@@ -108,11 +108,10 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
 fn main() {
     // 1. Plain calls, and the trace of what the server saw.
     let opts = Options {
-        trace: true,
         workers: 2,
         ..Options::default()
     };
-    let fs = Embedded::start(SmallFs::default(), opts).unwrap();
+    let fs = Embedded::start_traced(SmallFs::default(), opts).unwrap();
     let c = fs.client();
     let hello = c.lookup(ROOT_ID, b"hello").unwrap().nodeid;
     let fh = c.open(hello, 0).unwrap().fh;

@@ -18,84 +18,13 @@
 use crate::abi::{InHeader, Opcode};
 use crate::chan::{Chan, Device, Errno};
 use crate::client::Client;
-use crate::server::{DeviceEnd, Dispatcher, Engine, EngineConfig, Filesystem, ServerConfig};
+use crate::server::{DeviceEnd, Dispatcher, Engine, EngineConfig, Filesystem};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use zerocopy::FromBytes;
 
-/// Knobs of an embedded connection: an [`EngineConfig`]'s, and the trace.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// max_background the server asks for in INIT (0: the kernel default, 12).
-    pub max_background: u16,
-    /// congestion_threshold the server asks for (0: 3/4 of max_background).
-    pub congestion_threshold: u16,
-    /// The connection's default request timeout (the kernel's
-    /// `default_request_timeout`; zero: none). A request the server leaves
-    /// unanswered longer aborts the connection.
-    pub request_timeout: Duration,
-    /// How often the timeout scan runs.
-    pub scan_period: Duration,
-    /// Server threads on the device end (all traffic without ring queues;
-    /// FORGET, INTERRUPT and synchronous requests with them).
-    pub workers: usize,
-    /// Ring queues (FUSE_OVER_IO_URING, served in process): 0 for none.
-    /// Requests go to the queue their `Args::qid` names.
-    pub ring_queues: u16,
-    /// Ring worker threads per ring queue.
-    pub ring_workers: usize,
-    /// With ring queues: give each a buffer pool of this many payload
-    /// buffers (ADD_BUFPOOL) and register every entry without a payload
-    /// buffer of its own, so entries cost a header only (0: per-entry
-    /// payload buffers).
-    pub ring_pool: usize,
-    /// Extra INIT flags the connection offers on top of the engine's
-    /// default set (for example WRITEBACK_CACHE, which the engine leaves
-    /// out because it has no page cache of its own).
-    pub offer_flags: u64,
-    /// Record every request and reply (see [`Embedded::trace`]).
-    pub trace: bool,
-    /// What the server offers in INIT.
-    pub server: ServerConfig,
-}
-
-impl Default for Options {
-    /// The engine's defaults, no trace.
-    fn default() -> Self {
-        let e = EngineConfig::default();
-        Options {
-            max_background: e.max_background,
-            congestion_threshold: e.congestion_threshold,
-            request_timeout: e.request_timeout,
-            scan_period: e.scan_period,
-            workers: e.workers,
-            ring_queues: e.ring_queues,
-            ring_workers: e.ring_workers,
-            ring_pool: e.ring_pool,
-            offer_flags: e.offer_flags,
-            trace: false,
-            server: e.server,
-        }
-    }
-}
-
-impl Options {
-    /// The engine's part.
-    fn engine(&self) -> EngineConfig {
-        EngineConfig {
-            max_background: self.max_background,
-            congestion_threshold: self.congestion_threshold,
-            request_timeout: self.request_timeout,
-            scan_period: self.scan_period,
-            workers: self.workers,
-            ring_queues: self.ring_queues,
-            ring_workers: self.ring_workers,
-            ring_pool: self.ring_pool,
-            offer_flags: self.offer_flags,
-            server: self.server.clone(),
-        }
-    }
-}
+/// Knobs of an embedded connection: the engine's ([`EngineConfig`]); the
+/// trace is asked for with [`Embedded::start_traced`].
+pub type Options = EngineConfig;
 
 /// One traced message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,8 +129,17 @@ impl<F: Filesystem + 'static> std::fmt::Debug for Embedded<F> {
 impl<F: Filesystem + 'static> Embedded<F> {
     /// Starts server threads around `fs` and performs INIT.
     pub fn start(fs: F, opts: Options) -> Result<Self, Errno> {
-        let log = opts.trace.then(Log::default);
-        let engine = Engine::start_with_end(fs, opts.engine(), |dev| TracedEnd {
+        Self::start_with(fs, opts, None)
+    }
+
+    /// As [`Embedded::start`], recording every request the server reads
+    /// and every reply it writes ([`Embedded::trace`]).
+    pub fn start_traced(fs: F, opts: Options) -> Result<Self, Errno> {
+        Self::start_with(fs, opts, Some(Log::default()))
+    }
+
+    fn start_with(fs: F, opts: Options, log: Option<Log>) -> Result<Self, Errno> {
+        let engine = Engine::start_with_end(fs, opts, |dev| TracedEnd {
             dev,
             log: log.clone(),
         })?;
@@ -232,8 +170,8 @@ impl<F: Filesystem + 'static> Embedded<F> {
         self.engine.fs()
     }
 
-    /// Every request read and reply written so far (empty unless
-    /// [`Options::trace`]).
+    /// Every request read and reply written so far (empty unless started
+    /// with [`Embedded::start_traced`]).
     pub fn trace(&self) -> Vec<TraceEvent> {
         self.log
             .as_ref()
