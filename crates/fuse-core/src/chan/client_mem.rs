@@ -95,7 +95,10 @@ pub unsafe trait ClientMem: Send + Sync + std::fmt::Debug {
     /// memory back. Pair with [`ClientMem::end_io`], or use `io()` on `dyn ClientMem`.
     fn begin_io(&self) -> bool;
 
-    /// Ends host I/O started by [`ClientMem::begin_io`].
+    /// Ends host I/O started by [`ClientMem::begin_io`]. A server ends its
+    /// I/O before it answers the request the memory came with: a
+    /// transport may wait for the memory to be idle before it reuses it,
+    /// on the very thread that would otherwise reap that I/O.
     fn end_io(&self);
 
     /// Copies `buf.len()` bytes from offset `off` into `buf` (EIO once the

@@ -168,8 +168,10 @@ impl Payload {
     ///
     /// Copies are short; host I/O is over by the time a serving loop takes
     /// a slot back (it waits for its completion, and the filesystem ends
-    /// its I/O before it completes). A filesystem that never ends its I/O
-    /// holds the slot, and this thread, as a READ that hangs would.
+    /// its I/O before it answers: `ClientMem::end_io`'s rule). A
+    /// filesystem that never ends its I/O, or answers first while the I/O
+    /// waits on this thread's own ring, holds the slot and this thread, as
+    /// a READ that hangs would.
     pub(crate) fn take_back(&self) {
         let g = &self.arena.gates[self.index];
         g.gen.fetch_add(1, SeqCst);
@@ -222,6 +224,7 @@ impl Payload {
             arena: self.arena.clone(),
             index: self.index,
             gen: self.arena.gates[self.index].gen.load(SeqCst),
+            held: AtomicU64::new(0),
             span: [HostSpan {
                 addr: self.as_mut_ptr() as usize + at,
                 len: len.min(self.len() - at),
@@ -243,6 +246,10 @@ pub(crate) struct PayloadMem {
     index: usize,
     /// The slot's generation this was made in.
     gen: u64,
+    /// This value's own `begin_io`s not yet ended: `end_io` gives back only
+    /// what this value took from the gate's `io`, so a stray `end_io` on an
+    /// older memory of the slot cannot release a newer one's running I/O.
+    held: AtomicU64,
     span: [HostSpan; 1],
 }
 
@@ -255,6 +262,11 @@ impl PayloadMem {
     /// back, counted in `copies` meanwhile so a take-back waits for it.
     fn copy(&self, f: impl FnOnce()) -> Result<(), Errno> {
         let g = self.gate();
+        // A dead memory's callers never touch the count (polling one
+        // cannot hold a take-back off); the check after the raise decides.
+        if g.gen.load(SeqCst) != self.gen {
+            return Err(Errno::EIO);
+        }
         g.copies.fetch_add(1, SeqCst);
         let live = g.gen.load(SeqCst) == self.gen;
         if live {
@@ -284,16 +296,22 @@ impl std::fmt::Debug for Arena {
 // while the slot's generation is this value's, counted in the gate's `io`,
 // and the slot is reused (handed to the kernel, freed, or made a slice)
 // only after `Payload::take_back`, which moves the generation on and then
-// waits for `io` to fall to 0: so while `begin_io` has returned true more
-// often than `end_io` was called, the slot is not reused.
+// waits for `io` to fall to 0; `end_io` gives back only this value's own
+// raises (`held`): so while this value's `begin_io` has returned true more
+// often than its `end_io` was called, the slot is not reused.
 unsafe impl ClientMem for PayloadMem {
     fn spans(&self) -> &[HostSpan] {
         &self.span
     }
     fn begin_io(&self) -> bool {
         let g = self.gate();
+        // As in `copy`: a dead memory leaves the count alone.
+        if g.gen.load(SeqCst) != self.gen {
+            return false;
+        }
         g.io.fetch_add(1, SeqCst);
         if g.gen.load(SeqCst) == self.gen {
+            self.held.fetch_add(1, SeqCst);
             return true;
         }
         // Taken back: undone, and refused.
@@ -301,13 +319,16 @@ unsafe impl ClientMem for PayloadMem {
         false
     }
     fn end_io(&self) {
-        // Never below 0 (an unpaired call, which the trait's contract
-        // leaves to its caller): a wrapped count would hold the slot
-        // forever.
-        let _ = self
-            .gate()
-            .io
-            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+        // Only what this value holds goes back (an unpaired call, which
+        // the trait's contract leaves to its caller, changes nothing): the
+        // gate's count is shared by every memory ever made of the slot.
+        if self
+            .held
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.gate().io.fetch_sub(1, SeqCst);
+        }
     }
     fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
         let end = off.checked_add(buf.len()).ok_or(Errno::EINVAL)?;
@@ -412,5 +433,34 @@ mod tests {
             mem.end_io();
         });
         assert!(!mem.begin_io());
+    }
+
+    /// Every memory of a slot shares the gate: an `end_io` on an old one
+    /// (refused, or unpaired) must not give back a newer one's running
+    /// I/O, or the next take-back would not wait for it.
+    #[test]
+    fn an_old_memorys_end_io_does_not_release_a_newer_ones_io() {
+        let a = Arena::new(4096, 1, false).unwrap();
+        let p = Payload::new(a, 0);
+        let old = p.client_mem();
+        p.take_back();
+        let new = p.client_mem();
+        assert!(new.begin_io());
+        assert!(!old.begin_io());
+        old.end_io();
+        old.end_io();
+        // A second unpaired end on the new one gives back only its own.
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                p.take_back();
+                assert!(done.load(SeqCst), "taken back under the new memory's I/O");
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            done.store(true, SeqCst);
+            new.end_io();
+            new.end_io();
+        });
+        assert!(!new.begin_io());
     }
 }
