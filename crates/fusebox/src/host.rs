@@ -29,7 +29,7 @@ pub enum HostError {
     Mount(#[source] MountError),
     /// FUSE-over-io_uring.
     #[error("FUSE-over-io_uring")]
-    Ring(#[source] uring_ring::kernel_uring::KringError),
+    Ring(#[source] uring_ring::kernel_uring::KernelUringError),
     /// A /dev/fuse worker could not be made (its fd, its slots).
     #[error("starting a /dev/fuse worker")]
     Worker(#[source] fuse_core::Errno),

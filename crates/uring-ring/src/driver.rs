@@ -244,7 +244,7 @@ impl Driver {
             // each leaves the registry it is in when it ends (left in the
             // old one, an entry would outlive this ring's fd, whose number
             // another ring may take).
-            let ring = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
+            let ring = self.ring_fd();
             for &(id, key) in &self.started {
                 old.leave(key, ring, id.idx as u64);
                 registry.enter(key, ring, id.idx as u64);
@@ -382,7 +382,9 @@ impl Driver {
                 // The kernel is done with the op's iovec array.
                 self.iov_store.remove(&idx);
                 if *forgotten {
-                    // The parked buffer can go now.
+                    // The parked buffer can go now, and a started op's
+                    // records with it, before the slot can hold another.
+                    self.drop_started(idx);
                     self.release(idx);
                 } else {
                     let buf = buf.take();
@@ -464,7 +466,10 @@ impl Driver {
         }
         match &mut self.slots[id.idx] {
             Slot::InFlight { forgotten, .. } => *forgotten = true,
-            Slot::Done { .. } => self.release(id.idx),
+            Slot::Done { .. } => {
+                self.drop_started(id.idx);
+                self.release(id.idx);
+            }
             Slot::Free => {}
         }
     }

@@ -71,7 +71,7 @@ const NUDGE_BIT: u64 = 1 << 62;
 
 /// Errors setting a queue up.
 #[derive(Debug, thiserror::Error)]
-pub enum KringError {
+pub enum KernelUringError {
     /// io_uring or the eventfd could not be created.
     #[error("setting up the queue's io_uring")]
     Setup(#[source] std::io::Error),
@@ -219,12 +219,12 @@ impl std::fmt::Debug for KernelQueue {
 
 /// Sets `/sys/module/fuse/parameters/enable_uring` (before the mount's
 /// INIT, which offers FUSE_OVER_IO_URING only when it is on).
-pub fn enable() -> Result<(), KringError> {
+pub fn enable() -> Result<(), KernelUringError> {
     const P: &str = "/sys/module/fuse/parameters/enable_uring";
     if std::fs::read_to_string(P).is_ok_and(|v| v.trim() == "Y") {
         return Ok(());
     }
-    std::fs::write(P, "Y").map_err(KringError::Enable)
+    std::fs::write(P, "Y").map_err(KernelUringError::Enable)
 }
 
 /// Pins the calling thread to `cpu` (the kernel queues a request on the
@@ -265,7 +265,11 @@ impl KernelQueue {
     /// A queue `qid` on the mounted connection `dev` (after INIT negotiated
     /// FUSE_OVER_IO_URING); payload buffers of `max_payload` bytes (at
     /// least the connection's max_write and max_pages × 4 KiB).
-    pub fn new(dev: &DevFuse, qid: u16, max_payload: usize) -> Result<KernelQueue, KringError> {
+    pub fn new(
+        dev: &DevFuse,
+        qid: u16,
+        max_payload: usize,
+    ) -> Result<KernelQueue, KernelUringError> {
         Self::with_depth(dev, qid, max_payload, 1)
     }
 
@@ -277,7 +281,7 @@ impl KernelQueue {
         qid: u16,
         max_payload: usize,
         depth: usize,
-    ) -> Result<KernelQueue, KringError> {
+    ) -> Result<KernelQueue, KernelUringError> {
         let depth = depth.max(1);
         let sq = u32::try_from((depth + 2).next_power_of_two().max(64)).unwrap_or(4096);
         // Created on the worker thread that will be its only submitter:
@@ -288,17 +292,18 @@ impl KernelQueue {
             .setup_defer_taskrun()
             .setup_coop_taskrun()
             .build(sq)
-            .map_err(KringError::Setup)?;
+            .map_err(KernelUringError::Setup)?;
         // Not offered as io_uring fixed buffers: registering pins the whole
         // arena (depth x max_payload, 16 MiB per queue at the defaults, and
         // a queue per possible CPU) where plain READV into it touches only
         // the pages a READ fills; fixed buffers measured 0.85-1.07x of plain
         // ones (docs/BENCHMARKS.md, uring-ring driver).
-        let arena = arena::Arena::new(max_payload, depth, false).map_err(KringError::Setup)?;
+        let arena =
+            arena::Arena::new(max_payload, depth, false).map_err(KernelUringError::Setup)?;
         // SAFETY: plain syscall; the result is a new fd or -1.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {
-            return Err(KringError::Setup(std::io::Error::last_os_error()));
+            return Err(KernelUringError::Setup(std::io::Error::last_os_error()));
         }
         // SAFETY: `efd` was just created and is owned by nothing else.
         let wake = unsafe { OwnedFd::from_raw_fd(efd) };

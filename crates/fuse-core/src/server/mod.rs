@@ -2,8 +2,8 @@
 //! [`Filesystem`], and worker loops that attach it to a transport end.
 //!
 //! The dispatcher depends on the ABI only, never on engine internals, so the
-//! same code serves the in-process device, and later the real kernel's
-//! `/dev/fuse` and FUSE-over-io_uring.
+//! same code serves the in-process device, the emulated ring, and (through
+//! uring-ring) the host kernel's `/dev/fuse` and FUSE-over-io_uring.
 //!
 //! # Lookup counts
 //!

@@ -297,7 +297,10 @@ impl DevWorker {
         };
         let (hdr, op_in) = head.split_at(std::mem::size_of::<InHeader>());
         let hdr: InHeader = zerocopy::FromBytes::read_from_bytes(hdr).ok()?;
-        if hdr.len as usize != n || hdr.total_extlen != 0 {
+        // Only READs and WRITEs are started by reference: every other
+        // request is decoded once, in line, not here first.
+        let by_ref = [abi::Opcode::Read as u32, abi::Opcode::Write as u32];
+        if hdr.len as usize != n || hdr.total_extlen != 0 || !by_ref.contains(&hdr.opcode) {
             return None;
         }
         let opts = abi::DecodeOptions {

@@ -73,7 +73,7 @@ impl Driver {
         // here on this function returns only once the op's completion has
         // been reaped. Not queued (an error): the kernel never saw it.
         let id = unsafe { self.queue_entry(entry, key) }.map_err(driver_io)?;
-        let ring_fd = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
+        let ring_fd = self.ring_fd();
         let cancels = self.cancels.clone();
         if let Some(r) = &cancels {
             r.enter(key, ring_fd, id.idx as u64);

@@ -250,15 +250,23 @@ impl Driver {
         Ok(id)
     }
 
+    /// Forgets the started op in slot `idx`, if one is (a forgotten op
+    /// that ended, with nobody to tell): out of the started list and the
+    /// cancel registry, before its slot can hold another op.
+    pub(super) fn drop_started(&mut self, idx: usize) {
+        if let Some(i) = self.started.iter().position(|(id, _)| id.idx == idx) {
+            let (id, key) = self.started.swap_remove(i);
+            if let Some(r) = &self.cancels {
+                r.leave(key, self.ring_fd(), id.idx as u64);
+            }
+        }
+    }
+
     /// Records the queued op `id` as started: cancellable by `key`, and
     /// among those [`Driver::take_started`] looks at.
     fn track(&mut self, id: OpId, key: u64) {
         if let Some(r) = &self.cancels {
-            r.enter(
-                key,
-                std::os::fd::AsRawFd::as_raw_fd(&self.ring),
-                id.idx as u64,
-            );
+            r.enter(key, self.ring_fd(), id.idx as u64);
         }
         self.started.push((id, key));
     }
@@ -299,19 +307,10 @@ impl Driver {
             self.reap();
         }
         let n0 = out.len();
-        let ring_fd = std::os::fd::AsRawFd::as_raw_fd(&self.ring);
+        let ring_fd = self.ring_fd();
         let mut i = 0;
         while i < self.started.len() {
             let (id, key) = self.started[i];
-            // A forgotten op's slot is freed when it completes (and may
-            // hold another op by now): it has ended, with nobody to tell.
-            if self.gens[id.idx] != id.gen || matches!(self.slots[id.idx], Slot::Free) {
-                if let Some(r) = &self.cancels {
-                    r.leave(key, ring_fd, id.idx as u64);
-                }
-                self.started.swap_remove(i);
-                continue;
-            }
             if let Slot::Done { res, .. } = self.slots[id.idx] {
                 self.slots[id.idx] = Slot::Free;
                 self.free.push(id.idx);

@@ -57,9 +57,8 @@ struct Gate {
     /// filesystem's host I/O on the spans). A u64: no program counts that
     /// high.
     io: AtomicU64,
-    /// `read_at`/`write_at` copies running. Kept apart from `io` because
-    /// `end_io` is a safe call anyone holding the memory can make too
-    /// often; our own copies must not depend on its callers pairing it.
+    /// `read_at`/`write_at` copies running: our own, always paired, kept
+    /// apart from the filesystem's `begin_io`/`end_io` accounting.
     copies: AtomicU64,
 }
 

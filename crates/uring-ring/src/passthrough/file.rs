@@ -193,7 +193,8 @@ fn parse_dents(buf: &[u8]) -> Vec<Dent<'_>> {
 
 impl PassthroughFs {
     /// Whether files on device `dev` get io_uring data I/O: probed on the
-    /// first readable handle of each device, remembered after.
+    /// first handle of each device (a write-only one through a read-only
+    /// reopen), remembered after.
     fn uring_for(&self, fd: &CountedFd, dev: u64) -> bool {
         if !self.cfg.io_uring {
             return false;

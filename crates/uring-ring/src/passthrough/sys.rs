@@ -1,7 +1,9 @@
 //! Thin wrappers over the syscalls the passthrough uses. Every one takes
 //! file descriptors it borrows and names as C strings, and returns the
 //! kernel's errno unchanged. All are safe but [`preadv_nowait`], an
-//! `unsafe fn` whose caller vouches for the memory it reads into.
+//! `unsafe fn` whose caller vouches for the memory it reads into, and
+//! `wake::kick`, whose caller vouches that the thread it signals lives
+//! (`locks.rs`, under the waiters' lock).
 //!
 //! Every raw syscall of the passthrough is here, in one file on purpose
 //! (past the usual length): one flat list of wrappers, each a few lines,
