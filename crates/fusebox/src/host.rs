@@ -194,11 +194,12 @@ fn first_stop(sig: i32, mnt: &Path, dev: &DevFuse) -> bool {
     }
 }
 
-/// A ring worker failed for a reason other than the connection closing:
-/// the kernel would hold requests for its queue forever, so the connection
-/// is aborted (callers get an error, the daemon ends).
-fn ring_failed(dev: &DevFuse, qid: u16, e: impl std::fmt::Display) {
-    log::error!("ring queue {qid}: {e}; aborting the connection");
+/// A serving thread (`who`: a ring queue, a /dev/fuse worker) failed for a
+/// reason other than the connection closing: the kernel would hold
+/// requests for it forever, so the connection is aborted (callers get an
+/// error, the daemon ends).
+fn worker_failed(dev: &DevFuse, who: std::fmt::Arguments<'_>, e: impl std::fmt::Display) {
+    log::error!("{who}: {e}; aborting the connection");
     if let Err(e) = dev.abort() {
         log::error!("aborting: {e}");
     }
@@ -254,7 +255,7 @@ fn start_ring(
             for _ in 0..2000 {
                 let q = match KernelQueue::with_depth(&dev, qid, max_payload, depth) {
                     Ok(q) => q,
-                    Err(e) => return ring_failed(&dev, qid, e),
+                    Err(e) => return worker_failed(&dev, format_args!("ring queue {qid}"), e),
                 };
                 queues
                     .lock()
@@ -264,7 +265,7 @@ fn start_ring(
                     Err(fuse_core::Errno::EAGAIN) => {
                         std::thread::sleep(std::time::Duration::from_millis(5))
                     }
-                    Err(e) => return ring_failed(&dev, qid, e),
+                    Err(e) => return worker_failed(&dev, format_args!("ring queue {qid}"), e),
                     Ok(st) => {
                         if std::env::var_os("FUSEBOX_RING_STATS").is_some() {
                             log::info!(
@@ -285,7 +286,11 @@ fn start_ring(
                     }
                 }
             }
-            ring_failed(&dev, qid, "REGISTER kept failing with EAGAIN")
+            worker_failed(
+                &dev,
+                format_args!("ring queue {qid}"),
+                "REGISTER kept failing with EAGAIN",
+            )
         }));
     }
     log::info!(
@@ -336,12 +341,7 @@ fn serve_dev_at_depth(
                         );
                     }
                 }
-                Err(e) => {
-                    log::error!("/dev/fuse worker {n}: {e}; aborting the connection");
-                    if let Err(e) = dev.abort() {
-                        log::error!("aborting: {e}");
-                    }
-                }
+                Err(e) => worker_failed(&dev, format_args!("/dev/fuse worker {n}"), e),
             })
         })
         .collect())

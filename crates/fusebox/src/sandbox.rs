@@ -211,7 +211,8 @@ extern "C" {
 /// would otherwise open by absolute path the first time it needs them
 /// (after confinement they name what the guest put in its share: a FIFO
 /// there would hang the thread, a device node would be opened as root):
-/// the time zone, which syslog() formats (`/etc/localtime`), and whether a
+/// the time zone (`/etc/localtime`, for any libc call that formats local
+/// time; the log itself stamps UTC or nothing), and whether a
 /// thread's malloc heap may shrink (`/proc/sys/vm/overcommit_memory`,
 /// read on the first shrink of a heap other than the main one; a thread
 /// that frees what it allocated makes one now).

@@ -236,7 +236,7 @@ fn exits_within(child: &mut Child, d: Duration) -> std::process::ExitStatus {
 /// paths a confined daemon (or glibc in it) would resolve if it named them
 /// by absolute path after the sandbox made the share its root, as FIFOs
 /// (an open would block): /proc/self/fdinfo/N for every fd number,
-/// /etc/localtime (syslog's time zone), glibc malloc's
+/// /etc/localtime (glibc's time zone, for any local-time call), glibc malloc's
 /// /proc/sys/vm/overcommit_memory.
 fn plant_traps(share: &Path) {
     let fifo = |p: &Path| {
@@ -261,9 +261,9 @@ fn files_a_guest_planted_in_its_share_are_never_opened_by_the_daemon() {
         let share = base.join("share");
         plant_traps(&share);
         let sock = base.join("vfs.sock");
-        // --syslog: syslog() formats local time; --rlimit-nofile below the
-        // hard limit: no warning is logged (which would read the time zone
-        // before confinement and hide a late read).
+        // --syslog: the log's path that reaches the most of libc (the log
+        // itself stamps UTC); --rlimit-nofile below the hard limit: no
+        // warning is logged before confinement.
         let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
             .arg("--socket-path")
             .arg(&sock)

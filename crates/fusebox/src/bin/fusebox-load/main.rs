@@ -32,7 +32,8 @@ enum Workload {
     /// the file (one op = both; a database's commit, `fio --fsync=1`):
     /// each request slot writes its own file, as `--depth` writers in a
     /// guest do (the guest's FUSE client sends one FSYNC per file at a
-    /// time).
+    /// time). With `--engine-client` every caller writes and syncs the one
+    /// data file.
     Syncwrite,
 }
 
@@ -206,6 +207,8 @@ fn print(a: &Args, r: &Report) {
 }
 
 fn main() -> std::process::ExitCode {
+    // RUST_LOG=debug shows the frontend's reply traces (`log::debug!`).
+    let _ = env_logger::Builder::from_env(env_logger::Env::default()).try_init();
     let a = Args::parse();
     let r = if a.engine_client {
         engine::run(&a)
