@@ -62,18 +62,15 @@ pub enum VhostError {
 }
 
 /// What `--print-capabilities` prints: the vhost-user backend JSON that
-/// libvirt reads, listing only what works: `posix-acl-negotiation-mode`
-/// and `security-label-negotiation-mode` (--posix-acl and
-/// --security-label take never|auto|always, as virtiofsd 1.14's) and
+/// libvirt reads, virtiofsd 1.14's set, each of which works:
+/// `posix-acl-negotiation-mode` and `security-label-negotiation-mode`
+/// (--posix-acl and --security-label take never|auto|always),
 /// `migrate-precopy` (dirty-page logging and the device state,
-/// `--migration-mode`). Left out on purpose: `separate-options`: with it libvirt passes
-/// --shared-dir, --cache and the like, which fusebox takes, but refuses a
-/// domain with a `<lock>` element ("locking options are not supported by
-/// this virtiofsd"); without it libvirt uses `-o source=...,flock,posix_lock`
-/// or `no_flock,no_posix_lock` (`crate::compat`), which fusebox honours:
-/// it serves both kinds of lock, or does not offer them.
+/// `--migration-mode`) and `separate-options` (--shared-dir, --cache and
+/// the like; libvirt 9.0 does not know it and passes `-o source=...`,
+/// which `crate::compat` takes, locks included).
 const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
-    \"migrate-precopy\",\n    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\"\n  ]\n}";
+    \"migrate-precopy\",\n    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\",\n    \"separate-options\"\n  ]\n}";
 
 /// Whether `fd` is a listening socket and not one of the standard
 /// streams: `--fd` must name the socket the VMM (or libvirt) handed over,

@@ -1,8 +1,10 @@
 //! virtiofsd's compatibility command line, run as the real binary: the
-//! exact shape libvirt starts a daemon with when it does not advertise
-//! `separate-options` (`--fd=N -o source=DIR,cache=...,sandbox=...,xattr,
-//! flock,posix_lock --thread-pool-size=N --rlimit-nofile=N -d`, commas of
-//! the path doubled) serves the directory with its locks; `--socket` and
+//! exact shape libvirt starts a daemon with when it does not know
+//! `separate-options` (libvirt 9.0: `--fd=N -o source=DIR,cache=...,
+//! sandbox=...,xattr,flock,posix_lock --thread-pool-size=N
+//! --rlimit-nofile=N -d`, commas of the path doubled) serves the directory
+//! with its locks, and so does the separate-options shape later libvirt
+//! builds (`--shared-dir DIR --cache never ...`); `--socket` and
 //! `-f` still work; every malformed, unknown or unsupported item stops
 //! the start with a message naming it; `--print-capabilities` is JSON
 //! listing what works. `-o no_flock,no_posix_lock` (libvirt's `<lock
@@ -67,27 +69,14 @@ fn connect(sock: &Path, child: &mut Child, log: &Path) -> VhostFrontend {
     }
 }
 
-#[test]
-fn libvirts_command_line_starts_a_serving_daemon() {
-    let d = base("libvirt");
-    // A path with commas, one at its end: libvirt doubles each.
-    let share = d.0.join("sh,are,");
-    std::fs::create_dir_all(&share).unwrap();
-    let sock = d.0.join("vfs.sock");
-    let log = d.0.join("stderr");
-    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+/// Starts fusebox as libvirt does: `--fd=N` naming `listener`, which the
+/// daemon inherits, then `args`; stderr to `log`.
+fn spawn_on_fd(listener: &std::os::unix::net::UnixListener, args: &[&str], log: &Path) -> Child {
     let fd = listener.as_raw_fd();
-    let escaped = share.to_str().unwrap().replace(',', ",,");
     let mut cmd = Command::new(BIN);
     cmd.arg(format!("--fd={fd}"))
-        .arg("-o")
-        .arg(format!(
-            "source={escaped},cache=always,sandbox=chroot,xattr,flock,posix_lock"
-        ))
-        .arg("--thread-pool-size=2")
-        .arg("--rlimit-nofile=4096")
-        .arg("-d")
-        .stderr(std::fs::File::create(&log).unwrap());
+        .args(args)
+        .stderr(std::fs::File::create(log).unwrap());
     // SAFETY: fcntl is async-signal-safe; the closure touches nothing else.
     unsafe {
         cmd.pre_exec(move || {
@@ -98,7 +87,30 @@ fn libvirts_command_line_starts_a_serving_daemon() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
+    cmd.spawn().unwrap()
+}
+
+#[test]
+fn libvirts_command_line_starts_a_serving_daemon() {
+    let d = base("libvirt");
+    // A path with commas, one at its end: libvirt doubles each.
+    let share = d.0.join("sh,are,");
+    std::fs::create_dir_all(&share).unwrap();
+    let sock = d.0.join("vfs.sock");
+    let log = d.0.join("stderr");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let escaped = share.to_str().unwrap().replace(',', ",,");
+    let mut child = spawn_on_fd(
+        &listener,
+        &[
+            "-o",
+            &format!("source={escaped},cache=always,sandbox=chroot,xattr,flock,posix_lock"),
+            "--thread-pool-size=2",
+            "--rlimit-nofile=4096",
+            "-d",
+        ],
+        &log,
+    );
     drop(listener);
     let fe = connect(&sock, &mut child, &log);
     let c = fe.client();
@@ -153,6 +165,55 @@ fn libvirts_command_line_starts_a_serving_daemon() {
     assert!(status.success(), "{status}: {err}");
     assert_eq!(err.matches("-o is deprecated").count(), 1, "{err}");
     assert!(err.contains("-d is deprecated"), "{err}");
+}
+
+/// The command line libvirt 10 and later build for a daemon that
+/// advertises `separate-options` (as fusebox does, and virtiofsd 1.14):
+/// `--shared-dir`, `--cache never` for `<cache mode='none'/>`, `--sandbox`,
+/// `--xattr`, `--thread-pool-size=N`, `--rlimit-nofile=N`, `--log-level
+/// debug` and `--uid-map=:inside:outside:count:` in session mode (not
+/// here: this test runs as root, where a map is an error as in virtiofsd).
+#[test]
+fn newer_libvirts_separate_options_start_a_serving_daemon() {
+    let d = base("libvirt-separate");
+    let share = d.0.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let sock = d.0.join("vfs.sock");
+    let log = d.0.join("stderr");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let mut child = spawn_on_fd(
+        &listener,
+        &[
+            "--shared-dir",
+            share.to_str().unwrap(),
+            "--cache",
+            "never",
+            "--sandbox",
+            "namespace",
+            "--xattr",
+            "--thread-pool-size=2",
+            "--rlimit-nofile=4096",
+            "--log-level",
+            "debug",
+        ],
+        &log,
+    );
+    drop(listener);
+    let fe = connect(&sock, &mut child, &log);
+    let c = fe.client();
+    let (f, o) = c
+        .create(ROOT_ID, b"from-guest", 0o644, libc::O_RDWR as u32, 0)
+        .unwrap();
+    c.write(f.nodeid, o.fh, 0, b"hello", 0).unwrap();
+    c.setxattr(f.nodeid, b"user.k", b"v", 0).unwrap();
+    c.release(f.nodeid, o.fh, 0).unwrap();
+    let host = share.join("from-guest");
+    assert_eq!(std::fs::read(&host).unwrap(), b"hello");
+    drop(fe);
+    let status = wait_exit(&mut child);
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!err.contains("deprecated"), "{err}");
 }
 
 /// The flags of `pid`'s open (not O_PATH) fds on `path`'s inode.
@@ -485,12 +546,12 @@ fn print_capabilities_is_json_listing_what_works() {
             ("type".into(), Json::Str("fs".into())),
             (
                 "features".into(),
-                // Not separate-options: libvirt then refuses <lock>, which
-                // fusebox honours through -o.
+                // virtiofsd 1.14's set.
                 Json::Arr(vec![
                     Json::Str("migrate-precopy".into()),
                     Json::Str("posix-acl-negotiation-mode".into()),
-                    Json::Str("security-label-negotiation-mode".into())
+                    Json::Str("security-label-negotiation-mode".into()),
+                    Json::Str("separate-options".into())
                 ])
             ),
         ]),
