@@ -9,6 +9,12 @@
  *   guestcheck direct FILE   O_DIRECT write and read of 1 MiB
  *   guestcheck acl FILE      an access ACL (fusebox --posix-acl) lets one
  *                            other user read a 0600 file, and only that one
+ *
+ * And three that print (tests/guest/labels.sh):
+ *   guestcheck getx NAME FILE        the value of xattr NAME (lgetxattr)
+ *   guestcheck setx NAME VALUE FILE  sets it (lsetxattr, no NUL added)
+ *   guestcheck listx FILE            the xattr names, one per line
+ * On failure they print "errno N" and exit 1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -177,7 +183,32 @@ static int do_direct(const char *p) {
 	return 0;
 }
 
+static int do_getx(const char *name, const char *p) {
+	char v[4096];
+	ssize_t n = lgetxattr(p, name, v, sizeof v);
+	if (n < 0) { printf("errno %d\n", errno); return 1; }
+	/* A label may carry its NUL: print up to it. */
+	printf("%.*s\n", (int)n, v);
+	return 0;
+}
+
+static int do_setx(const char *name, const char *value, const char *p) {
+	if (lsetxattr(p, name, value, strlen(value), 0)) { printf("errno %d\n", errno); return 1; }
+	return 0;
+}
+
+static int do_listx(const char *p) {
+	char list[4096];
+	ssize_t n = llistxattr(p, list, sizeof list);
+	if (n < 0) { printf("errno %d\n", errno); return 1; }
+	for (ssize_t i = 0; i < n; i += strlen(list + i) + 1) printf("%s\n", list + i);
+	return 0;
+}
+
 int main(int argc, char **argv) {
+	if (argc == 4 && !strcmp(argv[1], "getx")) return do_getx(argv[2], argv[3]);
+	if (argc == 5 && !strcmp(argv[1], "setx")) return do_setx(argv[2], argv[3], argv[4]);
+	if (argc == 3 && !strcmp(argv[1], "listx")) return do_listx(argv[2]);
 	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct FILE\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);

@@ -1,0 +1,127 @@
+#!/bin/bash
+# Security labels and xattr mapping, checked from a real guest kernel:
+#
+#   tests/guest/labels.sh [--backports] [--map user|trusted]
+#
+# Boots the test guest (tests/guest/setup.sh; --backports: QEMU 10 and
+# Linux 6.12, which sends the label as a request extension, where
+# bookworm's 6.1 puts it after the request's arguments) with SELinux as
+# its LSM (security=selinux; the policy is labels-policy.conf, compiled
+# here with checkpolicy and loaded by the guest) against `fusebox
+# --security-label --xattrmap :map::PREFIX.virtiofs.:`, and runs
+# labels-guest.sh in it. Passes when the guest reports no failure and the
+# host shows each label the guest's policy gave a new file, directory
+# (and, under trusted., symlink and FIFO:
+# the host refuses user.* xattrs on those, so under user. their creation
+# fails and leaves nothing behind) stored under
+# PREFIX.virtiofs.security.selinux, equal to what the guest reads back,
+# with no SETXATTR beyond the guest's two explicit ones (the label went
+# with the creating request).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+setup_args=() map=user
+while [ $# -gt 0 ]; do
+	case $1 in
+		--backports) setup_args+=(--backports) ;;
+		--map) map=$2; shift ;;
+		*) echo "unknown argument $1" >&2; exit 2 ;;
+	esac
+	shift
+done
+case $map in user|trusted) ;; *) echo "--map user|trusted" >&2; exit 2 ;; esac
+prefix=$map.virtiofs.
+gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
+command -v checkpolicy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 install checkpolicy >&2
+qemu=$(cat "$gdir/qemu")
+(cd "$root" && cargo build --release -q -p fusebox)
+fusebox=$root/target/release/fusebox
+
+work=$(mktemp -d /tmp/fusebox-labels.XXXXXX)
+share=$work/share
+mkdir -p "$share" "$work/extra"
+sock=$work/vfs.sock
+cleanup() {
+	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
+	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+getx() { python3 -c 'import os, sys
+try:
+    sys.stdout.write(os.getxattr(sys.argv[1], sys.argv[2], follow_symlinks=False).decode())
+except OSError as e:
+    sys.stdout.write("errno %d" % e.errno)' "$1" "$2"; }
+
+# A host file with one xattr under the prefix and one outside it.
+echo pre > "$share/pre"
+python3 -c 'import os, sys
+os.setxattr(sys.argv[1], sys.argv[2] + "user.h", b"from-host")
+os.setxattr(sys.argv[1], "user.hostonly", b"x")' "$share/pre" "$prefix"
+
+cp "$here/labels-guest.sh" "$work/extra/labels.sh"
+checkpolicy -U allow -c 33 -o "$work/extra/policy.33" "$here/labels-policy.conf" > "$work/checkpolicy.log" 2>&1 ||
+	{ cat "$work/checkpolicy.log"; exit 1; }
+(cd "$work/extra" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
+cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
+
+"$fusebox" --socket-path "$sock" --shared-dir "$share" --security-label \
+	--xattrmap ":map::$prefix:" 2> "$work/fusebox.log" &
+fpid=$!
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+[ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
+echo "labels: booting $("$qemu" --version | head -1) with SELinux, labels under $prefix"
+timeout 600 "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
+	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
+	-kernel "$gdir/vmlinuz" -initrd "$work/initrd.gz" \
+	-append "console=ttyS0 panic=-1 quiet security=selinux fusebox.tag=share fusebox.run=labels fusebox.map=$map" \
+	-chardev socket,id=vfs,path="$sock" \
+	-device vhost-user-fs-pci,chardev=vfs,tag=share \
+	-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
+qpid=$!
+qrc=0
+wait "$qpid" || qrc=$?
+qpid=
+cat "$work/qemu.err" >&2
+[ "$qrc" = 0 ] || echo "labels: qemu exited with $qrc"
+for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
+status=0
+if kill -0 "$fpid" 2>/dev/null; then
+	echo "labels: FAIL fusebox still running after the VMM left"; status=1
+else
+	wait "$fpid" || { echo "labels: FAIL fusebox exited with $?"; status=1; }
+fi
+fpid=
+
+grep -aE '^(PASS|FAIL|GUEST|LABEL)' "$work/console.log" || true
+grep -a "SELinux: .*\(error\|invalid\|not valid\|denied\)" "$work/console.log" || true
+result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1)
+case $result in
+	*"failed=0"*) ;;
+	*) echo "labels: FAIL guest: ${result:-no result}"; tail -30 "$work/console.log"; status=1 ;;
+esac
+
+hcheck() {
+	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; status=1; fi
+}
+w=$share/labels
+if [ "$map" = user ]; then kinds=". file dir"; else kinds=". file dir link fifo"; fi
+for n in $kinds; do
+	guest=$(tr -d '\r' < "$work/console.log" | awk -v n="$n" '$1 == "LABEL" && $2 == n {v = $3} END {print v}')
+	host=$(getx "$w/$n" "${prefix}security.selinux" | tr -d '\0')
+	echo "labels: $n: the guest's label '$guest', the host's '$host'"
+	hcheck "label-$n" '[ -n "$guest" ] && [ "$host" = "$guest" ]'
+	hcheck "no-host-security-name-$n" '[ "$(getx "$w/$n" security.selinux)" = "errno 61" ]'
+done
+if [ "$map" = user ]; then
+	hcheck undone-symlink-and-fifo '[ ! -e "$w/link" ] && [ ! -L "$w/link" ] && [ ! -e "$w/fifo" ]'
+fi
+hcheck relabel '[ "$(getx "$w/relabel" "${prefix}security.selinux")" = system_u:object_r:labels_relabel_t ]'
+hcheck user-xattr '[ "$(getx "$w/file" "${prefix}user.guest")" = g-value ] && [ "$(getx "$w/file" user.guest)" = "errno 61" ]'
+# The labels went with the creations: fusebox served no SETXATTR but the
+# guest's explicit two.
+setx=$(sed -n '/frontend disconnected/,$p' "$work/fusebox.log" | awk '$2 == "Setxattr" {print $4}')
+hcheck label-with-creation '[ "${setx:-0}" = 2 ]'
+[ $status = 0 ] && echo "labels: OK" || { echo "labels: FAILED"; tail -20 "$work/fusebox.log"; }
+exit $status
