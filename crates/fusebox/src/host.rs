@@ -485,23 +485,47 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         a.shared_dir.display(),
         a.mountpoint.display()
     );
+    let served = serve_until_gone(&a, &dev, &disp, dev_depth, max_payload);
+    // The connection is gone: unmounted, or aborted (a second signal, a
+    // worker that failed or could not start, the kernel timing a request
+    // out, fusectl). An aborted connection's mount would stay behind,
+    // failing every access with ENOTCONN until someone unmounts it:
+    // detach it if the mount point still holds it, as libfuse does at
+    // exit (never another mount made there since).
+    match dev.detach_if_mounted_on(&a.mountpoint) {
+        Ok(true) => log::info!("detached the aborted mount on {}", a.mountpoint.display()),
+        Ok(false) => {}
+        Err(e) => crate::report(&e),
+    }
+    served
+}
+
+/// Starts the serving threads and returns once the connection is gone
+/// and they have returned (or the grace for them has passed).
+fn serve_until_gone(
+    a: &MountArgs,
+    dev: &DevFuse,
+    disp: &Arc<Dispatcher<Faulty<PassthroughFs>>>,
+    dev_depth: Option<usize>,
+    max_payload: usize,
+) -> Result<(), HostError> {
     // The workers return when the connection goes (unmount, abort).
     let mut workers = match dev_depth {
-        Some(depth) => serve_dev_at_depth(&dev, &disp, a.thread_pool_size, depth)?,
+        Some(depth) => serve_dev_at_depth(dev, disp, a.thread_pool_size, depth)?,
         None => serve_device(dev.clone(), disp.clone(), a.thread_pool_size),
     };
     let queues = Queues::default();
     if a.io_uring {
         workers.extend(start_ring(
-            &dev,
-            &disp,
+            dev,
+            disp,
             max_payload,
             usize::from(a.ring_depth),
             &queues,
         )?);
     }
     if a.kernel_passthrough {
-        report_passthrough(&disp);
+        report_passthrough(disp);
     }
     // The connection ends (unmounted, aborted, timed out): seen on the
     // device itself, since every worker may be blocked in a call.

@@ -1,5 +1,6 @@
 //! The `fusebox mount` binary against the host kernel: it mounts, serves,
-//! and leaves cleanly on SIGINT/SIGTERM or an outside unmount; a killed
+//! and leaves cleanly on SIGINT/SIGTERM or an outside unmount; an aborted
+//! connection ends the daemon, which detaches the dead mount; a killed
 //! daemon leaves an aborted connection (ENOTCONN), never a hung one.
 
 mod common;
@@ -161,18 +162,56 @@ fn a_hung_backend_ends_in_the_kernels_connection_abort() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(40),
         "{took:?}"
     );
-    // Aborted, never hung: every access fails at once.
+    // Aborted, never hung: every access fails at once (ENOTCONN, or
+    // ENOENT in the mount point's own directory once the daemon has
+    // detached the dead mount).
     let t = Instant::now();
     let err = std::fs::metadata(d.mnt().join("other")).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::ENOTCONN | libc::ENOENT)),
+        "{err:?}"
+    );
     assert!(t.elapsed() < Duration::from_secs(2));
-    // The daemon sees its connection go, releases the hung call and ends.
+    // The daemon sees its connection go, releases the hung call, detaches
+    // the dead mount and ends.
     let t = Instant::now();
     while child.try_wait().unwrap().is_none() {
         assert!(t.elapsed() < Duration::from_secs(10), "daemon did not exit");
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = child.wait();
+    assert!(!mounted(&d.mnt()));
+}
+
+#[test]
+fn an_aborted_connection_leaves_no_dead_mount_behind() {
+    use std::os::unix::fs::MetadataExt;
+    for extra in [&[][..], &["--io-uring"], &["--ring-depth", "4"]] {
+        let d = Dirs::new(&format!("aborted{}", extra.len()));
+        let mut child = start_with(&d, extra);
+        std::fs::write(d.mnt().join("f"), b"x").unwrap();
+        // What an operator (or the kernel's request timeout) does:
+        // /sys/fs/fuse/connections/N/abort, N the mount's minor.
+        let minor = libc::minor(std::fs::metadata(d.mnt()).unwrap().dev());
+        std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), b"1").unwrap();
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{extra:?}: daemon did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{extra:?}: {status}");
+        // The mount point is the plain directory again: no mount answering
+        // ENOTCONN is left for someone to find and unmount.
+        assert!(!mounted(&d.mnt()), "{extra:?}");
+        assert_eq!(std::fs::read_dir(d.mnt()).unwrap().count(), 0, "{extra:?}");
+        assert_eq!(std::fs::read(d.share().join("f")).unwrap(), b"x");
+    }
 }
 
 #[test]
