@@ -77,9 +77,12 @@ tests/guest/run.sh --as-user tests --fsx-ops 400 --fusebox-args "--sandbox none"
 step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none, POSIX ACLs, guest RAM as fixed buffers)"
 tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none --posix-acl --fixed-guest-memory"
 
-step "guest: security labels and xattr mapping from a guest running SELinux (FUSE_SECURITY_CTX; --xattrmap under user.virtiofs. with Linux 6.1, trusted.virtiofs. with Linux 6.12's request extension)"
-tests/guest/labels.sh --map user
-tests/guest/labels.sh --backports --map trusted
+step "guest: security labels and xattr mapping from a guest running SELinux (FUSE_SECURITY_CTX; --xattrmap under user.virtiofs. and trusted.virtiofs.; Linux 6.1, label after the arguments, and 6.12, a request extension)"
+for k in "" --backports; do
+	for m in user trusted; do
+		tests/guest/labels.sh $k --map $m
+	done
+done
 
 step "live migration: QEMU 10 moves a running guest between two fusebox daemons on one directory (find-paths, then file-handles): open fds, O_APPEND, a directory handle, the cwd, a POSIX lock held on the host"
 tests/migration/run.sh --daemon fusebox

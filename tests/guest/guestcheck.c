@@ -10,6 +10,9 @@
  *   guestcheck acl FILE      an access ACL (fusebox --posix-acl) lets one
  *                            other user read a 0600 file, and only that one
  *
+ *   guestcheck put SRC DST   writes SRC's contents to DST in one write
+ *                            (selinuxfs's load takes a policy whole)
+ *
  * And three that print (tests/guest/labels.sh):
  *   guestcheck getx NAME FILE        the value of xattr NAME (lgetxattr)
  *   guestcheck setx NAME VALUE FILE  sets it (lsetxattr, no NUL added)
@@ -205,10 +208,25 @@ static int do_listx(const char *p) {
 	return 0;
 }
 
+static int do_put(const char *src, const char *dst) {
+	static char buf[1 << 20];
+	int in = open(src, O_RDONLY);
+	if (in < 0) FAIL("open %s", src);
+	ssize_t n = read(in, buf, sizeof buf);
+	if (n < 0 || n == (ssize_t)sizeof buf) FAIL("read %s (%zd bytes)", src, n);
+	close(in);
+	int out = open(dst, O_WRONLY);
+	if (out < 0) FAIL("open %s", dst);
+	if (write(out, buf, n) != n) FAIL("write %s", dst);
+	close(out);
+	return 0;
+}
+
 int main(int argc, char **argv) {
 	if (argc == 4 && !strcmp(argv[1], "getx")) return do_getx(argv[2], argv[3]);
 	if (argc == 5 && !strcmp(argv[1], "setx")) return do_setx(argv[2], argv[3], argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "listx")) return do_listx(argv[2]);
+	if (argc == 4 && !strcmp(argv[1], "put")) return do_put(argv[2], argv[3]);
 	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct FILE\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);

@@ -23,7 +23,7 @@ mount -t securityfs none /sys/kernel/security 2>/dev/null
 check selinux-is-on grep -q selinux /sys/kernel/security/lsm
 mkdir -p /sys/fs/selinux
 mount -t selinuxfs none /sys/fs/selinux
-check policy-loaded sh -c "cat /policy.33 > /sys/fs/selinux/load"
+check policy-loaded /guestcheck put /policy.33 /sys/fs/selinux/load
 echo "GUEST: SELinux context $(cat /proc/self/attr/current), enforcing $(cat /sys/fs/selinux/enforce)"
 mkdir "$M"
 echo data > "$M/file"
@@ -53,7 +53,8 @@ for n in $labelled; do
 	check "label-$n" [ "$l" = "system_u:object_r:labels_${t}_t" ]
 done
 # The guest sets a label itself, and another namespace's xattr: both stored
-# under the prefix, read back under the guest's names.
+# under the prefix (the host checks), read back under the guest's names
+# (the label from the guest's own SELinux, the other from the host).
 echo x > "$M/relabel"
 check set-label /guestcheck setx security.selinux "system_u:object_r:labels_relabel_t" "$M/relabel"
 check get-label sh -c "[ \"\$(/guestcheck getx security.selinux '$M/relabel')\" = system_u:object_r:labels_relabel_t ]"

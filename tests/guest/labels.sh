@@ -14,10 +14,13 @@
 # (and, under trusted., symlink and FIFO:
 # the host refuses user.* xattrs on those, so under user. their creation
 # fails and leaves nothing behind) stored under
-# PREFIX.virtiofs.security.selinux, equal to what the guest reads back,
-# with no SETXATTR beyond the guest's two explicit ones (the label went
-# with the creating request).
+# PREFIX.virtiofs.security.selinux, the type the policy's rule for it
+# gives (which the guest reads back through GETXATTR when the new inode
+# is instantiated: a label not set at creation would read as file_t).
+# Linux's FUSE client sends a new inode's label only with the creating
+# request, never by a SETXATTR after it.
 set -euo pipefail
+export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 setup_args=() map=user
@@ -32,7 +35,10 @@ done
 case $map in user|trusted) ;; *) echo "--map user|trusted" >&2; exit 2 ;; esac
 prefix=$map.virtiofs.
 gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
-command -v checkpolicy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 install checkpolicy >&2
+if ! command -v checkpolicy >/dev/null; then
+	apt-get -q update >&2
+	DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 install checkpolicy >&2
+fi
 qemu=$(cat "$gdir/qemu")
 (cd "$root" && cargo build --release -q -p fusebox)
 fusebox=$root/target/release/fusebox
@@ -66,29 +72,46 @@ checkpolicy -U allow -c 33 -o "$work/extra/policy.33" "$here/labels-policy.conf"
 (cd "$work/extra" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
 cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
 
-"$fusebox" --socket-path "$sock" --shared-dir "$share" --security-label \
-	--xattrmap ":map::$prefix:" 2> "$work/fusebox.log" &
-fpid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-[ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
-echo "labels: booting $("$qemu" --version | head -1) with SELinux, labels under $prefix"
-timeout 600 "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
-	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-	-kernel "$gdir/vmlinuz" -initrd "$work/initrd.gz" \
-	-append "console=ttyS0 panic=-1 quiet security=selinux fusebox.tag=share fusebox.run=labels fusebox.map=$map" \
-	-chardev socket,id=vfs,path="$sock" \
-	-device vhost-user-fs-pci,chardev=vfs,tag=share \
-	-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
-qpid=$!
-qrc=0
-wait "$qpid" || qrc=$?
-qpid=
-cat "$work/qemu.err" >&2
-[ "$qrc" = 0 ] || echo "labels: qemu exited with $qrc"
+# Starts fusebox and boots the guest; returns when QEMU exits (qrc: its
+# exit status).
+boot() {
+	rm -f "$sock"
+	"$fusebox" --socket-path "$sock" --shared-dir "$share" --security-label \
+		--xattrmap ":map::$prefix:" 2> "$work/fusebox.log" &
+	fpid=$!
+	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+	[ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
+	echo "labels: booting $("$qemu" --version | head -1) with SELinux, labels under $prefix"
+	timeout 600 "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
+		-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
+		-kernel "$gdir/vmlinuz" -initrd "$work/initrd.gz" \
+		-append "console=ttyS0 panic=-1 quiet security=selinux fusebox.tag=share fusebox.run=labels fusebox.map=$map" \
+		-chardev socket,id=vfs,path="$sock" \
+		-device vhost-user-fs-pci,chardev=vfs,tag=share \
+		-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
+	qpid=$!
+	qrc=0
+	wait "$qpid" || qrc=$?
+	qpid=
+	cat "$work/qemu.err" >&2
+	[ "$qrc" = 0 ] || echo "labels: qemu exited with $qrc"
+}
+boot
+# QEMU's multi-threaded TCG now and then aborts on its own assertion while
+# the guest kernel boots (see run.sh): before the guest's checks started
+# nothing of fusebox's was exercised, so boot once more.
+if [ "$qrc" = 134 ] && grep -q "Assertion" "$work/qemu.err" && ! grep -aq "^GUEST\|^PASS\|^FAIL" "$work/console.log"; then
+	echo "labels: QEMU aborted on its own assertion before the guest ran; booting again (once)"
+	for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
+	kill "$fpid" 2>/dev/null || true
+	wait "$fpid" 2>/dev/null || true
+	boot
+fi
 for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
 status=0
 if kill -0 "$fpid" 2>/dev/null; then
-	echo "labels: FAIL fusebox still running after the VMM left"; status=1
+	echo "labels: FAIL fusebox still running after the VMM left"
+	kill "$fpid"; status=1
 else
 	wait "$fpid" || { echo "labels: FAIL fusebox exited with $?"; status=1; }
 fi
@@ -96,7 +119,7 @@ fpid=
 
 grep -aE '^(PASS|FAIL|GUEST|LABEL)' "$work/console.log" || true
 grep -a "SELinux: .*\(error\|invalid\|not valid\|denied\)" "$work/console.log" || true
-result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1)
+result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1 || true)
 case $result in
 	*"failed=0"*) ;;
 	*) echo "labels: FAIL guest: ${result:-no result}"; tail -30 "$work/console.log"; status=1 ;;
@@ -112,16 +135,16 @@ for n in $kinds; do
 	host=$(getx "$w/$n" "${prefix}security.selinux" | tr -d '\0')
 	echo "labels: $n: the guest's label '$guest', the host's '$host'"
 	hcheck "label-$n" '[ -n "$guest" ] && [ "$host" = "$guest" ]'
-	hcheck "no-host-security-name-$n" '[ "$(getx "$w/$n" security.selinux)" = "errno 61" ]'
+	# (A host running SELinux labels every file itself.)
+	[ -e /sys/fs/selinux/enforce ] ||
+		hcheck "no-host-security-name-$n" '[ "$(getx "$w/$n" security.selinux)" = "errno 61" ]'
 done
-if [ "$map" = user ]; then
-	hcheck undone-symlink-and-fifo '[ ! -e "$w/link" ] && [ ! -L "$w/link" ] && [ ! -e "$w/fifo" ]'
-fi
+# Nothing else in the guest's directory: under user. the refused symlink
+# and FIFO left nothing (under any name).
+if [ "$map" = user ]; then made="dir file relabel"; else made="dir fifo file link relabel"; fi
+hcheck nothing-else '[ "$(ls -A "$w" | sort | tr "\n" " ")" = "$made " ]'
+hcheck nothing-else-in-share '[ "$(ls -A "$share" | sort | tr "\n" " ")" = "labels pre " ]'
 hcheck relabel '[ "$(getx "$w/relabel" "${prefix}security.selinux")" = system_u:object_r:labels_relabel_t ]'
 hcheck user-xattr '[ "$(getx "$w/file" "${prefix}user.guest")" = g-value ] && [ "$(getx "$w/file" user.guest)" = "errno 61" ]'
-# The labels went with the creations: fusebox served no SETXATTR but the
-# guest's explicit two.
-setx=$(sed -n '/frontend disconnected/,$p' "$work/fusebox.log" | awk '$2 == "Setxattr" {print $4}')
-hcheck label-with-creation '[ "${setx:-0}" = 2 ]'
 [ $status = 0 ] && echo "labels: OK" || { echo "labels: FAILED"; tail -20 "$work/fusebox.log"; }
 exit $status

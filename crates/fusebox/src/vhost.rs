@@ -68,7 +68,10 @@ pub enum VhostError {
 /// `migrate-precopy` (dirty-page logging and the device state,
 /// `--migration-mode`) and `separate-options` (--shared-dir, --cache and
 /// the like; libvirt 9.0 does not know it and passes `-o source=...`,
-/// which `crate::compat` takes, locks included).
+/// which `crate::compat` takes, locks included). A libvirt that reads
+/// `separate-options` refuses a domain with a `<lock>` element for a
+/// daemon advertising it, as for virtiofsd: the lock settings (`-o
+/// no_flock,no_posix_lock`) are then out of libvirt's reach (README).
 const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
     \"migrate-precopy\",\n    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\",\n    \"separate-options\"\n  ]\n}";
 

@@ -167,8 +167,9 @@ fn libvirts_command_line_starts_a_serving_daemon() {
     assert!(err.contains("-d is deprecated"), "{err}");
 }
 
-/// The command line libvirt 10 and later build for a daemon that
-/// advertises `separate-options` (as fusebox does, and virtiofsd 1.14):
+/// The command line a libvirt that reads the `separate-options` feature
+/// builds for a daemon that advertises it (as fusebox does, and
+/// virtiofsd 1.14):
 /// `--shared-dir`, `--cache never` for `<cache mode='none'/>`, `--sandbox`,
 /// `--xattr`, `--thread-pool-size=N`, `--rlimit-nofile=N`, `--log-level
 /// debug` and `--uid-map=:inside:outside:count:` in session mode (not
@@ -204,6 +205,8 @@ fn newer_libvirts_separate_options_start_a_serving_daemon() {
     let (f, o) = c
         .create(ROOT_ID, b"from-guest", 0o644, libc::O_RDWR as u32, 0)
         .unwrap();
+    // --cache never: the guest's page cache is bypassed.
+    assert_ne!(o.open_flags & fuse_core::abi::fopen::DIRECT_IO, 0);
     c.write(f.nodeid, o.fh, 0, b"hello", 0).unwrap();
     c.setxattr(f.nodeid, b"user.k", b"v", 0).unwrap();
     c.release(f.nodeid, o.fh, 0).unwrap();
