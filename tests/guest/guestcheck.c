@@ -209,15 +209,21 @@ static int do_listx(const char *p) {
 }
 
 static int do_put(const char *src, const char *dst) {
-	static char buf[1 << 20];
+	static char buf[4 << 20];
 	int in = open(src, O_RDONLY);
 	if (in < 0) FAIL("open %s", src);
-	ssize_t n = read(in, buf, sizeof buf);
-	if (n < 0 || n == (ssize_t)sizeof buf) FAIL("read %s (%zd bytes)", src, n);
+	size_t len = 0;
+	for (;;) {
+		ssize_t n = read(in, buf + len, sizeof buf - len);
+		if (n < 0) FAIL("read %s", src);
+		if (n == 0) break;
+		len += n;
+		if (len == sizeof buf) { errno = EFBIG; FAIL("%s is too big", src); }
+	}
 	close(in);
 	int out = open(dst, O_WRONLY);
 	if (out < 0) FAIL("open %s", dst);
-	if (write(out, buf, n) != n) FAIL("write %s", dst);
+	if (write(out, buf, len) != (ssize_t)len) FAIL("write %s", dst);
 	close(out);
 	return 0;
 }
@@ -227,7 +233,7 @@ int main(int argc, char **argv) {
 	if (argc == 5 && !strcmp(argv[1], "setx")) return do_setx(argv[2], argv[3], argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "listx")) return do_listx(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "put")) return do_put(argv[2], argv[3]);
-	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct FILE\n"); return 2; }
+	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
 	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);

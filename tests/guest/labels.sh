@@ -111,12 +111,13 @@ for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
 status=0
 if kill -0 "$fpid" 2>/dev/null; then
 	echo "labels: FAIL fusebox still running after the VMM left"
-	kill "$fpid"; status=1
+	kill "$fpid" 2>/dev/null || true; status=1
 else
 	wait "$fpid" || { echo "labels: FAIL fusebox exited with $?"; status=1; }
 fi
 fpid=
 
+touch "$work/console.log"
 grep -aE '^(PASS|FAIL|GUEST|LABEL)' "$work/console.log" || true
 grep -a "SELinux: .*\(error\|invalid\|not valid\|denied\)" "$work/console.log" || true
 result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1 || true)
@@ -131,7 +132,7 @@ hcheck() {
 w=$share/labels
 if [ "$map" = user ]; then kinds=". file dir"; else kinds=". file dir link fifo"; fi
 for n in $kinds; do
-	guest=$(tr -d '\r' < "$work/console.log" | awk -v n="$n" '$1 == "LABEL" && $2 == n {v = $3} END {print v}')
+	guest=$(tr -d '\r' < "$work/console.log" 2>/dev/null | awk -v n="$n" '$1 == "LABEL" && $2 == n {v = $3} END {print v}')
 	host=$(getx "$w/$n" "${prefix}security.selinux" | tr -d '\0')
 	echo "labels: $n: the guest's label '$guest', the host's '$host'"
 	hcheck "label-$n" '[ -n "$guest" ] && [ "$host" = "$guest" ]'

@@ -155,6 +155,13 @@ fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
     std::thread::spawn(move || {
         for n in 0.. {
             let sig = signals::wait(&set);
+            // Once the connection has ended (the daemon is on its way
+            // out) there is nothing to stop, and its fusectl number and
+            // device may already be another mount's.
+            if dev.wait_disconnected(Duration::ZERO) {
+                log::info!("signal {sig}: the connection has already ended");
+                continue;
+            }
             if n == 0 && !first_stop(sig, &mnt, &dev) {
                 continue;
             }
@@ -490,10 +497,14 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     // worker that failed or could not start, the kernel timing a request
     // out, fusectl). An aborted connection's mount would stay behind,
     // failing every access with ENOTCONN until someone unmounts it:
-    // detach it if the mount point still holds it, as libfuse does at
-    // exit (never another mount made there since).
+    // detach it if the mount point still holds that very mount (never
+    // another one made there since). libfuse leaves it; this is on
+    // purpose.
     match dev.detach_if_mounted_on(&a.mountpoint) {
-        Ok(true) => log::info!("detached the aborted mount on {}", a.mountpoint.display()),
+        Ok(true) => log::info!(
+            "detached the mount on {}, whose connection had ended",
+            a.mountpoint.display()
+        ),
         Ok(false) => {}
         Err(e) => crate::report(&e),
     }
@@ -550,6 +561,6 @@ fn serve_until_gone(
     if stuck > 0 {
         log::warn!("{stuck} worker(s) still blocked in a host call; leaving without them");
     }
-    log::info!("{} unmounted", a.mountpoint.display());
+    log::info!("the connection to {} has ended", a.mountpoint.display());
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{exits_cleanly, mounted, signal, start, start_with, Dirs};
+use common::{exits_cleanly, fusectl_connection, mounted, signal, start, start_with, Dirs};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -185,15 +185,14 @@ fn a_hung_backend_ends_in_the_kernels_connection_abort() {
 
 #[test]
 fn an_aborted_connection_leaves_no_dead_mount_behind() {
-    use std::os::unix::fs::MetadataExt;
     for extra in [&[][..], &["--io-uring"], &["--ring-depth", "4"]] {
         let d = Dirs::new(&format!("aborted{}", extra.len()));
         let child = start_with(&d, extra);
         std::fs::write(d.mnt().join("f"), b"x").unwrap();
         // What an operator (or the kernel's request timeout) does:
-        // /sys/fs/fuse/connections/N/abort, N the mount's minor.
-        let minor = libc::minor(std::fs::metadata(d.mnt()).unwrap().dev());
-        std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), b"1").unwrap();
+        // /sys/fs/fuse/connections/N/abort.
+        let conn = fusectl_connection(&d.mnt());
+        std::fs::write(conn.join("abort"), b"1").unwrap();
         exits_cleanly(child);
         // The mount point is the plain directory again: no mount answering
         // ENOTCONN is left for someone to find and unmount.

@@ -41,8 +41,12 @@ pub enum MountError {
 pub struct DevFuse {
     fd: Arc<OwnedFd>,
     /// The device (major, minor) of the mount's superblock, which names
-    /// this connection and no other for as long as it lives.
+    /// this connection and no other for as long as the superblock lives
+    /// (once it is gone the number may go to the next mount made).
     dev: Option<(u32, u32)>,
+    /// The mount's unique id (STATX_MNT_ID_UNIQUE, Linux 6.8 on: never
+    /// reused), where the kernel gives it.
+    mnt: Option<u64>,
     conn: Option<u32>,
     /// Replies written so far (shared by the clones): the first is INIT's,
     /// and once its write has returned the kernel has processed it.
@@ -131,10 +135,12 @@ impl DevFuse {
         // Taken now, while the path surely leads to the new mount: it later
         // tells our mount from whatever the path leads to then, and names
         // the connection in fusectl once the mount is detached.
-        let dev = open_path(mountpoint).and_then(|f| device_of(&f)).ok();
+        let id = open_path(mountpoint).and_then(|f| identity_of(&f)).ok();
+        let dev = id.map(|i| i.dev);
         Ok(DevFuse {
             fd: Arc::new(fd),
             dev,
+            mnt: id.and_then(|i| i.mnt),
             conn: dev.and_then(|(major, minor)| kernel_dev(major, minor)),
             replies: Arc::default(),
         })
@@ -164,6 +170,7 @@ impl DevFuse {
         Ok(DevFuse {
             fd: Arc::new(fd),
             dev: self.dev,
+            mnt: self.mnt,
             conn: self.conn,
             replies: self.replies.clone(),
         })
@@ -175,9 +182,12 @@ impl DevFuse {
     }
 
     /// Lazily unmounts (MNT_DETACH) the mount `mountpoint` leads to, but
-    /// only if it is this connection's: true if it was, false if the path
-    /// leads elsewhere (our mount was detached, or another one now covers
-    /// it or replaced it) or this connection's device is unknown; then
+    /// only if it is this connection's mount (the same unique mount id
+    /// where the kernel gives one, else the same superblock device): true
+    /// if it was, false if the path leads elsewhere (our mount was
+    /// detached or unmounted, or another one now covers it or replaced it,
+    /// even one given our old device number) or this connection's device
+    /// is unknown; then
     /// nothing is unmounted. The check and the unmount act on one held
     /// reference to the mount, so a mount made on the path in between is
     /// never the one unmounted.
@@ -191,7 +201,14 @@ impl DevFuse {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
             Err(e) => return Err(err(e)),
         };
-        if device_of(&held).map_err(err)? != ours {
+        let now = identity_of(&held).map_err(err)?;
+        if now.dev != ours {
+            return Ok(false);
+        }
+        // The device number alone could be a mount made since ours went
+        // (it is given again once our superblock is gone); the unique
+        // mount id never is.
+        if self.mnt.is_some() && now.mnt != self.mnt {
             return Ok(false);
         }
         // The magic link resolves to the very mount `held` holds. Its root
@@ -247,6 +264,7 @@ impl DevFuse {
         DevFuse {
             fd: Arc::new(fd),
             dev: None,
+            mnt: None,
             conn: None,
             replies: Arc::default(),
         }
@@ -349,10 +367,23 @@ fn open_path(path: &Path) -> Result<std::fs::File, std::io::Error> {
         .open(path)
 }
 
-/// The device (major, minor) of the filesystem `f` is on, from the
-/// kernel's cached attributes (AT_STATX_DONT_SYNC): a FUSE mount is asked
-/// nothing, so this never waits for a server, ours included.
-fn device_of(f: &std::fs::File) -> Result<(u32, u32), std::io::Error> {
+/// What names a mount: its superblock's device and, where the kernel
+/// gives it, its unique mount id.
+#[derive(Debug, Clone, Copy)]
+struct MountIdentity {
+    dev: (u32, u32),
+    mnt: Option<u64>,
+}
+
+/// `STATX_MNT_ID_UNIQUE` (Linux 6.8): `stx_mnt_id` is the mount's 64-bit
+/// id, never reused (the libc crate does not have it yet).
+const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
+
+/// The device (major, minor) of the filesystem `f` is on and the unique id
+/// of its mount, from the kernel's cached attributes (AT_STATX_DONT_SYNC):
+/// a FUSE mount is asked nothing, so this never waits for a server, ours
+/// included.
+fn identity_of(f: &std::fs::File) -> Result<MountIdentity, std::io::Error> {
     // SAFETY: statx is plain data; all zeroes is a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: an open fd, an empty NUL-terminated path with AT_EMPTY_PATH,
@@ -362,14 +393,17 @@ fn device_of(f: &std::fs::File) -> Result<(u32, u32), std::io::Error> {
             f.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            0,
+            STATX_MNT_ID_UNIQUE,
             &mut stx,
         )
     };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok((stx.stx_dev_major, stx.stx_dev_minor))
+    Ok(MountIdentity {
+        dev: (stx.stx_dev_major, stx.stx_dev_minor),
+        mnt: (stx.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id),
+    })
 }
 
 /// The kernel's own encoding of a device number (MKDEV: 12 bits of major,
