@@ -143,6 +143,13 @@ impl Chan {
             let ready = q == 0;
             let mut bg = lock(&core.bg);
             bg.max_background = neg.max_background;
+            // The ring was made with the negotiated value, but a
+            // `set_max_background` between its making and this lock would
+            // have reached it and not `bg` (overwritten just now): both
+            // agree once this lock is let go.
+            if let Some(ring) = core.ring.get() {
+                ring.set_max_background(bg.max_background);
+            }
             bg.congestion_threshold = neg.congestion_threshold;
             bg.ring_ready = ready;
             bg.initialized = true;
