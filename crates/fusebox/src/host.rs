@@ -159,8 +159,18 @@ fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
             // out) there is nothing to stop, and its fusectl number and
             // device may already be another mount's.
             if dev.wait_disconnected(Duration::ZERO) {
-                log::info!("signal {sig}: the connection has already ended");
-                continue;
+                // Nothing left to unmount or abort; the daemon is on its
+                // way out unless something holds it (a host call that
+                // does not return): a second signal leaves at once.
+                if n == 0 {
+                    log::info!(
+                        "signal {sig}: the connection has already ended; \
+                         a second signal exits at once"
+                    );
+                    continue;
+                }
+                log::warn!("signal {sig} again, exiting");
+                std::process::exit(1);
             }
             if n == 0 && !first_stop(sig, &mnt, &dev) {
                 continue;
@@ -233,6 +243,10 @@ fn start_ring(
     // REGISTER before that is refused with EAGAIN, and with many entries
     // registered at once some could be refused and others not).
     while !disp.init_done() || dev.replies_written() == 0 {
+        if dev.wait_disconnected(Duration::ZERO) {
+            // Unmounted (or aborted) before INIT was done.
+            return Err(HostError::NoRing);
+        }
         if t.elapsed() > std::time::Duration::from_secs(30) {
             let _ = dev.abort();
             return Err(HostError::NoRing);
@@ -498,7 +512,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     // out, fusectl). An aborted connection's mount would stay behind,
     // failing every access with ENOTCONN until someone unmounts it:
     // detach it if the mount point still holds that very mount (never
-    // another one made there since). libfuse leaves it; this is on
+    // another one made there since, on Linux 6.8 and later: see
+    // `DevFuse::detach_if_mounted_on`). libfuse leaves it; this is on
     // purpose.
     match dev.detach_if_mounted_on(&a.mountpoint) {
         Ok(true) => log::info!(

@@ -135,7 +135,9 @@ impl DevFuse {
         // Taken now, while the path surely leads to the new mount: it later
         // tells our mount from whatever the path leads to then, and names
         // the connection in fusectl once the mount is detached.
-        let id = open_path(mountpoint).and_then(|f| identity_of(&f)).ok();
+        let id = open_path(mountpoint)
+            .and_then(|f| identity_of(&f, STATX_MNT_ID_UNIQUE))
+            .ok();
         let dev = id.map(|i| i.dev);
         Ok(DevFuse {
             fd: Arc::new(fd),
@@ -201,14 +203,18 @@ impl DevFuse {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
             Err(e) => return Err(err(e)),
         };
-        let now = identity_of(&held).map_err(err)?;
-        if now.dev != ours {
+        // The device first, asking for nothing more: FUSE answers any
+        // other request of a mount whose server does not let us in
+        // (another user's, without allow_other) with EACCES.
+        if identity_of(&held, 0).map_err(err)?.dev != ours {
             return Ok(false);
         }
         // The device number alone could be a mount made since ours went
         // (it is given again once our superblock is gone); the unique
-        // mount id never is.
-        if self.mnt.is_some() && now.mnt != self.mnt {
+        // mount id never is (Linux 6.8 on; before, the device decides).
+        if self.mnt.is_some()
+            && identity_of(&held, STATX_MNT_ID_UNIQUE).map_err(err)?.mnt != self.mnt
+        {
             return Ok(false);
         }
         // The magic link resolves to the very mount `held` holds. Its root
@@ -247,7 +253,12 @@ impl DevFuse {
     /// Aborts this connection (as writing to
     /// /sys/fs/fuse/connections/N/abort does): every request ends with an
     /// error and the server's reads see ENODEV.
+    /// Nothing is done once the connection has ended: its fusectl number
+    /// may be another connection's by then.
     pub fn abort(&self) -> Result<(), std::io::Error> {
+        if self.wait_disconnected(Duration::ZERO) {
+            return Ok(());
+        }
         let id = self
             .conn
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOENT))?;
@@ -379,11 +390,12 @@ struct MountIdentity {
 /// id, never reused (the libc crate does not have it yet).
 const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
 
-/// The device (major, minor) of the filesystem `f` is on and the unique id
-/// of its mount, from the kernel's cached attributes (AT_STATX_DONT_SYNC):
-/// a FUSE mount is asked nothing, so this never waits for a server, ours
+/// The device (major, minor) of the filesystem `f` is on and, with `mask`
+/// STATX_MNT_ID_UNIQUE, the unique id of its mount (where the kernel
+/// gives it), from the kernel's cached attributes (AT_STATX_DONT_SYNC): a
+/// FUSE mount is asked nothing, so this never waits for a server, ours
 /// included.
-fn identity_of(f: &std::fs::File) -> Result<MountIdentity, std::io::Error> {
+fn identity_of(f: &std::fs::File, mask: u32) -> Result<MountIdentity, std::io::Error> {
     // SAFETY: statx is plain data; all zeroes is a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: an open fd, an empty NUL-terminated path with AT_EMPTY_PATH,
@@ -393,7 +405,7 @@ fn identity_of(f: &std::fs::File) -> Result<MountIdentity, std::io::Error> {
             f.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            STATX_MNT_ID_UNIQUE,
+            mask,
             &mut stx,
         )
     };
@@ -402,7 +414,7 @@ fn identity_of(f: &std::fs::File) -> Result<MountIdentity, std::io::Error> {
     }
     Ok(MountIdentity {
         dev: (stx.stx_dev_major, stx.stx_dev_minor),
-        mnt: (stx.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id),
+        mnt: (mask & stx.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id),
     })
 }
 
