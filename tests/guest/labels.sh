@@ -22,6 +22,7 @@
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() map=user
 while [ $# -gt 0 ]; do
@@ -90,23 +91,10 @@ boot() {
 		-device vhost-user-fs-pci,chardev=vfs,tag=share \
 		-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
 	qpid=$!
-	qrc=0
-	wait "$qpid" || qrc=$?
-	qpid=
-	cat "$work/qemu.err" >&2
-	[ "$qrc" = 0 ] || echo "labels: qemu exited with $qrc"
+	wait_qemu labels
 }
 boot
-# QEMU's multi-threaded TCG now and then aborts on its own assertion while
-# the guest kernel boots (see run.sh): before the guest's checks started
-# nothing of fusebox's was exercised, so boot once more.
-if [ "$qrc" = 134 ] && grep -q "Assertion" "$work/qemu.err" && ! grep -aq "^GUEST\|^PASS\|^FAIL" "$work/console.log"; then
-	echo "labels: QEMU aborted on its own assertion before the guest ran; booting again (once)"
-	for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
-	kill "$fpid" 2>/dev/null || true
-	wait "$fpid" 2>/dev/null || true
-	boot
-fi
+boot_again_on_tcg_assertion labels
 for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
 status=0
 if kill -0 "$fpid" 2>/dev/null; then

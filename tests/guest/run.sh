@@ -23,6 +23,7 @@
 # qemu64: TCG runs this guest's kernel 20-25% faster than with -cpu max.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par= as_user=
 [ -n "${FUSEBOX_SOAK:-}" ] && fsx_ops=1000000 fsx_par=100000
@@ -113,24 +114,10 @@ boot() {
 		-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues",queue-size=1024 \
 		-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
 	qpid=$!
-	qrc=0
-	wait "$qpid" || qrc=$?
-	qpid=
-	cat "$work/qemu.err" >&2
-	[ "$qrc" = 0 ] || echo "guest-run: qemu exited with $qrc"
+	wait_qemu guest-run
 }
 boot
-# Multi-threaded TCG in QEMU 7.2 and 10.0 now and then trips over its own
-# assertion while the guest kernel boots (iotlb_to_section, seen once in
-# a few hundred boots here). Before the guest suite has started nothing
-# of fusebox's has been exercised: say so and boot once more.
-if [ "$qrc" = 134 ] && grep -q "Assertion" "$work/qemu.err" && ! grep -aq "^GUEST\|^PASS\|^FAIL" "$work/console.log"; then
-	echo "guest-run: QEMU aborted on its own assertion before the suite started; booting again (once)"
-	for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
-	kill "$fpid" 2>/dev/null || true
-	wait "$fpid" 2>/dev/null || true
-	boot
-fi
+boot_again_on_tcg_assertion guest-run
 echo "guest-run: guest ran $(( $(date +%s) - start )) s"
 # fusebox exits when its frontend goes.
 for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
