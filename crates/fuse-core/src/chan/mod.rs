@@ -175,12 +175,12 @@ impl Core {
 
     /// Withdraws a request the server has not seen.
     pub(crate) fn remove_pending(&self, req: &Arc<Request>) -> bool {
-        if req.flags.test(flag::URING) {
-            let req = InFlight(req.clone());
-            self.ring.get().is_some_and(|r| r.remove_pending(&req))
+        let t = if req.flags.test(flag::URING) {
+            self.ring.get()
         } else {
-            self.transport.remove_pending(&InFlight(req.clone()))
-        }
+            Some(&self.transport)
+        };
+        t.is_some_and(|t| t.remove_pending(&InFlight(req.clone())))
     }
 
     /// Records that ring queue `qid` has an entry; opens admission when

@@ -148,6 +148,13 @@ impl Queue {
         );
     }
 
+    /// Takes entry `id` out of service for good (through Teardown, as
+    /// every retirement goes).
+    fn retire(&mut self, id: u32) {
+        self.mv_known(id, EntState::Teardown);
+        self.mv_known(id, EntState::Released);
+    }
+
     /// Marks entry `id` reserved (its lists follow).
     fn set_reserved(&mut self, id: u32) {
         self.lists.set_reserved(&mut self.ents, id, true);
@@ -555,8 +562,7 @@ impl Ring {
                         let b = e.pool_buf.take();
                         e.own_payload = None;
                         q.put_buf(b);
-                        q.mv_known(id, EntState::Teardown);
-                        q.mv_known(id, EntState::Released);
+                        q.retire(id);
                     }
                     EntState::Userspace => {
                         let e = &q.ents[id as usize];

@@ -216,8 +216,7 @@ impl Ring {
                 }
                 p => self.give_back(req, p),
             }
-            q.mv_known(ent, EntState::Teardown);
-            q.mv_known(ent, EntState::Released);
+            q.retire(ent);
         } else {
             // The request does not fit this entry: fail it, keep serving.
             e.req = None;
@@ -265,8 +264,7 @@ impl Ring {
                     EntState::FuseReq if !e.copying => break,
                     EntState::Available | EntState::FuseReq => {
                         if q.stopped && e.state == EntState::Available {
-                            q.mv_known(h.ent, EntState::Teardown);
-                            q.mv_known(h.ent, EntState::Released);
+                            q.retire(h.ent);
                             return Err(Errno::ENOTCONN);
                         }
                         if !block {
@@ -489,8 +487,7 @@ impl Ring {
             Payload::None => {}
         }
         if stopped {
-            q.mv_known(h.ent, EntState::Teardown);
-            q.mv_known(h.ent, EntState::Released);
+            q.retire(h.ent);
         } else {
             q.mv_known(h.ent, EntState::Available);
             self.dispatch(&mut q, qi);
@@ -566,8 +563,7 @@ impl Ring {
         };
         if q.stopped {
             q.put_buf(leftover);
-            q.mv_known(ent, EntState::Teardown);
-            q.mv_known(ent, EntState::Released);
+            q.retire(ent);
             return Err(Errno::ENOTCONN);
         }
         e.header = Some(header);

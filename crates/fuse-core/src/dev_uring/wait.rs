@@ -31,8 +31,7 @@ impl Ring {
                     for h in ents.iter().filter(|h| h.qid == qid) {
                         if q.ents.get(h.ent as usize).map(|e| e.state) == Some(EntState::Available)
                         {
-                            q.mv_known(h.ent, EntState::Teardown);
-                            q.mv_known(h.ent, EntState::Released);
+                            q.retire(h.ent);
                         }
                     }
                     return Err(Errno::ENOTCONN);

@@ -211,10 +211,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             return Ok(());
         };
         if let Vq::Request(q) = q {
-            let mut slot = lock(&self.inner.queue(q).vring);
-            if slot.is_none() {
-                *slot = Some(vring.clone());
-            }
+            let _ = self.inner.queue(q).vring.get_or_init(|| vring.clone());
         }
         // An error here would end this vring thread for good: count it and
         // keep serving on the next event instead.

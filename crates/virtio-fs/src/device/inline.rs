@@ -297,25 +297,24 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             return;
         }
         let now = inner.epoch.elapsed().as_millis() as u64;
-        let stuck: Vec<(RqId, Option<Vring>)> = RqId::all(inner.queues.len())
+        // (A queue is busy only after a kick, which gave it its vring.)
+        let stuck: Vec<(RqId, Vring)> = RqId::all(inner.queues.len())
             .filter(|&q| {
                 let b = inner.queue(q).busy_since.load(Ordering::SeqCst);
                 b != 0 && now.saturating_sub(b) >= STUCK.as_millis() as u64
             })
-            .map(|q| (q, lock(&inner.queue(q).vring).clone()))
+            .filter_map(|q| Some((q, inner.queue(q).vring.get()?.clone())))
             .collect();
         let dev = FsDevice { inner };
         for (q, vring) in &stuck {
-            if let Some(vring) = vring {
-                if vring.get_ref().is_enabled() {
-                    dev.inner.stats.queues[q.vq()]
-                        .takeovers
-                        .fetch_add(1, Ordering::Relaxed);
-                    dev.submit_requests(vring, *q, None);
-                    // The stuck thread may hold answers it gave in line,
-                    // their signal waiting for the end of its chunk.
-                    notify(vring);
-                }
+            if vring.get_ref().is_enabled() {
+                dev.inner.stats.queues[q.vq()]
+                    .takeovers
+                    .fetch_add(1, Ordering::Relaxed);
+                dev.submit_requests(vring, *q, None);
+                // The stuck thread may hold answers it gave in line,
+                // their signal waiting for the end of its chunk.
+                notify(vring);
             }
         }
         drop(dev);

@@ -168,9 +168,9 @@ pub(super) struct RequestQueue {
     /// When its vring thread started serving in line (milliseconds on
     /// `Inner::epoch`, 0: not serving); atomic, read by the watchdog.
     pub(super) busy_since: AtomicU64,
-    /// Its vring as its thread last saw it, for the watchdog (its own
-    /// mutex, a leaf).
-    pub(super) vring: Mutex<Option<Vring>>,
+    /// Its vring as its thread first saw it, for the watchdog (set once,
+    /// on the first kick).
+    pub(super) vring: std::sync::OnceLock<Vring>,
     /// Requests whose guest buffers are lent to the engine (pruned as they
     /// go), so a ring stop or reset can take them back (its own mutex, a
     /// leaf).
@@ -192,7 +192,7 @@ impl RequestQueue {
             resume: EventFd::new(EFD_NONBLOCK)?,
             inline: Mutex::new(None),
             busy_since: AtomicU64::new(0),
-            vring: Mutex::new(None),
+            vring: std::sync::OnceLock::new(),
             lent: Mutex::new(Vec::new()),
             orphans: AtomicU64::new(0),
         })

@@ -20,7 +20,7 @@ use fuse_core::abi::{InHeader, Opcode, OutHeader};
 use fuse_core::client::Client;
 use fuse_core::{Chan, ChanConfig, Device, Errno};
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -162,19 +162,6 @@ impl std::fmt::Debug for VhostFrontend {
     }
 }
 
-fn memfd(size: u64) -> Result<File, FrontendError> {
-    // SAFETY: the name is NUL-terminated; memfd_create returns a new fd
-    // or -1.
-    let fd = unsafe { libc::memfd_create(c"fusebox-guest".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(FrontendError::Memory(std::io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size).map_err(FrontendError::Memory)?;
-    Ok(f)
-}
-
 impl VhostFrontend {
     /// Connects to the backend at `socket`, sets up memory and queues, and
     /// performs FUSE INIT through them.
@@ -196,7 +183,7 @@ impl VhostFrontend {
             at += u64::from(slots_of(q)) * 2 * max;
         }
         let mem_size = at;
-        let file = memfd(mem_size)?;
+        let file = super::memfd(mem_size).map_err(FrontendError::Memory)?;
         let fo = FileOffset::new(file.try_clone().map_err(FrontendError::Memory)?, 0);
         let mem = GuestMemoryMmap::from_ranges_with_files(&[(
             GuestAddress(0),

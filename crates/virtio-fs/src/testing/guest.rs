@@ -14,7 +14,7 @@
 
 use fuse_core::abi::{init, ForgetIn, InHeader, InitIn, InitOut, Opcode, OutHeader};
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -167,19 +167,6 @@ impl std::fmt::Debug for GuestDriver {
     }
 }
 
-fn memfd(size: u64) -> Result<File, GuestError> {
-    // SAFETY: the name is NUL-terminated; memfd_create returns a new fd
-    // or -1.
-    let fd = unsafe { libc::memfd_create(c"fusebox-guest".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(GuestError::Setup(std::io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size).map_err(GuestError::Setup)?;
-    Ok(f)
-}
-
 /// The pid of the process at the other end of a Unix socket.
 fn peer_pid(s: &UnixStream) -> Option<u32> {
     let mut cred = libc::ucred {
@@ -233,7 +220,7 @@ impl GuestDriver {
             layout.push(at);
             at += ring_bytes + slots * (SLOT_HEAD + if q == 0 { 0 } else { data });
         }
-        let file = memfd(at)?;
+        let file = super::memfd(at).map_err(GuestError::Setup)?;
         let fo = FileOffset::new(file.try_clone().map_err(GuestError::Setup)?, 0);
         let mem =
             GuestMemoryMmap::from_ranges_with_files(&[(GuestAddress(0), at as usize, Some(fo))])

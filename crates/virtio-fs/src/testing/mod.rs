@@ -6,3 +6,18 @@
 
 pub mod frontend;
 pub mod guest;
+
+/// A memfd of `size` bytes: the guest RAM both share with the backend.
+fn memfd(size: u64) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the name is NUL-terminated; memfd_create returns a new fd
+    // or -1.
+    let fd = unsafe { libc::memfd_create(c"fusebox-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.set_len(size)?;
+    Ok(f)
+}
