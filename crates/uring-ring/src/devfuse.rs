@@ -459,13 +459,7 @@ fn umount2(target: &Path, flags: libc::c_int) -> Result<(), std::io::Error> {
     Ok(())
 }
 
-fn last_errno() -> Errno {
-    Errno(
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO),
-    )
-}
+use crate::passthrough::sys::errno as last_errno;
 
 impl DeviceEnd for DevFuse {
     fn read_msg(&self, buf: &mut [u8]) -> Result<usize, Errno> {

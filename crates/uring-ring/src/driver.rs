@@ -519,3 +519,16 @@ fn driver_io(e: DriverError) -> io::Error {
         other => io::Error::other(other),
     }
 }
+
+/// Failed io_uring_enter calls (each followed by a 1 ms sleep) after which
+/// the ring counts as broken.
+const MAX_FAILURES: u32 = 1000;
+
+/// An io_uring_enter failure to retry at once (a signal, or the kernel
+/// short of room for completions for a moment).
+fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+    )
+}

@@ -47,6 +47,7 @@ pub(crate) mod arena;
 pub mod serve;
 
 use crate::devfuse::DevFuse;
+use crate::passthrough::sys;
 use crate::sync::{get_mut, lock};
 use fuse_core::abi::{
     notify, uring, InHeader, NotifyRetrieveOut, Opcode, OutHeader, UringCmdReq, UringReqHeader,
@@ -55,7 +56,7 @@ use fuse_core::server::{RingSlot, RingTransport};
 use fuse_core::Errno;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -300,13 +301,8 @@ impl KernelQueue {
         // ones (docs/BENCHMARKS.md, uring-ring driver).
         let arena =
             arena::Arena::new(max_payload, depth, false).map_err(KernelUringError::Setup)?;
-        // SAFETY: plain syscall; the result is a new fd or -1.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(KernelUringError::Setup(std::io::Error::last_os_error()));
-        }
-        // SAFETY: `efd` was just created and is owned by nothing else.
-        let wake = unsafe { OwnedFd::from_raw_fd(efd) };
+        let wake = sys::eventfd()
+            .map_err(|e| KernelUringError::Setup(std::io::Error::from_raw_os_error(e.0)))?;
         Ok(KernelQueue {
             shared: Arc::new(Shared {
                 qid,
@@ -567,16 +563,7 @@ impl KernelQueue {
             }
             if ud == WAKE {
                 st.wake_armed = false;
-                // Drains the eventfd; the count itself is not needed.
-                let mut count = 0u64;
-                // SAFETY: reads at most 8 bytes into a local u64.
-                unsafe {
-                    libc::read(
-                        self.shared.wake.as_raw_fd(),
-                        (&mut count as *mut u64).cast(),
-                        8,
-                    );
-                }
+                sys::eventfd_drain(self.shared.wake.as_raw_fd());
                 continue;
             }
             let Some(ent) = st.inflight.remove(&ud) else {
@@ -775,11 +762,7 @@ impl RingTransport for KernelQueue {
     }
 
     fn wake(&self, _qid: u16) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a local to the eventfd.
-        unsafe {
-            libc::write(self.shared.wake.as_raw_fd(), (&one as *const u64).cast(), 8);
-        }
+        sys::eventfd_signal(self.shared.wake.as_raw_fd());
     }
 
     fn handle_of(slot: &KernelSlot) -> u64 {

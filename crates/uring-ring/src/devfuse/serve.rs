@@ -31,8 +31,9 @@
 //! request and cancels a started op by its unique through the filesystem.
 //! A started op whose host call hangs holds only its slot.
 
-use super::DevFuse;
+use super::{last_errno, DevFuse};
 use crate::kernel_uring::arena::{Arena, Payload, PAGE};
+use crate::passthrough::sys;
 use crate::sync::lock;
 use fuse_core::abi::{self, InHeader, Operation, WriteIn, WriteOut};
 use fuse_core::server::{Deferred, DeviceEnd, Dispatcher, Filesystem, FsResult, Handled, ReadDone};
@@ -134,7 +135,7 @@ impl DevWorker {
             arena,
             started: HashMap::new(),
             done: Arc::new(Mutex::new(Vec::new())),
-            wake: Arc::new(crate::passthrough::sys::eventfd()?),
+            wake: Arc::new(sys::eventfd()?),
             out: vec![0u8; DATA],
             stats: DevStats::default(),
         })
@@ -259,7 +260,7 @@ impl DevWorker {
             // Answered on this thread (its completions, a page-cache hit):
             // seen before it waits. Else wake it.
             if std::thread::current().id() != me {
-                signal(&wake);
+                sys::eventfd_signal(wake.as_raw_fd());
             }
         })
     }
@@ -420,33 +421,11 @@ impl DevWorker {
         }
         for p in &fds[1..] {
             if p.revents & libc::POLLIN != 0 {
-                drain(p.fd);
+                sys::eventfd_drain(p.fd);
             }
         }
         Ok(())
     }
-}
-
-/// Reads (resets) a non-blocking eventfd.
-fn drain(fd: i32) {
-    let mut v = 0u64;
-    // SAFETY: reads 8 bytes into a local u64.
-    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-}
-
-/// Adds one to an eventfd.
-fn signal(fd: &OwnedFd) {
-    let one = 1u64;
-    // SAFETY: writes 8 bytes from a local u64.
-    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-}
-
-fn last_errno() -> Errno {
-    Errno(
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO),
-    )
 }
 
 fn io_errno(e: std::io::Error) -> Errno {

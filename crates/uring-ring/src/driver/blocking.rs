@@ -88,14 +88,10 @@ impl Driver {
             }
             match self.ring.submit_and_wait(1) {
                 Ok(_) => self.sync_queued(),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) => {}
+                Err(e) if super::transient(&e) => {}
                 Err(e) => {
                     failures += 1;
-                    if failures > 1000 {
+                    if failures > super::MAX_FAILURES {
                         // The entry may still be in the ring with a pointer
                         // into the caller's borrow: returning would let the
                         // kernel write into freed memory.

@@ -8,12 +8,8 @@
 //! io-wq worker or armed on a pipe may still write into its buffer after
 //! the close returned.
 
-use super::{cancel_entry, Driver, Slot};
+use super::{cancel_entry, transient, Driver, Slot, MAX_FAILURES};
 use std::time::Duration;
-
-/// Failed io_uring_enter calls (each followed by a 1 ms sleep) after which
-/// the ring counts as broken.
-const MAX_FAILURES: u32 = 1000;
 
 impl Drop for Driver {
     fn drop(&mut self) {
@@ -84,11 +80,7 @@ impl Driver {
             let want = usize::from(cancels.is_empty());
             match self.ring.submit_and_wait(want) {
                 Ok(_) => failures = 0,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) => {}
+                Err(e) if transient(&e) => {}
                 Err(_) => {
                     failures += 1;
                     if failures >= MAX_FAILURES {

@@ -173,10 +173,8 @@ impl<'a, F: Filesystem> Server<'a, F> {
             }
             if self.q.wait(self.disp.fs().async_fd())? {
                 if let Some(fd) = self.disp.fs().async_fd() {
-                    let mut v = 0u64;
-                    // SAFETY: reads 8 bytes into a local u64 from the
-                    // filesystem's non-blocking eventfd: that resets it.
-                    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+                    // The filesystem's non-blocking eventfd: that resets it.
+                    crate::passthrough::sys::eventfd_drain(fd);
                 }
             }
         }

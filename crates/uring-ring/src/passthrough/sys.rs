@@ -802,6 +802,22 @@ pub fn eventfd() -> Result<OwnedFd, Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Empties a non-blocking eventfd (its count is not needed); nothing
+/// waiting is not an error.
+pub fn eventfd_drain(fd: RawFd) {
+    let mut v = 0u64;
+    // SAFETY: reads at most 8 bytes into a local u64; the kernel checks
+    // `fd`.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+}
+
+/// Adds one to an eventfd.
+pub fn eventfd_signal(fd: RawFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a local u64; the kernel checks `fd`.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
 /// The daemon's effective uid.
 pub fn geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
