@@ -80,8 +80,7 @@ boot() {
 	"$fusebox" --socket-path "$sock" --shared-dir "$share" --security-label \
 		--xattrmap ":map::$prefix:" 2> "$work/fusebox.log" &
 	fpid=$!
-	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-	[ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
+	wait_listening
 	echo "labels: booting $("$qemu" --version | head -1) with SELinux, labels under $prefix"
 	timeout 600 "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
 		-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
@@ -95,15 +94,7 @@ boot() {
 }
 boot
 boot_again_on_tcg_assertion labels
-for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
-status=0
-if kill -0 "$fpid" 2>/dev/null; then
-	echo "labels: FAIL fusebox still running after the VMM left"
-	kill "$fpid" 2>/dev/null || true; status=1
-else
-	wait "$fpid" || { echo "labels: FAIL fusebox exited with $?"; status=1; }
-fi
-fpid=
+wait_fusebox_exit labels
 
 touch "$work/console.log"
 grep -aE '^(PASS|FAIL|GUEST|LABEL)' "$work/console.log" || true

@@ -101,8 +101,7 @@ boot() {
 	${FUSEBOX_WRAP:-} "${runner[@]}" "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
 		--announce-submounts --cache auto $fb_args 2> "$work/fusebox.log" &
 	fpid=$!
-	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-	[ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
+	wait_listening
 
 	echo "guest-run: booting $("$qemu" --version | head -1), $queues request queue(s), $smp cpu(s)"
 	start=$(date +%s)
@@ -120,17 +119,10 @@ boot
 boot_again_on_tcg_assertion guest-run
 echo "guest-run: guest ran $(( $(date +%s) - start )) s"
 # fusebox exits when its frontend goes.
-for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
-if kill -0 "$fpid" 2>/dev/null; then
-	echo "guest-run: FAIL fusebox still running after the VMM left"
-	kill "$fpid"; status=1
-else
-	wait "$fpid" && status=0 || { echo "guest-run: FAIL fusebox exited with $?"; status=1; }
-fi
-fpid=
+wait_fusebox_exit guest-run
 
 grep -E '^(PASS|FAIL|GUEST)' "$work/console.log" || true
-result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1)
+result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1 || true)
 case $result in
 	*"failed=0"*) ;;
 	*) echo "guest-run: FAIL guest suite: ${result:-no result}"; tail -40 "$work/console.log"; status=1 ;;

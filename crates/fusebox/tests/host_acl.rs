@@ -8,49 +8,16 @@
 mod common;
 
 use common::{exits_cleanly, signal, start_with, Dirs};
-use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
-use uring_ring::testing::acl::{acl, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ};
+use uring_ring::testing::acl::{
+    acl, host_setxattr, host_xattr, reader_acl, GROUP_OBJ, MASK, NONE, OTHER, USER, USER_OBJ,
+};
 
-const ACCESS: &str = "system.posix_acl_access";
-const DEFAULT: &str = "system.posix_acl_default";
-
-fn c(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
-}
-
-fn setxattr(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
-    let (p, n) = (c(p), CString::new(name).unwrap());
-    // SAFETY: NUL-terminated names; value is readable for its length.
-    let r = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
-    }
-}
-
-fn getxattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    let (p, n) = (c(p), CString::new(name).unwrap());
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: NUL-terminated names; buf is writable for its length.
-    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (r >= 0).then(|| {
-        buf.truncate(r as usize);
-        buf
-    })
-}
+const ACCESS: &[u8] = b"system.posix_acl_access";
+const DEFAULT: &[u8] = b"system.posix_acl_default";
 
 /// `cat FILE` as uid:gid (no supplementary groups): its output, or None.
 fn cat_as(uid: u32, file: &Path) -> Option<Vec<u8>> {
@@ -76,8 +43,8 @@ fn the_kernel_enforces_acls_that_live_on_the_host() {
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
     assert_eq!(cat_as(1234, &f), None, "mode 0600 keeps uid 1234 out");
     let a = reader_acl(1234);
-    setxattr(&f, ACCESS, &a).unwrap();
-    assert_eq!(getxattr(&d.share().join("f"), ACCESS).unwrap(), a);
+    host_setxattr(&f, ACCESS, &a);
+    assert_eq!(host_xattr(&d.share().join("f"), ACCESS).unwrap(), a);
     assert_eq!(mode(&f) & 0o777, 0o640, "the mask became the group bits");
     assert_eq!(cat_as(1234, &f).as_deref(), Some(&b"secret"[..]));
     assert_eq!(cat_as(1235, &f), None);
@@ -92,7 +59,7 @@ fn the_kernel_enforces_acls_that_live_on_the_host() {
         (MASK, 7, NONE),
         (OTHER, 0, NONE),
     ]);
-    setxattr(&dir, DEFAULT, &dflt).unwrap();
+    host_setxattr(&dir, DEFAULT, &dflt);
     let st = Command::new("sh")
         .arg("-c")
         .arg("umask 077 && echo x > d/f && mkdir d/sub && echo y > plain")
@@ -101,8 +68,8 @@ fn the_kernel_enforces_acls_that_live_on_the_host() {
         .unwrap();
     assert!(st.success());
     assert_eq!(mode(&d.share().join("d/f")) & 0o777, 0o660);
-    assert!(getxattr(&d.share().join("d/f"), ACCESS).is_some());
-    assert_eq!(getxattr(&d.share().join("d/sub"), DEFAULT).unwrap(), dflt);
+    assert!(host_xattr(&d.share().join("d/f"), ACCESS).is_some());
+    assert_eq!(host_xattr(&d.share().join("d/sub"), DEFAULT).unwrap(), dflt);
     assert_eq!(
         cat_as(1234, &d.mnt().join("d/f")).as_deref(),
         Some(&b"x\n"[..])
@@ -170,7 +137,7 @@ fn an_acl_set_without_cap_fsetid_clears_the_setgid_bit() {
             if !fsetid {
                 drop_caps_in_this_thread(&[CAP_FSETID]);
             }
-            setxattr(&f2, ACCESS, &a).unwrap();
+            host_setxattr(&f2, ACCESS, &a);
         })
         .join()
         .unwrap();
@@ -214,7 +181,7 @@ fn the_kernel_itself_checks_modes_and_acls() {
         // An entry for uid 0: with ACLs the kernel reads it and lets it
         // in; without, it checks the mode bits alone.
         let a = reader_acl(0);
-        setxattr(&f, ACCESS, &a).unwrap();
+        host_setxattr(&f, ACCESS, &a);
         if tag != "kcheck" {
             assert_eq!(read_without_dac_caps(&f), Err(Some(libc::EACCES)), "{tag}");
         } else {
@@ -244,9 +211,9 @@ fn without_posix_acl_acls_pass_through_and_the_host_enforces_them() {
         (MASK, 4, NONE),
         (OTHER, 4, NONE),
     ]);
-    setxattr(&f, ACCESS, &a).unwrap();
-    assert_eq!(getxattr(&d.share().join("f"), ACCESS).unwrap(), a);
-    assert_eq!(getxattr(&f, ACCESS).unwrap(), a);
+    host_setxattr(&f, ACCESS, &a);
+    assert_eq!(host_xattr(&d.share().join("f"), ACCESS).unwrap(), a);
+    assert_eq!(host_xattr(&f, ACCESS).unwrap(), a);
     // The kernel's mode check lets both in; the host's ACL check, which
     // the daemon's calls as the caller meet, stops 1234.
     assert_eq!(cat_as(1235, &f).as_deref(), Some(&b"secret"[..]));

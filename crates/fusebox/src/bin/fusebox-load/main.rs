@@ -208,7 +208,7 @@ fn print(a: &Args, r: &Report) {
 
 fn main() -> std::process::ExitCode {
     // RUST_LOG=debug shows the frontend's reply traces (`log::debug!`).
-    let _ = env_logger::Builder::from_env(env_logger::Env::default()).try_init();
+    let _ = env_logger::try_init();
     let a = Args::parse();
     let r = if a.engine_client {
         engine::run(&a)
