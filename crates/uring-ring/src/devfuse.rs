@@ -212,10 +212,15 @@ impl DevFuse {
         // The device number alone could be a mount made since ours went
         // (it is given again once our superblock is gone); the unique
         // mount id never is (Linux 6.8 on; before, the device decides).
-        if self.mnt.is_some()
-            && identity_of(&held, STATX_MNT_ID_UNIQUE).map_err(err)?.mnt != self.mnt
-        {
-            return Ok(false);
+        if self.mnt.is_some() {
+            match identity_of(&held, STATX_MNT_ID_UNIQUE) {
+                Ok(now) if now.mnt == self.mnt => {}
+                Ok(_) => return Ok(false),
+                // Another user's FUSE mount that got our old device
+                // number (ours lets us in).
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Ok(false),
+                Err(e) => return Err(err(e)),
+            }
         }
         // The magic link resolves to the very mount `held` holds. Its root
         // is ours: only a mount's root is unmountable, so EINVAL means the
