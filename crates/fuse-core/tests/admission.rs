@@ -248,6 +248,30 @@ fn e_nothing_admitted_before_init() {
 }
 
 #[test]
+fn e_init_without_limits_keeps_the_max_background_set_before_it() {
+    // The kernel: an INIT reply's zero max_background or
+    // congestion_threshold leaves the connection's value as it is.
+    let chan = Chan::new(ChanConfig {
+        spawn_scanner: false,
+        ..Default::default()
+    });
+    chan.set_max_background(5);
+    let out = InitOut {
+        major: 7,
+        minor: 45,
+        max_write: 65536,
+        ..Default::default()
+    };
+    let neg = chan.process_init_reply(&out).unwrap();
+    assert_eq!(neg.max_background, 5, "INIT's 0 reset it");
+    assert_eq!(chan.stats().max_background, 5);
+    assert_eq!(
+        neg.congestion_threshold,
+        ChanConfig::default().congestion_threshold
+    );
+}
+
+#[test]
 fn e_ring_gate_holds_until_every_queue_has_an_entry() {
     use fuse_core::dev_uring::{cmd_area, EntryBufs};
     let cfg = ChanConfig {

@@ -85,6 +85,13 @@ impl Chan {
                 timeout.min(cfg.max_request_timeout)
             };
         }
+        // A zero limit keeps the one in force (the configured value, or
+        // one set since with `set_max_background`), as the kernel's INIT
+        // processing does; it does not reset it to the configured one.
+        let (max_now, congestion_now) = {
+            let bg = lock(&self.core().bg);
+            (bg.max_background, bg.congestion_threshold)
+        };
         let neg = Negotiated {
             minor: out.minor.min(abi::KERNEL_MINOR_VERSION),
             flags,
@@ -93,12 +100,12 @@ impl Chan {
             max_background: if out.max_background != 0 {
                 u32::from(out.max_background)
             } else {
-                cfg.max_background
+                max_now
             },
             congestion_threshold: if out.congestion_threshold != 0 {
                 u32::from(out.congestion_threshold)
             } else {
-                cfg.congestion_threshold
+                congestion_now
             },
             request_timeout: timeout,
             ring_queues: if flags & init::OVER_IO_URING != 0 {
