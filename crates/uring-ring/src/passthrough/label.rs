@@ -141,7 +141,7 @@ impl Drop for FscreateGuard {
         // fails the thread's next creation would carry this label: nothing
         // better to do than say so.
         if let Err(e) = write_all(self.fd.as_raw_fd(), &[]) {
-            log::warn!("clearing a worker's fscreate label: {e}");
+            crate::ratelimit::warn_limited!("clearing a worker's fscreate label: {e}");
         }
     }
 }
@@ -323,7 +323,7 @@ impl PassthroughFs {
         let _c = match self.creds_as(cred, Caps::Caller) {
             Ok(c) => c,
             Err(e) => {
-                log::warn!("removing {name:?}, whose security label could not be set: {e}");
+                crate::ratelimit::warn_limited!("removing {name:?}, whose security label could not be set: {e}");
                 return;
             }
         };
@@ -342,7 +342,7 @@ impl PassthroughFs {
             0
         };
         if let Err(e) = sys::unlinkat(dir, name, flags) {
-            log::warn!("removing {name:?}, whose security label could not be set: {e}");
+            crate::ratelimit::warn_limited!("removing {name:?}, whose security label could not be set: {e}");
         }
     }
 }
