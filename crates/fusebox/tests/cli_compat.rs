@@ -77,17 +77,23 @@ fn spawn_on_fd(listener: &std::os::unix::net::UnixListener, args: &[&str], log: 
     cmd.arg(format!("--fd={fd}"))
         .args(args)
         .stderr(std::fs::File::create(log).unwrap());
+    // The listening socket is passed as libvirt does: inherited.
+    inherit(&mut cmd, fd);
+    cmd.spawn().unwrap()
+}
+
+/// Has `cmd`'s process inherit `fd` (its close-on-exec flag cleared in
+/// the child).
+fn inherit(cmd: &mut Command, fd: i32) {
     // SAFETY: fcntl is async-signal-safe; the closure touches nothing else.
     unsafe {
         cmd.pre_exec(move || {
-            // The listening socket is passed as libvirt does: inherited.
             if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    cmd.spawn().unwrap()
 }
 
 #[test]
@@ -587,7 +593,7 @@ fn an_fd_that_is_no_listening_socket_is_refused() {
     std::fs::create_dir_all(&share).unwrap();
     let file = std::fs::File::create(d.0.join("plain")).unwrap();
     let fd = file.as_raw_fd();
-    for (arg, inherit) in [
+    for (arg, inherited) in [
         ("--fd=0".to_string(), None),
         (format!("--fd={fd}"), Some(fd)),
     ] {
@@ -596,16 +602,8 @@ fn an_fd_that_is_no_listening_socket_is_refused() {
             .arg("--shared-dir")
             .arg(&share)
             .arg("--sandbox=none");
-        if let Some(fd) = inherit {
-            // SAFETY: fcntl is async-signal-safe; the closure touches nothing else.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+        if let Some(fd) = inherited {
+            inherit(&mut cmd, fd);
         }
         let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
