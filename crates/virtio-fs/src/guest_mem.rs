@@ -10,9 +10,9 @@
 //! The guest gets its buffers back when its request is answered, and a
 //! request answered by the timeout scanner may still be in a server's
 //! hands. So host I/O happens under `begin_io`/`end_io`, and
-//! [`GuestSpans::revoke`] refuses new I/O: if none is running the timeout
-//! answer goes out at once, otherwise the last `end_io` sends it (the
-//! `on_idle` callback). The guest never sees a buffer answered and written
+//! [`GuestSpans::revoke_or_when_idle`] refuses new I/O: if none is running
+//! the timeout answer goes out at once, otherwise the last `end_io` sends
+//! it (the callback that revoke left). The guest never sees a buffer answered and written
 //! afterwards.
 
 use crate::chain::Seg;
@@ -70,12 +70,15 @@ impl MapCache {
 }
 
 /// Access state (guarded by `GuestSpans::access`, a leaf lock).
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Access {
     /// Host I/O calls in progress.
     busy: usize,
     /// The guest's buffers are no longer ours to touch.
     revoked: bool,
+    /// Called once, by the `end_io` that leaves the revoked memory idle
+    /// (set by a revoke that found I/O running: `revoke_or_when_idle`).
+    on_idle: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// Guest buffers of one request (see the module docs).
@@ -88,8 +91,6 @@ pub(crate) struct GuestSpans {
     access: Mutex<Access>,
     /// Signalled when the last I/O ends (for `wait_idle`).
     idle: Condvar,
-    /// Called once, by the `end_io` that leaves a revoked memory idle.
-    on_idle: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl std::fmt::Debug for GuestSpans {
@@ -143,22 +144,30 @@ impl GuestSpans {
             map,
             access: Mutex::new(Access::default()),
             idle: Condvar::new(),
-            on_idle: Mutex::new(None),
         })
-    }
-
-    /// Sets what to do when a revoke has to wait for I/O in progress.
-    pub(crate) fn on_idle(&self, f: Box<dyn FnOnce() + Send>) {
-        *lock(&self.on_idle) = Some(f);
     }
 
     /// Takes the buffers back: no host I/O may start on them after this.
     /// True if none is running (the request may be answered now); false if
-    /// some is, and `on_idle` will run when the last one ends.
+    /// some is (it ends without being waited for here).
     pub(crate) fn revoke(&self) -> bool {
         let mut a = lock(&self.access);
         a.revoked = true;
         a.busy == 0
+    }
+
+    /// [`GuestSpans::revoke`], and if I/O is running, `f` is called by the
+    /// `end_io` that ends the last of it (in the same critical section as
+    /// the revoke, so that end cannot slip between the two). `f` is dropped
+    /// unused when nothing runs (true).
+    pub(crate) fn revoke_or_when_idle(&self, f: Box<dyn FnOnce() + Send>) -> bool {
+        let mut a = lock(&self.access);
+        a.revoked = true;
+        if a.busy == 0 {
+            return true;
+        }
+        a.on_idle = Some(f);
+        false
     }
 
     /// Waits until no host I/O runs on the buffers (after `revoke`, none
@@ -211,7 +220,7 @@ impl GuestSpans {
 // spans can never touch memory the daemon's own code uses. The guest
 // reuses the buffers once its request is answered. A request the device
 // answers on its own (timeout, ring stop) is answered only after `revoke`
-// found no I/O running, or from `on_idle` when the last one ended, and
+// found no I/O running, or from the callback the last one's end runs, and
 // `begin_io` fails once revoked. A request the filesystem answers is
 // answered when the filesystem says its I/O is done: a filesystem that
 // kept the memory and did I/O after answering would write buffers the
@@ -239,21 +248,21 @@ unsafe impl ClientMem for GuestSpans {
     }
 
     fn end_io(&self) {
-        let idle = {
+        let f = {
             let mut a = lock(&self.access);
             a.busy = a.busy.saturating_sub(1);
             // Only a revoker waits (`wait_idle` follows `revoke`): an
             // unconditional notify costs a futex call per request.
             if a.busy == 0 && a.revoked {
                 self.idle.notify_all();
+                a.on_idle.take()
+            } else {
+                None
             }
-            a.revoked && a.busy == 0
         };
-        if idle {
-            let f = lock(&self.on_idle).take();
-            if let Some(f) = f {
-                f();
-            }
+        // Out of the lock: it answers the request (taking its ticket's).
+        if let Some(f) = f {
+            f();
         }
     }
 

@@ -57,22 +57,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             orphan: AtomicU8::new(ORPHAN_NO),
             state: Mutex::new(TicketState::InFlight),
         });
-        if let Some(c) = &client {
-            // A timeout that found I/O running on the buffers answers here,
-            // when the last of it ends.
-            let (t, dev) = (Arc::downgrade(&ticket), Arc::downgrade(&self.inner));
-            c.on_idle(Box::new(move || {
-                let (Some(t), Some(inner)) = (t.upgrade(), dev.upgrade()) else {
-                    return;
-                };
-                let mut s = lock(&t.state);
-                if *s == TicketState::Deferred {
-                    *s = TicketState::Answered;
-                    drop(s);
-                    lock(&inner.deferred).retain(|d| !Arc::ptr_eq(d, &t));
-                    FsDevice { inner }.answer(&t, Errno::EIO.to_wire(), &[]);
-                }
-            }));
+        if client.is_some() {
             let mut lent = lock(&self.inner.queue(q).lent);
             if lent.len() >= 64 && lent.len().is_power_of_two() {
                 lent.retain(|t| t.strong_count() > 0);

@@ -40,7 +40,10 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 }
                 // Guest buffers a server is doing I/O on cannot go back to
                 // the guest yet: the answer waits for that I/O to end.
-                let now = t.client.as_ref().is_none_or(|c| c.revoke());
+                let now = t
+                    .client
+                    .as_ref()
+                    .is_none_or(|c| c.revoke_or_when_idle(answer_when_idle(&t, &dev.inner)));
                 *s = if now {
                     TicketState::Answered
                 } else {
@@ -81,4 +84,27 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
 /// How often the scanner looks, for a request timeout of `timeout`.
 pub(super) fn scan_period(timeout: Duration) -> Duration {
     (timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(1))
+}
+
+/// What the last host I/O on a timed-out request's buffers does when it
+/// ends (the scanner found it running): answers the request with EIO, if
+/// it is still deferred. It runs on that I/O's thread once the scanner let
+/// go of the ticket's state, so it sees `Deferred`.
+fn answer_when_idle<F: Filesystem + 'static>(
+    t: &Arc<Ticket>,
+    inner: &Arc<Inner<F>>,
+) -> Box<dyn FnOnce() + Send> {
+    let (t, dev) = (Arc::downgrade(t), Arc::downgrade(inner));
+    Box::new(move || {
+        let (Some(t), Some(inner)) = (t.upgrade(), dev.upgrade()) else {
+            return;
+        };
+        let mut s = lock(&t.state);
+        if *s == TicketState::Deferred {
+            *s = TicketState::Answered;
+            drop(s);
+            lock(&inner.deferred).retain(|d| !Arc::ptr_eq(d, &t));
+            FsDevice { inner }.answer(&t, Errno::EIO.to_wire(), &[]);
+        }
+    })
 }
