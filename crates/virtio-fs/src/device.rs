@@ -12,7 +12,9 @@
 //! Request lifecycle (one [`Ticket`], `ticket.rs`, state guarded by its
 //! `state` mutex): `InFlight` → `Answered` by exactly one of: the engine's
 //! end callback (`answer.rs`), the timeout scanner, or the submit path when
-//! the engine refuses it.
+//! the engine refuses it; or `InFlight` → `Deferred` (timed out while host
+//! I/O ran on its guest buffers) → `Answered` with EIO by the end of the
+//! last such I/O (`timeouts.rs`).
 //!
 //! Where the rest is: `backend.rs` (what the frontend asks:
 //! `VhostUserBackend`), `hiprio.rs`, `request.rs` (a chain read into engine

@@ -12,8 +12,8 @@
 //! hands. So host I/O happens under `begin_io`/`end_io`, and
 //! [`GuestSpans::revoke_or_when_idle`] refuses new I/O: if none is running
 //! the timeout answer goes out at once, otherwise the last `end_io` sends
-//! it (the callback that revoke left). The guest never sees a buffer answered and written
-//! afterwards.
+//! it (the callback that revoke left). The guest never sees a buffer
+//! answered and written afterwards.
 
 use crate::chain::Seg;
 use crate::sync::{lock, read, wait, write};
@@ -218,10 +218,11 @@ impl GuestSpans {
 // guest RAM (not a Rust object, so no Rust reference aliases it) that
 // `self.mem` keeps mapped for as long as `self` lives: host I/O through the
 // spans can never touch memory the daemon's own code uses. The guest
-// reuses the buffers once its request is answered. A request the device
-// answers on its own (timeout, ring stop) is answered only after `revoke`
-// found no I/O running, or from the callback the last one's end runs, and
-// `begin_io` fails once revoked. A request the filesystem answers is
+// reuses the buffers once its request is answered. A request the timeout
+// scanner answers is answered only after `revoke_or_when_idle` found no
+// I/O running, or from the callback the last one's end runs; a ring stop
+// revokes and waits for the I/O to end before the guest may reuse the
+// ring (it answers nothing); and `begin_io` fails once revoked. A request the filesystem answers is
 // answered when the filesystem says its I/O is done: a filesystem that
 // kept the memory and did I/O after answering would write buffers the
 // guest owns again (the guest's data, not the daemon's memory, is what it
@@ -260,7 +261,8 @@ unsafe impl ClientMem for GuestSpans {
                 None
             }
         };
-        // Out of the lock: it answers the request (taking its ticket's).
+        // Out of the lock: it answers the request (taking its ticket's
+        // `state`, then the device's `deferred`).
         if let Some(f) = f {
             f();
         }

@@ -16,8 +16,9 @@ pub(super) const ORPHAN_NO: u8 = 0;
 pub(super) const ORPHAN_YES: u8 = 1;
 pub(super) const ORPHAN_ENDED: u8 = 2;
 
-/// A guest request in flight. `state` (its own mutex, a leaf lock)
-/// guards who answers it.
+/// A guest request in flight. `state` (its own mutex) guards who answers
+/// it; the timeout scanner takes the spans' `access` and the device's
+/// `deferred` under it (docs/DESIGN.md, lock order).
 pub(super) struct Ticket {
     /// The guest's unique (its reply carries it).
     pub(super) unique: u64,
