@@ -256,6 +256,7 @@ fn e_init_without_limits_keeps_the_max_background_set_before_it() {
         ..Default::default()
     });
     chan.set_max_background(5);
+    chan.set_congestion_threshold(4);
     let out = InitOut {
         major: 7,
         minor: 45,
@@ -264,11 +265,10 @@ fn e_init_without_limits_keeps_the_max_background_set_before_it() {
     };
     let neg = chan.process_init_reply(&out).unwrap();
     assert_eq!(neg.max_background, 5, "INIT's 0 reset it");
-    assert_eq!(chan.stats().max_background, 5);
-    assert_eq!(
-        neg.congestion_threshold,
-        ChanConfig::default().congestion_threshold
-    );
+    assert_eq!(neg.congestion_threshold, 4, "INIT's 0 reset it");
+    assert_eq!(chan.negotiated(), Some(neg));
+    let s = chan.stats();
+    assert_eq!((s.max_background, s.congestion_threshold), (5, 4));
 }
 
 #[test]

@@ -298,8 +298,11 @@ fn drop_cancels_and_waits_for_every_op_before_returning() {
     drop(tx);
     let mut rest = Vec::new();
     rx.read_to_end(&mut rest).unwrap();
+    assert_eq!(
+        client, [0u8; 64],
+        "a read outlived the drop and wrote client memory"
+    );
     assert_eq!(rest, b"after drop");
-    assert_eq!(client, [0u8; 64], "a read outlived the drop and wrote client memory");
 }
 
 #[test]

@@ -88,9 +88,20 @@ impl Chan {
         // A zero limit keeps the one in force (the configured value, or
         // one set since with `set_max_background`), as the kernel's INIT
         // processing does; it does not reset it to the configured one.
+        // Read here for the ring's making; `initialize` takes it again
+        // under the lock it sets the limits under, so a change in between
+        // is not lost. (After an abort there is none in force.)
+        let keep = KeepLimits {
+            max_background: out.max_background == 0,
+            congestion_threshold: out.congestion_threshold == 0,
+        };
         let (max_now, congestion_now) = {
             let bg = lock(&self.core().bg);
-            (bg.max_background, bg.congestion_threshold)
+            if bg.connected {
+                (bg.max_background, bg.congestion_threshold)
+            } else {
+                (cfg.max_background, cfg.congestion_threshold)
+            }
         };
         let neg = Negotiated {
             minor: out.minor.min(abi::KERNEL_MINOR_VERSION),
@@ -114,13 +125,19 @@ impl Chan {
                 0
             },
         };
-        self.set_initialized(neg);
-        Ok(neg)
+        Ok(self.initialize(neg, keep))
     }
 
     /// Marks the connection initialized with `neg` (what processing an INIT
     /// reply does). Everything is set before `initialized` is published.
     pub fn set_initialized(&self, neg: Negotiated) {
+        self.initialize(neg, KeepLimits::default());
+    }
+
+    /// [`Chan::set_initialized`], with the limits `keep` names left as
+    /// they are in force (read under `bg_lock`, where they are set) and
+    /// returned in what was negotiated.
+    fn initialize(&self, mut neg: Negotiated, keep: KeepLimits) -> Negotiated {
         let core = self.core();
         core.transport.negotiated(&neg);
         core.abort_error
@@ -132,7 +149,6 @@ impl Chan {
         {
             // conn -> bg: ring registrations and the gate change together.
             let mut c = lock(&core.conn);
-            c.negotiated = Some(neg);
             // The ring takes over here (it creates its queues), before
             // `initialized`. Registrations take `conn` too, so none can
             // slip between this and the gate.
@@ -149,6 +165,15 @@ impl Chan {
             c.ring_registered = vec![false; usize::from(q)];
             let ready = q == 0;
             let mut bg = lock(&core.bg);
+            if bg.connected {
+                if keep.max_background {
+                    neg.max_background = bg.max_background;
+                }
+                if keep.congestion_threshold {
+                    neg.congestion_threshold = bg.congestion_threshold;
+                }
+            }
+            c.negotiated = Some(neg);
             bg.max_background = neg.max_background;
             // The ring was made with the negotiated value, but a
             // `set_max_background` between its making and this lock would
@@ -170,5 +195,13 @@ impl Chan {
         if !neg.request_timeout.is_zero() && core.cfg.spawn_scanner {
             super::timeout::spawn_scanner(core, core.cfg.scan_period);
         }
+        neg
     }
+}
+
+/// Limits an INIT reply left at zero: those in force stay.
+#[derive(Debug, Default, Clone, Copy)]
+struct KeepLimits {
+    max_background: bool,
+    congestion_threshold: bool,
 }

@@ -267,7 +267,9 @@ impl PassthroughFs {
         // must look like what was made before anything is set on it (or it
         // is unlinked).
         if !fresh.matches(&found.st) {
-            crate::ratelimit::warn_limited!("{name:?} changed while it was being made; its security label is not set");
+            crate::ratelimit::warn_limited!(
+                "{name:?} changed while it was being made; its security label is not set"
+            );
             return Err(Errno::EIO);
         }
         if let Err(e) = plan.apply(self, found.fd.raw()) {

@@ -323,7 +323,9 @@ impl PassthroughFs {
         let _c = match self.creds_as(cred, Caps::Caller) {
             Ok(c) => c,
             Err(e) => {
-                crate::ratelimit::warn_limited!("removing {name:?}, whose security label could not be set: {e}");
+                crate::ratelimit::warn_limited!(
+                    "removing {name:?}, whose security label could not be set: {e}"
+                );
                 return;
             }
         };
@@ -342,7 +344,9 @@ impl PassthroughFs {
             0
         };
         if let Err(e) = sys::unlinkat(dir, name, flags) {
-            crate::ratelimit::warn_limited!("removing {name:?}, whose security label could not be set: {e}");
+            crate::ratelimit::warn_limited!(
+                "removing {name:?}, whose security label could not be set: {e}"
+            );
         }
     }
 }
