@@ -141,7 +141,7 @@ mod tests {
     }
 
     #[test]
-    fn the_macro_logs_the_burst_then_says_how_many_it_dropped() {
+    fn the_macro_logs_a_burst_from_one_call_site_within_a_window() {
         // One call site, called past its burst within one window (the
         // test takes far less than a window).
         struct Count(std::sync::Mutex<Vec<String>>);

@@ -3,9 +3,11 @@
 //! INIT gating and request timeouts.
 //!
 //! Lock order (outer to inner): `bg` (`bg_lock`) → transport locks (`iq`,
-//! `pq`) → a request's `data`. The connection lock `conn` and the
-//! `waiting` lock are leaves: nothing is taken while holding them; so is
-//! `spares`, the ended requests kept for reuse.
+//! `pq`) → a request's `data`. The connection lock `conn` comes before
+//! `bg` where ring registrations and the admission gate change together
+//! (`set_initialized`, `ring_queue_registered`), and is otherwise taken
+//! alone; the `waiting` lock is a leaf, and so is `spares`, the ended
+//! requests kept for reuse (docs/DESIGN.md has the whole order).
 
 mod bg;
 mod call;
