@@ -158,7 +158,7 @@ fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
             // Once the connection has ended (the daemon is on its way
             // out) there is nothing to stop, and its fusectl number and
             // device may already be another mount's.
-            if dev.wait_disconnected(Duration::ZERO) {
+            if dev.is_disconnected() {
                 // Nothing left to unmount or abort; the daemon is on its
                 // way out unless something holds it (a host call that
                 // does not return): a second signal leaves at once.
@@ -243,7 +243,7 @@ fn start_ring(
     // REGISTER before that is refused with EAGAIN, and with many entries
     // registered at once some could be refused and others not).
     while !disp.init_done() || dev.replies_written() == 0 {
-        if dev.wait_disconnected(Duration::ZERO) {
+        if dev.is_disconnected() {
             // Unmounted (or aborted) before INIT was done.
             return Err(HostError::NoRing);
         }
@@ -507,9 +507,9 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         a.mountpoint.display()
     );
     let served = serve_until_gone(&a, &dev, &disp, dev_depth, max_payload);
-    // The connection is gone: unmounted, or aborted (a second signal, a
+    // The connection is gone (unmounted, or aborted: a second signal, a
     // worker that failed or could not start, the kernel timing a request
-    // out, fusectl). An aborted connection's mount would stay behind,
+    // out, fusectl), or serving failed and the daemon is leaving. An aborted connection's mount would stay behind,
     // failing every access with ENOTCONN until someone unmounts it:
     // detach it if the mount point still holds that very mount (never
     // another one made there since, on Linux 6.8 and later: see

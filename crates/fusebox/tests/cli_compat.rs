@@ -7,8 +7,9 @@
 //! builds (`--shared-dir DIR --cache never ...`); `--socket` and
 //! `-f` still work; every malformed, unknown or unsupported item stops
 //! the start with a message naming it; `--print-capabilities` is JSON
-//! listing what works. `-o no_flock,no_posix_lock` (libvirt's `<lock
-//! posix='off' flock='off'/>`), `no_readdirplus` and `no_killpriv_v2`
+//! listing what works. `-o no_flock,no_posix_lock` (what a libvirt that
+//! passes `-o` makes of `<lock posix='off' flock='off'/>`),
+//! `no_readdirplus` and `no_killpriv_v2`
 //! take those offers out of INIT. The parser's every case is unit-tested in
 //! `src/compat.rs`.
 
@@ -69,17 +70,35 @@ fn connect(sock: &Path, child: &mut Child, log: &Path) -> VhostFrontend {
     }
 }
 
-/// Starts fusebox as libvirt does: `--fd=N` naming `listener`, which the
-/// daemon inherits, then `args`; stderr to `log`.
-fn spawn_on_fd(listener: &std::os::unix::net::UnixListener, args: &[&str], log: &Path) -> Child {
+/// Starts fusebox as libvirt does: `--fd=N` naming a socket listening on
+/// `dir/vfs.sock`, which the daemon inherits, then `args`; stderr to
+/// `dir/stderr`. Returns the daemon, a frontend connected to it, and the
+/// log's path.
+fn start_on_fd(dir: &Path, args: &[&str]) -> (Child, VhostFrontend, PathBuf) {
+    let sock = dir.join("vfs.sock");
+    let log = dir.join("stderr");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let fd = listener.as_raw_fd();
     let mut cmd = Command::new(BIN);
     cmd.arg(format!("--fd={fd}"))
         .args(args)
-        .stderr(std::fs::File::create(log).unwrap());
+        .stderr(std::fs::File::create(&log).unwrap());
     // The listening socket is passed as libvirt does: inherited.
     inherit(&mut cmd, fd);
-    cmd.spawn().unwrap()
+    let mut child = cmd.spawn().unwrap();
+    drop(listener);
+    let fe = connect(&sock, &mut child, &log);
+    (child, fe, log)
+}
+
+/// Disconnects `fe`, checks the daemon then exits with success, and
+/// returns what it logged.
+fn ends_cleanly(fe: VhostFrontend, child: &mut Child, log: &Path) -> String {
+    drop(fe);
+    let status = wait_exit(child);
+    let err = std::fs::read_to_string(log).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    err
 }
 
 /// Has `cmd`'s process inherit `fd` (its close-on-exec flag cleared in
@@ -102,12 +121,9 @@ fn libvirts_command_line_starts_a_serving_daemon() {
     // A path with commas, one at its end: libvirt doubles each.
     let share = d.0.join("sh,are,");
     std::fs::create_dir_all(&share).unwrap();
-    let sock = d.0.join("vfs.sock");
-    let log = d.0.join("stderr");
-    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let escaped = share.to_str().unwrap().replace(',', ",,");
-    let mut child = spawn_on_fd(
-        &listener,
+    let (mut child, fe, log) = start_on_fd(
+        &d.0,
         &[
             "-o",
             &format!("source={escaped},cache=always,sandbox=chroot,xattr,flock,posix_lock"),
@@ -115,10 +131,7 @@ fn libvirts_command_line_starts_a_serving_daemon() {
             "--rlimit-nofile=4096",
             "-d",
         ],
-        &log,
     );
-    drop(listener);
-    let fe = connect(&sock, &mut child, &log);
     let c = fe.client();
     // Tests run as root: KILLPRIV_V2 is offered too.
     let offers = init::FLOCK_LOCKS
@@ -165,10 +178,7 @@ fn libvirts_command_line_starts_a_serving_daemon() {
         Some(libc::EWOULDBLOCK)
     );
     c.release(f.nodeid, o.fh, 0).unwrap();
-    drop(fe);
-    let status = wait_exit(&mut child);
-    let err = std::fs::read_to_string(&log).unwrap();
-    assert!(status.success(), "{status}: {err}");
+    let err = ends_cleanly(fe, &mut child, &log);
     assert_eq!(err.matches("-o is deprecated").count(), 1, "{err}");
     assert!(err.contains("-d is deprecated"), "{err}");
 }
@@ -185,11 +195,8 @@ fn newer_libvirts_separate_options_start_a_serving_daemon() {
     let d = base("libvirt-separate");
     let share = d.0.join("share");
     std::fs::create_dir_all(&share).unwrap();
-    let sock = d.0.join("vfs.sock");
-    let log = d.0.join("stderr");
-    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-    let mut child = spawn_on_fd(
-        &listener,
+    let (mut child, fe, log) = start_on_fd(
+        &d.0,
         &[
             "--shared-dir",
             share.to_str().unwrap(),
@@ -203,10 +210,7 @@ fn newer_libvirts_separate_options_start_a_serving_daemon() {
             "--log-level",
             "debug",
         ],
-        &log,
     );
-    drop(listener);
-    let fe = connect(&sock, &mut child, &log);
     let c = fe.client();
     let (f, o) = c
         .create(ROOT_ID, b"from-guest", 0o644, libc::O_RDWR as u32, 0)
@@ -218,10 +222,7 @@ fn newer_libvirts_separate_options_start_a_serving_daemon() {
     c.release(f.nodeid, o.fh, 0).unwrap();
     let host = share.join("from-guest");
     assert_eq!(std::fs::read(&host).unwrap(), b"hello");
-    drop(fe);
-    let status = wait_exit(&mut child);
-    let err = std::fs::read_to_string(&log).unwrap();
-    assert!(status.success(), "{status}: {err}");
+    let err = ends_cleanly(fe, &mut child, &log);
     assert!(!err.contains("deprecated"), "{err}");
 }
 
@@ -297,10 +298,7 @@ fn locks_readdirplus_and_killpriv_left_out_of_init_when_asked() {
         assert_eq!(f & libc::O_DIRECT, 0, "{f:o}");
     }
     c.release(f.nodeid, o.fh, 0).unwrap();
-    drop(fe);
-    let status = wait_exit(&mut child);
-    let err = std::fs::read_to_string(&log).unwrap();
-    assert!(status.success(), "{status}: {err}");
+    let err = ends_cleanly(fe, &mut child, &log);
     assert!(
         err.contains("no_flock, no_posix_lock, no_allow_direct_io have no separate option"),
         "{err}"
@@ -326,10 +324,7 @@ fn the_deprecated_socket_alias_and_f_serve() {
         .unwrap();
     let fe = connect(&sock, &mut child, &log);
     assert!(fe.client().lookup(ROOT_ID, b"there").is_ok());
-    drop(fe);
-    let status = wait_exit(&mut child);
-    let err = std::fs::read_to_string(&log).unwrap();
-    assert!(status.success(), "{status}: {err}");
+    let err = ends_cleanly(fe, &mut child, &log);
     assert!(err.contains("--socket is deprecated"), "{err}");
     assert!(err.contains("-f is deprecated"), "{err}");
     assert_eq!(

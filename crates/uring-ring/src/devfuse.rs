@@ -2,6 +2,7 @@
 //! and written by the same device workers that serve the in-process engine
 //! (`fuse_core::server::DeviceEnd`).
 
+use crate::passthrough::sys;
 use fuse_core::abi::OutHeader;
 use fuse_core::server::DeviceEnd;
 use fuse_core::Errno;
@@ -160,14 +161,14 @@ impl DevFuse {
             .write(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open("/dev/fuse")
-            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+            .map_err(|e| sys::errno_of(&e))?;
         let fd: OwnedFd = file.into();
         let old = u32::try_from(self.fd.as_raw_fd()).map_err(|_| Errno::EBADF)?;
         // SAFETY: FUSE_DEV_IOC_CLONE reads one u32 (the fd to clone) from
         // the pointer, which points at a live local.
         let r = unsafe { libc::ioctl(fd.as_raw_fd(), FUSE_DEV_IOC_CLONE, &old) };
         if r != 0 {
-            return Err(last_errno());
+            return Err(sys::errno());
         }
         Ok(DevFuse {
             fd: Arc::new(fd),
@@ -255,13 +256,18 @@ impl DevFuse {
         n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
     }
 
+    /// Whether the connection has ended (not waiting).
+    pub fn is_disconnected(&self) -> bool {
+        self.wait_disconnected(Duration::ZERO)
+    }
+
     /// Aborts this connection (as writing to
     /// /sys/fs/fuse/connections/N/abort does): every request ends with an
     /// error and the server's reads see ENODEV.
     /// Nothing is done once the connection has ended: its fusectl number
     /// may be another connection's by then.
     pub fn abort(&self) -> Result<(), std::io::Error> {
-        if self.wait_disconnected(Duration::ZERO) {
+        if self.is_disconnected() {
             return Ok(());
         }
         let id = self
@@ -324,7 +330,7 @@ impl DevFuse {
         // which the kernel only reads.
         let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), 2) };
         if n < 0 {
-            return Err(last_errno());
+            return Err(sys::errno());
         }
         Ok(())
     }
@@ -351,7 +357,7 @@ impl DevFuse {
         // which outlives the call.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), BACKING_OPEN, &raw const map) };
         if r < 0 {
-            return Err(last_errno());
+            return Err(sys::errno());
         }
         u32::try_from(r).map_err(|_negative| Errno::EIO)
     }
@@ -363,7 +369,7 @@ impl DevFuse {
         // the call.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), BACKING_CLOSE, &raw const id) };
         if r < 0 {
-            return Err(last_errno());
+            return Err(sys::errno());
         }
         Ok(())
     }
@@ -464,13 +470,11 @@ fn umount2(target: &Path, flags: libc::c_int) -> Result<(), std::io::Error> {
     Ok(())
 }
 
-use crate::passthrough::sys::errno as last_errno;
-
 impl DeviceEnd for DevFuse {
     fn read_msg(&self, buf: &mut [u8]) -> Result<usize, Errno> {
         // SAFETY: `buf` is valid for writes of its length.
         let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        usize::try_from(n).map_err(|_| last_errno())
+        usize::try_from(n).map_err(|_| sys::errno())
     }
 
     fn write_reply(&self, unique: u64, error: i32, payload: &[u8]) -> Result<(), Errno> {

@@ -258,10 +258,6 @@ pub fn possible_cpus() -> usize {
     max.map_or(1, |m| m + 1)
 }
 
-fn errno_of(e: &std::io::Error) -> Errno {
-    Errno(e.raw_os_error().unwrap_or(libc::EIO))
-}
-
 impl KernelQueue {
     /// A queue `qid` on the mounted connection `dev` (after INIT negotiated
     /// FUSE_OVER_IO_URING); payload buffers of `max_payload` bytes (at
@@ -374,7 +370,7 @@ impl KernelQueue {
         // or a slice) is the in-flight table's until the completion.
         let pushed = unsafe { st.ring.submission().push(&sqe) };
         if pushed.is_err() {
-            st.ring.submit().map_err(|e| errno_of(&e))?;
+            st.ring.submit().map_err(|e| sys::errno_of(&e))?;
             // SAFETY: as above.
             unsafe { st.ring.submission().push(&sqe) }
                 .map_err(|squeue::PushError { .. }| Errno(libc::EBUSY))?;
@@ -397,7 +393,7 @@ impl KernelQueue {
                 st.next_slot += 1;
                 arena::Payload::new(st.arena.clone(), st.next_slot - 1)
             } else {
-                let own = arena::Arena::new(want, 1, false).map_err(|e| errno_of(&e))?;
+                let own = arena::Arena::new(want, 1, false).map_err(|e| sys::errno_of(&e))?;
                 arena::Payload::new(own, 0)
             };
             (st.next, slot)
@@ -466,7 +462,7 @@ impl KernelQueue {
         if !st.async_fired {
             submit_and_wait(&mut st)?;
         } else if !st.ring.submission().is_empty() {
-            st.ring.submit().map_err(|e| errno_of(&e))?;
+            st.ring.submit().map_err(|e| sys::errno_of(&e))?;
         }
         self.reap(&mut st);
         Ok(std::mem::take(&mut st.async_fired))
@@ -500,7 +496,7 @@ impl KernelQueue {
         {
             let mut st = self.state();
             if !st.ring.submission().is_empty() {
-                st.ring.submit().map_err(|e| errno_of(&e))?;
+                st.ring.submit().map_err(|e| sys::errno_of(&e))?;
             }
         }
         let n = self
@@ -601,7 +597,7 @@ fn submit_and_wait(st: &mut State) -> Result<(), Errno> {
             }
             Ok(())
         }
-        Err(e) => Err(errno_of(&e)),
+        Err(e) => Err(sys::errno_of(&e)),
     }
 }
 
@@ -617,7 +613,7 @@ fn push_poll(st: &mut State, fd: i32, ud: u64) -> Result<(), Errno> {
     if unsafe { st.ring.submission().push(&poll) }.is_ok() {
         return Ok(());
     }
-    st.ring.submit().map_err(|e| errno_of(&e))?;
+    st.ring.submit().map_err(|e| sys::errno_of(&e))?;
     // SAFETY: as above.
     unsafe { st.ring.submission().push(&poll) }
         .map_err(|squeue::PushError { .. }| Errno(libc::EBUSY))
@@ -725,7 +721,7 @@ impl RingTransport for KernelQueue {
                 // Commits queued since the last wait carry replies: they go
                 // now, without waiting.
                 if !st.ring.submission().is_empty() {
-                    st.ring.submit().map_err(|e| errno_of(&e))?;
+                    st.ring.submit().map_err(|e| sys::errno_of(&e))?;
                 }
                 return match hit {
                     Some(i) if !ready() => {

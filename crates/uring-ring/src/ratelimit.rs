@@ -5,8 +5,7 @@
 //! [`WINDOW_SECS`]-second window per call site, and the first one let
 //! through after others were dropped says how many.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// Messages a call site may log per window.
@@ -14,24 +13,28 @@ pub(crate) const BURST: u32 = 10;
 /// The window, in seconds.
 pub(crate) const WINDOW_SECS: u64 = 10;
 
-/// One call site's count: the window it counts in and the messages let
-/// through in it, in one word, so that a window's start and its first
-/// message are one step (exactly [`BURST`] a window, under any race).
+/// One call site's count (a warning path, so a mutex is cheap enough):
+/// exactly [`BURST`] a window, under any race.
 #[derive(Debug)]
-pub(crate) struct Limiter {
-    /// The window's number in the high 32 bits, messages in it in the low.
-    state: AtomicU64,
-    /// Messages dropped since the last one let through.
-    dropped: AtomicU64,
+pub(crate) struct Limiter(Mutex<Count>);
+
+/// The window counted in, messages let through in it, and messages
+/// dropped since the last one let through.
+#[derive(Debug)]
+struct Count {
+    window: u32,
+    used: u32,
+    dropped: u64,
 }
 
 impl Limiter {
     /// A call site that logged nothing yet.
     pub(crate) const fn new() -> Self {
-        Limiter {
-            state: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        }
+        Limiter(Mutex::new(Count {
+            window: 0,
+            used: 0,
+            dropped: 0,
+        }))
     }
 
     /// Whether a message may be logged now: `Some(n)` with the messages
@@ -44,26 +47,19 @@ impl Limiter {
     }
 
     fn admit_in(&self, window: u32) -> Option<u64> {
-        let mut cur = self.state.load(Ordering::Relaxed);
-        loop {
-            let (w, used) = ((cur >> 32) as u32, cur as u32);
-            // A caller that read the clock before another moved the window
-            // on counts in the newer window (never moves it back).
-            let next = if w < window {
-                u64::from(window) << 32 | 1
-            } else if used < BURST {
-                cur + 1
-            } else {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                return None;
-            };
-            match self
-                .state
-                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return Some(self.dropped.swap(0, Ordering::Relaxed)),
-                Err(now) => cur = now,
-            }
+        let mut c = crate::sync::lock(&self.0);
+        // A caller that read the clock before another moved the window on
+        // counts in the newer window (never moves it back).
+        if c.window < window {
+            c.window = window;
+            c.used = 0;
+        }
+        if c.used < BURST {
+            c.used += 1;
+            Some(std::mem::take(&mut c.dropped))
+        } else {
+            c.dropped += 1;
+            None
         }
     }
 }

@@ -151,9 +151,7 @@ impl GuestSpans {
     /// True if none is running (the request may be answered now); false if
     /// some is (it ends without being waited for here).
     pub(crate) fn revoke(&self) -> bool {
-        let mut a = lock(&self.access);
-        a.revoked = true;
-        a.busy == 0
+        self.revoke_with(None)
     }
 
     /// [`GuestSpans::revoke`], and if I/O is running, `f` is called by the
@@ -161,12 +159,18 @@ impl GuestSpans {
     /// the revoke, so that end cannot slip between the two). `f` is dropped
     /// unused when nothing runs (true).
     pub(crate) fn revoke_or_when_idle(&self, f: Box<dyn FnOnce() + Send>) -> bool {
+        self.revoke_with(Some(f))
+    }
+
+    fn revoke_with(&self, f: Option<Box<dyn FnOnce() + Send>>) -> bool {
         let mut a = lock(&self.access);
         a.revoked = true;
         if a.busy == 0 {
             return true;
         }
-        a.on_idle = Some(f);
+        if f.is_some() {
+            a.on_idle = f;
+        }
         false
     }
 

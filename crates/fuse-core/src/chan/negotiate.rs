@@ -88,20 +88,13 @@ impl Chan {
         // A zero limit keeps the one in force (the configured value, or
         // one set since with `set_max_background`), as the kernel's INIT
         // processing does; it does not reset it to the configured one.
-        // Read here for the ring's making; `initialize` takes it again
-        // under the lock it sets the limits under, so a change in between
-        // is not lost. (After an abort there is none in force.)
+        // `initialize` puts them in under the lock it sets the limits
+        // under, so a change made meanwhile is not lost; the configured
+        // values stand in until then (the ring is made with them and set
+        // again under that lock).
         let keep = KeepLimits {
             max_background: out.max_background == 0,
             congestion_threshold: out.congestion_threshold == 0,
-        };
-        let (max_now, congestion_now) = {
-            let bg = lock(&self.core().bg);
-            if bg.connected {
-                (bg.max_background, bg.congestion_threshold)
-            } else {
-                (cfg.max_background, cfg.congestion_threshold)
-            }
         };
         let neg = Negotiated {
             minor: out.minor.min(abi::KERNEL_MINOR_VERSION),
@@ -111,12 +104,12 @@ impl Chan {
             max_background: if out.max_background != 0 {
                 u32::from(out.max_background)
             } else {
-                max_now
+                cfg.max_background
             },
             congestion_threshold: if out.congestion_threshold != 0 {
                 u32::from(out.congestion_threshold)
             } else {
-                congestion_now
+                cfg.congestion_threshold
             },
             request_timeout: timeout,
             ring_queues: if flags & init::OVER_IO_URING != 0 {

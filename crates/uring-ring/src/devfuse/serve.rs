@@ -31,7 +31,7 @@
 //! request and cancels a started op by its unique through the filesystem.
 //! A started op whose host call hangs holds only its slot.
 
-use super::{last_errno, DevFuse};
+use super::DevFuse;
 use crate::kernel_uring::arena::{Arena, Payload, PAGE};
 use crate::passthrough::sys;
 use crate::sync::lock;
@@ -128,7 +128,7 @@ impl DevWorker {
         // Not offered as a fixed-buffer map: registering it would pin all
         // of it (16 MiB per worker at depth 16) for the little a READ by
         // reference saves.
-        let arena = Arena::new(MSG_AT + 80 + DATA, depth, false).map_err(io_errno)?;
+        let arena = Arena::new(MSG_AT + 80 + DATA, depth, false).map_err(|e| sys::errno_of(&e))?;
         Ok(DevWorker {
             dev: dev.clone_nonblocking()?,
             free: (0..arena.slots()).rev().collect(),
@@ -180,7 +180,7 @@ impl DevWorker {
             let n = unsafe { libc::read(self.dev.raw_fd(), at.cast(), room) };
             match usize::try_from(n) {
                 Ok(n) => break n,
-                Err(_) => match last_errno() {
+                Err(_) => match sys::errno() {
                     Errno::EINTR => continue,
                     Errno::EAGAIN => return Ok(false),
                     e => return Err(e),
@@ -410,7 +410,7 @@ impl DevWorker {
         // SAFETY: `fds` is a live array of that many pollfds.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
         if r < 0 {
-            return match last_errno() {
+            return match sys::errno() {
                 Errno::EINTR => Ok(()),
                 e => Err(e),
             };
@@ -426,8 +426,4 @@ impl DevWorker {
         }
         Ok(())
     }
-}
-
-fn io_errno(e: std::io::Error) -> Errno {
-    Errno(e.raw_os_error().unwrap_or(libc::EIO))
 }

@@ -175,7 +175,7 @@ impl PassthroughFs {
         )?;
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::fs::File::from(f), &mut text)
-            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+            .map_err(|e| sys::errno_of(&e))?;
         Ok(text)
     }
 

@@ -21,11 +21,12 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// The calling thread's errno.
 pub fn errno() -> Errno {
-    Errno(
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO),
-    )
+    errno_of(&std::io::Error::last_os_error())
+}
+
+/// The errno of an I/O error (EIO for one that has none).
+pub fn errno_of(e: &std::io::Error) -> Errno {
+    Errno(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 fn check(r: libc::c_int) -> Result<libc::c_int, Errno> {
