@@ -348,8 +348,22 @@ impl Driver {
             .map_err(DriverError::Register)
     }
 
-    /// Submits everything queued; returns how many were submitted.
+    /// Submits everything queued; returns how many were submitted. With
+    /// nothing queued it only takes the completions posted meanwhile,
+    /// without a system call (a serving thread calls this after each pass,
+    /// most often with nothing new to submit), unless the kernel holds
+    /// completions back for want of room in the completion queue, which
+    /// only an enter flushes.
     pub fn submit(&mut self) -> Result<usize, DriverError> {
+        let idle = {
+            let sq = self.ring.submission();
+            sq.is_empty() && !sq.cq_overflow() && !sq.taskrun()
+        };
+        if idle {
+            self.queued = 0;
+            self.reap();
+            return Ok(0);
+        }
         let n = self.ring.submit().map_err(DriverError::Submit)?;
         self.sync_queued();
         self.reap();
