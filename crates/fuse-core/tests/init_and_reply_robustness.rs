@@ -107,3 +107,42 @@ fn absurd_max_write_is_clamped() {
     let dev = chan.device().unwrap();
     assert!(dev.min_read_buffer() <= (1 << 20) + 80);
 }
+
+#[test]
+fn fields_older_than_the_servers_minor_are_ignored() {
+    let cfg = ChanConfig {
+        spawn_scanner: false,
+        max_background: 12,
+        congestion_threshold: 9,
+        init_flags: init::ASYNC_READ | init::POSIX_LOCKS,
+        ..Default::default()
+    };
+    // Minor 12: no background limits yet (whatever those bytes hold).
+    let chan = Chan::new(cfg.clone());
+    let out = InitOut {
+        major: 7,
+        minor: 12,
+        flags: init::ASYNC_READ as u32,
+        max_background: 1,
+        congestion_threshold: 1,
+        max_write: 65536,
+        ..Default::default()
+    };
+    let neg = chan.process_init_reply(&out).unwrap();
+    assert_eq!((neg.max_background, neg.congestion_threshold), (12, 9));
+    let s = chan.stats();
+    assert_eq!((s.max_background, s.congestion_threshold), (12, 9));
+    assert_eq!(neg.flags, init::ASYNC_READ);
+    assert_eq!(neg.max_write, 65536);
+    // From 13 on they count.
+    let chan = Chan::new(cfg.clone());
+    let neg = chan.process_init_reply(&InitOut { minor: 13, ..out }).unwrap();
+    assert_eq!((neg.max_background, neg.congestion_threshold), (1, 1));
+    // Minor 5: no flags; minor 4: no max_write either (the kernel's 4096).
+    let chan = Chan::new(cfg.clone());
+    let neg = chan.process_init_reply(&InitOut { minor: 5, ..out }).unwrap();
+    assert_eq!((neg.flags, neg.max_write), (0, 65536));
+    let chan = Chan::new(cfg);
+    let neg = chan.process_init_reply(&InitOut { minor: 4, ..out }).unwrap();
+    assert_eq!((neg.flags, neg.max_write), (0, 4096));
+}

@@ -63,11 +63,25 @@ impl Chan {
         if cfg.ring_queues > 0 {
             offered |= init::OVER_IO_URING;
         }
-        let mut flags = u64::from(out.flags);
+        // What the server's minor version says it filled in, as the
+        // kernel reads an INIT reply: flags from 6 on, max_write from 5
+        // on, the background limits from 13 on; older fields are unused
+        // (whatever they hold is ignored).
+        let mut flags = if out.minor >= 6 {
+            u64::from(out.flags)
+        } else {
+            0
+        };
         if flags & init::INIT_EXT != 0 {
             flags |= u64::from(out.flags2) << 32;
         }
         flags &= offered;
+        let max_write = if out.minor >= 5 { out.max_write } else { 4096 };
+        let (max_background, congestion_threshold) = if out.minor >= 13 {
+            (out.max_background, out.congestion_threshold)
+        } else {
+            (0, 0)
+        };
         let server_timeout = if flags & init::REQUEST_TIMEOUT != 0 {
             Duration::from_secs(u64::from(out.request_timeout))
         } else {
@@ -93,21 +107,21 @@ impl Chan {
         // values stand in until then (the ring is made with them and set
         // again under that lock).
         let keep = KeepLimits {
-            max_background: out.max_background == 0,
-            congestion_threshold: out.congestion_threshold == 0,
+            max_background: max_background == 0,
+            congestion_threshold: congestion_threshold == 0,
         };
         let neg = Negotiated {
             minor: out.minor.min(abi::KERNEL_MINOR_VERSION),
             flags,
             // Clamped: a server may not make the minimum read buffer absurd.
-            max_write: out.max_write.clamp(4096, MAX_WRITE_LIMIT),
-            max_background: if out.max_background != 0 {
-                u32::from(out.max_background)
+            max_write: max_write.clamp(4096, MAX_WRITE_LIMIT),
+            max_background: if max_background != 0 {
+                u32::from(max_background)
             } else {
                 cfg.max_background
             },
-            congestion_threshold: if out.congestion_threshold != 0 {
-                u32::from(out.congestion_threshold)
+            congestion_threshold: if congestion_threshold != 0 {
+                u32::from(congestion_threshold)
             } else {
                 cfg.congestion_threshold
             },
