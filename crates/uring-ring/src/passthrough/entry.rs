@@ -267,7 +267,7 @@ impl PassthroughFs {
         // must look like what was made before anything is set on it (or it
         // is unlinked).
         if !fresh.matches(&found.st) {
-            crate::ratelimit::warn_limited!(
+            fuse_core::warn_limited!(
                 "{name:?} changed while it was being made; its security label is not set"
             );
             return Err(Errno::EIO);

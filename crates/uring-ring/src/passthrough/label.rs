@@ -141,7 +141,7 @@ impl Drop for FscreateGuard {
         // fails the thread's next creation would carry this label: nothing
         // better to do than say so.
         if let Err(e) = write_all(self.fd.as_raw_fd(), &[]) {
-            crate::ratelimit::warn_limited!("clearing a worker's fscreate label: {e}");
+            fuse_core::warn_limited!("clearing a worker's fscreate label: {e}");
         }
     }
 }
@@ -323,7 +323,7 @@ impl PassthroughFs {
         let _c = match self.creds_as(cred, Caps::Caller) {
             Ok(c) => c,
             Err(e) => {
-                crate::ratelimit::warn_limited!(
+                fuse_core::warn_limited!(
                     "removing {name:?}, whose security label could not be set: {e}"
                 );
                 return;
@@ -344,7 +344,7 @@ impl PassthroughFs {
             0
         };
         if let Err(e) = sys::unlinkat(dir, name, flags) {
-            crate::ratelimit::warn_limited!(
+            fuse_core::warn_limited!(
                 "removing {name:?}, whose security label could not be set: {e}"
             );
         }

@@ -82,7 +82,9 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
                     .stats
                     .lost_on_stop
                     .fetch_add(lost as u64, Ordering::Relaxed);
-                log::warn!(
+                // A guest that resets its device again and again must not
+                // flood the log (the count is in `lost_on_stop`).
+                fuse_core::warn_limited!(
                     "queue {} stopped with {lost} request(s) still unanswered; \
                      they are given up",
                     q.vq()

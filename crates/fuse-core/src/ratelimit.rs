@@ -4,19 +4,27 @@
 //! journal: [`warn_limited!`] lets through at most [`BURST`] a
 //! [`WINDOW_SECS`]-second window per call site, and the first one let
 //! through after others were dropped says how many.
+//!
+//! Here, beside the engine, so that every crate that logs what a client
+//! provokes (the passthrough, the vhost-user device) uses the one limiter.
+//! It reads a clock and takes a std mutex of its own (not one of the
+//! engine's, which loom models): no host I/O.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
+#[doc(hidden)]
+pub use log as __log;
+
 /// Messages a call site may log per window.
-pub(crate) const BURST: u32 = 10;
+pub const BURST: u32 = 10;
 /// The window, in seconds.
-pub(crate) const WINDOW_SECS: u64 = 10;
+pub const WINDOW_SECS: u64 = 10;
 
 /// One call site's count (a warning path, so a mutex is cheap enough):
 /// exactly [`BURST`] a window, under any race.
 #[derive(Debug)]
-pub(crate) struct Limiter(Mutex<Count>);
+pub struct Limiter(Mutex<Count>);
 
 /// The window counted in, messages let through in it, and messages
 /// dropped since the last one let through.
@@ -29,7 +37,8 @@ struct Count {
 
 impl Limiter {
     /// A call site that logged nothing yet.
-    pub(crate) const fn new() -> Self {
+    #[allow(clippy::new_without_default)] // a const fn, for statics
+    pub const fn new() -> Self {
         Limiter(Mutex::new(Count {
             window: 0,
             used: 0,
@@ -39,7 +48,7 @@ impl Limiter {
 
     /// Whether a message may be logged now: `Some(n)` with the messages
     /// dropped since the last one let through, or `None`.
-    pub(crate) fn admit(&self) -> Option<u64> {
+    pub fn admit(&self) -> Option<u64> {
         static START: OnceLock<Instant> = OnceLock::new();
         let secs = START.get_or_init(Instant::now).elapsed().as_secs();
         // 2^32 windows of 10 s: longer than any daemon runs.
@@ -47,7 +56,7 @@ impl Limiter {
     }
 
     fn admit_in(&self, window: u32) -> Option<u64> {
-        let mut c = crate::sync::lock(&self.0);
+        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         // A caller that read the clock before another moved the window on
         // counts in the newer window (never moves it back).
         if c.window < window {
@@ -64,18 +73,22 @@ impl Limiter {
     }
 }
 
-/// `log::warn!`, at most [`BURST`] times a window from this call site.
+/// `log::warn!`, at most [`ratelimit::BURST`](crate::ratelimit::BURST)
+/// times a window from this call site.
+#[macro_export]
 macro_rules! warn_limited {
     ($($arg:tt)+) => {{
         static LIMIT: $crate::ratelimit::Limiter = $crate::ratelimit::Limiter::new();
         match LIMIT.admit() {
-            Some(0) => ::log::warn!($($arg)+),
-            Some(n) => ::log::warn!("{} ({n} more like it not logged)", format_args!($($arg)+)),
+            Some(0) => $crate::ratelimit::__log::warn!($($arg)+),
+            Some(n) => $crate::ratelimit::__log::warn!(
+                "{} ({n} more like it not logged)",
+                format_args!($($arg)+)
+            ),
             None => {}
         }
     }};
 }
-pub(crate) use warn_limited;
 
 #[cfg(test)]
 mod tests {
