@@ -336,3 +336,29 @@ fn ring_blocking_fetch_vs_send_and_abort() {
         end.check_invariants().unwrap();
     });
 }
+
+/// An INIT reply without limits of its own keeps those in force: a
+/// `set_max_background` racing it is never lost, whichever goes first.
+#[test]
+fn init_keeping_limits_vs_set_max_background() {
+    model(|| {
+        let chan = Chan::new(ChanConfig {
+            spawn_scanner: false,
+            max_background: 12,
+            ..Default::default()
+        });
+        let c = chan.clone();
+        let t = thread::spawn(move || c.set_max_background(5));
+        let out = abi::InitOut {
+            major: abi::KERNEL_VERSION,
+            minor: abi::KERNEL_MINOR_VERSION,
+            max_write: 4096,
+            ..Default::default()
+        };
+        let neg = chan.process_init_reply(&out).unwrap();
+        t.join().unwrap();
+        // Before INIT it was kept; after, it changed what INIT left.
+        assert!(matches!(neg.max_background, 5 | 12), "{neg:?}");
+        assert_eq!(chan.stats().max_background, 5);
+    });
+}
