@@ -136,13 +136,19 @@ fn fields_older_than_the_servers_minor_are_ignored() {
     assert_eq!(neg.max_write, 65536);
     // From 13 on they count.
     let chan = Chan::new(cfg.clone());
-    let neg = chan.process_init_reply(&InitOut { minor: 13, ..out }).unwrap();
+    let neg = chan
+        .process_init_reply(&InitOut { minor: 13, ..out })
+        .unwrap();
     assert_eq!((neg.max_background, neg.congestion_threshold), (1, 1));
     // Minor 5: no flags; minor 4: no max_write either (the kernel's 4096).
     let chan = Chan::new(cfg.clone());
-    let neg = chan.process_init_reply(&InitOut { minor: 5, ..out }).unwrap();
+    let neg = chan
+        .process_init_reply(&InitOut { minor: 5, ..out })
+        .unwrap();
     assert_eq!((neg.flags, neg.max_write), (0, 65536));
     let chan = Chan::new(cfg);
-    let neg = chan.process_init_reply(&InitOut { minor: 4, ..out }).unwrap();
+    let neg = chan
+        .process_init_reply(&InitOut { minor: 4, ..out })
+        .unwrap();
     assert_eq!((neg.flags, neg.max_write), (0, 4096));
 }
