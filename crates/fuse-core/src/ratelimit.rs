@@ -1,7 +1,7 @@
 //! Warnings a client can provoke again and again (a guest creating file
 //! after file whose security label the host refuses, a guest racing its
 //! own creations) must not let it flood the daemon's log or the host's
-//! journal: [`warn_limited!`] lets through at most [`BURST`] a
+//! journal: [`warn_limited!`](crate::warn_limited!) lets through at most [`BURST`] a
 //! [`WINDOW_SECS`]-second window per call site, and the first one let
 //! through after others were dropped says how many.
 //!
@@ -78,8 +78,8 @@ impl Limiter {
 #[macro_export]
 macro_rules! warn_limited {
     ($($arg:tt)+) => {{
-        static LIMIT: $crate::ratelimit::Limiter = $crate::ratelimit::Limiter::new();
-        match LIMIT.admit() {
+        static __WARN_LIMITED: $crate::ratelimit::Limiter = $crate::ratelimit::Limiter::new();
+        match __WARN_LIMITED.admit() {
             Some(0) => $crate::ratelimit::__log::warn!($($arg)+),
             Some(n) => $crate::ratelimit::__log::warn!(
                 "{} ({n} more like it not logged)",

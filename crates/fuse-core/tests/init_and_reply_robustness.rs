@@ -109,7 +109,7 @@ fn absurd_max_write_is_clamped() {
 }
 
 #[test]
-fn fields_older_than_the_servers_minor_are_ignored() {
+fn fields_newer_than_the_servers_minor_are_ignored() {
     let cfg = ChanConfig {
         spawn_scanner: false,
         max_background: 12,

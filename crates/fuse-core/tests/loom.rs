@@ -1,6 +1,7 @@
 //! loom models of the engine's real code: admission and wake-up, abort vs
-//! completion, interrupt vs reply, and the ring's fetch and commit against
-//! an abort. Run with
+//! completion, interrupt vs reply, the ring's fetch and commit against
+//! an abort, and an INIT that keeps the limits in force against a
+//! `set_max_background`. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p fuse-core --test loom --release`.
 #![cfg(loom)]
 

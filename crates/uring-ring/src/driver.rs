@@ -353,7 +353,11 @@ impl Driver {
     /// without a system call (a serving thread calls this after each pass,
     /// most often with nothing new to submit), unless the kernel holds
     /// completions back for want of room in the completion queue, which
-    /// only an enter flushes.
+    /// only an enter flushes. (Task work needs no enter on this ring: it
+    /// is set up without COOP_TASKRUN or DEFER_TASKRUN, so the kernel
+    /// runs it on the thread's next return to user space. A ring with
+    /// DEFER_TASKRUN would need IORING_SETUP_TASKRUN_FLAG for the
+    /// `taskrun` test below to see it.)
     pub fn submit(&mut self) -> Result<usize, DriverError> {
         let idle = {
             let sq = self.ring.submission();

@@ -65,8 +65,9 @@ impl Chan {
         }
         // What the server's minor version says it filled in, as the
         // kernel reads an INIT reply: flags from 6 on, max_write from 5
-        // on, the background limits from 13 on; older fields are unused
-        // (whatever they hold is ignored).
+        // on, the background limits from 13 on; fields newer than the
+        // server's version are unused in its protocol (whatever they hold
+        // is ignored).
         let mut flags = if out.minor >= 6 {
             u64::from(out.flags)
         } else {
