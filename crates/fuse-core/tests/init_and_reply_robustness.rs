@@ -152,3 +152,25 @@ fn fields_newer_than_the_servers_minor_are_ignored() {
         .unwrap();
     assert_eq!((neg.flags, neg.max_write), (0, 4096));
 }
+
+/// An INIT reply processed after the connection was aborted (the abort
+/// raced the reply) is refused and sets up nothing: nothing negotiated,
+/// no ring entry can register, requests still end with ENOTCONN.
+#[test]
+fn init_after_abort_opens_nothing() {
+    use fuse_core::dev_uring::{cmd_area, EntryBufs};
+    let chan = Chan::new(ChanConfig {
+        spawn_scanner: false,
+        ring_queues: 1,
+        ..Default::default()
+    });
+    chan.abort();
+    let r = chan.process_init_reply(&ring_init());
+    assert_eq!(r.err(), Some(Errno::ENOTCONN));
+    assert_eq!(chan.negotiated(), None);
+    let end = chan.ring_end(false);
+    let reg = end.register(&cmd_area(0, 0, 0), EntryBufs::with_payload(8192), None);
+    assert!(reg.is_err(), "an entry registered on an aborted connection");
+    assert_eq!(chan.send(noop(1)).err(), Some(Errno::ENOTCONN));
+    chan.wait_aborted();
+}

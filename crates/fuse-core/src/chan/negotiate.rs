@@ -2,7 +2,7 @@
 //! timeout, the ring gate, and the publication of `initialized`.
 
 use super::bg::WakeBudget;
-use super::{Args, Chan, Errno, Negotiated};
+use super::{Args, Chan, Errno, Negotiated, Phase};
 use crate::abi::{self, init, InitIn, InitOut, Opcode};
 use crate::sync::{lock, Ordering};
 use std::time::Duration;
@@ -133,20 +133,27 @@ impl Chan {
                 0
             },
         };
-        Ok(self.initialize(neg, keep))
+        self.initialize(neg, keep)
     }
 
     /// Marks the connection initialized with `neg` (what processing an INIT
     /// reply does). Everything is set before `initialized` is published.
+    /// On a connection already aborted it does nothing.
     pub fn set_initialized(&self, neg: Negotiated) {
-        self.initialize(neg, KeepLimits::default());
+        let _ = self.initialize(neg, KeepLimits::default());
     }
 
     /// [`Chan::set_initialized`], with the limits `keep` names left as
     /// they are in force (read under `bg_lock`, where they are set) and
-    /// returned in what was negotiated.
-    fn initialize(&self, mut neg: Negotiated, keep: KeepLimits) -> Negotiated {
+    /// returned in what was negotiated. ENOTCONN, and nothing set up (no
+    /// ring made, nothing negotiated), once the connection is aborted: an
+    /// abort that raced the INIT reply already ended every request and let
+    /// every waiter go.
+    fn initialize(&self, mut neg: Negotiated, keep: KeepLimits) -> Result<Negotiated, Errno> {
         let core = self.core();
+        if lock(&core.conn).phase != Phase::Connected {
+            return Err(Errno::ENOTCONN);
+        }
         core.transport.negotiated(&neg);
         core.abort_error
             .store(neg.flags & init::ABORT_ERROR != 0, Ordering::Relaxed);
@@ -157,6 +164,11 @@ impl Chan {
         {
             // conn -> bg: ring registrations and the gate change together.
             let mut c = lock(&core.conn);
+            // Checked again where an abort would be seen for sure: one
+            // after this lock finds the ring made here and tears it down.
+            if c.phase != Phase::Connected {
+                return Err(Errno::ENOTCONN);
+            }
             // The ring takes over here (it creates its queues), before
             // `initialized`. Registrations take `conn` too, so none can
             // slip between this and the gate.
@@ -203,7 +215,7 @@ impl Chan {
         if !neg.request_timeout.is_zero() && core.cfg.spawn_scanner {
             super::timeout::spawn_scanner(core, core.cfg.scan_period);
         }
-        neg
+        Ok(neg)
     }
 }
 
