@@ -168,6 +168,11 @@ fn init_after_abort_opens_nothing() {
     let r = chan.process_init_reply(&ring_init());
     assert_eq!(r.err(), Some(Errno::ENOTCONN));
     assert_eq!(chan.negotiated(), None);
+    // The limits and the gate as the abort left them (wide open), not
+    // put back by the INIT.
+    let s = chan.stats();
+    assert_eq!(s.max_background, u32::MAX);
+    assert!(s.ready);
     let end = chan.ring_end(false);
     let reg = end.register(&cmd_area(0, 0, 0), EntryBufs::with_payload(8192), None);
     assert!(reg.is_err(), "an entry registered on an aborted connection");

@@ -145,10 +145,13 @@ impl Chan {
 
     /// [`Chan::set_initialized`], with the limits `keep` names left as
     /// they are in force (read under `bg_lock`, where they are set) and
-    /// returned in what was negotiated. ENOTCONN, and nothing set up (no
-    /// ring made, nothing negotiated), once the connection is aborted: an
-    /// abort that raced the INIT reply already ended every request and let
-    /// every waiter go.
+    /// returned in what was negotiated. ENOTCONN once the connection is
+    /// aborted: no ring made, nothing recorded as negotiated, the limits
+    /// and gates left as the abort set them (an abort that raced the INIT
+    /// reply already ended every request and let every waiter go). One
+    /// that lands between the first check and the `conn` lock may still
+    /// find the transport told of the version and max_write, and the
+    /// timeout recorded: nothing reads them on a dead connection.
     fn initialize(&self, mut neg: Negotiated, keep: KeepLimits) -> Result<Negotiated, Errno> {
         let core = self.core();
         if lock(&core.conn).phase != Phase::Connected {
