@@ -6,6 +6,10 @@
 # file made once), drives it with target/release/fusebox-load (one thread,
 # DEPTH chains in flight, as a guest kernel) and prints fusebox-load's
 # line: workload depth ops/s MB/s p50 p99 daemon-CPU/op load-CPU/op (µs).
+# COLD=1: reads of a 4 GiB file (fusebox-bench-4g.dat in the share, made
+# once) whose page cache is dropped before each run (fusebox-load --cold),
+# as vhost-load.sh's randread-16-cold row. OLD and NEW may be wrappers
+# that add options to a build.
 # Compare within a round: this machine's speed moves between rounds.
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-6} secs=${4:-5} wl=${5:-randread} depth=${6:-16}
@@ -15,6 +19,12 @@ share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
 [ -x "$load" ] || (cd "$root" && cargo build --release -q -p fusebox)
 mkdir -p "$share"
 [ -f "$share/data" ] || head -c $((256 << 20)) /dev/urandom >"$share/data"
+file=(--file data --file-mib 256)
+if [ "${COLD:-0}" = 1 ]; then
+	big=$share/fusebox-bench-4g.dat
+	[ -f "$big" ] || head -c $((4096 << 20)) /dev/urandom >"$big"
+	file=(--file fusebox-bench-4g.dat --file-mib 4096 --cold --host-dir "$share")
+fi
 sock=$(mktemp -u /tmp/fusebox-ab.XXXXXX.sock)
 for ((r = 1; r <= rounds; r++)); do
 	order=(old new)
@@ -22,14 +32,14 @@ for ((r = 1; r <= rounds; r++)); do
 	for who in "${order[@]}"; do
 		bin=$old
 		[ "$who" = new ] && bin=$new
-		cat "$share/data" >/dev/null
+		[ "${COLD:-0}" = 1 ] || cat "$share/data" >/dev/null
 		rm -f "$sock"
 		"$bin" --socket-path "$sock" --shared-dir "$share" --cache never \
 			--sandbox none --seccomp none --log-level error 2>/dev/null &
 		pid=$!
 		for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.025; done
 		line=$("$load" --socket-path "$sock" --workload "$wl" --depth "$depth" \
-			--seconds "$secs" --file data --file-mib 256 --daemon-pid "$pid" --terse) || line="failed"
+			--seconds "$secs" "${file[@]}" --daemon-pid "$pid" --terse) || line="failed"
 		kill "$pid" 2>/dev/null || true
 		while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
 		echo "round $r $who: $line"

@@ -33,6 +33,10 @@
 #                           (also: fusebox-devfuse, libfuse-master-devfuse:
 #                           the same daemons over /dev/fuse)
 #   FUSEBOX_RING_DEPTH=16   fusebox mount --ring-depth
+#   FUSEBOX_BIN=PATH        the fusebox binary the depth rows mount with
+#                           (default target/release/fusebox)
+#   FUSEBOX_BIN_B=PATH      a second build (or a wrapper adding options) for
+#                           side-by-side runs: contender fusebox-b-iouring
 #   LIBFUSE_GIT=URL|DIR     where libfuse master comes from (default
 #                           https://github.com/libfuse/libfuse; a local
 #                           clone or mirror on a machine without GitHub)
@@ -231,15 +235,20 @@ fio_depth() { # dir file size extra-args... -> "iops bw_mib"
 # Drops the page cache of one host file (cold rows).
 drop_file_cache() { dd if=/dev/null of="$1" oflag=nocache conv=notrunc,fdatasync count=0 status=none; }
 
+fusebox_bin=${FUSEBOX_BIN:-target/release/fusebox}
+
 mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
   local c=$1 dir=$2
   case $c in
     raw) cdir=$dir; return ;;
     fusebox-iouring)
-      target/release/fusebox mount --io-uring --ring-depth "$ring_depth" \
+      "$fusebox_bin" mount --io-uring --ring-depth "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
+    fusebox-b-iouring)
+      "${FUSEBOX_BIN_B:?FUSEBOX_BIN_B names the second build}" mount --io-uring \
+        --ring-depth "$ring_depth" --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
     fusebox-devfuse)
-      target/release/fusebox mount --ring-depth "$ring_depth" \
+      "$fusebox_bin" mount --ring-depth "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     libfuse-master-iouring)
       "$hpm" --foreground --nopassthrough -o io_uring -o "io_uring_q_depth=$ring_depth" \
