@@ -363,13 +363,13 @@ impl Driver {
             let sq = self.ring.submission();
             sq.is_empty() && !sq.cq_overflow() && !sq.taskrun()
         };
-        if idle {
-            self.queued = 0;
-            self.reap();
-            return Ok(0);
-        }
-        let n = self.ring.submit().map_err(DriverError::Submit)?;
-        self.sync_queued();
+        let n = if idle {
+            0
+        } else {
+            let n = self.ring.submit().map_err(DriverError::Submit)?;
+            self.sync_queued();
+            n
+        };
         self.reap();
         Ok(n)
     }
@@ -434,11 +434,7 @@ impl Driver {
     /// The completion of `id` if it has arrived (does not block).
     pub fn try_complete(&mut self, id: OpId) -> Result<Option<Completion>, DriverError> {
         self.check(id)?;
-        if self.queued > 0 {
-            self.submit()?;
-        } else {
-            self.reap();
-        }
+        self.submit()?;
         Ok(self.take(id))
     }
 

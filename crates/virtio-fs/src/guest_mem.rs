@@ -168,8 +168,8 @@ impl GuestSpans {
         if a.busy == 0 {
             return true;
         }
-        if f.is_some() {
-            a.on_idle = f;
+        if let Some(f) = f {
+            a.on_idle = Some(f);
         }
         false
     }
@@ -226,11 +226,11 @@ impl GuestSpans {
 // scanner answers is answered only after `revoke_or_when_idle` found no
 // I/O running, or from the callback the last one's end runs; a ring stop
 // revokes and waits for the I/O to end before the guest may reuse the
-// ring (it answers nothing); and `begin_io` fails once revoked. A request the filesystem answers is
-// answered when the filesystem says its I/O is done: a filesystem that
-// kept the memory and did I/O after answering would write buffers the
-// guest owns again (the guest's data, not the daemon's memory, is what it
-// could spoil).
+// ring (it answers nothing); and `begin_io` fails once revoked. A
+// request the filesystem answers is answered when the filesystem says its
+// I/O is done: a filesystem that kept the memory and did I/O after
+// answering would write buffers the guest owns again (the guest's data,
+// not the daemon's memory, is what it could spoil).
 #[allow(unsafe_code)]
 unsafe impl ClientMem for GuestSpans {
     fn spans(&self) -> &[HostSpan] {

@@ -187,14 +187,14 @@ impl Chan {
             }
             c.ring_registered = vec![false; usize::from(q)];
             let ready = q == 0;
+            // Connected (checked above under `conn`, which an abort takes
+            // first): `bg` holds the limits in force, not the abort's.
             let mut bg = lock(&core.bg);
-            if bg.connected {
-                if keep.max_background {
-                    neg.max_background = bg.max_background;
-                }
-                if keep.congestion_threshold {
-                    neg.congestion_threshold = bg.congestion_threshold;
-                }
+            if keep.max_background {
+                neg.max_background = bg.max_background;
+            }
+            if keep.congestion_threshold {
+                neg.congestion_threshold = bg.congestion_threshold;
             }
             c.negotiated = Some(neg);
             bg.max_background = neg.max_background;

@@ -301,11 +301,7 @@ impl Driver {
         &mut self,
         out: &mut Vec<(OpId, io::Result<usize>)>,
     ) -> Result<usize, DriverError> {
-        if self.queued > 0 {
-            self.submit()?;
-        } else {
-            self.reap();
-        }
+        self.submit()?;
         let n0 = out.len();
         let ring_fd = self.ring_fd();
         let mut i = 0;
