@@ -9,7 +9,8 @@
 # COLD=1: reads of a 4 GiB file (fusebox-bench-4g.dat in the share, made
 # once) whose page cache is dropped before each run (fusebox-load --cold),
 # as vhost-load.sh's randread-16-cold row. OLD and NEW may be wrappers
-# that add options to a build.
+# that exec a build with more options (exec: the daemon's CPU is read from
+# the pid started, and only that pid is killed).
 # Compare within a round: this machine's speed moves between rounds.
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-6} secs=${4:-5} wl=${5:-randread} depth=${6:-16}
@@ -18,12 +19,17 @@ load=$root/target/release/fusebox-load
 share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
 [ -x "$load" ] || (cd "$root" && cargo build --release -q -p fusebox)
 mkdir -p "$share"
-[ -f "$share/data" ] || head -c $((256 << 20)) /dev/urandom >"$share/data"
-file=(--file data --file-mib 256)
-if [ "${COLD:-0}" = 1 ]; then
+cold=${COLD:-0}
+if [ "$cold" = 1 ]; then
+	# Made whole or made again (an interrupted write leaves it short), as
+	# vhost-load.sh's ensure_file does.
 	big=$share/fusebox-bench-4g.dat
-	[ -f "$big" ] || head -c $((4096 << 20)) /dev/urandom >"$big"
+	[ "$(stat -c %s "$big" 2>/dev/null)" = $((4096 << 20)) ] ||
+		head -c $((4096 << 20)) /dev/urandom >"$big"
 	file=(--file fusebox-bench-4g.dat --file-mib 4096 --cold --host-dir "$share")
+else
+	[ -f "$share/data" ] || head -c $((256 << 20)) /dev/urandom >"$share/data"
+	file=(--file data --file-mib 256)
 fi
 sock=$(mktemp -u /tmp/fusebox-ab.XXXXXX.sock)
 for ((r = 1; r <= rounds; r++)); do
@@ -32,7 +38,7 @@ for ((r = 1; r <= rounds; r++)); do
 	for who in "${order[@]}"; do
 		bin=$old
 		[ "$who" = new ] && bin=$new
-		[ "${COLD:-0}" = 1 ] || cat "$share/data" >/dev/null
+		[ "$cold" = 1 ] || cat "$share/data" >/dev/null
 		rm -f "$sock"
 		"$bin" --socket-path "$sock" --shared-dir "$share" --cache never \
 			--sandbox none --seccomp none --log-level error 2>/dev/null &

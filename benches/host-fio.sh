@@ -35,8 +35,11 @@
 #   FUSEBOX_RING_DEPTH=16   fusebox mount --ring-depth
 #   FUSEBOX_BIN=PATH        the fusebox binary the depth rows mount with
 #                           (default target/release/fusebox)
-#   FUSEBOX_BIN_B=PATH      a second build (or a wrapper adding options) for
-#                           side-by-side runs: contender fusebox-b-iouring
+#   FUSEBOX_BIN_B=PATH      a second build (or a wrapper that execs one with
+#                           more options) for side-by-side runs: contender
+#                           fusebox-b-iouring, with its ratio to
+#                           fusebox-iouring (contenders run in the order
+#                           given, every round)
 #   LIBFUSE_GIT=URL|DIR     where libfuse master comes from (default
 #                           https://github.com/libfuse/libfuse; a local
 #                           clone or mirror on a machine without GitHub)
@@ -179,6 +182,9 @@ rows_re=${FIO_ROWS:-.}
 shares=${FIO_SHARES:-tmpfs ext4}
 cold_size=${FIO_COLD_SIZE:-4g}
 contenders=${FIO_CONTENDERS:-raw fusebox-iouring libfuse-master-iouring}
+if [[ " $contenders " == *" fusebox-b-iouring "* ]]; then
+  : "${FUSEBOX_BIN_B:?FUSEBOX_BIN_B names the build contender fusebox-b-iouring mounts with}"
+fi
 ring_depth=${FUSEBOX_RING_DEPTH:-16}
 
 # libfuse master's passthrough_hp, FUSE-over-io_uring capable (3.18+).
@@ -245,7 +251,7 @@ mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
       "$fusebox_bin" mount --io-uring --ring-depth "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     fusebox-b-iouring)
-      "${FUSEBOX_BIN_B:?FUSEBOX_BIN_B names the second build}" mount --io-uring \
+      "$FUSEBOX_BIN_B" mount --io-uring \
         --ring-depth "$ring_depth" --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
     fusebox-devfuse)
       "$fusebox_bin" mount --ring-depth "$ring_depth" \
@@ -255,6 +261,7 @@ mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
         "$dir" "$work/mnt" >>"$work/log-depth-libfuse" 2>&1 & ;;
     libfuse-master-devfuse)
       "$hpm" --foreground --nopassthrough "$dir" "$work/mnt" >>"$work/log-depth-libfuse" 2>&1 & ;;
+    *) echo "unknown contender: $c" >&2; exit 2 ;;
   esac
   pids+=($!)
   wait_mount
@@ -308,6 +315,8 @@ for f in iouring devfuse; do
     [[ " $contenders " == *" fusebox-$f "* && " $contenders " == *" $o "* ]] && pairs+=("fusebox-$f:$o")
   done
 done
+[[ " $contenders " == *" fusebox-b-iouring "* && " $contenders " == *" fusebox-iouring "* ]] &&
+  pairs+=("fusebox-b-iouring:fusebox-iouring")
 for p in "${pairs[@]}"; do printf ' %s' "${p/:/\/}"; done
 echo
 for share in $shares; do

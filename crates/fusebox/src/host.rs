@@ -509,7 +509,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     let served = serve_until_gone(&a, &dev, &disp, dev_depth, max_payload);
     // The connection is gone (unmounted, or aborted: a second signal, a
     // worker that failed or could not start, the kernel timing a request
-    // out, fusectl), or serving failed and the daemon is leaving. An aborted connection's mount would stay behind,
+    // out, fusectl), or serving failed and the daemon is leaving. An
+    // aborted connection's mount would stay behind,
     // failing every access with ENOTCONN until someone unmounts it:
     // detach it if the mount point still holds that very mount (never
     // another one made there since, on Linux 6.8 and later: see
