@@ -24,7 +24,9 @@
 # Environment:
 #   FIO_PARTS="psync depth" which parts to run (default both)
 #   FIO_ROUNDS=3            rounds of the depth rows
-#   FIO_ROWS=REGEX          only depth rows whose name matches (e.g. qd16-randread4k)
+#   FIO_ROWS=REGEX          only depth rows whose name matches (e.g. qd16-randread4k);
+#                           by default all but qd1-seqread1m and qd64-seqread1m
+#                           (the 1 MiB read at other depths)
 #   FIO_SHARES="tmpfs ext4" which shares the depth rows use
 #   FIO_EXT4_DIR=/var/tmp   an ext4 directory for the ext4 share (its own
 #                           filesystem is checked)
@@ -178,7 +180,7 @@ fi
 
 # ---- depth rows --------------------------------------------------------
 rounds=${FIO_ROUNDS:-3}
-rows_re=${FIO_ROWS:-.}
+rows_re=${FIO_ROWS:-'^(qd16-.*|nj4-.*|qd1-randread4k|cold-qd16-randread4k)$'}
 shares=${FIO_SHARES:-tmpfs ext4}
 cold_size=${FIO_COLD_SIZE:-4g}
 contenders=${FIO_CONTENDERS:-raw fusebox-iouring libfuse-master-iouring}
@@ -225,9 +227,14 @@ declare -A drows=(
   [nj4-seqread1m]="--iodepth=1 --numjobs=4 --rw=read --bs=1m"
   [nj4-seqwrite1m]="--iodepth=1 --numjobs=4 --rw=write --bs=1m"
   [qd1-randread4k]="--iodepth=1 --numjobs=1 --rw=randread --bs=4k"
+  # Not in the default set: the 1 MiB read at other depths, to see
+  # whether the disk's bandwidth, not the depth, bounds that row.
+  [qd1-seqread1m]="--iodepth=1 --numjobs=1 --rw=read --bs=1m"
+  [qd64-seqread1m]="--iodepth=64 --numjobs=1 --rw=read --bs=1m"
 )
 drow_order=(qd16-randread4k qd16-randwrite4k qd16-seqread1m qd16-seqwrite1m
-  nj4-randread4k nj4-randwrite4k nj4-seqread1m nj4-seqwrite1m qd1-randread4k)
+  nj4-randread4k nj4-randwrite4k nj4-seqread1m nj4-seqwrite1m qd1-randread4k
+  qd1-seqread1m qd64-seqread1m)
 
 fio_depth() { # dir file size extra-args... -> "iops bw_mib"
   local dir=$1 file=$2 size=$3; shift 3
@@ -297,6 +304,11 @@ for round in $(seq "$rounds"); do
         dres[$round,$share,$c,cold-qd16-randread4k]=$(fio_depth "$dir" cold.dat "$cold_size" \
           --iodepth=16 --numjobs=1 --rw=randread --bs=4k)
       fi
+      # Each round's figures, for the spread behind the medians.
+      for row in "${drow_order[@]}" cold-qd16-randread4k; do
+        [ -n "${dres[$round,$share,$c,$row]:-}" ] &&
+          echo "round $round $share $c $row: ${dres[$round,$share,$c,$row]}" >&2
+      done
       unmount_contender "$c"
     done
   done
@@ -317,6 +329,8 @@ for f in iouring devfuse; do
 done
 [[ " $contenders " == *" fusebox-b-iouring "* && " $contenders " == *" fusebox-iouring "* ]] &&
   pairs+=("fusebox-b-iouring:fusebox-iouring")
+[[ " $contenders " == *" fusebox-b-iouring "* && " $contenders " == *" raw "* ]] &&
+  pairs+=("fusebox-b-iouring:raw")
 for p in "${pairs[@]}"; do printf ' %s' "${p/:/\/}"; done
 echo
 for share in $shares; do
