@@ -1,7 +1,8 @@
 //! Ops started and left running: a thread that serves many requests at
 //! once queues their reads, writes, syncs and fallocates (reads and
 //! writes into or from memory the driver does not own: a client's, such
-//! as guest RAM), submits them together with one `io_uring_enter`, goes
+//! as guest RAM), submits them (together with one `io_uring_enter`, or
+//! each as soon as it is queued: the caller chooses), goes
 //! on with other work, and takes their completions later, when the ring's
 //! eventfd says there are some. Unlike `read_into`/`readv_raw` nothing
 //! waits here: the caller promises the memory stays mapped until the

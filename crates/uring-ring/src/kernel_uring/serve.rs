@@ -9,12 +9,15 @@
 //! ([`Filesystem::write_async`]) from the payload buffer its data came
 //! in, its `fuse_write_out` put there once it is over; everything else is
 //! served in line and its COMMIT_AND_FETCH queued. Started I/O is
-//! submitted as soon as it is started (a system call each), not once a
-//! pass: submitted together at the pass's end, 16 O_DIRECT reads reached
-//! the disk together, came back together, and the queue's next 16 waited
-//! on that convoy (cold 4 KiB reads at depth 16 went from 0.60x to 0.71x
-//! of raw fio, docs/BENCHMARKS.md); what is started is what waits for the
-//! disk or a worker, so the system call is small beside what it starts.
+//! submitted as soon as it is started (at most a system call each), not
+//! once a pass: submitted together at the pass's end, 16 O_DIRECT reads
+//! reached the disk together, came back together, and the queue's next
+//! 16 waited on that convoy (cold 4 KiB reads at depth 16: about 1.1x the
+//! once-a-pass build, 0.63x to 0.67x of raw fio in a 20-round run;
+//! docs/BENCHMARKS.md, "Breaking the convoy"); what is started is what
+//! waits for the disk or a worker, so the system call is small beside
+//! what it starts. (The /dev/fuse workers of `devfuse::serve` still
+//! submit once a pass.)
 //! Then finished READs are taken and their entries' commits
 //! queued, and the thread waits: the queued commits
 //! go to the kernel in the same io_uring_enter that waits for what comes

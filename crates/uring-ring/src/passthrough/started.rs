@@ -1,7 +1,8 @@
 //! READs started without waiting (`Filesystem::read_async`): the serving
 //! thread queues a READV on its own io_uring straight into the client's
-//! memory (guest RAM), goes on with other requests, submits them all with
-//! one system call (`submit_async`), and answers each when its completion
+//! memory (guest RAM), goes on with other requests, submits them
+//! (`submit_async`: all of a pass's with one system call, or each at once,
+//! as the host mount's queue threads do), and answers each when its completion
 //! is taken (`complete_async`, when the ring's eventfd, `async_fd`, says
 //! there is one).
 //!
