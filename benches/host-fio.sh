@@ -38,9 +38,10 @@
 #   FUSEBOX_BIN=PATH        the fusebox binary the depth rows mount with
 #                           (default target/release/fusebox)
 #   FUSEBOX_BIN_B=PATH      a second build (or a wrapper that execs one with
-#                           more options) for side-by-side runs: contender
-#                           fusebox-b-iouring, with its ratio to
-#                           fusebox-iouring (contenders run in the order
+#                           more options) for side-by-side runs: contenders
+#                           fusebox-b-iouring and fusebox-b-devfuse, with
+#                           their ratios to fusebox-iouring and
+#                           fusebox-devfuse (contenders run in the order
 #                           given, every round)
 #   LIBFUSE_GIT=URL|DIR     where libfuse master comes from (default
 #                           https://github.com/libfuse/libfuse; a local
@@ -184,8 +185,8 @@ rows_re=${FIO_ROWS:-'^(qd16-.*|nj4-.*|qd1-randread4k|cold-qd16-randread4k)$'}
 shares=${FIO_SHARES:-tmpfs ext4}
 cold_size=${FIO_COLD_SIZE:-4g}
 contenders=${FIO_CONTENDERS:-raw fusebox-iouring libfuse-master-iouring}
-if [[ " $contenders " == *" fusebox-b-iouring "* ]]; then
-  : "${FUSEBOX_BIN_B:?FUSEBOX_BIN_B names the build contender fusebox-b-iouring mounts with}"
+if [[ " $contenders " == *" fusebox-b-"* ]]; then
+  : "${FUSEBOX_BIN_B:?FUSEBOX_BIN_B names the build contenders fusebox-b-iouring and fusebox-b-devfuse mount with}"
 fi
 ring_depth=${FUSEBOX_RING_DEPTH:-16}
 
@@ -263,6 +264,9 @@ mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
     fusebox-devfuse)
       "$fusebox_bin" mount --ring-depth "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
+    fusebox-b-devfuse)
+      "$FUSEBOX_BIN_B" mount --ring-depth "$ring_depth" \
+        --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
     libfuse-master-iouring)
       "$hpm" --foreground --nopassthrough -o io_uring -o "io_uring_q_depth=$ring_depth" \
         "$dir" "$work/mnt" >>"$work/log-depth-libfuse" 2>&1 & ;;
@@ -331,6 +335,10 @@ done
   pairs+=("fusebox-b-iouring:fusebox-iouring")
 [[ " $contenders " == *" fusebox-b-iouring "* && " $contenders " == *" raw "* ]] &&
   pairs+=("fusebox-b-iouring:raw")
+[[ " $contenders " == *" fusebox-b-devfuse "* && " $contenders " == *" fusebox-devfuse "* ]] &&
+  pairs+=("fusebox-b-devfuse:fusebox-devfuse")
+[[ " $contenders " == *" fusebox-b-devfuse "* && " $contenders " == *" raw "* ]] &&
+  pairs+=("fusebox-b-devfuse:raw")
 for p in "${pairs[@]}"; do printf ' %s' "${p/:/\/}"; done
 echo
 for share in $shares; do

@@ -11,8 +11,10 @@
 //! is started and keeps its slot: a READ's data goes straight into the
 //! slot, a WRITE's comes from it. The thread goes on reading the next
 //! request while they run. Everything else is served in line and answered
-//! at once, its slot free again. Once no request waits (EAGAIN), the
-//! started I/O is submitted (one system call for all of it), completions
+//! at once, its slot free again. Started I/O is submitted as soon as it
+//! is started (at most a system call each: submitted together once no
+//! request waited, a pass's reads reached the disk together and came
+//! back together). Once no request waits (EAGAIN), completions
 //! are taken and answered (one `writev` each, header and data: /dev/fuse
 //! takes one reply per write), and the thread waits in one `poll` for a
 //! request, a completion (the filesystem's eventfd) or an answer given on
@@ -149,11 +151,19 @@ impl DevWorker {
             // answered, after each `depth` of them.
             for _ in 0..self.arena.slots() {
                 let Some(i) = self.free.pop() else { break };
+                let started = self.started.len();
                 if !self.take(disp, i)? {
                     self.free.push(i);
                     break;
                 }
                 busy = true;
+                // What was started goes to the host at once, as on the
+                // kernel ring (`kernel_uring::serve`): submitted together
+                // at the pass's end, a pass's reads reach the disk together
+                // and come back together.
+                if self.started.len() != started {
+                    disp.fs().submit_async();
+                }
             }
             if !self.started.is_empty() {
                 disp.fs().submit_async();

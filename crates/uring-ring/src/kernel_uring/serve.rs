@@ -16,8 +16,7 @@
 //! once-a-pass build, 0.63x to 0.67x of raw fio in a 20-round run;
 //! docs/BENCHMARKS.md, "Breaking the convoy"); what is started is what
 //! waits for the disk or a worker, so the system call is small beside
-//! what it starts. (The /dev/fuse workers of `devfuse::serve` still
-//! submit once a pass.)
+//! what it starts. The /dev/fuse workers (`devfuse::serve`) do the same.
 //! Then finished READs are taken and their entries' commits
 //! queued, and the thread waits: the queued commits
 //! go to the kernel in the same io_uring_enter that waits for what comes
