@@ -24,7 +24,9 @@
 # Environment:
 #   FIO_PARTS="psync depth" which parts to run (default both)
 #   FIO_ROUNDS=3            rounds of the depth rows
-#   FIO_ROWS=REGEX          only depth rows whose name matches (e.g. qd16-randread4k);
+#   FIO_ROWS=REGEX          only depth rows whose name matches (e.g.
+#                           '^(qd16-randread4k)$'; unanchored, qd16-randread4k
+#                           also matches the cold row);
 #                           by default all but qd1-seqread1m and qd64-seqread1m
 #                           (the 1 MiB read at other depths)
 #   FIO_SHARES="tmpfs ext4" which shares the depth rows use
@@ -41,8 +43,8 @@
 #                           more options) for side-by-side runs: contenders
 #                           fusebox-b-iouring and fusebox-b-devfuse, with
 #                           their ratios to fusebox-iouring and
-#                           fusebox-devfuse (contenders run in the order
-#                           given, every round)
+#                           fusebox-devfuse and to raw (contenders run in
+#                           the order given, every round)
 #   LIBFUSE_GIT=URL|DIR     where libfuse master comes from (default
 #                           https://github.com/libfuse/libfuse; a local
 #                           clone or mirror on a machine without GitHub)
@@ -310,8 +312,9 @@ for round in $(seq "$rounds"); do
       fi
       # Each round's figures, for the spread behind the medians.
       for row in "${drow_order[@]}" cold-qd16-randread4k; do
-        [ -n "${dres[$round,$share,$c,$row]:-}" ] &&
+        if [ -n "${dres[$round,$share,$c,$row]:-}" ]; then
           echo "round $round $share $c $row: ${dres[$round,$share,$c,$row]}" >&2
+        fi
       done
       unmount_contender "$c"
     done

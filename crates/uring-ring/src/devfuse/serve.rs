@@ -12,8 +12,8 @@
 //! slot, a WRITE's comes from it. The thread goes on reading the next
 //! request while they run. Everything else is served in line and answered
 //! at once, its slot free again. Started I/O is submitted as soon as it
-//! is started (at most a system call each: submitted together once no
-//! request waited, a pass's reads reached the disk together and came
+//! is started, at most a system call each (submitting it all once no
+//! request waited had a pass's reads reach the disk together and come
 //! back together). Once no request waits (EAGAIN), completions
 //! are taken and answered (one `writev` each, header and data: /dev/fuse
 //! takes one reply per write), and the thread waits in one `poll` for a
@@ -147,8 +147,7 @@ impl DevWorker {
         loop {
             let mut busy = false;
             // At most `depth` requests a pass: while others keep coming,
-            // what was started still goes in, and what completed is
-            // answered, after each `depth` of them.
+            // what completed is still answered after each `depth` of them.
             for _ in 0..self.arena.slots() {
                 let Some(i) = self.free.pop() else { break };
                 let started = self.started.len();

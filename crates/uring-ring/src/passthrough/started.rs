@@ -1,10 +1,10 @@
 //! READs started without waiting (`Filesystem::read_async`): the serving
 //! thread queues a READV on its own io_uring straight into the client's
 //! memory (guest RAM), goes on with other requests, submits them
-//! (`submit_async`: all of a pass's with one system call, or each at once,
-//! as the host mount's queue threads do), and answers each when its completion
-//! is taken (`complete_async`, when the ring's eventfd, `async_fd`, says
-//! there is one).
+//! (`submit_async`: several with one system call, as the device's vring
+//! threads do, or each at once, as the host mount's threads do), and
+//! answers each when its completion is taken (`complete_async`, when the
+//! ring's eventfd, `async_fd`, says there is one).
 //!
 //! Only files that can do non-blocking I/O are started so (on the others
 //! io_uring would hand each read to a worker thread: they are served the

@@ -1,6 +1,6 @@
 //! WRITEs started without waiting (`Filesystem::write_async`), the
 //! counterpart of the started READs of `started.rs`: queued on this
-//! thread's ring straight from the client's memory, submitted (with the
+//! thread's ring straight from the client's memory, submitted (with
 //! others, or at once) by `submit_async`, answered by `complete_async`. They have the
 //! effects of the usual path (`op_write`): its credentials, setuid and
 //! setgid clearing by the host, the daemon's own clearing of a renamed
