@@ -165,7 +165,9 @@ impl DevWorker {
                 }
             }
             if !self.started.is_empty() {
-                disp.fs().submit_async();
+                // Nothing left to submit (each was submitted as it
+                // started; taking completions submits what is queued
+                // anyway).
                 disp.fs().complete_async();
             }
             busy |= self.answer();

@@ -178,7 +178,6 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 }
             }
             self.nudge();
-            self.disp.fs().submit_async();
             self.finish()?;
             if let Some(e) = failed {
                 return Err(e);
