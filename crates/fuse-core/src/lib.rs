@@ -39,7 +39,7 @@ pub mod testing;
 
 // The engine's module is private: its public items have this one path.
 pub use chan::{
-    Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, EndFn, Errno, HostSpan,
-    InFlight, IoGuard, ManualClock, MonotonicClock, Negotiated, ReplyPayload, ReqResult, Sent,
-    Signal, Stats, Transport, TrySendError,
+    Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, EndFn, Errno, Fence,
+    FenceGuard, HostSpan, InFlight, IoGuard, ManualClock, MonotonicClock, Negotiated, ReplyPayload,
+    ReqResult, Sent, Signal, Stats, Transport, TrySendError,
 };

@@ -30,7 +30,7 @@ fn ctx_as(uid: u32, gid: u32) -> Ctx<'static> {
         uid,
         gid,
         pid: 1,
-        secctx: None,
+        ..Ctx::default()
     }
 }
 

@@ -125,7 +125,7 @@ fn ctx(uid: u32, gid: u32) -> Ctx<'static> {
         uid,
         gid,
         pid: 1,
-        secctx: None,
+        ..Ctx::default()
     }
 }
 

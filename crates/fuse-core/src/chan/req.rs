@@ -1,7 +1,7 @@
 //! Requests: the kernel's flag set, the list a request sits on (an explicit
 //! state machine), its arguments and its reply.
 
-use super::{client_mem::ClientMem, errno::Errno, Core};
+use super::{client_mem::ClientMem, errno::Errno, fence::Fence, Core};
 use crate::abi::{InHeader, Opcode};
 use crate::sync::{
     lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Condvar, Mutex, Ordering, Weak,
@@ -172,6 +172,9 @@ pub struct Args {
     /// The client's own memory for a READ's data or a WRITE's data (then
     /// `data` is empty), handed to the server by reference on the ring.
     pub client: Option<std::sync::Arc<dyn ClientMem>>,
+    /// The group the request belongs to, which the client closes when it
+    /// gives them up ([`Fence`]): the server then never acts on it.
+    pub fence: Option<std::sync::Arc<Fence>>,
 }
 
 impl Args {
@@ -194,6 +197,7 @@ impl Args {
             qid: 0,
             over_device: false,
             client: None,
+            fence: None,
         }
     }
     /// Sets the body.
@@ -251,6 +255,11 @@ impl Args {
     /// WRITE's size). Other requests ignore it.
     pub fn client(mut self, mem: std::sync::Arc<dyn ClientMem>) -> Self {
         self.client = Some(mem);
+        self
+    }
+    /// Puts the request under `fence` (see [`Args::fence`]).
+    pub fn fence(mut self, fence: std::sync::Arc<Fence>) -> Self {
+        self.fence = Some(fence);
         self
     }
 }
@@ -425,6 +434,7 @@ impl Request {
         r.flags = Flags::new(flag::FINISHED);
         // A spare keeps nothing of the client's.
         r.args.client = None;
+        r.args.fence = None;
         r.args.body = Vec::new();
         Some((req, waiting))
     }

@@ -53,6 +53,8 @@ pub(crate) struct Held {
     pub(crate) payload: Payload,
     /// The client memory of a READ or WRITE sent by reference.
     pub(crate) client: Option<Arc<dyn crate::chan::ClientMem>>,
+    /// The request's [`crate::Fence`] (`Args::fence`), if it has one.
+    pub(crate) fence: Option<Arc<crate::chan::Fence>>,
     pub(crate) done: bool,
 }
 
@@ -108,6 +110,10 @@ impl Fetched {
     /// memory's length).
     pub fn client_mem(&self) -> Option<&Arc<dyn crate::chan::ClientMem>> {
         self.held.client.as_ref()
+    }
+    /// The fence the client may close to give the request up.
+    pub fn fence(&self) -> Option<&Arc<crate::chan::Fence>> {
+        self.held.fence.as_ref()
     }
     /// Whether the payload is the client's own pages (ENT_ZERO_COPY).
     pub fn is_zero_copy(&self) -> bool {

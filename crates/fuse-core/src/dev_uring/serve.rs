@@ -145,6 +145,7 @@ impl Ring {
                 handle: h,
                 payload,
                 client: None,
+                fence: None,
                 done: true,
             },
         });
@@ -247,6 +248,7 @@ impl Ring {
             self.zero_copies.fetch_add(1, Ordering::Relaxed);
         }
         f.held.client = client_mem(req).cloned();
+        f.held.fence = req.args.fence.clone();
         f.held.done = false;
     }
 
@@ -537,6 +539,7 @@ impl Ring {
         let payload = f.held.take_for_commit();
         f.held.payload = self.copy_out(req, &f.header, payload, stopped);
         drop(f.held.client.take());
+        drop(f.held.fence.take());
     }
 
     /// Commit step 3 (queue lock held): the entry gets its header and

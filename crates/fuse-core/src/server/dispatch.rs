@@ -8,8 +8,9 @@ use crate::abi::{
     self, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, GetxattrOut, InHeader, InitIn,
     InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, Request, StatfsOut, StatxOut, WriteOut,
 };
-use crate::chan::{ClientMem, Errno};
+use crate::chan::{ClientMem, Errno, Fence};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use zerocopy::{Immutable, IntoBytes};
 
@@ -284,7 +285,7 @@ impl<F: Filesystem> Dispatcher<F> {
         out: &mut [u8],
         defer: Option<DeferFn<'_>>,
     ) -> Handled {
-        self.handle_client_with(req, out, defer, None)
+        self.handle_client_with(req, out, defer, None, None)
     }
 
     /// Starts a READ into the client's memory `mem` without waiting, when
@@ -379,15 +380,18 @@ impl<F: Filesystem> Dispatcher<F> {
     /// memory `client`: a READ's destination, or a WRITE's data (decoded
     /// with [`DecodeOptions::write_data_elsewhere`]). A READ's reply
     /// payload (`Outcome::len` bytes) is then in `client`, not in `out`.
+    /// With `fence`, the filesystem sees it in [`Ctx::fence`].
     pub fn handle_client_with(
         &self,
         req: &Request<'_>,
         out: &mut [u8],
         defer: Option<DeferFn<'_>>,
         client: Option<&dyn ClientMem>,
+        fence: Option<&Arc<Fence>>,
     ) -> Handled {
         let h = &req.header;
         let mut ctx = ctx_of(h);
+        ctx.fence = fence;
         if creates(&req.op) && self.flags.load(Ordering::Relaxed) & init::SECURITY_CTX != 0 {
             match abi::creation_security_context(req, self.minor.load(Ordering::Relaxed)) {
                 Ok(label) => ctx.secctx = label,
@@ -860,6 +864,7 @@ fn ctx_of(h: &crate::abi::InHeader) -> Ctx<'static> {
         gid: h.gid,
         pid: h.pid,
         secctx: None,
+        fence: None,
     }
 }
 

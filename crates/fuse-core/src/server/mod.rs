@@ -31,7 +31,8 @@ pub use uring_worker::{
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
 use crate::abi::{Attr, FileLock, Kstatfs, SecCtx, SetattrIn, Statx};
-use crate::chan::{ClientMem, Errno};
+use crate::chan::{ClientMem, Errno, Fence, FenceGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Result of a filesystem operation.
@@ -55,6 +56,22 @@ pub struct Ctx<'a> {
     /// that does not parse fails the request with EINVAL before the
     /// filesystem sees it.
     pub secctx: Option<SecCtx<'a>>,
+    /// The fence the client may close to give the request up (a device
+    /// whose ring was stopped): see [`Ctx::enter_host`].
+    pub fence: Option<&'a Arc<Fence>>,
+}
+
+impl Ctx<'_> {
+    /// Call right before a host call that changes something: EINTR if the
+    /// client has given the request up (then nothing may be done for it);
+    /// otherwise the call counts as running under the request's fence until
+    /// the guard drops, so the client can wait for it.
+    pub fn enter_host(&self) -> Result<Option<FenceGuard>, Errno> {
+        match self.fence {
+            None => Ok(None),
+            Some(f) => f.enter().map(Some).ok_or(Errno::EINTR),
+        }
+    }
 }
 
 /// A directory entry handed to the kernel (adds one lookup reference).
@@ -166,6 +183,9 @@ impl Drop for Deferred {
 /// answers EIO; a filesystem that declines gives it back unused.
 pub struct ReadDone {
     done: Option<Box<dyn FnOnce(FsResult<usize>) + Send>>,
+    /// Keeps the started host I/O counted under its request's fence
+    /// until it is answered.
+    fence: Option<FenceGuard>,
 }
 
 impl std::fmt::Debug for ReadDone {
@@ -179,7 +199,13 @@ impl ReadDone {
     pub fn new(done: impl FnOnce(FsResult<usize>) + Send + 'static) -> Self {
         ReadDone {
             done: Some(Box::new(done)),
+            fence: None,
         }
+    }
+    /// Counts the started host I/O under its request's fence (`g`, from
+    /// [`Ctx::enter_host`]) until it is answered or dropped.
+    pub fn hold(&mut self, g: FenceGuard) {
+        self.fence = Some(g);
     }
     /// Answers the READ.
     pub fn complete(mut self, r: FsResult<usize>) {

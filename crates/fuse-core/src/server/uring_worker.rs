@@ -7,7 +7,7 @@
 
 use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
-use crate::chan::{ClientMem, Errno};
+use crate::chan::{ClientMem, Errno, Fence};
 use crate::dev_uring::{EntHandle, EntryBufs, Fetched, RingEnd};
 use crate::sync::{lock, Arc, Mutex};
 use std::collections::HashMap;
@@ -34,6 +34,11 @@ pub trait RingSlot {
     /// still goes where any WRITE's does, set by the transport when the
     /// write completes. None: WRITEs are served in line.
     fn write_mem(&self) -> Option<Arc<dyn ClientMem>> {
+        None
+    }
+    /// Takes the fence the client may close to give the request up
+    /// (`Args::fence`), if it has one.
+    fn take_fence(&mut self) -> Option<Arc<Fence>> {
         None
     }
 }
@@ -89,6 +94,9 @@ impl RingSlot for Fetched {
             return None;
         }
         Fetched::client_mem(self).cloned()
+    }
+    fn take_fence(&mut self) -> Option<Arc<Fence>> {
+        self.held.fence.take()
     }
 }
 
@@ -228,6 +236,26 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     start: Option<&dyn Fn(u64) -> ReadDone>,
 ) -> Served {
     let hdr = f.in_header();
+    let fence = f.take_fence();
+    if fence.as_ref().is_some_and(|x| x.is_closed()) {
+        // Given up by its client: it must not run, and nobody reads the
+        // answer.
+        f.set_reply(Errno::EINTR.to_wire(), 0);
+        return Served::Answered;
+    }
+    // Started host I/O that changes something stays counted under the
+    // fence until it is answered (a READ's buffers have their own guard).
+    let started = |unique: u64, make: &dyn Fn(u64) -> ReadDone| -> Option<ReadDone> {
+        let guard = match &fence {
+            Some(x) => Some(x.enter()?),
+            None => None,
+        };
+        let mut done = make(unique);
+        if let Some(g) = guard {
+            done.hold(g);
+        }
+        Some(done)
+    };
     let sz = f.request_payload_len();
     let client = f.client_mem();
     let mut opts = disp.decode_options();
@@ -245,8 +273,11 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                 write_data_elsewhere: true,
                 ..opts
             };
-            if let Ok(req) = abi::decode_split(hdr, &op_in, &[], o) {
-                match disp.start_write(&req, &mem, make(hdr.unique)) {
+            if let (Ok(req), Some(done)) = (
+                abi::decode_split(hdr, &op_in, &[], o),
+                started(hdr.unique, make),
+            ) {
+                match disp.start_write(&req, &mem, done) {
                     Ok(()) => return Served::Started,
                     Err(done) => done.disarm(),
                 }
@@ -278,15 +309,19 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                 }
             }
             if let (Some(make), Some(mem)) = (start, write_mem.as_ref()) {
-                match disp.start_write(&req, mem, make(hdr.unique)) {
-                    Ok(()) => return Served::Started,
-                    Err(done) => done.disarm(),
+                if let Some(done) = started(hdr.unique, make) {
+                    match disp.start_write(&req, mem, done) {
+                        Ok(()) => return Served::Started,
+                        Err(done) => done.disarm(),
+                    }
                 }
             }
             if let (Some(make), true) = (start, no_data(hdr.opcode)) {
-                match disp.start_no_data(&req, make(hdr.unique)) {
-                    Ok(()) => return Served::Started,
-                    Err(done) => done.disarm(),
+                if let Some(done) = started(hdr.unique, make) {
+                    match disp.start_no_data(&req, done) {
+                        Ok(()) => return Served::Started,
+                        Err(done) => done.disarm(),
+                    }
                 }
             }
             let out: &mut [u8] = if use_scratch {
@@ -294,7 +329,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
             } else {
                 &mut *outp
             };
-            match disp.handle_client_with(&req, out, defer, client.as_deref()) {
+            match disp.handle_client_with(&req, out, defer, client.as_deref(), fence.as_ref()) {
                 Handled::Reply(o) => Some(o),
                 Handled::NoReply => None,
                 Handled::Parked => return Served::Parked,

@@ -1,5 +1,8 @@
 //! [`Filesystem`] for [`PassthroughFs`]: each operation forwards to the
-//! module that implements it.
+//! module that implements it. An operation that changes the host first
+//! enters its request's fence ([`Ctx::enter_host`]): a request its client
+//! gave up (a device's stopped ring) fails with EINTR instead of acting,
+//! and one already acting is counted until it returns.
 
 use super::PassthroughFs;
 use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
@@ -36,12 +39,14 @@ impl Filesystem for PassthroughFs {
         self.op_getattr(inode, handle)
     }
     fn setattr(&self, ctx: &Ctx, inode: u64, arg: &SetattrIn) -> FsResult<(Attr, Duration)> {
+        let _host = ctx.enter_host()?;
         self.op_setattr(ctx, inode, arg)
     }
     fn readlink(&self, _ctx: &Ctx, inode: u64) -> FsResult<Vec<u8>> {
         self.op_readlink(inode)
     }
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> FsResult<Entry<u64>> {
+        let _host = ctx.enter_host()?;
         self.op_symlink(ctx, parent, name, target)
     }
     fn mknod(
@@ -53,6 +58,7 @@ impl Filesystem for PassthroughFs {
         rdev: u32,
         umask: u32,
     ) -> FsResult<Entry<u64>> {
+        let _host = ctx.enter_host()?;
         self.op_mknod(ctx, parent, name, mode, rdev, umask)
     }
     fn mkdir(
@@ -63,12 +69,15 @@ impl Filesystem for PassthroughFs {
         mode: u32,
         umask: u32,
     ) -> FsResult<Entry<u64>> {
+        let _host = ctx.enter_host()?;
         self.op_mkdir(ctx, parent, name, mode, umask)
     }
     fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<()> {
+        let _host = ctx.enter_host()?;
         self.op_unlink(ctx, parent, name)
     }
     fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<()> {
+        let _host = ctx.enter_host()?;
         self.op_rmdir(ctx, parent, name)
     }
     fn rename(
@@ -80,12 +89,15 @@ impl Filesystem for PassthroughFs {
         newname: &[u8],
         flags: u32,
     ) -> FsResult<()> {
+        let _host = ctx.enter_host()?;
         self.op_rename(ctx, parent, name, newparent, newname, flags)
     }
     fn link(&self, ctx: &Ctx, inode: u64, newparent: u64, newname: &[u8]) -> FsResult<Entry<u64>> {
+        let _host = ctx.enter_host()?;
         self.op_link(ctx, inode, newparent, newname)
     }
     fn open(&self, ctx: &Ctx, inode: u64, flags: u32) -> FsResult<Opened<u64>> {
+        let _host = ctx.enter_host()?;
         self.op_open(ctx, inode, flags, false)
     }
     fn read(
@@ -166,6 +178,7 @@ impl Filesystem for PassthroughFs {
         src: &dyn WriteSource,
         flags: u32,
     ) -> FsResult<usize> {
+        let _host = ctx.enter_host()?;
         self.op_write(ctx, handle, offset, src, flags)
     }
     fn flush(&self, _ctx: &Ctx, _inode: u64, handle: u64, owner: u64) -> FsResult<()> {
@@ -178,6 +191,7 @@ impl Filesystem for PassthroughFs {
         self.op_fsync(ctx, handle, datasync)
     }
     fn opendir(&self, ctx: &Ctx, inode: u64, flags: u32) -> FsResult<Opened<u64>> {
+        let _host = ctx.enter_host()?;
         self.op_open(ctx, inode, flags, true)
     }
     fn readdir(
@@ -218,6 +232,7 @@ impl Filesystem for PassthroughFs {
         flags: u32,
         ext_flags: u32,
     ) -> FsResult<()> {
+        let _host = ctx.enter_host()?;
         self.op_setxattr(ctx, inode, name, value, flags, ext_flags)
     }
     fn getxattr(&self, ctx: &Ctx, inode: u64, name: &[u8], size: u32) -> FsResult<Xattr> {
@@ -227,6 +242,7 @@ impl Filesystem for PassthroughFs {
         self.op_listxattr(ctx, inode, size)
     }
     fn removexattr(&self, ctx: &Ctx, inode: u64, name: &[u8]) -> FsResult<()> {
+        let _host = ctx.enter_host()?;
         self.op_removexattr(ctx, inode, name)
     }
     fn access(&self, ctx: &Ctx, inode: u64, mask: u32) -> FsResult<()> {
@@ -241,6 +257,7 @@ impl Filesystem for PassthroughFs {
         flags: u32,
         umask: u32,
     ) -> FsResult<Created<u64, u64>> {
+        let _host = ctx.enter_host()?;
         self.op_create(ctx, parent, name, mode, flags, umask)
     }
     fn fallocate(
@@ -252,6 +269,7 @@ impl Filesystem for PassthroughFs {
         offset: u64,
         length: u64,
     ) -> FsResult<()> {
+        let _host = ctx.enter_host()?;
         self.op_fallocate(ctx, handle, mode, offset, length)
     }
     fn lseek(
@@ -271,6 +289,7 @@ impl Filesystem for PassthroughFs {
         self.op_getlk(handle, req)
     }
     fn setlk(&self, ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq) -> FsResult<()> {
+        let _host = ctx.enter_host()?;
         self.op_setlk(ctx, handle, req)
     }
     fn setlkw(&self, ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq, done: Deferred) {
@@ -288,6 +307,7 @@ impl Filesystem for PassthroughFs {
         flags: u32,
         umask: u32,
     ) -> FsResult<Created<u64, u64>> {
+        let _host = ctx.enter_host()?;
         self.op_tmpfile(ctx, parent, mode, flags, umask)
     }
     fn copy_file_range(
@@ -302,6 +322,7 @@ impl Filesystem for PassthroughFs {
         len: u64,
         flags: u64,
     ) -> FsResult<u64> {
+        let _host = ctx.enter_host()?;
         self.op_copy_file_range(ctx, handle_in, off_in, handle_out, off_out, len, flags)
     }
     fn statx(
