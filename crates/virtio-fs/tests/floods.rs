@@ -46,14 +46,6 @@ fn rss_kib() -> u64 {
     status("VmRSS:")
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// Releases every hang when dropped (before the harness).
 struct Release(Arc<Harness<Faulty<MemFs>>>);
 impl Drop for Release {
@@ -359,100 +351,6 @@ fn ring_at<F: fuse_core::server::Filesystem>(
 
 /// The passthrough of a directory holding file `f`, behind the device,
 /// and the guest's requests to it on queue 1 as raw chains.
-struct Guest {
-    h: Harness<uring_ring::passthrough::PassthroughFs>,
-    vring: VringRwLock<GuestMem>,
-    idx: u16,
-    next_desc: u16,
-    at: u64,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Guest {
-    fn new(tag: &str) -> Guest {
-        let dir = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("f"), b"locked").unwrap();
-        let h = Harness::new(
-            uring_ring::passthrough::PassthroughFs::new(
-                &dir,
-                uring_ring::passthrough::Config::default(),
-            )
-            .unwrap(),
-            DeviceConfig {
-                queue_size: QSIZE,
-                ..DeviceConfig::default()
-            },
-        );
-        let vring = h.vring();
-        Guest {
-            h,
-            vring,
-            idx: 0,
-            next_desc: 0,
-            at: DATA,
-            dir,
-        }
-    }
-
-    /// Sends one request on queue 1; returns where its reply goes.
-    fn send(&mut self, op: Opcode, unique: u64, nodeid: u64, body: &[u8]) -> u64 {
-        let mut msg = request(op, unique, body);
-        msg[16..24].copy_from_slice(&nodeid.to_le_bytes());
-        let (head, reply_at, nd, na) = self.h.chain(self.next_desc, self.at, &msg, 4096);
-        self.next_desc = nd;
-        self.at = na;
-        self.idx = self.h.publish_from(self.idx, &[head]);
-        self.h.kick(&self.vring, 1);
-        reply_at
-    }
-
-    /// Sends one request and waits for its reply's payload.
-    fn call(&mut self, op: Opcode, unique: u64, nodeid: u64, body: &[u8]) -> (i32, [u8; 128]) {
-        let r = self.send(op, unique, nodeid, body);
-        let want = self.idx;
-        wait_for("a reply", || self.h.used_idx() == want);
-        let mut b = [0u8; 128];
-        self.h.mem.read_slice(&mut b, GuestAddress(r + 16)).unwrap();
-        (self.h.reply(r).error, b)
-    }
-
-    /// LOOKUP and OPEN of `f`: (nodeid, fh).
-    fn open_f(&mut self) -> (u64, u64) {
-        use fuse_core::abi::{EntryOut, OpenIn, OpenOut};
-        use zerocopy::FromBytes;
-        let (_, b) = self.call(Opcode::Lookup, 2, 1, b"f\0");
-        let node = EntryOut::read_from_prefix(&b).unwrap().0.nodeid;
-        let open = OpenIn {
-            flags: libc::O_RDWR as u32,
-            open_flags: 0,
-        };
-        let (_, b) = self.call(Opcode::Open, 4, node, open.as_bytes());
-        (node, OpenOut::read_from_prefix(&b).unwrap().0.fh)
-    }
-}
-
-fn lk(fh: u64, owner: u64, typ: i32) -> LkIn {
-    LkIn {
-        fh,
-        owner,
-        lk: fuse_core::abi::FileLock {
-            start: 0,
-            end: i64::MAX as u64,
-            typ: typ as u32,
-            pid: 1,
-        },
-        ..LkIn::new_zeroed()
-    }
-}
-
 #[test]
 fn a_guest_interrupt_ends_a_parked_lock_wait() {
     let _serial = serial();
@@ -651,4 +549,24 @@ fn a_ring_stop_answers_a_parked_lock_wait_before_it_returns() {
         0
     );
     assert_eq!(fs.parked_locks(), 0);
+}
+
+#[test]
+fn a_ring_stop_ends_every_parked_lock_wait_sent_under_one_guest_unique() {
+    let _serial = serial();
+    // A hostile guest sends two SETLKWs under one unique while the first
+    // still waits. Both park; a ring stop must end both (each is kept by
+    // the engine's own unique), or the first would hold its waiter, and
+    // the lock once granted, for good.
+    let mut g = Guest::new("duplk");
+    let (node, fh) = g.open_f();
+    let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
+    assert_eq!(e, 0);
+    g.send(Opcode::Setlkw, 8, node, lk(fh, 2, libc::F_WRLCK).as_bytes());
+    g.send(Opcode::Setlkw, 8, node, lk(fh, 3, libc::F_WRLCK).as_bytes());
+    let dev = g.h.dev.clone();
+    let fs = dev.engine().fs();
+    wait_for("both SETLKWs to park", || fs.parked_locks() == 2);
+    vhost_user_backend::VhostUserBackend::stop_vring(&dev, 1).unwrap();
+    wait_for("both parked waits to end", || fs.parked_locks() == 0);
 }

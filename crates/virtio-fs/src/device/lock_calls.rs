@@ -1,6 +1,8 @@
 //! Lock calls (GETLK, SETLK, SETLKW): sent synchronously over the
-//! engine's device, not the ring, and found again by their guest unique
-//! when the guest interrupts them or the frontend takes their ring back.
+//! engine's device, not the ring, and kept by the unique the engine gave
+//! them (the guest's may repeat: a hostile guest can reuse one while it
+//! is in flight), so each can be interrupted when the frontend takes its
+//! ring back, and found by its guest unique when the guest interrupts it.
 
 use super::*;
 
@@ -36,7 +38,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     if waiters.len() >= 64 && waiters.len().is_power_of_two() {
                         waiters.retain(|_, (t, _)| t.strong_count() > 0);
                     }
-                    waiters.insert(ticket.unique, (Arc::downgrade(ticket), sent));
+                    waiters.insert(sent.unique(), (Arc::downgrade(ticket), sent));
                 }
             }
             Err(e) => {
@@ -49,12 +51,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
     /// A lock call ended: the guest's interrupts no longer reach it.
     fn forget_waiter(&self, t: &Arc<Ticket>) {
-        let mut waiters = lock(&self.inner.waiters);
-        if let Some((w, _)) = waiters.get(&t.unique) {
-            if std::ptr::eq(w.as_ptr(), Arc::as_ptr(t)) {
-                waiters.remove(&t.unique);
-            }
-        }
+        let unique = t.engine_unique.load(Ordering::Relaxed);
+        lock(&self.inner.waiters).remove(&unique);
     }
 
     /// Interrupts the lock calls of queue `q` (every queue: None) still in
@@ -73,13 +71,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// The guest's FUSE_INTERRUPT for its request `unique` (a lock call
-    /// that waits; Linux guests do not send them today).
+    /// that waits; Linux guests do not send them today): every lock call in
+    /// flight under that guest unique.
     pub(super) fn interrupt_waiter(&self, unique: u64) {
-        let sent = lock(&self.inner.waiters)
-            .get(&unique)
-            .filter(|(t, _)| t.strong_count() > 0)
-            .map(|(_, s)| s.clone());
-        if let Some(s) = sent {
+        let sent: Vec<Sent> = lock(&self.inner.waiters)
+            .values()
+            .filter(|(t, _)| t.upgrade().is_some_and(|t| t.unique == unique))
+            .map(|(_, s)| s.clone())
+            .collect();
+        for s in sent {
             s.interrupt();
         }
     }

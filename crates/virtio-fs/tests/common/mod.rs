@@ -218,3 +218,143 @@ pub fn serve_device<F: Filesystem + 'static>(
         let _ = daemon.wait();
     })
 }
+
+/// Polls `f` every 2 ms until it holds; fails the test after 20 s.
+pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "timed out: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// A guest on request queue 1 of a device in this process, over a fresh
+/// directory holding the file `f` ("locked"), removed when dropped.
+pub struct Guest<F: Filesystem + 'static = uring_ring::passthrough::PassthroughFs> {
+    pub h: Harness<F>,
+    pub vring: VringRwLock<GuestMem>,
+    /// The avail index after the last request sent.
+    pub idx: u16,
+    next_desc: u16,
+    at: u64,
+    pub dir: std::path::PathBuf,
+}
+
+impl<F: Filesystem + 'static> Drop for Guest<F> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Guest {
+    /// The passthrough of a fresh directory, with the device's defaults
+    /// (but a queue of [`QSIZE`]).
+    pub fn new(tag: &str) -> Guest {
+        Guest::with(
+            tag,
+            |dir| {
+                uring_ring::passthrough::PassthroughFs::new(
+                    dir,
+                    uring_ring::passthrough::Config::default(),
+                )
+                .unwrap()
+            },
+            DeviceConfig {
+                queue_size: QSIZE,
+                ..DeviceConfig::default()
+            },
+        )
+    }
+}
+
+impl<F: Filesystem + 'static> Guest<F> {
+    /// The filesystem `make` makes of a fresh directory, in a device of
+    /// `cfg`.
+    pub fn with(tag: &str, make: impl FnOnce(&std::path::Path) -> F, cfg: DeviceConfig) -> Self {
+        let dir = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), b"locked").unwrap();
+        let h = Harness::new(make(&dir), cfg);
+        let vring = h.vring();
+        Guest {
+            h,
+            vring,
+            idx: 0,
+            next_desc: 0,
+            at: DATA,
+            dir,
+        }
+    }
+
+    /// Fresh rings, as a rebooted guest's driver sets them up (the device
+    /// is told nothing: the frontend's stop or reset came before).
+    pub fn restart(&mut self) {
+        self.h.reset();
+        self.vring = self.h.vring();
+        self.idx = 0;
+        self.next_desc = 0;
+        self.at = DATA;
+    }
+
+    /// Sends one request on queue 1; returns where its reply goes. The
+    /// descriptors and memory of requests long answered are used again.
+    pub fn send(&mut self, op: Opcode, unique: u64, nodeid: u64, body: &[u8]) -> u64 {
+        if self.next_desc + 2 > QSIZE {
+            self.next_desc = 0;
+        }
+        if self.at + 2 * 4096 + body.len() as u64 > MEM {
+            self.at = DATA;
+        }
+        let mut msg = request(op, unique, body);
+        msg[16..24].copy_from_slice(&nodeid.to_le_bytes());
+        let (head, reply_at, nd, na) = self.h.chain(self.next_desc, self.at, &msg, 4096);
+        self.next_desc = nd;
+        self.at = na;
+        self.idx = self.h.publish_from(self.idx, &[head]);
+        self.h.kick(&self.vring, 1);
+        reply_at
+    }
+
+    /// Sends one request and waits for its reply's payload.
+    pub fn call(&mut self, op: Opcode, unique: u64, nodeid: u64, body: &[u8]) -> (i32, [u8; 128]) {
+        let r = self.send(op, unique, nodeid, body);
+        let want = self.idx;
+        wait_for("a reply", || self.h.used_idx() == want);
+        let mut b = [0u8; 128];
+        self.h.mem.read_slice(&mut b, GuestAddress(r + 16)).unwrap();
+        (self.h.reply(r).error, b)
+    }
+
+    /// LOOKUP and OPEN of `f`: (nodeid, fh).
+    pub fn open_f(&mut self) -> (u64, u64) {
+        use fuse_core::abi::{EntryOut, OpenIn, OpenOut};
+        let (_, b) = self.call(Opcode::Lookup, 2, 1, b"f\0");
+        let node = EntryOut::read_from_prefix(&b).unwrap().0.nodeid;
+        let open = OpenIn {
+            flags: libc::O_RDWR as u32,
+            open_flags: 0,
+        };
+        let (_, b) = self.call(Opcode::Open, 4, node, open.as_bytes());
+        (node, OpenOut::read_from_prefix(&b).unwrap().0.fh)
+    }
+}
+
+/// A lock request by `owner` on all of handle `fh`.
+pub fn lk(fh: u64, owner: u64, typ: i32) -> fuse_core::abi::LkIn {
+    use zerocopy::FromZeros;
+    fuse_core::abi::LkIn {
+        fh,
+        owner,
+        lk: fuse_core::abi::FileLock {
+            start: 0,
+            end: i64::MAX as u64,
+            typ: typ as u32,
+            pid: 1,
+        },
+        ..fuse_core::abi::LkIn::new_zeroed()
+    }
+}
