@@ -303,9 +303,12 @@ pub struct VhostArgs {
     pub no_io_uring: bool,
     /// Register guest RAM as io_uring fixed buffers, so data I/O through
     /// the ring is READ_FIXED/WRITE_FIXED at the guest address. This pins
-    /// all of guest RAM in host memory, and the VMM must not discard guest
-    /// pages (no virtio-balloon, free page reporting, virtio-mem or postcopy
-    /// migration): I/O would go to the old, pinned pages.
+    /// all of guest RAM in host memory, and breaks anything that discards
+    /// guest pages (virtio-balloon inflation, free page reporting or
+    /// hinting, virtio-mem unplug): a READ into a discarded and reused page
+    /// leaves it zeroed with a success reply, a WRITE from one stores stale
+    /// bytes. fusebox cannot see a discard: use it only for VMs without
+    /// these.
     #[arg(long, conflicts_with = "no_io_uring")]
     pub fixed_guest_memory: bool,
     /// READs a queue thread starts before it submits them to the host and

@@ -392,9 +392,9 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         .map_err(|e| VhostError::Device(DeviceError::Event(e)))?;
     if a.fixed_guest_memory {
         log::warn!(
-            "--fixed-guest-memory pins guest RAM: the VMM must not discard guest pages \
-             (virtio-balloon, free page reporting, virtio-mem, postcopy migration), or reads \
-             and writes through the pinned pages would miss the guest's new ones"
+            "--fixed-guest-memory pins guest RAM: if the VMM discards guest pages \
+             (virtio-balloon, free page reporting or hinting, virtio-mem), reads into \
+             reused pages leave them zeroed and writes from them store stale bytes"
         );
     }
     log::info!(

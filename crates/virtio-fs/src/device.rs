@@ -20,7 +20,8 @@
 //! `VhostUserBackend`), `hiprio.rs`, `request.rs` (a chain read into engine
 //! arguments), `inline.rs` (serving on the vring thread, the watchdog),
 //! `lock_calls.rs`, `answer.rs`, `notify.rs` (guest notifications per
-//! batch), `stop.rs` (dirty log, ring stops, lent buffers taken back),
+//! batch), `stop.rs` (dirty log, ring stops, what they give up),
+//! `session.rs` (the guest's session ended by a reset or a new INIT),
 //! `timeouts.rs`, `migration.rs` (device state), `heads.rs`, `exit_fds.rs`.
 
 use crate::chain::{Chain, ChainError};
@@ -41,6 +42,7 @@ mod migration;
 mod notify;
 mod queue;
 mod request;
+mod session;
 mod stop;
 mod ticket;
 mod timeouts;
@@ -156,14 +158,17 @@ pub struct DeviceConfig {
     /// the memory table changes), so data I/O through the ring goes as
     /// READ_FIXED/WRITE_FIXED (or the vectored forms) at the guest address.
     /// Registration pins all of guest RAM in host memory for as long as
-    /// the device runs, which defeats ballooning and overcommit: off by
-    /// default.
+    /// the device runs, which defeats ballooning and overcommit, and I/O
+    /// through the ring then misses pages the VMM discards (a balloon,
+    /// virtio-mem): off by default.
     pub fixed_guest_memory: bool,
     /// How long a ring stop (GET_VRING_BASE: before a migration, or when
     /// the guest resets the device) waits for the requests popped from
     /// that ring to be answered, when no `request_timeout` bounds them
     /// (with one, it waits until they timed out). What is still
-    /// unanswered then is given up (`DeviceStats::lost_on_stop`).
+    /// unanswered then is given up (`DeviceStats::lost_on_stop`); a stop
+    /// or reset then waits this long again, at most, for host work of the
+    /// given-up requests already under way (`DeviceStats::stuck_on_stop`).
     pub ring_stop_drain: Duration,
 }
 
@@ -217,7 +222,7 @@ struct Inner<F: Filesystem + 'static> {
     /// `timeouts` before any ticket's `state`).
     timeouts: Mutex<VecDeque<Arc<Ticket>>>,
     /// Lock calls in flight (they may wait without end), by the unique
-    /// the guest gave them: a guest's FUSE_INTERRUPT names them so.
+    /// the engine gave them (`lock_calls.rs`).
     waiters: Mutex<HashMap<u64, (Weak<Ticket>, Sent)>>,
     /// Live migration: the guest's INIT and the state transfer.
     migration: migration::Migration,
@@ -483,7 +488,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // Before the pop: a ring stopped after it leaves this chain
             // with the old generation, so its answer never reaches the
             // new ring.
-            let gen = *read(&rq.gen);
+            let (gen, fence) = {
+                let g = read(&rq.gen);
+                (g.n, g.fence.clone())
+            };
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
             };
@@ -507,7 +515,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             };
             let (args, ticket) = match self.prepare(vring, &mem, chain, q, gen) {
-                Ok(v) => v,
+                Ok((args, t)) => (args.fence(fence), t),
                 Err(t) => {
                     qs.malformed.fetch_add(1, Ordering::Relaxed);
                     if let Some(t) = t {

@@ -16,7 +16,7 @@
 //! answered and written afterwards.
 
 use crate::chain::Seg;
-use crate::sync::{lock, read, wait, write};
+use crate::sync::{lock, read, wait_for, write};
 use crate::GuestMmap;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -175,12 +175,18 @@ impl GuestSpans {
     }
 
     /// Waits until no host I/O runs on the buffers (after `revoke`, none
-    /// can start again).
-    pub(crate) fn wait_idle(&self) {
+    /// can start again), but not past `deadline`: false if some still
+    /// runs then.
+    pub(crate) fn wait_idle_until(&self, deadline: std::time::Instant) -> bool {
         let mut a = lock(&self.access);
         while a.busy > 0 {
-            a = wait(&self.idle, a);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            a = wait_for(&self.idle, a, left);
         }
+        true
     }
 
     /// Walks the segments for bytes `off..off + len`, calling `f` with each

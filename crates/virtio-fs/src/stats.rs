@@ -56,6 +56,12 @@ pub struct DeviceStats {
     /// Requests a ring stop gave up on: still unanswered when its wait
     /// for them ended (`DeviceConfig::ring_stop_drain`).
     pub lost_on_stop: AtomicU64,
+    /// Host work of given-up requests (host calls, I/O on guest buffers)
+    /// still running when a ring stop or reset stopped waiting for it.
+    pub stuck_on_stop: AtomicU64,
+    /// Guest FUSE sessions ended by a reset or a new INIT (as DESTROY
+    /// ends one).
+    pub sessions_ended: AtomicU64,
     ops: Vec<OpStats>,
 }
 
@@ -67,6 +73,8 @@ impl DeviceStats {
             aborted: AtomicU64::new(0),
             forget_waits: AtomicU64::new(0),
             lost_on_stop: AtomicU64::new(0),
+            stuck_on_stop: AtomicU64::new(0),
+            sessions_ended: AtomicU64::new(0),
             ops: (0..OPCODES).map(|_| OpStats::default()).collect(),
         }
     }
@@ -113,11 +121,13 @@ impl DeviceStats {
         }
         let _ = writeln!(
             s,
-            "timeouts {} aborted {} forget-waits {} lost-on-stop {}",
+            "timeouts {} aborted {} forget-waits {} lost-on-stop {} stuck-on-stop {} sessions-ended {}",
             self.timeouts.load(Ordering::Relaxed),
             self.aborted.load(Ordering::Relaxed),
             self.forget_waits.load(Ordering::Relaxed),
-            self.lost_on_stop.load(Ordering::Relaxed)
+            self.lost_on_stop.load(Ordering::Relaxed),
+            self.stuck_on_stop.load(Ordering::Relaxed),
+            self.sessions_ended.load(Ordering::Relaxed)
         );
         for (code, op) in self.ops.iter().enumerate() {
             let n = op.count.load(Ordering::Relaxed);

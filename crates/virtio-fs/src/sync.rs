@@ -27,3 +27,15 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     cv.wait(guard).unwrap_or_else(|e| e.into_inner())
 }
+
+/// Waits on `cv` with `guard` for at most `d`, poisoned or not.
+pub(crate) fn wait_for<'a, T>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    d: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    match cv.wait_timeout(guard, d) {
+        Ok((g, _)) => g,
+        Err(e) => e.into_inner().0,
+    }
+}

@@ -199,3 +199,84 @@ fn cached_reads_are_answered_in_line_and_cold_or_large_ones_go_through_the_ring(
     drop(fe);
     served.join().unwrap();
 }
+
+/// Reads a file through the device (cached reads in line, O_DIRECT ones
+/// through the ring, from two threads) while a third keeps discarding the
+/// guest's free buffer pages, as a balloon does; every read must return
+/// the file's data in the pages the guest has now. Returns how many reads
+/// came back wrong.
+fn reads_while_discarding(share: &Path, sock: &Path, fixed: bool) -> usize {
+    let (dev, served) = common::serve_passthrough(
+        share,
+        sock,
+        Config::default(),
+        DeviceConfig {
+            inline_per_batch: usize::MAX,
+            fixed_guest_memory: fixed,
+            ..DeviceConfig::default()
+        },
+    );
+    let data = std::sync::Arc::new(pattern(4 << 20, 5));
+    std::fs::write(share.join("d"), &*data).unwrap();
+    let fe = std::sync::Arc::new(VhostFrontend::connect(sock, &FrontendConfig::default()).unwrap());
+    let c = fe.client().clone();
+    let e = c.lookup(ROOT_ID, b"d").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let discarder = {
+        let (fe, stop) = (fe.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                fe.discard_free_buffers().unwrap();
+                rounds += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            rounds
+        })
+    };
+    let readers: Vec<_> = [0u32, libc::O_DIRECT as u32]
+        .into_iter()
+        .map(|direct| {
+            let (c, data) = (c.clone(), data.clone());
+            std::thread::spawn(move || {
+                let flags = libc::O_RDONLY as u32 | direct;
+                let o = c.open(e.nodeid, flags).unwrap();
+                let mut wrong = 0;
+                for i in 0..400u64 {
+                    let off = (i * 7919 * 4096) % (4 << 20);
+                    let len = if i % 3 == 0 { 64 << 10 } else { 4096 };
+                    let end = (off as usize + len).min(data.len());
+                    let got = c.read(e.nodeid, o.fh, off, len as u32).unwrap();
+                    if got != data[off as usize..end] {
+                        wrong += 1;
+                    }
+                }
+                c.release(e.nodeid, o.fh, flags).unwrap();
+                wrong
+            })
+        })
+        .collect();
+    let wrong: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = discarder.join().unwrap();
+    assert!(rounds > 10, "the discards ran ({rounds} rounds)");
+    let counts = dev.engine().fs().io_counts();
+    assert!(
+        counts.read_uring > 0,
+        "some reads went through the ring: {counts:?}"
+    );
+    std::fs::remove_file(share.join("d")).unwrap();
+    drop(c);
+    drop(std::sync::Arc::into_inner(fe));
+    served.join().unwrap();
+    wrong
+}
+
+#[test]
+fn guest_pages_discarded_between_reads_get_the_data_without_fixed_memory() {
+    // Without --fixed-guest-memory nothing of guest RAM is pinned past a
+    // request: a page the VMM discarded and the guest reused gets the data.
+    let fs = Ext4::new("discard");
+    let sock = fs.base.join("vfs.sock");
+    assert_eq!(reads_while_discarding(&fs.share(), &sock, false), 0);
+}

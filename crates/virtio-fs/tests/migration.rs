@@ -106,7 +106,12 @@ fn a_second_device_serves_the_first_ones_guest_after_the_state_moves() {
         a.engine().dispatcher().decode_options().flags
     );
     let _db = common::serve_device(&b, &sock("b.sock"));
-    let fe = VhostFrontend::connect(&sock("b.sock"), &FrontendConfig::default()).unwrap();
+    // The guest goes on with its session: it sends no INIT.
+    let resume = FrontendConfig {
+        resume: c.chan().negotiated(),
+        ..FrontendConfig::default()
+    };
+    let fe = VhostFrontend::connect(&sock("b.sock"), &resume).unwrap();
     let c = fe.client();
     c.write(f.nodeid, o.fh, 13, b"after", 0).unwrap();
     assert_eq!(

@@ -112,6 +112,12 @@ impl Locks {
     }
     /// DESTROY.
     pub fn clear(&self) {
+        // Parked SETLKWs of the session end (EINTR) rather than take a
+        // lock nobody would release.
+        let parked: Vec<u64> = lock(&self.waiters).parked.keys().copied().collect();
+        for unique in parked {
+            self.interrupt(unique);
+        }
         self.forget_pending(None, None);
         for d in self.owners.remove_all(None) {
             d.release_all(&mut d.held());

@@ -52,7 +52,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     pub(super) fn give_back_unanswered(&self, t: &Ticket) {
         let rq = self.inner.queue(t.queue);
         let gen = read(&rq.gen);
-        if *gen != t.gen {
+        if gen.n != t.gen {
             return;
         }
         rq.heads.release(t.chain.head);
@@ -65,7 +65,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     fn answer_with(&self, t: &Ticket, error: i32, payload: &[u8], in_guest: usize) {
         let rq = self.inner.queue(t.queue);
         let gen = read(&rq.gen);
-        if *gen != t.gen {
+        if gen.n != t.gen {
             self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
             return;
         }

@@ -63,56 +63,39 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // popped chain is answered first (`drain_ring`, bounded): a lock
         // call that waits is interrupted so that it ends (EINTR) rather
         // than hold the stop. What is still unanswered after the bound is
-        // given up: its late reply never reaches the guest.
+        // given up (`give_up`): its late reply never reaches the guest,
+        // and it never acts on the host afterwards.
         // The hiprio queue has nothing in flight: each of its chains went
         // back as it was taken.
         let Some(q) = self.inner.request_queue(queue_index as usize) else {
             return Ok(());
         };
-        let rq = self.inner.queue(q);
         self.interrupt_waiters(Some(q));
         self.drain_ring(q);
-        {
-            // Taken after every answer under way (they hold the read lock)
-            // wrote its used entry.
-            let mut g = write(&rq.gen);
-            let lost = rq.heads.count();
-            if lost > 0 {
-                self.inner
-                    .stats
-                    .lost_on_stop
-                    .fetch_add(lost as u64, Ordering::Relaxed);
-                // A guest that resets its device again and again must not
-                // flood the log (the count is in `lost_on_stop`).
-                fuse_core::warn_limited!(
-                    "queue {} stopped with {lost} request(s) still unanswered; \
-                     they are given up",
-                    q.vq()
-                );
-            }
-            *g += 1;
-            // Nothing of the old ring is in flight any more.
-            rq.heads.clear();
+        let lost = self.give_up(&[q]);
+        if lost > 0 {
+            self.inner
+                .stats
+                .lost_on_stop
+                .fetch_add(lost as u64, Ordering::Relaxed);
+            // A guest that resets its device again and again must not
+            // flood the log (the count is in `lost_on_stop`).
+            fuse_core::warn_limited!(
+                "queue {} stopped with {lost} request(s) still unanswered; \
+                 they are given up",
+                q.vq()
+            );
         }
-        self.take_back_buffers(q);
-        self.interrupt_waiters(Some(q));
         Ok(())
     }
 
     fn reset_device(&self) {
-        self.inner.migration.session_ended();
         // The driver is gone (a reboot, a driver unbind): answers would
         // land in rings it no longer has, so nothing is drained; what is
-        // in flight is given up at once.
-        for rq in &self.inner.queues {
-            let mut g = write(&rq.gen);
-            *g += 1;
-            rq.heads.clear();
-        }
-        for q in RqId::all(self.inner.queues.len()) {
-            self.take_back_buffers(q);
-        }
-        self.interrupt_waiters(None);
+        // in flight is given up at once, and the guest's session ends.
+        let all: Vec<RqId> = RqId::all(self.inner.queues.len()).collect();
+        self.give_up(&all);
+        self.end_session("the device was reset");
     }
 
     fn set_device_state_fd(

@@ -142,10 +142,12 @@ impl Migration {
         }
     }
 
-    /// The guest's session ended (a device reset, DESTROY): nothing to
-    /// replay.
-    pub(crate) fn session_ended(&self) {
-        *lock(&self.guest_init) = Inits::default();
+    /// The guest's session ended (a device reset, DESTROY, a new INIT):
+    /// nothing to replay. Returns whether one was on (an INIT had been
+    /// sent since the last end).
+    pub(crate) fn session_ended(&self) -> bool {
+        let old = std::mem::take(&mut *lock(&self.guest_init));
+        old.granted.is_some() || !old.pending.is_empty()
     }
 
     /// Takes `init` as the session's INIT (a destination that took up a

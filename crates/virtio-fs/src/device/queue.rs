@@ -13,8 +13,9 @@
 use super::heads::Heads;
 use super::inline::QueueServer;
 use super::{Ticket, Vring};
+use fuse_core::Fence;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Virtqueue index of the hiprio queue (also its vring thread, and its
@@ -142,13 +143,35 @@ impl Event {
     }
 }
 
+/// A request queue's ring generation: which chains may still be answered,
+/// and the fence every request popped in it goes under.
+pub(super) struct Generation {
+    /// Bumped by each ring stop or reset; a ticket records it at its pop.
+    pub(super) n: u64,
+    /// Closed when the generation ends: its requests are given up, and
+    /// none may act on the host any more (`Ctx::enter_host`).
+    pub(super) fence: Arc<Fence>,
+}
+
+impl Generation {
+    /// Ends this generation: the next one starts with a new fence, and the
+    /// old one, closed, is returned (to wait for the host calls still
+    /// inside it).
+    pub(super) fn end(&mut self) -> Arc<Fence> {
+        self.n += 1;
+        let old = std::mem::replace(&mut self.fence, Fence::new());
+        old.close();
+        old
+    }
+}
+
 /// A request queue's own state. Each field says what guards it; the lock
 /// order is in docs/DESIGN.md ("Lock order").
 pub(super) struct RequestQueue {
     /// Bumped when the frontend stops or resets the ring. Replies are
     /// written under the read lock, so once `stop_vring` holds the write
     /// lock no reply of the old ring can reach guest memory.
-    pub(super) gen: RwLock<u64>,
+    pub(super) gen: RwLock<Generation>,
     /// The heads of its chains in flight (`heads.rs`: its own mutex, a
     /// leaf; taken under `gen`'s read lock when answering).
     pub(super) heads: Heads,
@@ -185,7 +208,10 @@ pub(super) struct RequestQueue {
 impl RequestQueue {
     pub(super) fn new() -> std::io::Result<RequestQueue> {
         Ok(RequestQueue {
-            gen: RwLock::new(0),
+            gen: RwLock::new(Generation {
+                n: 0,
+                fence: Fence::new(),
+            }),
             heads: Heads::default(),
             pop_lock: Mutex::new(()),
             stalled: AtomicBool::new(false),

@@ -109,8 +109,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         match opcode {
             // Kept for a live migration: the destination replays it.
-            Opcode::Init => self.inner.migration.note_init(h.unique, &body),
-            Opcode::Destroy => self.inner.migration.session_ended(),
+            Opcode::Init => {
+                // A guest that rebooted (or reset its device) sends no
+                // DESTROY: its new INIT ends the old session first.
+                self.end_session("a new INIT");
+                self.inner.migration.note_init(h.unique, &body);
+            }
+            Opcode::Destroy => {
+                // The engine's DESTROY ends it in the filesystem.
+                self.inner.migration.session_ended();
+            }
             _ => {}
         }
         let mut data = Vec::new();

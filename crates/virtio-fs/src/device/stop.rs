@@ -1,8 +1,9 @@
 //! Live migration: the device's writes into guest memory are logged in
 //! the frontend's dirty-page log, and a ring stop (GET_VRING_BASE) answers
 //! every request popped from the ring before it returns. A stop or a reset
-//! then takes back the guest buffers still lent to the engine
-//! ([`FsDevice::take_back_buffers`]).
+//! then gives up what is left ([`FsDevice::give_up`]): none of it acts on
+//! the host afterwards, and the host work already under way is waited for,
+//! with a bound.
 //!
 //! **Dirty log.** Guest RAM is `GuestMemoryMmap<LogBitmap>`: once
 //! the frontend sets a log (`VHOST_USER_SET_LOG_BASE`, mapped by
@@ -116,13 +117,62 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// The frontend took request queue `q`'s ring back (stop or reset):
-    /// its guest's buffers may be reused at once, so no host I/O may run on
-    /// them any more. Every lent buffer is revoked, its request interrupted
-    /// in the backend (cancelling an io_uring operation), and the I/O
-    /// already running on it is waited for, as a device reset waits for
-    /// DMA.
-    pub(super) fn take_back_buffers(&self, q: RqId) {
+    /// Gives up what the rings of `queues` still have in flight (after a
+    /// stop's drain, or at a reset): ends each queue's generation under
+    /// its `gen` write lock (taken after every answer under way wrote its
+    /// used entry; from then on the old ring's answers are dropped, and the
+    /// fence its requests went under is closed, so none of them acts on
+    /// the host any more), takes back the guest buffers lent to the engine
+    /// and ends parked lock calls. Then waits, until `ring_stop_drain` has
+    /// passed, for the host work already under way (I/O on the taken-back
+    /// buffers, host calls inside the closed fences); what still runs then
+    /// is logged and counted in `stuck_on_stop`, and left to finish. Returns
+    /// how many chains were given up.
+    pub(super) fn give_up(&self, queues: &[RqId]) -> usize {
+        let mut lost = 0;
+        let mut fences = Vec::with_capacity(queues.len());
+        for &q in queues {
+            let rq = self.inner.queue(q);
+            let mut g = write(&rq.gen);
+            lost += rq.heads.count();
+            fences.push(g.end());
+            // Nothing of the old ring is in flight any more.
+            rq.heads.clear();
+        }
+        let bound = self.inner.cfg.ring_stop_drain;
+        let deadline = Instant::now() + bound;
+        let mut stuck = 0;
+        for &q in queues {
+            stuck += self.take_back_buffers(q, deadline);
+            self.interrupt_waiters(Some(q));
+        }
+        let mut nap = Duration::from_micros(50);
+        while fences.iter().any(|f| f.inside() > 0) && Instant::now() < deadline {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(2));
+        }
+        stuck += fences.iter().map(|f| f.inside() as usize).sum::<usize>();
+        if stuck > 0 {
+            self.inner
+                .stats
+                .stuck_on_stop
+                .fetch_add(stuck as u64, Ordering::Relaxed);
+            fuse_core::warn_limited!(
+                "{stuck} host call(s) or I/O of given-up requests still running \
+                 {bound:?} after their ring stopped; left to finish"
+            );
+        }
+        lost
+    }
+
+    /// Takes back the guest buffers request queue `q` lent to the engine
+    /// (its ring was stopped or reset, so the guest may reuse them at
+    /// once): every lent buffer is revoked (no host I/O may start on it),
+    /// its request interrupted in the backend (cancelling an io_uring
+    /// operation), and the I/O already running on it is waited for, as a
+    /// device reset waits for DMA, but not past `deadline`. Returns how
+    /// many buffers still had I/O running then.
+    fn take_back_buffers(&self, q: RqId, deadline: Instant) -> usize {
         let lent = &self.inner.queue(q).lent;
         let tickets: Vec<Arc<Ticket>> = std::mem::take(&mut *lock(lent))
             .iter()
@@ -138,12 +188,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
         }
+        let mut busy = 0;
         for t in &tickets {
             if let Some(c) = &t.client {
-                c.wait_idle();
+                if !c.wait_idle_until(deadline) {
+                    busy += 1;
+                }
                 // Never answered, but a READ may have filled some of it.
                 self.mark_written(&t.mem, &t.chain.writable);
             }
         }
+        busy
     }
 }

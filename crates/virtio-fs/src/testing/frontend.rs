@@ -87,6 +87,11 @@ pub struct FrontendConfig {
     /// INIT flags offered on top of the engine's usual ones (e.g.
     /// FUSE_SECURITY_CTX, as a guest kernel with an LSM offers).
     pub offer_flags: u64,
+    /// A guest that arrives with its session (a live migration's
+    /// destination): no INIT is sent, the engine takes up what the session
+    /// negotiated, as the guest kernel keeps it. (A new INIT would start a
+    /// new session, ending the one the backend took up.)
+    pub resume: Option<fuse_core::Negotiated>,
 }
 
 impl Default for FrontendConfig {
@@ -97,6 +102,7 @@ impl Default for FrontendConfig {
             max_msg: (1 << 20) + 4096,
             max_background: 64,
             offer_flags: 0,
+            resume: None,
         }
     }
 }
@@ -151,7 +157,8 @@ pub struct VhostFrontend {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     frontend: Frontend,
-    _memfd: File,
+    /// The guest memory's memfd.
+    memfd: File,
 }
 
 impl std::fmt::Debug for VhostFrontend {
@@ -302,15 +309,57 @@ impl VhostFrontend {
             shared,
             threads,
             frontend: fe,
-            _memfd: file,
+            memfd: file,
         };
-        me.client.chan().init().map_err(FrontendError::Init)?;
+        match &cfg.resume {
+            Some(neg) => me.client.chan().set_initialized(*neg),
+            None => {
+                me.client.chan().init().map_err(FrontendError::Init)?;
+            }
+        }
         Ok(me)
     }
 
     /// The client whose calls travel through the engine and the queues.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Discards the guest pages of every request buffer not in use (holes
+    /// punched in the memory's memfd), as a balloon or free page reporting
+    /// takes a guest's free pages: the next use of those buffers finds new,
+    /// zeroed pages. Returns how many slots were discarded.
+    pub fn discard_free_buffers(&self) -> std::io::Result<usize> {
+        let max = self.shared.max_msg;
+        let mut n = 0;
+        for q in self.shared.queues.iter().skip(1) {
+            // Held while punching: no free slot is taken meanwhile.
+            let st = lock(&q.state);
+            for (i, _) in st
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| **s == Slot::Free)
+            {
+                let off = q.slot_in(i as u16, max);
+                // SAFETY: fallocate on the memfd this frontend owns; no
+                // memory is passed. The range is a free slot's two
+                // buffers, page-aligned (`max` and the layout are).
+                let r = unsafe {
+                    libc::fallocate(
+                        self.memfd.as_raw_fd(),
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        off as libc::off_t,
+                        (2 * max) as libc::off_t,
+                    )
+                };
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Sends every queue's call eventfd to the backend again
