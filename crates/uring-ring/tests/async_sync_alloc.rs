@@ -31,6 +31,7 @@ fn ctx_as(uid: u32, gid: u32) -> Ctx<'static> {
         gid,
         pid: 1,
         secctx: None,
+        groups: Default::default(),
     }
 }
 

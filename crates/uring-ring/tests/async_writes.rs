@@ -126,6 +126,7 @@ fn ctx(uid: u32, gid: u32) -> Ctx<'static> {
         gid,
         pid: 1,
         secctx: None,
+        groups: Default::default(),
     }
 }
 

@@ -440,6 +440,7 @@ mod tests {
             gid: 0,
             pid: std::process::id(),
             secctx: Some(SecCtx { name, value: LABEL }),
+            groups: Default::default(),
         }
     }
 
