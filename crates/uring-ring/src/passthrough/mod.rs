@@ -30,10 +30,12 @@
 //! above (a forbidden ID: EPERM, and nothing runs), the owners a SETATTR
 //! sets, the IDs in the ACL xattrs a client sets; and back, the owners in
 //! every attribute reply and the IDs in the ACLs it reads. Capabilities
-//! follow the caller's own uid 0, not the host uid it is translated to
-//! (`creds.rs`, `Cred::root`): a guest's root translated to host uid
-//! 100000 creates files owned by 100000 and still chowns them, as with
-//! virtiofsd, which runs all but its creating requests as itself.
+//! follow the host uid a request runs as, not the uid it had in the
+//! request (`creds.rs`, `Cred`): a guest's root translated to host uid
+//! 100000 acts on the share as host uid 100000 would, without any
+//! capability (it makes no device node, chowns nothing to another
+//! owner, reads nothing 100000 may not), and a guest user translated to
+//! host uid 0 is root there.
 
 mod backing;
 mod client_io;
@@ -538,11 +540,11 @@ impl PassthroughFs {
     }
 
     /// Whether `ctx` acts on the host as `cred` does, groups aside: the
-    /// same translated uid and gid, and root alike (EPERM if forbidden).
+    /// same translated uid and gid, so the same capabilities too (EPERM
+    /// if forbidden).
     fn acts_as(&self, ctx: &Ctx, cred: &Cred) -> Result<bool, Errno> {
         Ok(self.cfg.translate_uid.to_host(ctx.uid)? == cred.uid
-            && self.cfg.translate_gid.to_host(ctx.gid)? == cred.gid
-            && (ctx.uid == 0) == cred.root)
+            && self.cfg.translate_gid.to_host(ctx.gid)? == cred.gid)
     }
 
     /// The attributes the client gets for `st`: owner and group translated
