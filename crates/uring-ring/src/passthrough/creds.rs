@@ -27,8 +27,9 @@ use std::cell::Cell;
 /// Where a caller's supplementary groups come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Groups {
-    /// None: only the caller's gid counts (a guest's pid means nothing on
-    /// the host; this is virtiofsd's behaviour).
+    /// None read from the host (a guest's pid means nothing there): the
+    /// caller's gid counts, and the groups its request's extension names
+    /// (FUSE_EXT_GROUPS, with a creating request), as with virtiofsd.
     #[default]
     None,
     /// `/proc/<pid>/status` of the caller (host mounts: the caller is a
@@ -123,13 +124,15 @@ pub struct Cred {
 }
 
 impl Cred {
-    /// `ctx`'s credentials, with its groups from `groups` (untranslated).
+    /// `ctx`'s credentials (untranslated), with its groups from `groups`:
+    /// with [`Groups::None`] the ones the request's extension names
+    /// (`Ctx::groups`, FUSE_EXT_GROUPS), if any.
     pub fn of(ctx: &Ctx, groups: Groups) -> Cred {
         Cred {
             uid: ctx.uid,
             gid: ctx.gid,
             groups: match groups {
-                Groups::None => Vec::new(),
+                Groups::None => ctx.groups.iter().collect(),
                 Groups::Proc => proc_groups(ctx.pid).unwrap_or_default(),
             },
         }
@@ -173,6 +176,9 @@ impl Caps {
     pub const ALLOCATE: Caps = Caps::Data {
         kill_suidgid: false,
     };
+
+    /// Only CAP_FSETID (a chmod keeps the setgid bit it sets).
+    pub const FSETID: Caps = Caps::Only(CAP_FSETID);
 
     /// The effective set for a caller (`root`: [`Cred::is_root`]), of the
     /// thread's own `eff`.
@@ -501,6 +507,26 @@ mod tests {
             }
             assert_eq!(now(), mine);
         });
+    }
+
+    #[test]
+    fn a_guests_groups_come_from_its_request_a_hosts_from_proc() {
+        let gids = fuse_core::abi::encode::groups_ext(&[5, 7]);
+        let groups = fuse_core::abi::supplementary_groups(&gids)
+            .unwrap()
+            .unwrap();
+        let ctx = Ctx {
+            uid: 1000,
+            gid: 1000,
+            pid: std::process::id(),
+            groups,
+            ..Default::default()
+        };
+        assert_eq!(Cred::of(&ctx, Groups::None).groups, [5, 7]);
+        assert_eq!(
+            Cred::of(&ctx, Groups::Proc).groups,
+            proc_groups(std::process::id()).unwrap()
+        );
     }
 
     #[test]

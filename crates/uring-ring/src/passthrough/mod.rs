@@ -35,7 +35,10 @@
 //! 100000 acts on the share as host uid 100000 would, without any
 //! capability (it makes no device node, chowns nothing to another
 //! owner, reads nothing 100000 may not), and a guest user translated to
-//! host uid 0 is root there.
+//! host uid 0 is root there. The one exception serves a guest whose
+//! groups the host does not know (`Config::groups` [`Groups::None`]):
+//! the owner of a file changes its group or mode as the guest kernel
+//! already allowed (`entry.rs`, `op_setattr`).
 
 mod backing;
 mod client_io;
@@ -724,6 +727,12 @@ impl PassthroughFs {
         }
         if self.cfg.announce_submounts {
             f |= init::SUBMOUNTS;
+        }
+        if self.cfg.creds && self.cfg.groups == Groups::None {
+            // A guest's kernel tells which of its caller's groups a new
+            // inode's parent has (FUSE_EXT_GROUPS), the one group the
+            // host needs to give it the mode the guest already allowed.
+            f |= init::CREATE_SUPP_GROUP;
         }
         let acl = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
         if self.cfg.posix_acl && (capable & acl == acl || !self.cfg.posix_acl_optional) {
