@@ -1,6 +1,8 @@
 //! cargo-fuzz target: request decoding must never panic.
 #![no_main]
-use fuse_core::abi::{decode_request, init, DecodeOptions};
+use fuse_core::abi::{
+    decode_request, init, security_context, supplementary_groups, DecodeOptions,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,5 +13,8 @@ fuzz_target!(|data: &[u8]| {
         flags: if sel & 4 != 0 { init::SETXATTR_EXT } else { 0 },
         write_data_elsewhere: sel & 8 != 0,
     };
-    let _ = decode_request(msg, opts);
+    if let Ok(req) = decode_request(msg, opts) {
+        let _ = security_context(req.ext);
+        let _ = supplementary_groups(req.ext);
+    }
 });

@@ -152,6 +152,22 @@ fn seeds() -> Vec<Vec<u8>> {
             .bytes(&[0; 4])
             .into_vec(),
     ));
+    // A label and three groups.
+    let ext = [
+        encode::secctx_ext(b"security.selinux", b"label\0"),
+        encode::groups_ext(&[5, 6, 7]),
+    ]
+    .concat();
+    let mut with_both = h(Opcode::Create);
+    with_both.total_extlen = (ext.len() / 8) as u16;
+    v.push(encode::request(
+        with_both,
+        &Body::new()
+            .push(&CreateIn::default())
+            .cstr(b"f")
+            .bytes(&ext)
+            .into_vec(),
+    ));
     // Replies.
     v.push(encode::reply(
         2,
@@ -238,8 +254,11 @@ fn decoders_never_panic() {
             let s = &seeds[rng.below(seeds.len())];
             mutate(&mut rng, s)
         };
-        if abi::decode_request(&input, DecodeOptions::default()).is_ok() {
+        if let Ok(req) = abi::decode_request(&input, DecodeOptions::default()) {
             ok += 1;
+            // The extension decoders on whatever extensions got through.
+            let _ = abi::security_context(req.ext);
+            let _ = abi::supplementary_groups(req.ext);
         }
         let op = Opcode::ALL[rng.below(Opcode::ALL.len())];
         let _ = abi::decode_reply(op, &input, rng.below(2) as u32);

@@ -238,7 +238,9 @@ pub struct VhostArgs {
     /// host UIDs to one guest UID); or `forbid-guest:<guest base>:<count>`:
     /// requests with such a UID, and giving a file one, fail with EPERM.
     /// Repeatable; ranges of one direction must not overlap; a UID no
-    /// range covers is the same number on both sides.
+    /// range covers is the same number on both sides. Capabilities follow
+    /// the host UID: a request translated to a host UID other than 0 has
+    /// none on the share (the guest's root included).
     #[arg(long, value_name = "MAP")]
     pub translate_uid: Vec<IdMapping>,
     /// The same as --translate-uid, for GIDs.

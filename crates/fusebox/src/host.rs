@@ -126,7 +126,9 @@ pub struct MountArgs {
     /// the shared directory (the host side), as the vhost-user device's
     /// --translate-uid: `guest`, `host`, `map`, `squash-guest`,
     /// `squash-host` `:<source base>:<target base>:<count>`, or
-    /// `forbid-guest:<base>:<count>`. Repeatable.
+    /// `forbid-guest:<base>:<count>`. Repeatable. Capabilities follow the
+    /// shared directory's UID: a caller translated to one other than 0
+    /// has none there.
     #[arg(long, value_name = "MAP")]
     translate_uid: Vec<IdMapping>,
     /// The same as --translate-uid, for GIDs (supplementary groups

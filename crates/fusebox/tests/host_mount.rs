@@ -209,7 +209,8 @@ fn translated_ids_on_a_host_mount() {
         let m = std::fs::symlink_metadata(p).unwrap();
         (m.uid(), m.gid())
     };
-    // The mount's users 0-99 are the share's 1000-1099, and back.
+    // The mount's users 0-99 are the share's 1000-1099, and back;
+    // capabilities follow the share's uid.
     let d = Dirs::new("idmap");
     let child = start_with(
         &d,
@@ -220,12 +221,18 @@ fn translated_ids_on_a_host_mount() {
             "--translate-uid=forbid-guest:666:1",
         ],
     );
+    // The mount's root is the share's 1000, with no capability: it may
+    // not write the share's directory while that is root's (0755).
+    let err = std::fs::write(d.mnt().join("f"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+    std::os::unix::fs::chown(d.share(), Some(1000), Some(1000)).unwrap();
     std::fs::write(d.mnt().join("f"), b"x").unwrap();
     assert_eq!(ids(d.share().join("f")), (1000, 1000));
     assert_eq!(ids(d.mnt().join("f")), (0, 0));
-    std::os::unix::fs::chown(d.mnt().join("f"), Some(5), Some(6)).unwrap();
-    assert_eq!(ids(d.share().join("f")), (1005, 1006));
-    assert_eq!(ids(d.mnt().join("f")), (5, 6));
+    // Nor give its file away.
+    let err = std::os::unix::fs::chown(d.mnt().join("f"), Some(5), Some(6)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    assert_eq!(ids(d.share().join("f")), (1000, 1000));
     let err = std::os::unix::fs::chown(d.mnt().join("f"), Some(666), None).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EPERM));
     std::fs::write(d.share().join("h"), b"x").unwrap();

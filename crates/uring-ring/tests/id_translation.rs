@@ -30,24 +30,32 @@ fn ids(specs: &[&str]) -> IdMap {
 }
 
 /// Guest uids 0-2999 are host 100000-102999 and back; guest 3000-3999 all
-/// host 90000; guest 5000-5009 host 150000-150009 (that way only); host
-/// 160000-160009 guest 6000-6009 (that way only); host 200000-200999 all
-/// guest 65534; guest 66666 forbidden. Gids: 0-2999 as the uids, 66666
-/// forbidden.
+/// host 90000; guest 4000 host 0, root (that way only); guest 5000-5009
+/// host 150000-150009 (that way only); host 160000-160009 guest 6000-6009
+/// (that way only); host 200000-200999 all guest 65534; guest 66666
+/// forbidden. Gids: 0-2999 as the uids, 4000 host 0, 66666 forbidden.
 fn cfg() -> Config {
     Config {
         translate_uid: ids(&[
             "map:0:100000:3000",
             "squash-guest:3000:90000:1000",
+            "guest:4000:0:1",
             "guest:5000:150000:10",
             "host:160000:6000:10",
             "squash-host:200000:65534:1000",
             "forbid-guest:66666:1",
         ]),
-        translate_gid: ids(&["map:0:100000:3000", "forbid-guest:66666:1"]),
+        translate_gid: ids(&[
+            "map:0:100000:3000",
+            "guest:4000:0:1",
+            "forbid-guest:66666:1",
+        ]),
         ..Config::default()
     }
 }
+
+/// The guest user translated to host root.
+const HOST_ROOT: u32 = 4000;
 
 fn share() -> Mount {
     Mount::new(Kind::Tmpfs, cfg(), Via::Device(2))
@@ -173,14 +181,14 @@ fn every_attribute_reply_shows_the_guests_ids() {
             assert_eq!((uid, gid), guest, "{name}: {reply}");
         }
     }
-    // SETATTR's reply too.
+    // SETATTR's reply too (by the owner, host uid 100005).
     let e = m.client.lookup(ROOT_ID, b"mapped").unwrap();
     let sa = SetattrIn {
         valid: fattr::MODE,
         mode: 0o600,
         ..Default::default()
     };
-    let a = m.client.setattr(e.nodeid, &sa).unwrap().attr;
+    let a = m.client.as_user(5, 7).setattr(e.nodeid, &sa).unwrap().attr;
     assert_eq!((a.uid, a.gid), (5, 7));
 }
 
@@ -205,16 +213,20 @@ fn chown_gives_the_translated_host_ids_and_never_a_forbidden_one() {
     let (f, o) = m.client.create(ROOT_ID, b"f", 0o644, RW, 0).unwrap();
     m.client.release(f.nodeid, o.fh, 0).unwrap();
     let host = m.path("f");
-    // The guest's root, host uid 100000, still chowns (it is root).
-    assert_eq!(chown_req(&m.client, f.nodeid, Some(5), Some(7)), Ok((5, 7)));
-    assert_eq!(owner(&host), (100005, 100007));
+    // The guest's root is host uid 100000, which may not give its file
+    // away; the guest user translated to host root may.
     assert_eq!(
-        chown_req(&m.client, f.nodeid, Some(3500), None),
-        Ok((90000, 7))
+        chown_req(&m.client, f.nodeid, Some(5), Some(7)),
+        Err(Errno::EPERM)
     );
+    assert_eq!(owner(&host), (100000, 100000));
+    let root = m.client.as_user(HOST_ROOT, HOST_ROOT);
+    assert_eq!(chown_req(&root, f.nodeid, Some(5), Some(7)), Ok((5, 7)));
+    assert_eq!(owner(&host), (100005, 100007));
+    assert_eq!(chown_req(&root, f.nodeid, Some(3500), None), Ok((90000, 7)));
     assert_eq!(owner(&host), (90000, 100007));
     assert_eq!(
-        chown_req(&m.client, f.nodeid, Some(70000), None),
+        chown_req(&root, f.nodeid, Some(70000), None),
         Ok((70000, 7))
     );
     assert_eq!(owner(&host), (70000, 100007));
@@ -225,7 +237,7 @@ fn chown_gives_the_translated_host_ids_and_never_a_forbidden_one() {
         (Some(1), Some(FORBIDDEN)),
     ] {
         assert_eq!(
-            chown_req(&m.client, f.nodeid, uid, gid),
+            chown_req(&root, f.nodeid, uid, gid),
             Err(Errno::EPERM),
             "{uid:?} {gid:?}"
         );
@@ -440,15 +452,16 @@ fn supplementary_groups_read_from_proc_are_translated_too() {
 }
 
 #[test]
-fn a_writer_squashed_onto_its_openers_host_uid_keeps_its_own_privileges() {
-    // Guests 0 and 1 are both host 100000. A handle the guest's root
-    // opened, written by guest user 1: the write runs without root's
-    // CAP_FSETID, so the host clears setuid as for any user's write.
+fn a_write_keeps_setuid_only_for_a_writer_that_is_host_root() {
+    // Guests 0 and 1 are both host 100000, guest 2 is host 0. A handle
+    // the guest's root opened keeps setuid only through a write by guest
+    // 2 (CAP_FSETID, as host root); the guest's root's own write, as host
+    // 100000, clears it as any user's does.
     let m = Mount::new(
         Kind::Tmpfs,
         Config {
-            translate_uid: ids(&["squash-guest:0:100000:2"]),
-            translate_gid: ids(&["squash-guest:0:100000:2"]),
+            translate_uid: ids(&["squash-guest:0:100000:2", "guest:2:0:1"]),
+            translate_gid: ids(&["squash-guest:0:100000:2", "guest:2:0:1"]),
             ..Config::default()
         },
         Via::Device(2),
@@ -456,14 +469,184 @@ fn a_writer_squashed_onto_its_openers_host_uid_keeps_its_own_privileges() {
     let (f, o) = m.client.create(ROOT_ID, b"prog", 0o755, RW, 0).unwrap();
     let prog = m.path("prog");
     assert_eq!(owner(&prog), (100000, 100000));
-    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    m.client.write(f.nodeid, o.fh, 0, b"root", 0).unwrap();
     let mode = || std::fs::metadata(&prog).unwrap().permissions().mode() & 0o7777;
-    assert_eq!(mode(), 0o4755, "root's write keeps setuid");
+    let setuid = || std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755));
+    setuid().unwrap();
+    m.client
+        .as_user(2, 2)
+        .write(f.nodeid, o.fh, 0, b"host root", 0)
+        .unwrap();
+    assert_eq!(mode(), 0o4755, "host root's write keeps setuid");
+    m.client.write(f.nodeid, o.fh, 0, b"root", 0).unwrap();
+    assert_eq!(mode(), 0o755, "the guest's root's write clears it");
+    setuid().unwrap();
     m.client
         .as_user(1, 1)
         .write(f.nodeid, o.fh, 0, b"user", 0)
         .unwrap();
-    assert_eq!(mode(), 0o755, "a user's write clears it");
+    assert_eq!(mode(), 0o755, "so does a user's");
     m.client.release(f.nodeid, o.fh, 0).unwrap();
+}
+
+/// Guest uid and gid 0 squashed onto host 65534 (as
+/// `--translate-uid squash-guest:0:65534:1`), guest 4000 translated to
+/// host root.
+fn squashed_root() -> Mount {
+    let specs = ["squash-guest:0:65534:1", "guest:4000:0:1"];
+    Mount::new(
+        Kind::Tmpfs,
+        Config {
+            translate_uid: ids(&specs),
+            translate_gid: ids(&specs),
+            ..Config::default()
+        },
+        Via::Device(2),
+    )
+}
+
+/// Block device 8:0 and character device 1:3, as FUSE encodes them.
+const BLOCK_8_0: (u32, u32) = (libc::S_IFBLK, 8 << 8);
+const CHAR_1_3: (u32, u32) = (libc::S_IFCHR, (1 << 8) | 3);
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn times(c: &Client, node: u64) -> Result<(), Errno> {
+    let sa = SetattrIn {
+        valid: fattr::ATIME | fattr::MTIME,
+        atime: 1,
+        mtime: 1,
+        ..Default::default()
+    };
+    c.setattr(node, &sa).map(drop)
+}
+
+fn chmod(c: &Client, node: u64, mode: u32) -> Result<(), Errno> {
+    let sa = SetattrIn {
+        valid: fattr::MODE,
+        mode,
+        ..Default::default()
+    };
+    c.setattr(node, &sa).map(drop)
+}
+
+/// What the share holds that neither caller made: a file of host uid
+/// 1000 (mode 0600), a directory of 1000 (0700) with a file in it, a
+/// sticky directory of root's with a file of 1000 in it, and a file of
+/// host 65534 (0644).
+fn others_files(m: &Mount) {
+    std::fs::write(m.path("theirs"), b"secret").unwrap();
+    chown(&m.path("theirs"), 1000, 1000);
+    std::fs::set_permissions(m.path("theirs"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::create_dir(m.path("closed")).unwrap();
+    std::fs::write(m.path("closed/in"), b"x").unwrap();
+    chown(&m.path("closed"), 1000, 1000);
+    std::fs::set_permissions(m.path("closed"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(m.path("sticky")).unwrap();
+    std::fs::set_permissions(m.path("sticky"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::write(m.path("sticky/theirs"), b"x").unwrap();
+    chown(&m.path("sticky/theirs"), 1000, 1000);
+    std::fs::write(m.path("mine"), b"x").unwrap();
+    chown(&m.path("mine"), 65534, 65534);
+}
+
+#[test]
+fn a_guests_root_translated_to_another_uid_keeps_no_capability() {
+    // Each capability a root caller would use, refused to the guest's
+    // root as host 65534 exactly as to a host process of 65534, and
+    // nothing left on the host.
+    let m = squashed_root();
+    others_files(&m);
+    let root = &m.client;
+    let node = |name: &str| root.lookup(ROOT_ID, name.as_bytes()).unwrap().nodeid;
+    // CAP_MKNOD: no device node, block or character.
+    for (kind, rdev) in [BLOCK_8_0, CHAR_1_3] {
+        assert_eq!(
+            root.mknod(ROOT_ID, b"dev", kind | 0o666, rdev, 0)
+                .unwrap_err(),
+            Errno::EPERM,
+            "{kind:o}"
+        );
+        assert!(std::fs::symlink_metadata(m.path("dev")).is_err());
+    }
+    // A FIFO needs none (the share's root is tmpfs's 1777).
+    root.mknod(ROOT_ID, b"fifo", libc::S_IFIFO | 0o644, 0, 0)
+        .unwrap();
+    assert_eq!(owner(&m.path("fifo")), (65534, 65534));
+    // CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: another's 0600 file and 0700
+    // directory stay closed.
+    let theirs = node("theirs");
+    assert_eq!(
+        root.open(theirs, libc::O_RDONLY as u32).unwrap_err(),
+        Errno(libc::EACCES)
+    );
+    let closed = node("closed");
+    assert_eq!(root.lookup(closed, b"in").unwrap_err(), Errno(libc::EACCES));
+    // CAP_FOWNER: no chmod or explicit times on another's file, no
+    // unlink of another's file in a sticky directory.
+    assert_eq!(chmod(root, theirs, 0o666), Err(Errno::EPERM));
+    assert_eq!(times(root, theirs), Err(Errno::EPERM));
+    let sticky = node("sticky");
+    assert_eq!(root.unlink(sticky, b"theirs").unwrap_err(), Errno::EPERM);
+    // CAP_CHOWN: its own file not given away, another's not taken.
+    let mine = node("mine");
+    assert_eq!(chown_req(root, mine, Some(1000), None), Err(Errno::EPERM));
+    assert_eq!(
+        chown_req(root, theirs, None, Some(65534)),
+        Err(Errno::EPERM)
+    );
+    // CAP_SYS_ADMIN: no trusted.* xattr.
+    assert_eq!(
+        root.setxattr(mine, b"trusted.k", b"v", 0).unwrap_err(),
+        Errno::EPERM
+    );
+    assert_eq!(owner(&m.path("theirs")), (1000, 1000));
+    assert_eq!(mode_of(&m.path("theirs")), 0o600);
+    assert_eq!(owner(&m.path("mine")), (65534, 65534));
+    assert!(m.path("sticky/theirs").exists());
+    assert_eq!(host_xattr(&m.path("mine"), b"trusted.k"), None);
+}
+
+#[test]
+fn a_guest_user_translated_to_host_root_has_roots_capabilities() {
+    // The same calls by guest 4000, host root: each succeeds.
+    let m = squashed_root();
+    others_files(&m);
+    let root = m.client.as_user(HOST_ROOT, HOST_ROOT);
+    let node = |name: &str| root.lookup(ROOT_ID, name.as_bytes()).unwrap().nodeid;
+    for (i, (kind, rdev)) in [BLOCK_8_0, CHAR_1_3].into_iter().enumerate() {
+        let name = format!("dev{i}");
+        root.mknod(ROOT_ID, name.as_bytes(), kind | 0o600, rdev, 0)
+            .unwrap();
+        let ft = std::fs::symlink_metadata(m.path(&name))
+            .unwrap()
+            .file_type();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(ft.is_block_device() || ft.is_char_device());
+        assert_eq!(owner(&m.path(&name)), (0, 0));
+    }
+    let theirs = node("theirs");
+    let o = root.open(theirs, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(root.read(theirs, o.fh, 0, 6).unwrap(), b"secret");
+    root.release(theirs, o.fh, 0).unwrap();
+    root.lookup(node("closed"), b"in").unwrap();
+    chmod(&root, theirs, 0o640).unwrap();
+    assert_eq!(mode_of(&m.path("theirs")), 0o640);
+    times(&root, theirs).unwrap();
+    assert_eq!(
+        std::fs::metadata(m.path("theirs")).unwrap().mtime(),
+        1,
+        "explicit times set"
+    );
+    let mine = node("mine");
+    root.setxattr(mine, b"trusted.k", b"v", 0).unwrap();
+    assert_eq!(
+        host_xattr(&m.path("mine"), b"trusted.k"),
+        Some(b"v".to_vec())
+    );
+    assert_eq!(chown_req(&root, mine, Some(1000), Some(7)), Ok((1000, 7)));
+    assert_eq!(owner(&m.path("mine")), (1000, 7));
+    root.unlink(node("sticky"), b"theirs").unwrap();
+    assert!(!m.path("sticky/theirs").exists());
 }

@@ -1,7 +1,9 @@
 //! Building FUSE messages: a small byte builder used by clients, servers and
 //! tests so that nobody hand-assembles headers.
 
-use super::structs::{Dirent, DirentPlus, EntryOut, InHeader, OutHeader, Secctx, SecctxHeader};
+use super::structs::{
+    Dirent, DirentPlus, EntryOut, ExtHeader, InHeader, OutHeader, Secctx, SecctxHeader, SuppGroups,
+};
 use zerocopy::{Immutable, IntoBytes};
 
 /// Appends structs, bytes and C strings to a message body.
@@ -55,6 +57,30 @@ pub fn secctx_ext(name: &[u8], value: &[u8]) -> Vec<u8> {
         .cstr(name)
         .bytes(value)
         .into_vec();
+    b.resize(total, 0);
+    b
+}
+
+/// A supplementary-groups request extension (FUSE_EXT_GROUPS) as the
+/// kernel builds it: a `fuse_ext_header`, a `fuse_supp_groups` with
+/// `gids.len()`, the gids, zero padding to 8 bytes. Append it after the
+/// request's arguments (and any label extension) and add its length / 8
+/// to `total_extlen`.
+pub fn groups_ext(gids: &[u32]) -> Vec<u8> {
+    let body = core::mem::size_of::<SuppGroups>() + 4 * gids.len();
+    let total = (core::mem::size_of::<ExtHeader>() + body).next_multiple_of(8);
+    let mut b = Body::new()
+        .push(&ExtHeader {
+            size: total as u32,
+            typ: super::consts::EXT_GROUPS,
+        })
+        .push(&SuppGroups {
+            nr_groups: gids.len() as u32,
+        });
+    for g in gids {
+        b = b.push(g);
+    }
+    let mut b = b.into_vec();
     b.resize(total, 0);
     b
 }

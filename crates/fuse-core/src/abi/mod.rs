@@ -10,6 +10,7 @@
 mod consts;
 mod decode;
 pub mod encode;
+mod groups;
 mod structs;
 mod uring_structs;
 
@@ -26,6 +27,7 @@ pub use decode::{
     DecodeError, DecodeOptions, DecodedReply, DirEntry, Operation, ReplyBody, Request, SecCtx,
     FIRST_EXTENSION_MINOR,
 };
+pub use groups::{supplementary_groups, SuppGids, MAX_SUPP_GROUPS};
 pub use structs::{
     dirent_size, direntplus_size, AccessIn, Attr, AttrOut, BackingMap, BatchForgetIn, BmapIn,
     BmapOut, CopyFileRangeIn, CopyFileRangeOut, CreateIn, CuseInitIn, CuseInitOut, Dirent,

@@ -376,6 +376,25 @@ impl<F: Filesystem> Dispatcher<F> {
             .fsync_async(&ctx, ino, F::Handle::from(arg.fh), datasync, dir, done)
     }
 
+    /// The label and supplementary groups of a creating request, into
+    /// `ctx`, each only where it was negotiated: an error if one does
+    /// not parse, or the label block is missing.
+    fn creation_extensions<'a>(
+        &self,
+        req: &Request<'a>,
+        ctx: &mut Ctx<'a>,
+    ) -> Result<(), abi::DecodeError> {
+        let flags = self.flags.load(Ordering::Relaxed);
+        if flags & init::SECURITY_CTX != 0 {
+            ctx.secctx = abi::creation_security_context(req, self.minor.load(Ordering::Relaxed))?;
+        }
+        if flags & init::CREATE_SUPP_GROUP != 0 {
+            // Only a request extension (protocol 7.38 on) carries groups.
+            ctx.groups = abi::supplementary_groups(req.ext)?.unwrap_or_default();
+        }
+        Ok(())
+    }
+
     /// [`Dispatcher::handle_with`] for a request whose data is the client's
     /// memory `client`: a READ's destination, or a WRITE's data (decoded
     /// with [`DecodeOptions::write_data_elsewhere`]). A READ's reply
@@ -392,18 +411,16 @@ impl<F: Filesystem> Dispatcher<F> {
         let h = &req.header;
         let mut ctx = ctx_of(h);
         ctx.fence = fence;
-        if creates(&req.op) && self.flags.load(Ordering::Relaxed) & init::SECURITY_CTX != 0 {
-            match abi::creation_security_context(req, self.minor.load(Ordering::Relaxed)) {
-                Ok(label) => ctx.secctx = label,
-                // A label the filesystem cannot trust, or none where the
-                // kernel always sends one: nothing is made.
-                Err(_) => {
-                    return Handled::Reply(Outcome {
-                        unique: h.unique,
-                        error: Errno::EINVAL.to_wire(),
-                        len: 0,
-                    })
-                }
+        if creates(&req.op) {
+            if let Err(_malformed) = self.creation_extensions(req, &mut ctx) {
+                // A label or groups the filesystem cannot trust, or no
+                // label where the kernel always sends one: nothing is
+                // made.
+                return Handled::Reply(Outcome {
+                    unique: h.unique,
+                    error: Errno::EINVAL.to_wire(),
+                    len: 0,
+                });
             }
         }
         let direct = match (client, &req.op) {
@@ -864,6 +881,7 @@ fn ctx_of(h: &crate::abi::InHeader) -> Ctx<'static> {
         gid: h.gid,
         pid: h.pid,
         secctx: None,
+        groups: Default::default(),
         fence: None,
     }
 }

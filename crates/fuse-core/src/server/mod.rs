@@ -30,7 +30,7 @@ pub use uring_worker::{
 };
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
-use crate::abi::{Attr, FileLock, Kstatfs, SecCtx, SetattrIn, Statx};
+use crate::abi::{Attr, FileLock, Kstatfs, SecCtx, SetattrIn, Statx, SuppGids};
 use crate::chan::{ClientMem, Errno, Fence, FenceGuard};
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +56,14 @@ pub struct Ctx<'a> {
     /// that does not parse fails the request with EINVAL before the
     /// filesystem sees it.
     pub secctx: Option<SecCtx<'a>>,
+    /// Supplementary groups the client says the caller has (the
+    /// FUSE_EXT_GROUPS extension: Linux sends the parent directory's group
+    /// when the caller belongs to it and it is not its gid): only on
+    /// CREATE, MKNOD, MKDIR, SYMLINK and TMPFILE, only once the filesystem
+    /// asked for FUSE_CREATE_SUPP_GROUP in INIT and the client agreed;
+    /// empty otherwise. An extension that does not parse fails the
+    /// request with EINVAL before the filesystem sees it.
+    pub groups: SuppGids<'a>,
     /// The fence the client may close to give the request up (a device
     /// whose ring was stopped): see [`Ctx::enter_host`].
     pub fence: Option<&'a Arc<Fence>>,

@@ -43,6 +43,24 @@ pub fn start_with(
     cfg: &FrontendConfig,
     before: impl FnOnce(&Path),
 ) -> (Daemon, VhostFrontend) {
+    start_bin(
+        Path::new(env!("CARGO_BIN_EXE_fusebox")),
+        tag,
+        args,
+        cfg,
+        before,
+    )
+}
+
+/// [`start_with`] for the daemon binary `bin` (fusebox, or another
+/// daemon taking virtiofsd's options).
+pub fn start_bin(
+    bin: &Path,
+    tag: &str,
+    args: &[&str],
+    cfg: &FrontendConfig,
+    before: impl FnOnce(&Path),
+) -> (Daemon, VhostFrontend) {
     let base = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     let share = base.join("share");
@@ -50,7 +68,7 @@ pub fn start_with(
     before(&share);
     let sock = base.join("vfs.sock");
     let log = base.join("stderr");
-    let child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    let child = Command::new(bin)
         .arg("--socket-path")
         .arg(&sock)
         .arg("--shared-dir")
@@ -68,7 +86,7 @@ pub fn start_with(
             Err(e) => {
                 if let Some(s) = d.child.try_wait().unwrap() {
                     let said = std::fs::read_to_string(&log).unwrap_or_default();
-                    panic!("fusebox exited ({s}): {said}");
+                    panic!("{} exited ({s}): {said}", bin.display());
                 }
                 assert!(t.elapsed() < Duration::from_secs(10), "{e}");
                 std::thread::sleep(Duration::from_millis(20));

@@ -1,8 +1,8 @@
 //! Per-request credentials: the worker thread takes the caller's fsuid,
 //! fsgid and supplementary groups for the duration of one operation, so the
 //! host kernel makes every ownership and permission decision exactly as it
-//! would for the caller on a local filesystem (including the loss of
-//! CAP_DAC_OVERRIDE, CAP_FOWNER and CAP_FSETID when the caller is not root).
+//! would for the caller on a local filesystem: a caller whose host uid
+//! is not 0 keeps none of the daemon's capabilities (see [`Cred`]).
 //!
 //! Operations that allocate or change file data (WRITE, FALLOCATE,
 //! COPY_FILE_RANGE) also run without CAP_SYS_RESOURCE, a root caller's
@@ -27,8 +27,9 @@ use std::cell::Cell;
 /// Where a caller's supplementary groups come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Groups {
-    /// None: only the caller's gid counts (a guest's pid means nothing on
-    /// the host; this is virtiofsd's behaviour).
+    /// None read from the host (a guest's pid means nothing there): the
+    /// caller's gid counts, and the groups its request's extension names
+    /// (FUSE_EXT_GROUPS, with a creating request), as with virtiofsd.
     #[default]
     None,
     /// `/proc/<pid>/status` of the caller (host mounts: the caller is a
@@ -105,8 +106,13 @@ const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
 /// CAP_SYS_RESOURCE: past quota hard limits and ext4's reserved blocks.
 const CAP_SYS_RESOURCE: u64 = 1 << 24;
 
-/// A caller's credentials, its supplementary groups read once: what a
-/// handle keeps of its opener.
+/// A caller's credentials on the host, its supplementary groups read
+/// once: what a handle keeps of its opener. Capabilities follow the host
+/// uid: a request that runs as fsuid 0 keeps the daemon's (as [`Caps`]
+/// allows), one that runs as any other uid none, as a host process of
+/// that uid, whatever uid it had in the request (a guest's root
+/// translated to host uid 100000 has no more power on the share than that
+/// host user; a guest user translated to host uid 0 is root there).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Cred {
     /// fsuid.
@@ -115,37 +121,38 @@ pub struct Cred {
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Vec<u32>,
-    /// The caller is root where it runs: uid 0 in the request, before any
-    /// ID translation. Root keeps the thread's capabilities under
-    /// [`Caps::Caller`] and [`Caps::Data`] whatever host uid it acts as
-    /// (a guest's root translated to host uid 100000 still chowns and
-    /// reads what root may, as under virtiofsd, which runs such requests
-    /// as itself).
-    pub root: bool,
 }
 
 impl Cred {
-    /// `ctx`'s credentials, with its groups from `groups` (untranslated).
+    /// `ctx`'s credentials (untranslated), with its groups from `groups`:
+    /// with [`Groups::None`] the ones the request's extension names
+    /// (`Ctx::groups`, FUSE_EXT_GROUPS), if any.
     pub fn of(ctx: &Ctx, groups: Groups) -> Cred {
         Cred {
             uid: ctx.uid,
             gid: ctx.gid,
             groups: match groups {
-                Groups::None => Vec::new(),
+                Groups::None => ctx.groups.iter().collect(),
                 Groups::Proc => proc_groups(ctx.pid).unwrap_or_default(),
             },
-            root: ctx.uid == 0,
         }
+    }
+
+    /// Whether the request runs as root on the host (fsuid 0), and so
+    /// keeps the daemon's capabilities.
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
     }
 }
 
 /// The capabilities a [`CredGuard`] leaves effective, of the thread's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Caps {
-    /// As a local process of the caller's uid: root ([`Cred::root`]) keeps
-    /// all of them, anyone else none (setfsuid drops only the file-system ones;
-    /// CAP_SYS_ADMIN would still let it set `trusted.*` xattrs,
-    /// CAP_SYS_RESOURCE ignore quotas).
+    /// As a local process of the caller's host uid: fsuid 0
+    /// ([`Cred::is_root`]) keeps all of them, any other none (setfsuid
+    /// drops only the file-system ones; CAP_SYS_ADMIN would still let it
+    /// set `trusted.*` xattrs, CAP_SYS_RESOURCE ignore quotas, CAP_MKNOD
+    /// make device nodes).
     Caller,
     /// An operation that allocates or changes file data (WRITE, FALLOCATE,
     /// COPY_FILE_RANGE): as [`Caps::Caller`], but never CAP_SYS_RESOURCE,
@@ -170,7 +177,10 @@ impl Caps {
         kill_suidgid: false,
     };
 
-    /// The effective set for a caller (`root`: [`Cred::root`]), of the
+    /// Only CAP_FSETID (a chmod keeps the setgid bit it sets).
+    pub const FSETID: Caps = Caps::Only(CAP_FSETID);
+
+    /// The effective set for a caller (`root`: [`Cred::is_root`]), of the
     /// thread's own `eff`.
     fn effective(self, root: bool, eff: u64) -> u64 {
         let caller = if root { eff } else { 0 };
@@ -223,7 +233,6 @@ pub fn as_io_delegate<T>(f: impl FnOnce() -> T) -> Result<T, Errno> {
         uid: DELEGATE_ID,
         gid: DELEGATE_ID,
         groups: Vec::new(),
-        root: false,
     };
     let guard = CredGuard::enter(&me, Caps::Only(DELEGATE_CAPS))?;
     let r = f();
@@ -334,7 +343,7 @@ impl CredGuard {
                 return Err(Errno::EPERM);
             }
         }
-        let eff = rule.effective(cred.root, own.caps[0]);
+        let eff = rule.effective(cred.is_root(), own.caps[0]);
         // A root caller on a thread whose fsuid is root kept every
         // capability through setfsuid: nothing to set unless the rule
         // takes some away. Otherwise setfsuid changed the file-system ones.
@@ -436,7 +445,6 @@ mod tests {
             uid,
             gid: uid,
             groups: groups.to_vec(),
-            root: uid == 0,
         }
     }
 
@@ -468,32 +476,57 @@ mod tests {
     }
 
     #[test]
-    fn capabilities_follow_the_callers_own_root_not_the_host_uid() {
-        // A guest's root translated to host uid 1000 keeps what root
-        // keeps; a guest user translated to host uid 0 gets nothing.
+    fn capabilities_follow_the_host_uid_the_request_runs_as() {
+        // Whatever uid the request had before translation: fsuid 0 keeps
+        // the thread's capabilities, any other uid none, under every rule
+        // but an explicit `Only`.
         on_thread(|| {
             let mine = now();
-            let translated_root = Cred {
-                root: true,
-                ..cred(1000, &[])
-            };
+            assert_ne!(mine.2[0], 0, "tests run with capabilities");
+            for rule in [
+                Caps::Caller,
+                Caps::ALLOCATE,
+                Caps::Data { kill_suidgid: true },
+            ] {
+                {
+                    let _g = CredGuard::enter(&cred(100000, &[]), rule).unwrap();
+                    let (u, g, caps, _) = now();
+                    assert_eq!((u, g, caps[0]), (100000, 100000, 0), "{rule:?}");
+                    assert_eq!(caps[1], mine.2[1], "the permitted set stays");
+                }
+                assert_eq!(now(), mine);
+            }
             {
-                let _g = CredGuard::enter(&translated_root, Caps::Caller).unwrap();
-                let (u, g, caps, _) = now();
-                assert_eq!((u, g, caps[0]), (1000, 1000, mine.2[0]));
+                let _g = CredGuard::enter(&cred(0, &[]), Caps::Caller).unwrap();
+                assert_eq!(now().2[0], mine.2[0]);
             }
             assert_eq!(now(), mine);
-            let user_as_host_root = Cred {
-                root: false,
-                ..cred(0, &[])
-            };
             {
-                let _g = CredGuard::enter(&user_as_host_root, Caps::Caller).unwrap();
-                let (u, _, caps, _) = now();
-                assert_eq!((u, caps[0]), (0, 0));
+                let _g = CredGuard::enter(&cred(100000, &[]), Caps::Only(CAP_FSETID)).unwrap();
+                assert_eq!(now().2[0], mine.2[0] & CAP_FSETID);
             }
             assert_eq!(now(), mine);
         });
+    }
+
+    #[test]
+    fn a_guests_groups_come_from_its_request_a_hosts_from_proc() {
+        let gids = fuse_core::abi::encode::groups_ext(&[5, 7]);
+        let groups = fuse_core::abi::supplementary_groups(&gids)
+            .unwrap()
+            .unwrap();
+        let ctx = Ctx {
+            uid: 1000,
+            gid: 1000,
+            pid: std::process::id(),
+            groups,
+            ..Default::default()
+        };
+        assert_eq!(Cred::of(&ctx, Groups::None).groups, [5, 7]);
+        assert_eq!(
+            Cred::of(&ctx, Groups::Proc).groups,
+            proc_groups(std::process::id()).unwrap()
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Names and attributes: lookup, creation and removal, rename, links,
 //! attributes, xattrs, statfs, access.
 
-use super::creds::{private_umask, Caps};
+use super::creds::{private_umask, Caps, Cred, Groups};
 use super::idmap::{acl_to_guest, acl_to_host};
 use super::label::{same_inode, Fresh};
 use super::{component, sys, PassthroughFs, STATX_MASK};
@@ -135,6 +135,23 @@ impl PassthroughFs {
         Ok((self.attr(&st), self.cfg.cache.timeout()))
     }
 
+    /// SETATTR. Everything runs as the caller. For a guest's caller
+    /// whose host uid is not 0 (its groups unknown to the host,
+    /// `Groups::None`), the two owner's changes the guest kernel has
+    /// already checked against the caller's groups (virtiofs mounts always
+    /// check permissions in the guest) are done as the guest allowed:
+    ///
+    /// - a chmod keeps CAP_FSETID, so a setgid bit the guest let through
+    ///   (the caller is in the file's group there) is not stripped by a
+    ///   host that does not know that group; the host still refuses a
+    ///   chmod by anyone but the file's owner (no CAP_FOWNER);
+    /// - a chown that sets the group runs with that group as its fsgid,
+    ///   so the host lets the file's owner give it a group the guest says
+    ///   the caller belongs to; the host still checks that the caller owns
+    ///   the file and leaves its uid alone or as it is (no CAP_CHOWN).
+    ///
+    /// Nothing else: no capability for a non-owner, no other uid, and a
+    /// forbidden ID is refused before anything runs.
     pub(super) fn op_setattr(
         &self,
         ctx: &Ctx,
@@ -148,11 +165,20 @@ impl PassthroughFs {
         } else {
             None
         };
-        let _c = self.creds(ctx)?;
+        let cred = self.caller(ctx)?;
+        let _c = self.creds_as(&cred, Caps::Caller)?;
+        // A guest's caller without capabilities, whose groups the host
+        // does not know (see above).
+        let guest = self.cfg.groups == Groups::None && !cred.is_root();
         let fd = data.fd(&self.budget)?;
         let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
         let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
         if a.valid & fattr::MODE != 0 {
+            let _owners = if guest {
+                Some(self.creds_as(&cred, Caps::FSETID)?)
+            } else {
+                None
+            };
             match &handle {
                 Some(h) => sys::fchmod(h.fd.raw(), a.mode)?,
                 None => sys::fchmodat(proc, &name, a.mode)?,
@@ -169,6 +195,17 @@ impl PassthroughFs {
                 self.cfg.translate_gid.to_host(a.gid)?
             } else {
                 u32::MAX
+            };
+            let _owners = if guest && gid != u32::MAX {
+                Some(self.creds_as(
+                    &Cred {
+                        gid,
+                        ..cred.clone()
+                    },
+                    Caps::Caller,
+                )?)
+            } else {
+                None
             };
             sys::fchownat(fd.raw(), c"", uid, gid, libc::AT_EMPTY_PATH)?;
         }

@@ -357,7 +357,9 @@ impl PassthroughFs {
             };
             let o = h.opener();
             w.u64(*fh).u64(h.inode.nodeid).u32(flags as u32);
-            w.u32(o.uid).u32(o.gid).u8(u8::from(o.root));
+            // The byte after the gid was "the opener's request uid was 0";
+            // capabilities now follow the host uid, so it says only that.
+            w.u32(o.uid).u32(o.gid).u8(u8::from(o.is_root()));
             w.u32(o.groups.len() as u32);
             for g in &o.groups {
                 w.u32(*g);
@@ -453,7 +455,10 @@ impl PassthroughFs {
             let flags = r.u32("open flags")? as i32;
             let uid = r.u32("opener uid")?;
             let gid = r.u32("opener gid")?;
-            let root = r.u8("opener is root")? != 0;
+            // Read and ignored: a source that set it for a guest's root
+            // translated to another host uid gives it no capabilities
+            // here (`Cred`).
+            r.u8("opener is root")?;
             let ng = r.count(4, "opener groups")?;
             if ng > MAX_GROUPS {
                 return Err(StateError::Corrupt(format!("{ng} groups")));
@@ -465,12 +470,7 @@ impl PassthroughFs {
                 fh,
                 nodeid,
                 flags,
-                opener: Cred {
-                    uid,
-                    gid,
-                    groups,
-                    root,
-                },
+                opener: Cred { uid, gid, groups },
             });
         }
         let n = r.count(8 + 8 + 4 + 4 + 4, "lock owners")?;

@@ -30,10 +30,15 @@
 //! above (a forbidden ID: EPERM, and nothing runs), the owners a SETATTR
 //! sets, the IDs in the ACL xattrs a client sets; and back, the owners in
 //! every attribute reply and the IDs in the ACLs it reads. Capabilities
-//! follow the caller's own uid 0, not the host uid it is translated to
-//! (`creds.rs`, `Cred::root`): a guest's root translated to host uid
-//! 100000 creates files owned by 100000 and still chowns them, as with
-//! virtiofsd, which runs all but its creating requests as itself.
+//! follow the host uid a request runs as, not the uid it had in the
+//! request (`creds.rs`, `Cred`): a guest's root translated to host uid
+//! 100000 acts on the share as host uid 100000 would, without any
+//! capability (it makes no device node, chowns nothing to another
+//! owner, reads nothing 100000 may not), and a guest user translated to
+//! host uid 0 is root there. The one exception serves a guest whose
+//! groups the host does not know (`Config::groups` [`Groups::None`]):
+//! the owner of a file changes its group or mode as the guest kernel
+//! already allowed (`entry.rs`, `op_setattr`).
 
 mod backing;
 mod client_io;
@@ -538,11 +543,11 @@ impl PassthroughFs {
     }
 
     /// Whether `ctx` acts on the host as `cred` does, groups aside: the
-    /// same translated uid and gid, and root alike (EPERM if forbidden).
+    /// same translated uid and gid, so the same capabilities too (EPERM
+    /// if forbidden).
     fn acts_as(&self, ctx: &Ctx, cred: &Cred) -> Result<bool, Errno> {
         Ok(self.cfg.translate_uid.to_host(ctx.uid)? == cred.uid
-            && self.cfg.translate_gid.to_host(ctx.gid)? == cred.gid
-            && (ctx.uid == 0) == cred.root)
+            && self.cfg.translate_gid.to_host(ctx.gid)? == cred.gid)
     }
 
     /// The attributes the client gets for `st`: owner and group translated
@@ -722,6 +727,12 @@ impl PassthroughFs {
         }
         if self.cfg.announce_submounts {
             f |= init::SUBMOUNTS;
+        }
+        if self.cfg.creds && self.cfg.groups == Groups::None {
+            // A guest's kernel tells which of its caller's groups a new
+            // inode's parent has (FUSE_EXT_GROUPS), the one group the
+            // host needs to give it the mode the guest already allowed.
+            f |= init::CREATE_SUPP_GROUP;
         }
         let acl = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
         if self.cfg.posix_acl && (capable & acl == acl || !self.cfg.posix_acl_optional) {
