@@ -114,7 +114,15 @@ impl FuseboxCopy {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).unwrap();
         let copy = FuseboxCopy { dir };
-        std::fs::copy(env!("CARGO_BIN_EXE_fusebox"), copy.path()).unwrap();
+        // By cp(1), not from this process: a child another test forks while
+        // this one had the copy open for writing would hold it so until its
+        // exec, and an exec of the copy meanwhile fails with ETXTBSY.
+        let status = Command::new("cp")
+            .arg(env!("CARGO_BIN_EXE_fusebox"))
+            .arg(copy.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "cp: {status}");
         for p in [&copy.dir, &copy.path()] {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
