@@ -320,3 +320,45 @@ pub(super) fn mount_legacy(
         .ok()
         .filter(|id| id.dev != before.dev))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ino(fd: &OwnedFd) -> (u32, u32, u64) {
+        let st = sys::statx(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH, libc::STATX_INO).unwrap();
+        (st.stx_dev_major, st.stx_dev_minor, st.stx_ino)
+    }
+
+    #[test]
+    fn a_symlink_anywhere_on_the_path_is_refused_with_openat2_and_without() {
+        let base = std::env::temp_dir().join(format!("fusebox-nosymlinks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("a/b")).unwrap();
+        std::os::unix::fs::symlink("a", base.join("l")).unwrap();
+        std::os::unix::fs::symlink("b", base.join("a/lb")).unwrap();
+        let base = std::fs::canonicalize(&base).unwrap();
+        let root = || sys::openat(libc::AT_FDCWD, c"/", libc::O_PATH, 0).unwrap();
+        let rel = |p: &Path| p.strip_prefix("/").unwrap().to_path_buf();
+        let want = sys::openat(
+            libc::AT_FDCWD,
+            &CString::new(base.join("a/b").as_os_str().as_encoded_bytes()).unwrap(),
+            libc::O_PATH,
+            0,
+        )
+        .unwrap();
+        let got = open_no_symlinks(&base.join("a/b")).unwrap();
+        assert_eq!(ino(&got), ino(&want));
+        let got = walk_no_symlinks(root(), &rel(&base.join("a/b"))).unwrap();
+        assert_eq!(ino(&got), ino(&want));
+        for p in [base.join("l/b"), base.join("a/lb")] {
+            let e = open_no_symlinks(&p).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{p:?}");
+            let e = walk_no_symlinks(root(), &rel(&p)).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{p:?}");
+        }
+        let e = walk_no_symlinks(root(), &rel(&base.join("a/../a/b"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
