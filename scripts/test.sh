@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, unit/integration tests, loom models,
-# the decoder and device fuzz harnesses, pjdfstest and fsx through a host
-# mount, the QEMU guest suite (one queue, then multiqueue), a libvirt
-# domain whose virtiofsd is fusebox, live migration, and the docs. Everything runs on stable Rust; the tests that mount need root.
+# the decoder, device, ring command and state load fuzz harnesses,
+# pjdfstest and fsx through a host mount, the QEMU guest suite (one queue,
+# then multiqueue), a libvirt domain whose virtiofsd is fusebox, live
+# migration, and the docs. Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -62,6 +63,9 @@ FUSEBOX_DEVICE_FUZZ_ITERS="$FUSEBOX_DEVICE_FUZZ_ITERS" cargo test -p virtio-fs -
 
 step "ring command fuzz: hostile FUSE-over-io_uring command areas (${FUSEBOX_RING_FUZZ_ITERS:=20000} commands)"
 FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --profile fuzz --test dev_uring_cmd_fuzz -- --nocapture
+
+step "state load fuzz: hostile migration states taken up by the passthrough on a tmpfs share, no panic, memory bounded by the stream (${FUSEBOX_STATE_FUZZ_ITERS:=500000} states)"
+FUSEBOX_STATE_FUZZ_ITERS="$FUSEBOX_STATE_FUZZ_ITERS" cargo test -p uring-ring --profile fuzz --test state_fuzz -- --nocapture
 
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh

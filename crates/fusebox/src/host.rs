@@ -195,7 +195,7 @@ fn on_signals(set: libc::sigset_t, mnt: PathBuf, dev: DevFuse) {
 fn first_stop(sig: i32, mnt: &Path, dev: &DevFuse) -> bool {
     // Said first: once the mount goes the process may end at any moment.
     log::info!("signal {sig}, unmounting {}", mnt.display());
-    match dev.detach_if_mounted_on(mnt) {
+    match dev.detach_own_mount() {
         Ok(true) => false,
         Ok(false) => {
             log::warn!(
@@ -515,10 +515,10 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     // aborted connection's mount would stay behind,
     // failing every access with ENOTCONN until someone unmounts it:
     // detach it if the mount point still holds that very mount (never
-    // another one made there since, on Linux 6.8 and later: see
-    // `DevFuse::detach_if_mounted_on`). libfuse leaves it; this is on
-    // purpose.
-    match dev.detach_if_mounted_on(&a.mountpoint) {
+    // another mount a symlink now leads to, nor, on Linux 6.8 and later,
+    // one made there since: see `DevFuse::detach_own_mount`). libfuse
+    // leaves it; this is on purpose.
+    match dev.detach_own_mount() {
         Ok(true) => log::info!(
             "detached the mount on {}, whose connection had ended",
             a.mountpoint.display()

@@ -14,11 +14,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 
+mod vhost_support;
+
 const FILES: usize = 10_000;
 
 struct Setup {
     base: PathBuf,
     child: Child,
+    /// The binary the child runs, when it runs as another user.
+    _bin: Option<vhost_support::FuseboxCopy>,
 }
 
 impl Drop for Setup {
@@ -71,7 +75,14 @@ fn start(tag: &str, soft: u64, hard: Option<u64>) -> (Setup, PathBuf) {
         assert!(t.elapsed() < Duration::from_secs(10), "no socket");
         std::thread::sleep(Duration::from_millis(10));
     }
-    (Setup { base, child }, sock)
+    (
+        Setup {
+            base,
+            child,
+            _bin: None,
+        },
+        sock,
+    )
 }
 
 fn lookup_all(fe: &VhostFrontend) -> Vec<u64> {
@@ -198,7 +209,8 @@ fn a_daemon_that_cannot_open_file_handles_holds_fds_instead() {
     chown(&base);
     chown(&share);
     let sock = base.join("vfs.sock");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fusebox"));
+    let bin = vhost_support::FuseboxCopy::new("nofh");
+    let mut cmd = Command::new(bin.path());
     cmd.arg("--socket-path")
         .arg(&sock)
         .arg("--shared-dir")
@@ -226,6 +238,7 @@ fn a_daemon_that_cannot_open_file_handles_holds_fds_instead() {
     let s = Setup {
         base: base.clone(),
         child,
+        _bin: Some(bin),
     };
     let t = Instant::now();
     while !sock.exists() {

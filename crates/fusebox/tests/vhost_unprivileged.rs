@@ -18,10 +18,15 @@ mod vhost_support;
 
 const NOBODY: u32 = 65534;
 
-struct Dir(PathBuf);
+/// The test's directory, and the binary its daemon runs (both removed
+/// when dropped).
+struct Dir {
+    path: PathBuf,
+    _bin: Option<vhost_support::FuseboxCopy>,
+}
 impl Drop for Dir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.path);
     }
 }
 
@@ -53,16 +58,14 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 
 /// Starts fusebox as `uid`:`gid`, with supplementary group 100 as most
 /// users have some (setpriv(1): no capabilities), with `args` on a share
-/// of theirs; the share, the socket and the daemon. The binary is copied
-/// into the test's directory first: the checkout may sit where that user
-/// cannot reach.
+/// of theirs; the share, the socket and the daemon. The daemon runs a
+/// copy of the binary that user can reach.
 fn start_as(tag: &str, uid: u32, gid: u32, args: &[&str]) -> (Dir, PathBuf, PathBuf, Child) {
     let base = std::env::temp_dir().join(format!("fusebox-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     let share = base.join("share");
     std::fs::create_dir_all(&share).unwrap();
-    let bin = base.join("fusebox");
-    std::fs::copy(env!("CARGO_BIN_EXE_fusebox"), &bin).unwrap();
+    let bin = vhost_support::FuseboxCopy::new(tag);
     for p in [&base, &share] {
         std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
     }
@@ -75,7 +78,7 @@ fn start_as(tag: &str, uid: u32, gid: u32, args: &[&str]) -> (Dir, PathBuf, Path
             "--inh-caps=-all".into(),
             "--".into(),
         ])
-        .arg(&bin)
+        .arg(bin.path())
         .arg("--socket-path")
         .arg(&sock)
         .arg("--shared-dir")
@@ -93,7 +96,11 @@ fn start_as(tag: &str, uid: u32, gid: u32, args: &[&str]) -> (Dir, PathBuf, Path
         assert!(t.elapsed() < Duration::from_secs(10), "no socket");
         std::thread::sleep(Duration::from_millis(10));
     }
-    (Dir(base), share, sock, child)
+    let dir = Dir {
+        path: base,
+        _bin: Some(bin),
+    };
+    (dir, share, sock, child)
 }
 
 #[test]
@@ -240,7 +247,10 @@ fn uid_and_gid_maps_give_guest_ids_the_users_subordinate_ranges() {
 fn maps_without_a_user_namespace_are_an_error_at_start() {
     let base = std::env::temp_dir().join(format!("fusebox-mapsroot-{}", std::process::id()));
     std::fs::create_dir_all(base.join("share")).unwrap();
-    let _dir = Dir(base.clone());
+    let _dir = Dir {
+        path: base.clone(),
+        _bin: None,
+    };
     for sandbox in ["namespace", "none"] {
         let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
             .arg("--socket-path")

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod mounting;
 mod serve;
 pub use serve::{serve_dev, DevStats, DevWorker};
 
@@ -48,6 +49,9 @@ pub struct DevFuse {
     /// The mount's unique id (STATX_MNT_ID_UNIQUE, Linux 6.8 on: never
     /// reused), where the kernel gives it.
     mnt: Option<u64>,
+    /// Where the mount was made: the kernel's name of the mount point as
+    /// resolved when mounting (no symlink in it).
+    at: Option<Arc<PathBuf>>,
     conn: Option<u32>,
     /// Replies written so far (shared by the clones): the first is INIT's,
     /// and once its write has returned the kernel has processed it.
@@ -88,8 +92,29 @@ fn cpath(p: &Path) -> Result<CString, std::io::Error> {
 
 impl DevFuse {
     /// Opens /dev/fuse and mounts it on `mountpoint` (needs CAP_SYS_ADMIN).
+    /// The mount point is resolved once (see `mounting.rs`): the mount goes
+    /// on that directory, and the kernel's name for it is where
+    /// [`DevFuse::detach_own_mount`] looks for the mount.
     pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<DevFuse, MountError> {
-        let md = std::fs::metadata(mountpoint)
+        Self::mount_with(mountpoint, opts, true)
+    }
+
+    /// [`DevFuse::mount`] with mount(2), as on kernels that mount FUSE no
+    /// other way: for tests of that path.
+    #[cfg(feature = "test-utils")]
+    pub fn mount_with_mount2(
+        mountpoint: &Path,
+        opts: &MountOptions,
+    ) -> Result<DevFuse, MountError> {
+        Self::mount_with(mountpoint, opts, false)
+    }
+
+    fn mount_with(
+        mountpoint: &Path,
+        opts: &MountOptions,
+        new_api: bool,
+    ) -> Result<DevFuse, MountError> {
+        let at = mounting::Target::resolve(mountpoint)
             .map_err(|e| MountError::MountPoint(mountpoint.into(), e))?;
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -97,53 +122,30 @@ impl DevFuse {
             .open("/dev/fuse")
             .map_err(MountError::Open)?;
         let fd: OwnedFd = file.into();
-        let mut data = format!(
-            "fd={},rootmode={:o},user_id=0,group_id=0",
-            fd.as_raw_fd(),
-            std::os::unix::fs::MetadataExt::mode(&md) & libc::S_IFMT
-        );
-        if opts.allow_other {
-            data.push_str(",allow_other");
-        }
-        if opts.default_permissions {
-            data.push_str(",default_permissions");
-        }
-        let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
-        if opts.readonly {
-            flags |= libc::MS_RDONLY;
-        }
         let err = |e| MountError::Mount(mountpoint.into(), e);
-        let target = cpath(mountpoint).map_err(err)?;
-        let source =
-            CString::new(opts.source.as_str()).map_err(|e| err(std::io::Error::other(e)))?;
-        let fstype = CString::new(format!("fuse.{}", opts.subtype))
-            .map_err(|e| err(std::io::Error::other(e)))?;
-        let data = CString::new(data).map_err(|e| err(std::io::Error::other(e)))?;
-        // SAFETY: every pointer is a NUL-terminated string that outlives the
-        // call.
-        let r = unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                flags,
-                data.as_ptr().cast(),
-            )
+        let made = if new_api {
+            mounting::mount_new(&at, &fd, opts).map_err(err)?
+        } else {
+            mounting::NewMount::Unavailable(std::io::Error::from_raw_os_error(libc::ENOSYS))
         };
-        if r != 0 {
-            return Err(err(std::io::Error::last_os_error()));
-        }
-        // Taken now, while the path surely leads to the new mount: it later
-        // tells our mount from whatever the path leads to then, and names
-        // the connection in fusectl once the mount is detached.
-        let id = open_path(mountpoint)
-            .and_then(|f| identity_of(&f, STATX_MNT_ID_UNIQUE))
-            .ok();
+        // Taken from the mount itself, or (mount(2)) right after mounting:
+        // it later tells our mount from whatever the path leads to then,
+        // and names the connection in fusectl once the mount is detached.
+        let id = match made {
+            mounting::NewMount::Done(id) => Some(id),
+            mounting::NewMount::Unavailable(why) => {
+                if new_api {
+                    log::debug!("mounting with mount(2): the mount API said {why}");
+                }
+                mounting::mount_legacy(&at, &fd, opts).map_err(err)?
+            }
+        };
         let dev = id.map(|i| i.dev);
         Ok(DevFuse {
             fd: Arc::new(fd),
             dev,
             mnt: id.and_then(|i| i.mnt),
+            at: Some(Arc::new(at.path)),
             conn: dev.and_then(|(major, minor)| kernel_dev(major, minor)),
             replies: Arc::default(),
         })
@@ -174,6 +176,7 @@ impl DevFuse {
             fd: Arc::new(fd),
             dev: self.dev,
             mnt: self.mnt,
+            at: self.at.clone(),
             conn: self.conn,
             replies: self.replies.clone(),
         })
@@ -184,37 +187,45 @@ impl DevFuse {
         self.conn
     }
 
-    /// Lazily unmounts (MNT_DETACH) the mount `mountpoint` leads to, but
-    /// only if it is this connection's mount (the same unique mount id
-    /// where the kernel gives one, else the same superblock device): true
-    /// if it was, false if the path leads elsewhere (our mount was
-    /// detached or unmounted, or another one now covers it or replaced it,
-    /// even one given our old device number) or this connection's device
-    /// is unknown; then
-    /// nothing is unmounted. The check and the unmount act on one held
-    /// reference to the mount, so a mount made on the path in between is
-    /// never the one unmounted.
-    pub fn detach_if_mounted_on(&self, mountpoint: &Path) -> Result<bool, MountError> {
-        let err = |e| MountError::Unmount(mountpoint.into(), e);
-        let Some(ours) = self.dev else {
+    /// Lazily unmounts (MNT_DETACH) this connection's mount, if the place
+    /// it was made still holds it: the mount point's name as the kernel
+    /// gave it when mounting, resolved again following no symlink, must
+    /// lead to the same unique mount id where the kernel gives one, else
+    /// to the same superblock device. True if it did; false if it leads
+    /// elsewhere (our mount was detached or unmounted, another one covers
+    /// or replaced it, even one given our old device number, or a
+    /// directory on the way is now a symlink) or this connection's mount
+    /// is unknown; then nothing is unmounted. The check and the unmount
+    /// act on one held reference to the mount, so a mount made on the
+    /// path in between is never the one unmounted.
+    pub fn detach_own_mount(&self) -> Result<bool, MountError> {
+        let (Some(ours), Some(at)) = (self.dev, &self.at) else {
             return Ok(false);
         };
-        let held = match open_path(mountpoint) {
+        let err = |e| MountError::Unmount(at.to_path_buf(), e);
+        let held = match mounting::open_no_symlinks(at) {
             Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+                ) =>
+            {
+                return Ok(false)
+            }
             Err(e) => return Err(err(e)),
         };
         // The device first, asking for nothing more: FUSE answers any
         // other request of a mount whose server does not let us in
         // (another user's, without allow_other) with EACCES.
-        if identity_of(&held, 0).map_err(err)?.dev != ours {
+        if mounting::identity_of(&held, 0).map_err(err)?.dev != ours {
             return Ok(false);
         }
         // The device number alone could be a mount made since ours went
         // (it is given again once our superblock is gone); the unique
         // mount id never is (Linux 6.8 on; before, the device decides).
         if self.mnt.is_some() {
-            match identity_of(&held, STATX_MNT_ID_UNIQUE) {
+            match mounting::identity_of(&held, mounting::STATX_MNT_ID_UNIQUE) {
                 Ok(now) if now.mnt == self.mnt => {}
                 Ok(_) => return Ok(false),
                 // Another user's FUSE mount that got our old device
@@ -236,6 +247,20 @@ impl DevFuse {
         // goes when its last other user does.
         drop(held);
         r
+    }
+
+    /// Where the mount was made (the kernel's name of the mount point when
+    /// mounting), if this connection was mounted here.
+    pub fn mount_point(&self) -> Option<&Path> {
+        self.at.as_deref().map(PathBuf::as_path)
+    }
+
+    /// Forgets the mount's unique id, so [`DevFuse::detach_own_mount`]
+    /// tells the mount by its device alone, as on kernels before 6.8: for
+    /// tests of that path.
+    #[cfg(feature = "test-utils")]
+    pub fn forget_unique_mount_id(&mut self) {
+        self.mnt = None;
     }
 
     /// Waits up to `timeout` for the connection to end (unmounted,
@@ -287,6 +312,7 @@ impl DevFuse {
             fd: Arc::new(fd),
             dev: None,
             mnt: None,
+            at: None,
             conn: None,
             replies: Arc::default(),
         }
@@ -379,55 +405,6 @@ impl DevFuse {
 const BACKING_OPEN: libc::c_ulong = 0x4010_E501;
 /// `_IOW(229, 2, uint32_t)`.
 const BACKING_CLOSE: libc::c_ulong = 0x4004_E502;
-
-/// An O_PATH fd on what `path` leads to (the root of the topmost mount
-/// there). Opening it sends the filesystem nothing.
-fn open_path(path: &Path) -> Result<std::fs::File, std::io::Error> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH)
-        .open(path)
-}
-
-/// What names a mount: its superblock's device and, where the kernel
-/// gives it, its unique mount id.
-#[derive(Debug, Clone, Copy)]
-struct MountIdentity {
-    dev: (u32, u32),
-    mnt: Option<u64>,
-}
-
-/// `STATX_MNT_ID_UNIQUE` (Linux 6.8): `stx_mnt_id` is the mount's 64-bit
-/// id, never reused (the libc crate does not have it yet).
-const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
-
-/// The device (major, minor) of the filesystem `f` is on and, with `mask`
-/// STATX_MNT_ID_UNIQUE, the unique id of its mount (where the kernel
-/// gives it), from the kernel's cached attributes (AT_STATX_DONT_SYNC): a
-/// FUSE mount is asked nothing, so this never waits for a server, ours
-/// included.
-fn identity_of(f: &std::fs::File, mask: u32) -> Result<MountIdentity, std::io::Error> {
-    // SAFETY: statx is plain data; all zeroes is a valid value.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: an open fd, an empty NUL-terminated path with AT_EMPTY_PATH,
-    // and `stx` valid for writes; all outlive the call.
-    let r = unsafe {
-        libc::statx(
-            f.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            mask,
-            &mut stx,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(MountIdentity {
-        dev: (stx.stx_dev_major, stx.stx_dev_minor),
-        mnt: (mask & stx.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id),
-    })
-}
 
 /// The kernel's own encoding of a device number (MKDEV: 12 bits of major,
 /// 20 of minor), which fusectl names connections by.

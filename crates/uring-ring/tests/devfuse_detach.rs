@@ -1,21 +1,55 @@
-//! `DevFuse::detach_if_mounted_on`, which `fusebox mount` calls on a stop
+//! `DevFuse::detach_own_mount`, which `fusebox mount` calls on a stop
 //! signal and once its connection has ended, detaches only the very mount
 //! it made: never a mount made on the path after ours was unmounted, even
 //! one that got our dead superblock's device number (anonymous device
 //! numbers are handed out again, lowest first), which the device number
-//! alone could not tell from ours. Needs root (mounts).
+//! alone could not tell from ours; and never another mount that a
+//! directory on the mount point's path, swapped for a symlink, leads to.
+//! Each is tried with the mount made through a mount fd and with mount(2),
+//! and with the unique mount id (Linux 6.8) and without it (the device
+//! number alone, as before 6.8). Needs root (mounts).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use uring_ring::devfuse::{DevFuse, MountOptions};
 
+/// The ways a mount is made and told: through a mount fd or with
+/// mount(2); with its unique mount id or by its device alone.
+const WAYS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+
+/// A mount on `p` made by mount(2) (`mount2`) or through a mount fd, told
+/// by its device alone (`device_only`) or also by its unique mount id.
+fn mount(p: &Path, mount2: bool, device_only: bool) -> DevFuse {
+    let opts = MountOptions::default();
+    let mut dev = if mount2 {
+        DevFuse::mount_with_mount2(p, &opts)
+    } else {
+        DevFuse::mount(p, &opts)
+    }
+    .unwrap();
+    if device_only {
+        dev.forget_unique_mount_id();
+    }
+    dev
+}
+
 struct Dir(PathBuf);
 impl Drop for Dir {
     fn drop(&mut self) {
-        let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a NUL-terminated path; whatever is still mounted goes.
-        while unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {}
+        // Whatever is still mounted on it or below it goes (deepest first).
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mut points: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| Path::new(p).starts_with(&self.0))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for p in points {
+            let c = CString::new(p).unwrap();
+            // SAFETY: a NUL-terminated path.
+            while unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {}
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -97,13 +131,28 @@ fn unique_mount_ids() -> bool {
 
 #[test]
 fn detaches_its_own_mount_and_leaves_one_made_with_its_old_device_number() {
-    // Its own: detached.
-    let d = dir("own");
-    let dev = DevFuse::mount(&d.0, &MountOptions::default()).unwrap();
-    assert_eq!(top_mount(&d.0).as_deref(), Some("fuse.fusebox"));
-    assert!(dev.detach_if_mounted_on(&d.0).unwrap());
-    assert_eq!(top_mount(&d.0), None);
-    drop(dev);
+    for (mount2, device_only) in WAYS {
+        let way = format!("mount(2) {mount2}, device only {device_only}");
+        // Its own: detached.
+        let d = dir("own");
+        let dev = mount(&d.0, mount2, device_only);
+        assert_eq!(top_mount(&d.0).as_deref(), Some("fuse.fusebox"), "{way}");
+        assert!(dev.detach_own_mount().unwrap(), "{way}");
+        assert_eq!(top_mount(&d.0), None, "{way}");
+        drop(dev);
+        drop(d);
+        // Reached through a symlink when mounted: detached all the same
+        // (the mount point is resolved once, when mounting).
+        let d = dir("vialink");
+        std::fs::create_dir(d.0.join("real")).unwrap();
+        std::os::unix::fs::symlink("real", d.0.join("link")).unwrap();
+        let dev = mount(&d.0.join("link"), mount2, device_only);
+        assert_eq!(dev.mount_point(), Some(d.0.join("real").as_path()), "{way}");
+        assert!(dev.detach_own_mount().unwrap(), "{way}");
+        assert_eq!(top_mount(&d.0.join("real")), None, "{way}");
+        drop(dev);
+        drop(d);
+    }
 
     if !unique_mount_ids() {
         eprintln!("no unique mount ids (Linux < 6.8): the device number decides; not tested");
@@ -112,28 +161,80 @@ fn detaches_its_own_mount_and_leaves_one_made_with_its_old_device_number() {
     // Unmounted from outside (its superblock goes; the connection lives on
     // in the /dev/fuse fd), then a tmpfs mounted there: tmpfs takes an
     // anonymous device number too, the lowest free one, which is ours
-    // again unless some other mount took it in between (retried).
-    let d = dir("reused");
-    let mut reused = false;
-    for _ in 0..20 {
-        let dev = DevFuse::mount(&d.0, &MountOptions::default()).unwrap();
-        let ours = device(&d.0);
-        umount(&d.0);
-        mount_tmpfs(&d.0);
-        let theirs = device(&d.0);
-        assert!(
-            !dev.detach_if_mounted_on(&d.0).unwrap(),
-            "{ours:?} {theirs:?}"
-        );
-        assert_eq!(top_mount(&d.0).as_deref(), Some("tmpfs"));
-        umount(&d.0);
-        if ours == theirs {
-            reused = true;
-            break;
+    // again unless some other mount took it in between (retried). Without
+    // the unique id the device decides, and the tmpfs would be taken for
+    // ours: that way is not tried here.
+    for mount2 in [false, true] {
+        let d = dir("reused");
+        let mut reused = false;
+        for _ in 0..20 {
+            let dev = mount(&d.0, mount2, false);
+            let ours = device(&d.0);
+            umount(&d.0);
+            mount_tmpfs(&d.0);
+            let theirs = device(&d.0);
+            assert!(
+                !dev.detach_own_mount().unwrap(),
+                "{ours:?} {theirs:?} mount(2) {mount2}"
+            );
+            assert_eq!(top_mount(&d.0).as_deref(), Some("tmpfs"));
+            umount(&d.0);
+            if ours == theirs {
+                reused = true;
+                break;
+            }
         }
+        assert!(
+            reused,
+            "no tmpfs got the FUSE mount's old device number: nothing tested"
+        );
     }
-    assert!(
-        reused,
-        "no tmpfs got the FUSE mount's old device number: nothing tested"
-    );
+}
+
+#[test]
+fn a_directory_on_the_path_swapped_for_a_symlink_never_leads_the_detach_to_another_mount() {
+    // The mount point is D/via/mnt. Our mount goes (unmounted from
+    // outside), a tmpfs is mounted on D/other/mnt and gets our old device
+    // number, and D/via, which a host user controls, becomes a symlink to
+    // D/other: the path now leads to the tmpfs, which the detach must
+    // leave alone, however the mount was made and told.
+    for (mount2, device_only) in WAYS {
+        let way = format!("mount(2) {mount2}, device only {device_only}");
+        let d = dir("swap");
+        let (via, other) = (d.0.join("via"), d.0.join("other"));
+        let (mnt, theirs_at) = (via.join("mnt"), other.join("mnt"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        std::fs::create_dir_all(&theirs_at).unwrap();
+        let mut reused = false;
+        for _ in 0..20 {
+            let dev = mount(&mnt, mount2, device_only);
+            let ours = device(&mnt);
+            umount(&mnt);
+            mount_tmpfs(&theirs_at);
+            let theirs = device(&theirs_at);
+            std::fs::rename(&via, d.0.join("via-was")).unwrap();
+            std::os::unix::fs::symlink("other", &via).unwrap();
+            assert_eq!(device(&mnt), theirs, "{way}: the path leads to the tmpfs");
+            assert!(
+                !dev.detach_own_mount().unwrap(),
+                "{way}: {ours:?} {theirs:?}"
+            );
+            assert_eq!(
+                top_mount(&theirs_at).as_deref(),
+                Some("tmpfs"),
+                "{way}: the other mount was detached"
+            );
+            umount(&theirs_at);
+            std::fs::remove_file(&via).unwrap();
+            std::fs::rename(d.0.join("via-was"), &via).unwrap();
+            if ours == theirs {
+                reused = true;
+                break;
+            }
+        }
+        assert!(
+            reused,
+            "{way}: no tmpfs got the FUSE mount's old device number: nothing tested"
+        );
+    }
 }

@@ -149,7 +149,11 @@ impl<'a> StateReader<'a> {
         self.take(n, what)
     }
     /// A count of records, each at least `min_size` bytes: one the rest of
-    /// the stream cannot hold is refused before anything is allocated for it.
+    /// the stream cannot hold is refused. `min_size` is the encoded size of
+    /// the smallest record the count can name (what the writer makes of it,
+    /// checked by a test next to the writer); a count is no size to
+    /// allocate by (a record's decoded form is larger than its bytes), so
+    /// callers read records one at a time.
     pub fn count(&mut self, min_size: usize, what: &str) -> Result<usize, StateError> {
         let n = self.u32(what)? as usize;
         if n.saturating_mul(min_size.max(1)) > self.remaining() {

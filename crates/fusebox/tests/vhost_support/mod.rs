@@ -114,3 +114,47 @@ pub fn child_of(parent: u32) -> Option<u32> {
     }
     None
 }
+
+/// The fusebox binary copied into a directory of its own under the
+/// temporary directory, both mode 0755, for a test that runs it as another
+/// user: that user may not reach the build's `target/` (a checkout in
+/// root's 0700 home). Removed when dropped: keep it until the daemon has
+/// started.
+pub struct FuseboxCopy {
+    dir: PathBuf,
+}
+
+impl FuseboxCopy {
+    /// A fresh copy (`tag` names its directory).
+    pub fn new(tag: &str) -> FuseboxCopy {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("fusebox-bin-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let copy = FuseboxCopy { dir };
+        // By cp(1), not from this process: a child another test forks while
+        // this one had the copy open for writing would hold it so until its
+        // exec, and an exec of the copy meanwhile fails with ETXTBSY.
+        let status = Command::new("cp")
+            .arg(env!("CARGO_BIN_EXE_fusebox"))
+            .arg(copy.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "cp: {status}");
+        for p in [&copy.dir, &copy.path()] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        copy
+    }
+
+    /// The copy.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join("fusebox")
+    }
+}
+
+impl Drop for FuseboxCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

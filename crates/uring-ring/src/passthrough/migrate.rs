@@ -25,11 +25,15 @@
 //! its path, and the destination refuses a path that leads to another
 //! inode than the source's.
 //!
-//! The stream is untrusted input: every length and count is checked
-//! (`fuse_core::server::state`), paths are opened one component at a time
-//! from the shared directory with O_NOFOLLOW (no "..", no symlink, no
-//! absolute path can leave it), and a file opened by handle must lie below
-//! the shared directory. POSIX locks go along (`locks/handover.rs`: the
+//! The stream is untrusted input. Every length and count is checked
+//! (`fuse_core::server::state`; a count against the bytes left at the
+//! encoded size of the smallest record it could name, `migrate/records.rs`)
+//! and nothing is allocated for a count: the whole stream is read once
+//! before anything is taken up, then again, each record taken up as it is
+//! read, so what a load holds follows what the stream holds. Paths are
+//! opened one component at a time from the shared directory with
+//! O_NOFOLLOW (no "..", no symlink, no absolute path can leave it), and a
+//! file opened by handle must lie below the shared directory. POSIX locks go along (`locks/handover.rs`: the
 //! destination takes each again, retrying those the source still holds
 //! until it lets go); flock(2) locks do not: saving them is refused under
 //! `abort` and they are dropped under `guest-error`.
@@ -40,9 +44,15 @@ use super::locks::SavedOwner;
 use super::{component, sys, PassthroughFs, STATX_MASK};
 use fuse_core::server::state::{StateError, StateReader, StateWriter};
 use fuse_core::Errno;
+use records::{
+    get_handle, get_inode, get_owner, put_handle, put_inode, put_owner, FileHandle, HandleRec,
+    InodeRec, Locator, HANDLE_MIN, INODE_MIN, OWNER_MIN, VERSION,
+};
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+
+mod records;
 
 /// How the source names inodes for the destination (`--migration-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,61 +84,6 @@ pub struct MigrationConfig {
     pub on_error: MigrationOnError,
     /// Send file handles with paths; the destination checks them.
     pub verify_handles: bool,
-}
-
-/// The format this build writes and reads.
-const VERSION: u32 = 1;
-/// Longest path or file handle carried (PATH_MAX; MAX_HANDLE_SZ is 128).
-const MAX_NAME: usize = 4096;
-/// Most supplementary groups of an opener (NGROUPS_MAX).
-const MAX_GROUPS: usize = 65536;
-
-const LOC_PATH: u8 = 1;
-const LOC_HANDLE: u8 = 2;
-const LOC_LOST: u8 = 3;
-
-/// How the destination finds an inode.
-#[derive(Debug, PartialEq, Eq)]
-enum Locator {
-    Path(Vec<u8>),
-    /// A file handle, and the path the file had below the shared
-    /// directory (empty: it had none, unlinked while open), by which the
-    /// destination checks the handle names a file of the share.
-    Handle {
-        typ: i32,
-        handle: Vec<u8>,
-        path: Vec<u8>,
-    },
-    /// The source could not name it; the text says why.
-    Lost(Vec<u8>),
-}
-
-/// A file handle: its type and bytes.
-type FileHandle = (i32, Vec<u8>);
-
-#[derive(Debug)]
-struct InodeRec {
-    nodeid: u64,
-    refs: u64,
-    ftype: u32,
-    loc: Locator,
-    /// With `verify_handles`: the source's file handle of the inode.
-    verify: Option<FileHandle>,
-}
-
-/// A whole state, read.
-struct Parsed {
-    inodes: Vec<InodeRec>,
-    handles: Vec<HandleRec>,
-    owners: Vec<SavedOwner>,
-}
-
-#[derive(Debug)]
-struct HandleRec {
-    fh: u64,
-    nodeid: u64,
-    flags: i32,
-    opener: Cred,
 }
 
 /// Tells the operator what `--migration-on-error guest-error` carries
@@ -332,18 +287,7 @@ impl PassthroughFs {
         let mut w = StateWriter::new();
         w.u32(VERSION).u32(inodes.len() as u32);
         for r in &inodes {
-            w.u64(r.nodeid).u64(r.refs).u32(r.ftype);
-            match &r.loc {
-                Locator::Path(p) => w.u8(LOC_PATH).bytes(p),
-                Locator::Handle { typ, handle, path } => {
-                    w.u8(LOC_HANDLE).u32(*typ as u32).bytes(handle).bytes(path)
-                }
-                Locator::Lost(why) => w.u8(LOC_LOST).bytes(why),
-            };
-            match &r.verify {
-                Some((typ, h)) => w.u8(1).u32(*typ as u32).bytes(h),
-                None => w.u8(0),
-            };
+            put_inode(&mut w, r);
         }
         w.u32((open.len() + lost_handles.len()) as u32);
         for (fh, h) in &open {
@@ -355,18 +299,10 @@ impl PassthroughFs {
                     .map(reopen_flags)
                     .map_err(|e| refused(format!("handle {fh}: its open flags"), e))?
             };
-            let o = h.opener();
-            w.u64(*fh).u64(h.inode.nodeid).u32(flags as u32);
-            // The byte after the gid was "the opener's request uid was 0";
-            // capabilities now follow the host uid, so it says only that.
-            w.u32(o.uid).u32(o.gid).u8(u8::from(o.is_root()));
-            w.u32(o.groups.len() as u32);
-            for g in &o.groups {
-                w.u32(*g);
-            }
+            put_handle(&mut w, *fh, h.inode.nodeid, flags, h.opener());
         }
         for fh in lost_handles {
-            w.u64(fh).u64(0).u32(u32::MAX).u32(0).u32(0).u8(0).u32(0);
+            put_handle(&mut w, fh, 0, -1, &Cred::default());
         }
         // flock(2) locks are not carried over (they belong to the
         // handle's description): refused under abort.
@@ -393,16 +329,22 @@ impl PassthroughFs {
             .collect();
         w.u32(owners.len() as u32);
         for o in &owners {
-            w.u64(o.nodeid).u64(o.owner).u32(o.acc as u32).u32(o.pid);
-            w.u32(o.spans.len() as u32);
-            for &(typ, start, end) in &o.spans {
-                w.u32(typ as u32).u64(start).u64(end);
-            }
+            put_owner(&mut w, o);
         }
         Ok(w.finish())
     }
 
-    fn parse(buf: &[u8]) -> Result<Parsed, StateError> {
+    /// Reads a whole state, handing each record to `inode`, `handle` or
+    /// `owner` as it is read, in stream order (every inode before any
+    /// handle, every handle before any lock owner). Nothing is allocated
+    /// for a count: only each record's own strings and lists, as long as
+    /// the stream holds them.
+    fn parse(
+        buf: &[u8],
+        inode: &mut dyn FnMut(InodeRec) -> Result<(), StateError>,
+        handle: &mut dyn FnMut(HandleRec) -> Result<(), StateError>,
+        owner: &mut dyn FnMut(SavedOwner) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
         let mut r = StateReader::new(buf);
         let version = r.u32("passthrough state version")?;
         if version != VERSION {
@@ -411,99 +353,16 @@ impl PassthroughFs {
                 expected: VERSION,
             });
         }
-        let n = r.count(8 + 8 + 4 + 1 + 4 + 1, "inodes")?;
-        let mut inodes = Vec::with_capacity(n);
-        for _ in 0..n {
-            let nodeid = r.u64("node id")?;
-            let refs = r.u64("lookup references")?;
-            let ftype = r.u32("file type")?;
-            let loc = match r.u8("locator")? {
-                LOC_PATH => Locator::Path(r.bytes(MAX_NAME, "path")?.to_vec()),
-                LOC_HANDLE => {
-                    let typ = r.u32("handle type")? as i32;
-                    let handle = r.bytes(128, "file handle")?.to_vec();
-                    Locator::Handle {
-                        typ,
-                        handle,
-                        path: r.bytes(MAX_NAME, "path")?.to_vec(),
-                    }
-                }
-                LOC_LOST => Locator::Lost(r.bytes(MAX_NAME, "reason")?.to_vec()),
-                t => return Err(StateError::Corrupt(format!("locator tag {t}"))),
-            };
-            let verify = match r.u8("verify flag")? {
-                0 => None,
-                1 => {
-                    let typ = r.u32("handle type")? as i32;
-                    Some((typ, r.bytes(128, "file handle")?.to_vec()))
-                }
-                t => return Err(StateError::Corrupt(format!("verify flag {t}"))),
-            };
-            inodes.push(InodeRec {
-                nodeid,
-                refs,
-                ftype,
-                loc,
-                verify,
-            });
+        for _ in 0..r.count(INODE_MIN, "inodes")? {
+            inode(get_inode(&mut r)?)?;
         }
-        let n = r.count(8 + 8 + 4 + 4 + 4 + 1 + 4, "handles")?;
-        let mut handles = Vec::with_capacity(n);
-        for _ in 0..n {
-            let fh = r.u64("handle")?;
-            let nodeid = r.u64("handle's node id")?;
-            let flags = r.u32("open flags")? as i32;
-            let uid = r.u32("opener uid")?;
-            let gid = r.u32("opener gid")?;
-            // Read and ignored: a source that set it for a guest's root
-            // translated to another host uid gives it no capabilities
-            // here (`Cred`).
-            r.u8("opener is root")?;
-            let ng = r.count(4, "opener groups")?;
-            if ng > MAX_GROUPS {
-                return Err(StateError::Corrupt(format!("{ng} groups")));
-            }
-            let groups = (0..ng)
-                .map(|_| r.u32("group"))
-                .collect::<Result<Vec<_>, _>>()?;
-            handles.push(HandleRec {
-                fh,
-                nodeid,
-                flags,
-                opener: Cred { uid, gid, groups },
-            });
+        for _ in 0..r.count(HANDLE_MIN, "handles")? {
+            handle(get_handle(&mut r)?)?;
         }
-        let n = r.count(8 + 8 + 4 + 4 + 4, "lock owners")?;
-        let mut owners = Vec::with_capacity(n);
-        for _ in 0..n {
-            let nodeid = r.u64("lock's node id")?;
-            let owner = r.u64("lock owner")?;
-            let acc = r.u32("lock description's mode")? as i32;
-            let pid = r.u32("lock's pid")?;
-            let ns = r.count(4 + 8 + 8, "locks")?;
-            let spans = (0..ns)
-                .map(|_| {
-                    Ok((
-                        r.u32("lock type")? as i32,
-                        r.u64("lock start")?,
-                        r.u64("lock end")?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, StateError>>()?;
-            owners.push(SavedOwner {
-                nodeid,
-                owner,
-                acc,
-                pid,
-                spans,
-            });
+        for _ in 0..r.count(OWNER_MIN, "lock owners")? {
+            owner(get_owner(&mut r)?)?;
         }
-        r.end("passthrough state")?;
-        Ok(Parsed {
-            inodes,
-            handles,
-            owners,
-        })
+        r.end("passthrough state")
     }
 
     /// Opens what `rec` names, checked against what the source said.
@@ -582,11 +441,13 @@ impl PassthroughFs {
         Ok(Found { fd, st })
     }
 
-    /// Live migration, destination side: see the module docs. On a
-    /// failure under `abort` nothing taken up stays.
+    /// Live migration, destination side: see the module docs. The whole
+    /// stream is read once to check it (a corrupt one takes nothing up),
+    /// then again, each record taken up as it is read. On a failure under
+    /// `abort` nothing taken up stays.
     pub(super) fn load_migration_state(&self, buf: &[u8]) -> Result<(), StateError> {
-        let parsed = Self::parse(buf)?;
-        let r = self.take_up_all(&parsed);
+        Self::parse(buf, &mut |_| Ok(()), &mut |_| Ok(()), &mut |_| Ok(()))?;
+        let r = self.take_up_all(buf);
         if r.is_err() {
             self.locks.clear();
             self.handles.clear();
@@ -595,94 +456,113 @@ impl PassthroughFs {
         r
     }
 
-    fn take_up_all(&self, p: &Parsed) -> Result<(), StateError> {
-        let (inodes, handles) = (&p.inodes, &p.handles);
+    fn take_up_all(&self, buf: &[u8]) -> Result<(), StateError> {
         let abort = self.cfg.migration.on_error == MigrationOnError::Abort;
         let root = self
             .inodes
             .get(fuse_core::abi::ROOT_ID)
             .map_err(|e| refused("the shared directory".into(), e))?;
-        let dup = |what: String| StateError::Corrupt(format!("{what} twice, or reserved"));
-        for rec in inodes {
-            match self.take_up(&root, rec) {
-                Ok(found) => {
-                    self.inodes
-                        .restore(rec.nodeid, rec.refs, found)
-                        .map_err(|_| dup(format!("node {} (or its file)", rec.nodeid)))?;
-                }
-                Err(why) => {
-                    if abort {
-                        return Err(StateError::refused(format!("node {}: {why}", rec.nodeid)));
-                    }
-                    lost(&format!("node {}: {why}", rec.nodeid));
-                    self.inodes
-                        .restore_lost(rec.nodeid, rec.refs)
-                        .map_err(|_| dup(format!("node {}", rec.nodeid)))?;
-                }
+        Self::parse(
+            buf,
+            &mut |rec| self.take_up_inode(&root, &rec, abort),
+            &mut |h| self.take_up_handle(h, abort),
+            &mut |o| self.take_up_owner(&o, abort),
+        )
+    }
+
+    fn take_up_inode(
+        &self,
+        root: &InodeData,
+        rec: &InodeRec,
+        abort: bool,
+    ) -> Result<(), StateError> {
+        match self.take_up(root, rec) {
+            Ok(found) => {
+                self.inodes
+                    .restore(rec.nodeid, rec.refs, found)
+                    .map_err(|_| dup(format!("node {} (or its file)", rec.nodeid)))?;
             }
-        }
-        for h in handles {
-            let data: Result<Arc<InodeData>, String> = match self.inodes.get(h.nodeid) {
-                _ if h.flags == -1 => Err("its file was lost".into()),
-                Ok(d) => Ok(d),
-                Err(Errno::EIO) => Err("its file was lost".into()),
-                Err(_) => {
-                    return Err(StateError::Corrupt(format!(
-                        "handle {} names unknown node {}",
-                        h.fh, h.nodeid
-                    )))
-                }
-            };
-            let opened = data.and_then(|d| {
-                let flags = reopen_flags(h.flags) | libc::O_CLOEXEC;
-                let flags = if d.is_dir() {
-                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC
-                } else {
-                    flags
-                };
-                let fd = self
-                    .reopen(&d, flags)
-                    .map_err(|e| format!("cannot be opened again ({e:?})"))?;
-                let dir = d.is_dir();
-                self.new_handle(fd, d, flags, dir, h.opener.clone(), Some(h.fh))
-                    .map_err(|_| format!("handle {} twice", h.fh))
-            });
-            if let Err(why) = opened {
+            Err(why) => {
                 if abort {
-                    return Err(StateError::refused(format!("handle {}: {why}", h.fh)));
+                    return Err(StateError::refused(format!("node {}: {why}", rec.nodeid)));
                 }
-                lost(&format!("handle {} (node {}): {why}", h.fh, h.nodeid));
-                self.handles
-                    .restore_lost(h.fh)
-                    .map_err(|_| dup(format!("handle {}", h.fh)))?;
-            }
-        }
-        for o in &p.owners {
-            let data = match self.inodes.get(o.nodeid) {
-                Ok(d) => d,
-                // Its file was lost: so are its locks (EIO on it anyway).
-                Err(Errno::EIO) => continue,
-                Err(_) => {
-                    return Err(StateError::Corrupt(format!(
-                        "locks on unknown node {}",
-                        o.nodeid
-                    )))
-                }
-            };
-            if let Err(e) = self
-                .locks
-                .restore(o, || self.reopen(&data, o.acc | libc::O_CLOEXEC))
-            {
-                let what = format!(
-                    "the POSIX locks of owner {:#x} on node {}",
-                    o.owner, o.nodeid
-                );
-                if abort || e == Errno::EINVAL {
-                    return Err(refused(what, e));
-                }
-                lost(&format!("{what}: cannot be taken ({e:?})"));
+                lost(&format!("node {}: {why}", rec.nodeid));
+                self.inodes
+                    .restore_lost(rec.nodeid, rec.refs)
+                    .map_err(|_| dup(format!("node {}", rec.nodeid)))?;
             }
         }
         Ok(())
     }
+
+    fn take_up_handle(&self, h: HandleRec, abort: bool) -> Result<(), StateError> {
+        let data: Result<Arc<InodeData>, String> = match self.inodes.get(h.nodeid) {
+            _ if h.flags == -1 => Err("its file was lost".into()),
+            Ok(d) => Ok(d),
+            Err(Errno::EIO) => Err("its file was lost".into()),
+            Err(_) => {
+                return Err(StateError::Corrupt(format!(
+                    "handle {} names unknown node {}",
+                    h.fh, h.nodeid
+                )))
+            }
+        };
+        let opened = data.and_then(|d| {
+            let flags = reopen_flags(h.flags) | libc::O_CLOEXEC;
+            let flags = if d.is_dir() {
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC
+            } else {
+                flags
+            };
+            let fd = self
+                .reopen(&d, flags)
+                .map_err(|e| format!("cannot be opened again ({e:?})"))?;
+            let dir = d.is_dir();
+            self.new_handle(fd, d, flags, dir, h.opener, Some(h.fh))
+                .map_err(|_| format!("handle {} twice", h.fh))
+        });
+        if let Err(why) = opened {
+            if abort {
+                return Err(StateError::refused(format!("handle {}: {why}", h.fh)));
+            }
+            lost(&format!("handle {} (node {}): {why}", h.fh, h.nodeid));
+            self.handles
+                .restore_lost(h.fh)
+                .map_err(|_| dup(format!("handle {}", h.fh)))?;
+        }
+        Ok(())
+    }
+
+    fn take_up_owner(&self, o: &SavedOwner, abort: bool) -> Result<(), StateError> {
+        let data = match self.inodes.get(o.nodeid) {
+            Ok(d) => d,
+            // Its file was lost: so are its locks (EIO on it anyway).
+            Err(Errno::EIO) => return Ok(()),
+            Err(_) => {
+                return Err(StateError::Corrupt(format!(
+                    "locks on unknown node {}",
+                    o.nodeid
+                )))
+            }
+        };
+        if let Err(e) = self
+            .locks
+            .restore(o, || self.reopen(&data, o.acc | libc::O_CLOEXEC))
+        {
+            let what = format!(
+                "the POSIX locks of owner {:#x} on node {}",
+                o.owner, o.nodeid
+            );
+            if abort || e == Errno::EINVAL {
+                return Err(refused(what, e));
+            }
+            lost(&format!("{what}: cannot be taken ({e:?})"));
+        }
+        Ok(())
+    }
+}
+
+/// A node id or handle the stream names twice (or one reserved).
+fn dup(what: String) -> StateError {
+    StateError::Corrupt(format!("{what} twice, or reserved"))
 }
