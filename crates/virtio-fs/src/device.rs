@@ -484,7 +484,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             if self.too_many_orphans(q) {
                 return true;
             }
-            let pop_guard = lock(&rq.pop_lock);
+            let mut pop_guard = Some(lock(&rq.pop_lock));
             // Before the pop: a ring stopped after it leaves this chain
             // with the old generation, so its answer never reaches the
             // new ring.
@@ -537,7 +537,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 if !self.inner.cfg.request_timeout.is_zero() {
                     lock(&self.inner.timeouts).push_back(ticket.clone());
                 }
-                drop(pop_guard);
+                drop(pop_guard.take());
                 self.send_lock_call(args, &ticket);
                 continue;
             }
@@ -546,6 +546,18 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     // An entry of this thread free for it.
                     s.make_room();
                 }
+            }
+            let mut args = args;
+            if ticket.opcode == Opcode::Init as u32 {
+                // A guest that rebooted sends no DESTROY: its INIT ends the
+                // old session first, with no queue lock held (the end may
+                // take long). INIT is FORCE, so it is never put back. It
+                // goes under the fence that ending gave its queue.
+                drop(pop_guard.take());
+                self.end_session("a new INIT");
+                args.fence = Some(read(&rq.gen).fence.clone());
+                // Kept for a live migration: the destination replays it.
+                self.inner.migration.note_init(ticket.unique, &args.body);
             }
             let t2 = ticket.clone();
             let end = Box::new(move |r: ReqResult| {
@@ -560,7 +572,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     if !self.inner.cfg.request_timeout.is_zero() {
                         lock(&self.inner.timeouts).push_back(ticket);
                     }
-                    drop(pop_guard);
+                    drop(pop_guard.take());
                     if let Some((s, k)) = inline.as_mut() {
                         if served < *k {
                             if batch.is_none() {

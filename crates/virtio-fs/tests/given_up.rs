@@ -92,6 +92,79 @@ fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
     assert_eq!(stats.stuck_on_stop.load(Ordering::Relaxed), 0);
 }
 
+#[test]
+fn a_request_still_queued_at_a_ring_stop_never_reaches_the_filesystem() {
+    let _serial = serial();
+    // The queue's one worker is stuck in a GETATTR, so the SETATTR behind
+    // it waits in the engine: given up at the stop, it is answered
+    // unseen once the worker is free, never served.
+    let mut g = Guest::with(
+        "queued",
+        |dir| {
+            Faulty::new(
+                PassthroughFs::new(dir, Config::default()).unwrap(),
+                FaultPlan::parse("getattr:hang:times=1, setattr:delay=1ms", 1).unwrap(),
+            )
+        },
+        DeviceConfig {
+            workers_per_queue: 1,
+            ..cfg()
+        },
+    );
+    let node = lookup_f(&mut g);
+    g.send(Opcode::Getattr, 4, node, &[0u8; 16]);
+    let dev = g.h.dev.clone();
+    let fs = dev.engine().fs();
+    wait_for("the GETATTR to hang", || {
+        fs.counts().hangs.load(Ordering::Relaxed) == 1
+    });
+    g.send(Opcode::Setattr, 6, node, truncate_to_zero().as_bytes());
+    g.h.dev.stop_vring(1).unwrap();
+    assert_eq!(g.h.dev.stats().lost_on_stop.load(Ordering::Relaxed), 2);
+    fs.release_hangs();
+    wait_for("both to end", || {
+        g.h.dev.engine().chan().stats().waiting == 0
+    });
+    assert_eq!(
+        fs.counts().delays.load(Ordering::Relaxed),
+        0,
+        "the SETATTR given up reached the filesystem"
+    );
+    assert_eq!(std::fs::read(g.dir.join("f")).unwrap(), b"locked");
+}
+
+#[test]
+fn a_lock_call_given_up_at_a_ring_stop_never_takes_its_lock() {
+    let _serial = serial();
+    // Lock calls travel over the engine's device, not the ring: they go
+    // under the fence all the same.
+    let mut g = Guest::with(
+        "gaveuplk",
+        |dir| {
+            Faulty::new(
+                PassthroughFs::new(dir, Config::default()).unwrap(),
+                FaultPlan::parse("setlk:delay=1500ms", 1).unwrap(),
+            )
+        },
+        cfg(),
+    );
+    let (node, fh) = g.open_f();
+    g.send(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
+    let fs = g.h.dev.engine().fs();
+    wait_for("the SETLK to be held", || {
+        fs.counts().delays.load(Ordering::Relaxed) == 1
+    });
+    g.h.dev.stop_vring(1).unwrap();
+    assert_eq!(g.h.dev.stats().lost_on_stop.load(Ordering::Relaxed), 1);
+    wait_for("the SETLK to end", || {
+        g.h.dev.engine().chan().stats().waiting == 0
+    });
+    assert!(
+        host_can_lock(&g.dir.join("f")).0,
+        "a SETLK given up at the stop took its lock afterwards"
+    );
+}
+
 /// A filesystem whose SETATTR and READ hang inside their host call (as on
 /// a dead NFS server) until `release`.
 #[derive(Default)]

@@ -6,6 +6,7 @@
 //! held together. A request's `data` lock may be taken under `pq`.
 
 use super::errno::Errno;
+use super::fence::Fence;
 use super::req::{flag, Location, Request};
 use super::transport::{InFlight, Transport};
 use super::{Chan, Core, Negotiated};
@@ -124,8 +125,16 @@ impl DevQueue {
         abi::MIN_READ_BUFFER.max(2 * std::mem::size_of::<InHeader>() + w)
     }
 
-    /// Reads the next message into `buf` (kernel `fuse_dev_do_read`).
-    pub(crate) fn read(&self, core: &Core, buf: &mut [u8], block: bool) -> Result<usize, Errno> {
+    /// Reads the next message into `buf` (kernel `fuse_dev_do_read`); the
+    /// request's fence, if it has one, goes to `fence`. A request whose
+    /// fence is closed is ended (EINTR) instead of being read.
+    pub(crate) fn read(
+        &self,
+        core: &Core,
+        buf: &mut [u8],
+        block: bool,
+        fence: &mut Option<Arc<Fence>>,
+    ) -> Result<usize, Errno> {
         if buf.len() < self.min_read_buffer() {
             return Err(Errno::EINVAL);
         }
@@ -167,6 +176,14 @@ impl DevQueue {
             req.flags.clear(flag::PENDING);
             drop(iq);
 
+            if req.args.fence.as_ref().is_some_and(|f| f.is_closed())
+                && !super::runs_when_given_up(req.args.opcode)
+            {
+                // Given up by its client: it must not reach the server.
+                req.set_error(Errno::EINTR.0);
+                core.request_end(&req);
+                continue;
+            }
             let n = req.wire_len();
             if n > buf.len() {
                 // Too large for the server's buffer: fail it and read again.
@@ -237,6 +254,7 @@ impl DevQueue {
             if req.flags.test(flag::INTERRUPTED) {
                 self.queue_interrupt(&req);
             }
+            fence.clone_from(&req.args.fence);
             return Ok(n);
         }
     }
@@ -659,12 +677,24 @@ impl Device {
     /// ENODEV (connection aborted; ECONNABORTED if ABORT_ERROR was
     /// negotiated).
     pub fn read(&self, buf: &mut [u8]) -> Result<usize, Errno> {
-        self.dev.read(&self.core, buf, true)
+        self.dev.read(&self.core, buf, true, &mut None)
+    }
+
+    /// [`Device::read`], with the fence of the request read (`Args::fence`)
+    /// in `fence` (None for other messages): a server checks it before
+    /// each host call that changes something (`Ctx::fence`).
+    pub fn read_fenced(
+        &self,
+        buf: &mut [u8],
+        fence: &mut Option<Arc<Fence>>,
+    ) -> Result<usize, Errno> {
+        *fence = None;
+        self.dev.read(&self.core, buf, true, fence)
     }
 
     /// Like [`Device::read`] but returns EAGAIN instead of blocking.
     pub fn try_read(&self, buf: &mut [u8]) -> Result<usize, Errno> {
-        self.dev.read(&self.core, buf, false)
+        self.dev.read(&self.core, buf, false, &mut None)
     }
 
     /// Writes one complete reply or notification. Errors as the kernel's:

@@ -7,11 +7,15 @@
 //! client can wait for them (with a bound of its own) and report those
 //! that outlast it.
 //!
+//! Requests that only let go of what the session holds (RELEASE,
+//! RELEASEDIR, FLUSH, DESTROY) are not fenced: see [`runs_when_given_up`].
+//!
 //! State: one atomic word, the closed bit and the number of host calls
 //! inside. Entering adds one and backs out if the bit was set; closing sets
 //! the bit. Once `close` has returned, every later `enter` fails, and
 //! [`Fence::inside`] only goes down.
 
+use crate::abi::Opcode;
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// Set in `Fence::state` once the fence is closed.
@@ -56,6 +60,17 @@ impl Fence {
     pub fn inside(&self) -> u64 {
         self.state.load(Ordering::Acquire) & !CLOSED
     }
+}
+
+/// Whether a request of `op` runs even once its fence is closed: those
+/// that only let go of what the client's session holds (an open file, its
+/// lock owners, the whole session) cannot act on anyone else's data, and
+/// skipping them would leave what they let go of held.
+pub(crate) fn runs_when_given_up(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::Release | Opcode::Releasedir | Opcode::Flush | Opcode::Destroy
+    )
 }
 
 /// Fences are equal when they are the same fence.

@@ -30,6 +30,7 @@ pub use client_mem::{ClientMap, ClientMem, HostSpan, IoGuard};
 pub use config::{ChanConfig, Negotiated, Stats};
 pub use dev::Device;
 pub use errno::Errno;
+pub(crate) use fence::runs_when_given_up;
 pub use fence::{Fence, FenceGuard};
 pub(crate) use req::flag;
 pub use req::{Args, EndFn, ReplyPayload, ReqResult};

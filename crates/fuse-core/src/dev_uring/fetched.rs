@@ -111,10 +111,6 @@ impl Fetched {
     pub fn client_mem(&self) -> Option<&Arc<dyn crate::chan::ClientMem>> {
         self.held.client.as_ref()
     }
-    /// The fence the client may close to give the request up.
-    pub fn fence(&self) -> Option<&Arc<crate::chan::Fence>> {
-        self.held.fence.as_ref()
-    }
     /// Whether the payload is the client's own pages (ENT_ZERO_COPY).
     pub fn is_zero_copy(&self) -> bool {
         self.header.ring_ent_in_out.flags & uring::ENT_ZERO_COPY != 0

@@ -250,8 +250,21 @@ impl<F: Filesystem> Dispatcher<F> {
         out: &mut [u8],
         defer: Option<DeferFn<'_>>,
     ) -> Handled {
+        self.handle_bytes_fenced(msg, out, defer, None)
+    }
+
+    /// [`Dispatcher::handle_bytes_with`] for a request under `fence`
+    /// (`Args::fence`, handed over by the transport), which the filesystem
+    /// sees in [`Ctx::fence`].
+    pub fn handle_bytes_fenced(
+        &self,
+        msg: &[u8],
+        out: &mut [u8],
+        defer: Option<DeferFn<'_>>,
+        fence: Option<&Arc<Fence>>,
+    ) -> Handled {
         match abi::decode_request(msg, self.decode_options()) {
-            Ok(req) => self.handle_with(&req, out, defer),
+            Ok(req) => self.handle_client_with(&req, out, defer, None, fence),
             Err(_) => {
                 let Ok(h) = abi::Cursor::new(msg).read::<InHeader>("fuse_in_header") else {
                     return Handled::NoReply;

@@ -7,7 +7,7 @@
 
 use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
-use crate::chan::{ClientMem, Errno, Fence};
+use crate::chan::{runs_when_given_up, ClientMem, Errno, Fence};
 use crate::dev_uring::{EntHandle, EntryBufs, Fetched, RingEnd};
 use crate::sync::{lock, Arc, Mutex};
 use std::collections::HashMap;
@@ -237,7 +237,9 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
 ) -> Served {
     let hdr = f.in_header();
     let fence = f.take_fence();
-    if fence.as_ref().is_some_and(|x| x.is_closed()) {
+    if fence.as_ref().is_some_and(|x| x.is_closed())
+        && !Opcode::from_u32(hdr.opcode).is_some_and(runs_when_given_up)
+    {
         // Given up by its client: it must not run, and nobody reads the
         // answer.
         f.set_reply(Errno::EINTR.to_wire(), 0);
@@ -273,13 +275,12 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                 write_data_elsewhere: true,
                 ..opts
             };
-            if let (Ok(req), Some(done)) = (
-                abi::decode_split(hdr, &op_in, &[], o),
-                started(hdr.unique, make),
-            ) {
-                match disp.start_write(&req, &mem, done) {
-                    Ok(()) => return Served::Started,
-                    Err(done) => done.disarm(),
+            if let Ok(req) = abi::decode_split(hdr, &op_in, &[], o) {
+                if let Some(done) = started(hdr.unique, make) {
+                    match disp.start_write(&req, &mem, done) {
+                        Ok(()) => return Served::Started,
+                        Err(done) => done.disarm(),
+                    }
                 }
             }
         }
@@ -317,7 +318,13 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                 }
             }
             if let (Some(make), true) = (start, no_data(hdr.opcode)) {
-                if let Some(done) = started(hdr.unique, make) {
+                let done = if hdr.opcode == Opcode::Fallocate as u32 {
+                    started(hdr.unique, make)
+                } else {
+                    // An FSYNC changes nothing: not counted under the fence.
+                    Some(make(hdr.unique))
+                };
+                if let Some(done) = done {
                     match disp.start_no_data(&req, done) {
                         Ok(()) => return Served::Started,
                         Err(done) => done.disarm(),

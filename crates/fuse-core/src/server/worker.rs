@@ -2,13 +2,23 @@
 
 use super::dispatch::DeferFn;
 use super::{Deferred, Dispatcher, Filesystem, Handled};
-use crate::chan::{Device, Errno};
+use crate::chan::{Device, Errno, Fence};
 use std::sync::Arc;
 
 /// A device-style transport end (`/dev/fuse` or the in-process [`Device`]).
 pub trait DeviceEnd: Send + Sync {
     /// Reads one message into `buf`.
     fn read_msg(&self, buf: &mut [u8]) -> Result<usize, Errno>;
+    /// [`DeviceEnd::read_msg`], with the request's fence (`Args::fence`)
+    /// in `fence` when the transport carries one.
+    fn read_msg_fenced(
+        &self,
+        buf: &mut [u8],
+        fence: &mut Option<Arc<Fence>>,
+    ) -> Result<usize, Errno> {
+        *fence = None;
+        self.read_msg(buf)
+    }
     /// Writes one reply: header plus `payload`.
     fn write_reply(&self, unique: u64, error: i32, payload: &[u8]) -> Result<(), Errno>;
     /// Smallest buffer `read_msg` accepts.
@@ -18,6 +28,13 @@ pub trait DeviceEnd: Send + Sync {
 impl DeviceEnd for Device {
     fn read_msg(&self, buf: &mut [u8]) -> Result<usize, Errno> {
         self.read(buf)
+    }
+    fn read_msg_fenced(
+        &self,
+        buf: &mut [u8],
+        fence: &mut Option<Arc<Fence>>,
+    ) -> Result<usize, Errno> {
+        self.read_fenced(buf, fence)
     }
     fn write_reply(&self, unique: u64, error: i32, payload: &[u8]) -> Result<(), Errno> {
         self.write_with(unique, error, payload.len(), |dst| {
@@ -51,13 +68,15 @@ fn device_loop<E: DeviceEnd + ?Sized, F: Filesystem>(
 ) {
     let mut inbuf = vec![0u8; end.min_read_buffer().max(OUT_BUF + 4096)];
     let mut out = vec![0u8; OUT_BUF];
+    let mut fence = None;
     loop {
-        let n = match end.read_msg(&mut inbuf) {
+        let n = match end.read_msg_fenced(&mut inbuf, &mut fence) {
             Ok(n) => n,
             Err(Errno::EINTR) | Err(Errno::EAGAIN) => continue,
             Err(_) => return,
         };
-        if let Handled::Reply(o) = disp.handle_bytes_with(&inbuf[..n], &mut out, defer) {
+        let msg = &inbuf[..n];
+        if let Handled::Reply(o) = disp.handle_bytes_fenced(msg, &mut out, defer, fence.as_ref()) {
             let _ = end.write_reply(o.unique, o.error, &out[..o.len]);
         }
     }

@@ -293,7 +293,12 @@ impl Filesystem for PassthroughFs {
         self.op_setlk(ctx, handle, req)
     }
     fn setlkw(&self, ctx: &Ctx, _inode: u64, handle: u64, req: &LockReq, done: Deferred) {
-        self.op_setlkw(ctx, handle, req, done);
+        // Held while the lock is tried and the wait parked; a parked wait
+        // is ended by the interrupt its client sends when it gives it up.
+        match ctx.enter_host() {
+            Ok(_host) => self.op_setlkw(ctx, handle, req, done),
+            Err(e) => done.complete(Err(e)),
+        }
     }
     fn interrupt(&self, unique: u64) {
         self.locks.interrupt(unique);

@@ -112,12 +112,7 @@ impl Locks {
     }
     /// DESTROY.
     pub fn clear(&self) {
-        // Parked SETLKWs of the session end (EINTR) rather than take a
-        // lock nobody would release.
-        let parked: Vec<u64> = lock(&self.waiters).parked.keys().copied().collect();
-        for unique in parked {
-            self.interrupt(unique);
-        }
+        self.interrupt_all();
         self.forget_pending(None, None);
         for d in self.owners.remove_all(None) {
             d.release_all(&mut d.held());
@@ -133,6 +128,34 @@ impl Locks {
     /// Descriptions held for lock owners.
     pub fn owner_fds(&self) -> usize {
         self.owners.len()
+    }
+    /// Interrupts every parked SETLKW (the session ends: they end with
+    /// EINTR rather than take a lock nobody would release), signalling
+    /// their threads until they have left, for one second at most in all.
+    fn interrupt_all(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            {
+                let mut w = lock(&self.waiters);
+                if w.parked.is_empty() {
+                    return;
+                }
+                for waiter in w.parked.values_mut() {
+                    waiter.interrupted = true;
+                    if let Some(t) = waiter.thread {
+                        // SAFETY: the thread removes itself from `parked`
+                        // under this lock before it exits, so it is alive
+                        // here.
+                        unsafe { wake::kick(t) };
+                    }
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                log::warn!("parked lock waits still running as the session ends");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
     /// Interrupts the parked SETLKW `unique`: its thread is signalled until
     /// it has left the blocking call. An unknown unique is remembered, in

@@ -115,16 +115,20 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
+        let upgrade = |weak: &Weak<Inner<F>>| {
+            weak.upgrade()
+                .ok_or_else(|| StateError::refused("the device is gone"))
+        };
+        let weak = Arc::downgrade(&self.inner);
+        let save = move || upgrade(&weak)?.engine.fs().save_state();
         let weak = Arc::downgrade(&self.inner);
         let load = move |buf: Vec<u8>| {
-            let inner = weak
-                .upgrade()
-                .ok_or_else(|| StateError::refused("the device is gone"))?;
+            let inner = upgrade(&weak)?;
             migration::load(inner.engine.dispatcher(), &buf, &inner.migration)
         };
         self.inner
             .migration
-            .start(self.inner.engine.fs(), direction, phase, file, load)
+            .start(direction, phase, file, save, load)
             .map(|()| None)
     }
 

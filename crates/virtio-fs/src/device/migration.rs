@@ -159,13 +159,19 @@ impl Migration {
         };
     }
 
-    /// The state to send: taken now, written to `file` on a thread.
-    fn save<F: Filesystem>(&self, fs: &F, file: std::fs::File) -> Result<(), StateError> {
+    /// The state to send: taken (`save`) and written to `file` on the
+    /// transfer thread, while the device stays stopped (QEMU reads the
+    /// pipe, then checks the transfer, before it resumes anything).
+    fn save(
+        &self,
+        file: std::fs::File,
+        save: impl FnOnce() -> Result<Vec<u8>, StateError> + Send + 'static,
+    ) -> Result<(), StateError> {
         let init = lock(&self.guest_init).granted.clone().unwrap_or_default();
-        let state = encode(&init, &fs.save_state()?);
         let t = std::thread::Builder::new()
             .name("fusebox-state".into())
             .spawn(move || {
+                let state = encode(&init, &save()?);
                 let mut file = file;
                 file.write_all(&state)
                     .map_err(|e| io_refused("writing the state", e))
@@ -175,14 +181,15 @@ impl Migration {
         Ok(())
     }
 
-    /// SET_DEVICE_STATE_FD. `load` takes up a received state (on the
-    /// transfer thread, once the stream has ended).
-    pub(crate) fn start<F: Filesystem>(
+    /// SET_DEVICE_STATE_FD. `save` takes the filesystem's state and `load`
+    /// takes up a received one, each on the transfer thread (a load once
+    /// the stream has ended).
+    pub(crate) fn start(
         &self,
-        fs: &F,
         direction: VhostTransferStateDirection,
         phase: VhostTransferStatePhase,
         file: std::fs::File,
+        save: impl FnOnce() -> Result<Vec<u8>, StateError> + Send + 'static,
         load: impl FnOnce(Vec<u8>) -> Result<(), StateError> + Send + 'static,
     ) -> std::io::Result<()> {
         if phase != VhostTransferStatePhase::STOPPED {
@@ -191,12 +198,17 @@ impl Migration {
                 "state transfer only with the device stopped",
             ));
         }
-        // A transfer never checked is over: its result no longer matters.
+        // A transfer never checked is over: its result no longer matters,
+        // but two may not run at once.
         if let Some(t) = lock(&self.transfer).take() {
-            let _ = t.join();
+            if finish(t).is_none() {
+                let e = StateError::refused("the last state transfer has not ended");
+                tell(&e);
+                return Err(std::io::Error::other(e));
+            }
         }
         let r = match direction {
-            VhostTransferStateDirection::SAVE => self.save(fs, file),
+            VhostTransferStateDirection::SAVE => self.save(file, save),
             VhostTransferStateDirection::LOAD => std::thread::Builder::new()
                 .name("fusebox-state".into())
                 .spawn(move || {
@@ -216,14 +228,17 @@ impl Migration {
         })
     }
 
-    /// CHECK_DEVICE_STATE: how the last transfer ended.
+    /// CHECK_DEVICE_STATE: how the last transfer ended (waited for at most
+    /// [`TRANSFER_WAIT`]: a transfer that has not ended by then failed).
     pub(crate) fn check(&self) -> std::io::Result<()> {
         let Some(t) = lock(&self.transfer).take() else {
             return Err(std::io::Error::other("no state transfer to check"));
         };
-        let r = t
-            .join()
-            .unwrap_or_else(|_| Err(StateError::refused("the transfer thread panicked")));
+        let r = finish(t).unwrap_or_else(|| {
+            Err(StateError::refused(format!(
+                "the state transfer did not end within {TRANSFER_WAIT:?}"
+            )))
+        });
         match r {
             Ok(()) => {
                 log::info!("migration: device state transferred");
@@ -235,6 +250,29 @@ impl Migration {
             }
         }
     }
+}
+
+/// How long the vhost-user thread waits for a state transfer to end (a
+/// state that takes longer to save or take up, or a pipe the VMM does not
+/// read, fails the migration; the transfer thread is left to end).
+const TRANSFER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The result of transfer thread `t`, once it ended; None if it has not
+/// within [`TRANSFER_WAIT`] (it is left running).
+fn finish(t: JoinHandle<Result<(), StateError>>) -> Option<Result<(), StateError>> {
+    let start = std::time::Instant::now();
+    let mut nap = std::time::Duration::from_micros(100);
+    while !t.is_finished() {
+        if start.elapsed() >= TRANSFER_WAIT {
+            return None;
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(std::time::Duration::from_millis(10));
+    }
+    Some(
+        t.join()
+            .unwrap_or_else(|_| Err(StateError::refused("the transfer thread panicked"))),
+    )
 }
 
 /// Takes up a received state: the guest's INIT replayed to `dispatch`

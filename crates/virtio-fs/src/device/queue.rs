@@ -159,6 +159,13 @@ impl Generation {
     /// inside it).
     pub(super) fn end(&mut self) -> Arc<Fence> {
         self.n += 1;
+        self.refence()
+    }
+
+    /// Closes the fence and starts a new one, keeping the number (answers
+    /// of the requests under the old fence still reach the ring); returns
+    /// the old fence.
+    pub(super) fn refence(&mut self) -> Arc<Fence> {
         let old = std::mem::replace(&mut self.fence, Fence::new());
         old.close();
         old

@@ -107,19 +107,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
             return Err(fail(ticket));
         }
-        match opcode {
-            // Kept for a live migration: the destination replays it.
-            Opcode::Init => {
-                // A guest that rebooted (or reset its device) sends no
-                // DESTROY: its new INIT ends the old session first.
-                self.end_session("a new INIT");
-                self.inner.migration.note_init(h.unique, &body);
-            }
-            Opcode::Destroy => {
-                // The engine's DESTROY ends it in the filesystem.
-                self.inner.migration.session_ended();
-            }
-            _ => {}
+        if opcode == Opcode::Destroy {
+            // The engine's DESTROY ends it in the filesystem.
+            self.inner.migration.session_ended();
         }
         let mut data = Vec::new();
         if opcode == Opcode::Write && client.is_none() && body_len == wi {

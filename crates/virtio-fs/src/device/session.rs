@@ -5,23 +5,31 @@
 //! inodes: `Filesystem::destroy`), so the rebooted guest finds its files
 //! unlocked and the daemon's fds back where they were.
 
+use super::stop::wait_fences;
 use super::*;
 
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Ends the guest's session, if one is on (`why` goes to the log).
-    /// Called with the old session's rings stopped or reset (their requests
-    /// given up), or from the pop of the new session's INIT, before it is
-    /// sent.
+    /// Called by a reset, with every ring's requests given up already, or
+    /// before a new INIT is sent: then what the old session still has in
+    /// flight (a hostile guest's, on other queues: a Linux guest stops its
+    /// rings first) is given up too, its fences closed and waited for
+    /// (bounded), so none of it acts, or takes a handle, once the old
+    /// session's state is gone.
     pub(super) fn end_session(&self, why: &str) {
-        if !self.inner.migration.session_ended() {
-            return;
+        if self.inner.migration.session_ended() {
+            let old: Vec<_> = (self.inner.queues.iter())
+                .map(|rq| write(&rq.gen).refence())
+                .collect();
+            self.interrupt_waiters(None);
+            let deadline = Instant::now() + self.inner.cfg.ring_stop_drain;
+            self.left_running(wait_fences(&old, deadline));
+            self.inner.engine.fs().destroy();
+            self.inner
+                .stats
+                .sessions_ended
+                .fetch_add(1, Ordering::Relaxed);
+            log::info!("the guest's FUSE session ended ({why}); what it held is released");
         }
-        self.interrupt_waiters(None);
-        self.inner.engine.fs().destroy();
-        self.inner
-            .stats
-            .sessions_ended
-            .fetch_add(1, Ordering::Relaxed);
-        log::info!("the guest's FUSE session ended ({why}); what it held is released");
     }
 }

@@ -24,6 +24,7 @@
 
 use super::*;
 use crate::chain::Seg;
+use fuse_core::Fence;
 use vm_memory::bitmap::Bitmap;
 use vm_memory::GuestMemoryBackend;
 
@@ -139,30 +140,32 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // Nothing of the old ring is in flight any more.
             rq.heads.clear();
         }
-        let bound = self.inner.cfg.ring_stop_drain;
-        let deadline = Instant::now() + bound;
+        let deadline = Instant::now() + self.inner.cfg.ring_stop_drain;
         let mut stuck = 0;
         for &q in queues {
             stuck += self.take_back_buffers(q, deadline);
             self.interrupt_waiters(Some(q));
         }
-        let mut nap = Duration::from_micros(50);
-        while fences.iter().any(|f| f.inside() > 0) && Instant::now() < deadline {
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(2));
-        }
-        stuck += fences.iter().map(|f| f.inside() as usize).sum::<usize>();
-        if stuck > 0 {
-            self.inner
-                .stats
-                .stuck_on_stop
-                .fetch_add(stuck as u64, Ordering::Relaxed);
-            fuse_core::warn_limited!(
-                "{stuck} host call(s) or I/O of given-up requests still running \
-                 {bound:?} after their ring stopped; left to finish"
-            );
-        }
+        stuck += wait_fences(&fences, deadline);
+        self.left_running(stuck);
         lost
+    }
+
+    /// Counts and logs `stuck` pieces of host work of given-up requests
+    /// still running when the wait for them ended.
+    pub(super) fn left_running(&self, stuck: usize) {
+        if stuck == 0 {
+            return;
+        }
+        self.inner
+            .stats
+            .stuck_on_stop
+            .fetch_add(stuck as u64, Ordering::Relaxed);
+        fuse_core::warn_limited!(
+            "{stuck} host call(s) or I/O of given-up requests still running \
+             {:?} after they were given up; left to finish",
+            self.inner.cfg.ring_stop_drain
+        );
     }
 
     /// Takes back the guest buffers request queue `q` lent to the engine
@@ -200,4 +203,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         busy
     }
+}
+
+/// Waits, until `deadline`, for the host calls inside `fences` (closed) to
+/// end, polling as `drain_ring` does; returns how many still run.
+pub(super) fn wait_fences(fences: &[Arc<Fence>], deadline: Instant) -> usize {
+    let mut nap = Duration::from_micros(50);
+    while fences.iter().any(|f| f.inside() > 0) && Instant::now() < deadline {
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(2));
+    }
+    fences.iter().map(|f| f.inside() as usize).sum()
 }
