@@ -488,10 +488,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // Before the pop: a ring stopped after it leaves this chain
             // with the old generation, so its answer never reaches the
             // new ring.
-            let (gen, fence) = {
-                let g = read(&rq.gen);
-                (g.n, g.fence.clone())
-            };
+            let gen = read(&rq.gen).n;
             let Some(popped) = self.pop(vring, &mem) else {
                 return false;
             };
@@ -515,7 +512,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             };
             let (args, ticket) = match self.prepare(vring, &mem, chain, q, gen) {
-                Ok((args, t)) => (args.fence(fence), t),
+                Ok(v) => v,
                 Err(t) => {
                     qs.malformed.fetch_add(1, Ordering::Relaxed);
                     if let Some(t) = t {
@@ -523,6 +520,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     }
                     continue;
                 }
+            };
+            let args = match Opcode::from_u32(ticket.opcode) {
+                Some(op) if request::changes_host(op) => args.fence(self.fence_of(q, gen)),
+                _ => args,
             };
             let weak = Arc::downgrade(&self.inner);
             if matches!(
@@ -547,15 +548,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     s.make_room();
                 }
             }
-            let mut args = args;
             if ticket.opcode == Opcode::Init as u32 {
                 // A guest that rebooted sends no DESTROY: its INIT ends the
                 // old session first, with no queue lock held (the end may
-                // take long). INIT is FORCE, so it is never put back. It
-                // goes under the fence that ending gave its queue.
+                // take long). INIT is FORCE, so it is never put back.
                 drop(pop_guard.take());
                 self.end_session("a new INIT");
-                args.fence = Some(read(&rq.gen).fence.clone());
                 // Kept for a live migration: the destination replays it.
                 self.inner.migration.note_init(ticket.unique, &args.body);
             }
@@ -620,6 +618,18 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
         }
+    }
+
+    /// The fence of request queue `q`'s generation `gen` (a closed one if
+    /// that generation has ended since).
+    fn fence_of(&self, q: RqId, gen: u64) -> Arc<fuse_core::Fence> {
+        let g = read(&self.inner.queue(q).gen);
+        if g.n == gen {
+            return g.fence.clone();
+        }
+        let f = fuse_core::Fence::new();
+        f.close();
+        f
     }
 
     /// Whether queue `q` must stop popping while the engine still holds as

@@ -186,3 +186,36 @@ fn body_cap(op: Opcode, max_write: usize) -> usize {
     };
     fixed + var + EXTENSIONS
 }
+
+/// Whether a request of `op` may change something on the host, and so
+/// goes under its queue's fence (`Generation`): a request given up at a
+/// ring stop must not act afterwards. Those that only read, and those
+/// that only let go of what the session holds, need no fence (and cost
+/// none on their way).
+pub(super) fn changes_host(op: Opcode) -> bool {
+    !matches!(
+        op,
+        Opcode::Lookup
+            | Opcode::Getattr
+            | Opcode::Readlink
+            | Opcode::Read
+            | Opcode::Statfs
+            | Opcode::Release
+            | Opcode::Fsync
+            | Opcode::Getxattr
+            | Opcode::Listxattr
+            | Opcode::Flush
+            | Opcode::Init
+            | Opcode::Opendir
+            | Opcode::Readdir
+            | Opcode::Releasedir
+            | Opcode::Fsyncdir
+            | Opcode::Getlk
+            | Opcode::Access
+            | Opcode::Destroy
+            | Opcode::Readdirplus
+            | Opcode::Lseek
+            | Opcode::Statx
+            | Opcode::Syncfs
+    )
+}
