@@ -70,26 +70,15 @@ os.setxattr(sys.argv[1], "user.hostonly", b"x")' "$share/pre" "$prefix"
 cp "$here/labels-guest.sh" "$work/extra/labels.sh"
 checkpolicy -U allow -c 33 -o "$work/extra/policy.33" "$here/labels-policy.conf" > "$work/checkpolicy.log" 2>&1 ||
 	{ cat "$work/checkpolicy.log"; exit 1; }
-(cd "$work/extra" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
-cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
+add_to_initrd "$work/extra"
 
 # Starts fusebox and boots the guest; returns when QEMU exits (qrc: its
 # exit status).
 boot() {
-	rm -f "$sock"
-	"$fusebox" --socket-path "$sock" --shared-dir "$share" --security-label \
-		--xattrmap ":map::$prefix:" 2> "$work/fusebox.log" &
-	fpid=$!
-	wait_listening
+	start_daemon "$fusebox" --socket-path "$sock" --shared-dir "$share" --security-label \
+		--xattrmap ":map::$prefix:"
 	echo "labels: booting $("$qemu" --version | head -1) with SELinux, labels under $prefix"
-	timeout 600 "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
-		-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-		-kernel "$gdir/vmlinuz" -initrd "$work/initrd.gz" \
-		-append "console=ttyS0 panic=-1 quiet security=selinux fusebox.tag=share fusebox.run=labels fusebox.map=$map" \
-		-chardev socket,id=vfs,path="$sock" \
-		-device vhost-user-fs-pci,chardev=vfs,tag=share \
-		-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
-	qpid=$!
+	start_qemu 600 "security=selinux fusebox.run=labels fusebox.map=$map" -no-reboot
 	wait_qemu labels
 }
 boot

@@ -1,7 +1,9 @@
-# Shared by tests/guest/run.sh and tests/guest/labels.sh (sourced). Both
-# keep the run's files in $work, fusebox's socket in $sock, QEMU's pid in
-# $qpid and fusebox's in $fpid, and define `boot`, which starts fusebox
-# and QEMU.
+# Shared by the guest scripts (tests/guest/run.sh, labels.sh, pjdfstest.sh,
+# reboot.sh; sourced). Each keeps the run's files in $work (the daemon's
+# stderr in $work/fusebox.log, whichever daemon it is), the daemon's
+# socket in $sock, QEMU's pid in $qpid and the daemon's in $fpid, the
+# test guest's directory (tests/guest/setup.sh) in $gdir and its QEMU in
+# $qemu, and defines `boot`, which starts the daemon and QEMU.
 
 # Waits for fusebox's socket; ends the script if it never comes.
 wait_listening() {
@@ -48,4 +50,66 @@ boot_again_on_tcg_assertion() {
 		wait "$fpid" 2>/dev/null || true
 		boot
 	fi
+}
+
+# Starts the vhost-user daemon "$@" in the background ($fpid), its stderr
+# in $work/fusebox.log, and waits for its socket $sock.
+start_daemon() {
+	rm -f "$sock"
+	"$@" 2> "$work/fusebox.log" &
+	fpid=$!
+	wait_listening
+}
+
+# The process serving the device: with --sandbox namespace the daemon
+# forks and its child serves (in new pid and mount namespaces), otherwise
+# $fpid itself.
+serving_pid() {
+	local c
+	c=$(cat "/proc/$fpid/task/$fpid/children" 2>/dev/null | awk '{print $1}')
+	echo "${c:-$fpid}"
+}
+
+# Appends the files of directory $1 to the test guest's initramfs as a
+# second cpio archive (the kernel unpacks both); sets initrd to the result.
+add_to_initrd() {
+	(cd "$1" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
+	cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
+	initrd=$work/initrd.gz
+}
+
+# Boots the test guest in the background ($qpid), bounded by timeout $1
+# seconds: QEMU TCG, qemu64 CPU (TCG runs this guest's kernel 20-25%
+# faster than with -cpu max), $smp CPUs (default 2), 1 GiB of memfd shared
+# memory, the kernel of $gdir with $initrd (default $gdir's initramfs) and
+# the kernel arguments $2 after the console's and fusebox.tag=share, the
+# share on $sock as vhost-user-fs-pci tag "share" (with $vfs_opts, such
+# as ",num-request-queues=4"), the serial console in $work/console.log,
+# QEMU's stderr in $work/qemu.err. The remaining arguments go to QEMU
+# (-no-reboot, -qmp ...).
+start_qemu() {
+	local tmo=$1 append=$2
+	shift 2
+	timeout "$tmo" "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp "${smp:-2}" -m 1G \
+		-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
+		-kernel "$gdir/vmlinuz" -initrd "${initrd:-$gdir/initramfs.gz}" \
+		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share $append" \
+		-chardev socket,id=vfs,path="$sock" \
+		-device vhost-user-fs-pci,chardev=vfs,tag=share${vfs_opts:-} \
+		-display none -monitor none -serial file:"$work/console.log" "$@" 2> "$work/qemu.err" &
+	qpid=$!
+}
+
+# Waits up to $2 seconds for the console to show $3 lines (default 1)
+# matching the extended regular expression $1 (carriage returns dropped);
+# fails at once when QEMU has exited.
+wait_console() {
+	local end=$(($(date +%s) + $2)) n
+	while :; do
+		n=$({ tr -d '\r' < "$work/console.log"; } 2>/dev/null | grep -acE "$1" || true)
+		[ "$n" -ge "${3:-1}" ] && return 0
+		kill -0 "$qpid" 2>/dev/null || return 1
+		[ "$(date +%s)" -lt $end ] || return 1
+		sleep 0.5
+	done
 }

@@ -95,24 +95,16 @@ case " $fb_args " in *" --posix-acl "*) acl=1 ;; esac
 
 # Starts fusebox and boots the guest; returns when QEMU exits (qrc: its
 # exit status).
+vfs_opts=,num-request-queues=$queues,queue-size=1024
 boot() {
-	rm -f "$sock"
 	# FUSEBOX_WRAP runs fusebox under a tool (for example "strace -f -c -o FILE").
-	${FUSEBOX_WRAP:-} "${runner[@]}" "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
-		--announce-submounts --cache auto $fb_args 2> "$work/fusebox.log" &
-	fpid=$!
-	wait_listening
+	start_daemon ${FUSEBOX_WRAP:-} "${runner[@]}" "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
+		--announce-submounts --cache auto $fb_args
 
 	echo "guest-run: booting $("$qemu" --version | head -1), $queues request queue(s), $smp cpu(s)"
 	start=$(date +%s)
-	timeout $((1500 + (fsx_ops + 4 * fsx_par) / 50)) "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp "$smp" -m 1G \
-		-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-		-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
-		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.fsx_ops=$fsx_ops fusebox.fsx_par=$fsx_par fusebox.acl=$acl fusebox.unpriv=$unpriv" \
-		-chardev socket,id=vfs,path="$sock" \
-		-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues",queue-size=1024 \
-		-display none -monitor none -serial file:"$work/console.log" -no-reboot 2> "$work/qemu.err" &
-	qpid=$!
+	start_qemu $((1500 + (fsx_ops + 4 * fsx_par) / 50)) \
+		"fusebox.fsx_ops=$fsx_ops fusebox.fsx_par=$fsx_par fusebox.acl=$acl fusebox.unpriv=$unpriv" -no-reboot
 	wait_qemu guest-run
 }
 boot
