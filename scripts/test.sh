@@ -2,8 +2,8 @@
 # The test command: formatting, lints, unit/integration tests, loom models,
 # the decoder, device, ring command and state load fuzz harnesses,
 # pjdfstest and fsx through a host mount, the QEMU guest suite (one queue,
-# then multiqueue), a libvirt domain whose virtiofsd is fusebox, live
-# migration, and the docs. Everything runs on stable Rust; the tests that mount need root.
+# then multiqueue), a guest reset, a libvirt domain whose virtiofsd is
+# fusebox, live migration, and the docs. Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -69,6 +69,9 @@ FUSEBOX_STATE_FUZZ_ITERS="$FUSEBOX_STATE_FUZZ_ITERS" cargo test -p uring-ring --
 
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh
+
+step "guest: a reset ends the FUSE session (QMP system_reset of a guest holding 50 files, a POSIX lock and a flock: the rebooted guest takes both locks again, fusebox's fds back to the first boot's count)"
+tests/guest/reboot.sh
 
 step "libvirt: Debian's libvirt daemon starts fusebox as a TCG domain's virtiofsd (memfd memory; xattr, cache, sandbox, locks, thread pool; the guest's locks held on the host; virsh destroy ends fusebox)"
 tests/libvirt/run.sh

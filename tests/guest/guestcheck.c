@@ -13,6 +13,15 @@
  *   guestcheck put SRC DST   writes SRC's contents to DST in one write
  *                            (selinuxfs's load takes a policy whole)
  *
+ * And two for tests/guest/reboot.sh:
+ *   guestcheck hold DIR N FILE  opens N files DIR/f0.. (made if missing)
+ *                               and FILE, takes a POSIX write lock
+ *                               (F_SETLK) and a flock on FILE, prints
+ *                               "HELD ..." and keeps all of it until killed
+ *   guestcheck relock FILE      takes both locks on FILE again without
+ *                               waiting; prints "posix=R flock=R" (R: ok or
+ *                               errno N) and exits 0 only if both were taken
+ *
  * And three that print (tests/guest/labels.sh):
  *   guestcheck getx NAME FILE        the value of xattr NAME (lgetxattr)
  *   guestcheck setx NAME VALUE FILE  sets it (lsetxattr, no NUL added)
@@ -228,12 +237,44 @@ static int do_put(const char *src, const char *dst) {
 	return 0;
 }
 
+static int do_hold(const char *dir, int n, const char *p) {
+	char path[4096];
+	for (int i = 0; i < n; i++) {
+		snprintf(path, sizeof path, "%s/f%d", dir, i);
+		if (open(path, O_RDWR | O_CREAT, 0644) < 0) FAIL("open %s", path);
+	}
+	int fd = open(p, O_RDWR | O_CREAT, 0644);
+	if (fd < 0) FAIL("open %s", p);
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
+	if (fcntl(fd, F_SETLK, &fl)) FAIL("F_SETLK %s", p);
+	if (flock(fd, LOCK_EX | LOCK_NB)) FAIL("flock %s", p);
+	printf("HELD %d files open, a POSIX lock and a flock on %s\n", n, p);
+	fflush(stdout);
+	for (;;) pause();
+}
+
+static int do_relock(const char *p) {
+	int fd = open(p, O_RDWR);
+	if (fd < 0) FAIL("open %s", p);
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
+	int posix = fcntl(fd, F_SETLK, &fl) ? errno : 0;
+	int fl_rc = flock(fd, LOCK_EX | LOCK_NB) ? errno : 0;
+	printf("posix=");
+	posix ? printf("errno %d", posix) : printf("ok");
+	printf(" flock=");
+	fl_rc ? printf("errno %d", fl_rc) : printf("ok");
+	printf("\n");
+	return posix || fl_rc;
+}
+
 int main(int argc, char **argv) {
 	if (argc == 4 && !strcmp(argv[1], "getx")) return do_getx(argv[2], argv[3]);
 	if (argc == 5 && !strcmp(argv[1], "setx")) return do_setx(argv[2], argv[3], argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "listx")) return do_listx(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "put")) return do_put(argv[2], argv[3]);
-	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST\n"); return 2; }
+	if (argc == 5 && !strcmp(argv[1], "hold")) return do_hold(argv[2], atoi(argv[3]), argv[4]);
+	if (argc == 3 && !strcmp(argv[1], "relock")) return do_relock(argv[2]);
+	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
 	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);
