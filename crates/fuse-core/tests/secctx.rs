@@ -6,11 +6,13 @@
 //! EIO, and the dispatcher keeps serving.
 
 use fuse_core::abi::{encode, encode::Body, *};
-use fuse_core::server::{Created, Ctx, Dispatcher, Entry, Filesystem, FsResult, Opened};
+use fuse_core::server::Dispatcher;
 use fuse_core::Errno;
 use proptest::prelude::*;
+#[path = "common/creating.rs"]
+mod creating;
+use creating::{header, served_at as serve, Creating};
 use std::sync::Mutex;
-use std::time::Duration;
 
 const NAME: &[u8] = b"security.selinux";
 const LABEL: &[u8] = b"system_u:object_r:container_file_t:s0\0";
@@ -177,73 +179,8 @@ proptest! {
 /// A label as the filesystem saw it: name and value.
 type Seen = Option<(Vec<u8>, Vec<u8>)>;
 
-/// Records the label each creating call saw.
-struct Labels {
-    ask: bool,
-    seen: Mutex<Vec<(Opcode, Seen)>>,
-}
-
-impl Labels {
-    fn note(&self, op: Opcode, ctx: &Ctx) -> FsResult<Entry<u64>> {
-        let l = ctx.secctx.map(|l| (l.name.to_vec(), l.value.to_vec()));
-        self.seen.lock().unwrap().push((op, l));
-        Ok(Entry {
-            inode: 2,
-            generation: 0,
-            attr: Attr::default(),
-            entry_valid: Duration::ZERO,
-            attr_valid: Duration::ZERO,
-        })
-    }
-    fn opened() -> Opened<u64> {
-        Opened {
-            handle: 1,
-            open_flags: 0,
-            backing_id: 0,
-        }
-    }
-}
-
-impl Filesystem for Labels {
-    type Inode = u64;
-    type Handle = u64;
-    fn init(&self, _capable: u64) -> FsResult<u64> {
-        Ok(if self.ask { init::SECURITY_CTX } else { 0 })
-    }
-    fn mkdir(&self, ctx: &Ctx, _: u64, _: &[u8], _: u32, _: u32) -> FsResult<Entry<u64>> {
-        self.note(Opcode::Mkdir, ctx)
-    }
-    fn mknod(&self, ctx: &Ctx, _: u64, _: &[u8], _: u32, _: u32, _: u32) -> FsResult<Entry<u64>> {
-        self.note(Opcode::Mknod, ctx)
-    }
-    fn symlink(&self, ctx: &Ctx, _: u64, _: &[u8], _: &[u8]) -> FsResult<Entry<u64>> {
-        self.note(Opcode::Symlink, ctx)
-    }
-    fn create(
-        &self,
-        ctx: &Ctx,
-        _: u64,
-        _: &[u8],
-        _: u32,
-        _: u32,
-        _: u32,
-    ) -> FsResult<Created<u64, u64>> {
-        Ok((self.note(Opcode::Create, ctx)?, Self::opened()))
-    }
-    fn tmpfile(&self, ctx: &Ctx, _: u64, _: u32, _: u32, _: u32) -> FsResult<Created<u64, u64>> {
-        Ok((self.note(Opcode::Tmpfile, ctx)?, Self::opened()))
-    }
-}
-
-fn header(op: Opcode, unique: u64, extlen: u16) -> InHeader {
-    InHeader {
-        opcode: op as u32,
-        unique,
-        nodeid: ROOT_ID,
-        total_extlen: extlen,
-        ..Default::default()
-    }
-}
+/// What the filesystem records: the label each creating call saw.
+type Labels = Creating<Seen>;
 
 /// A dispatcher over [`Labels`] after an INIT offering `offer`.
 fn served(ask: bool, offer: u64) -> Dispatcher<Labels> {
@@ -252,26 +189,12 @@ fn served(ask: bool, offer: u64) -> Dispatcher<Labels> {
 
 /// [`served`] by a kernel speaking protocol 7.`minor`.
 fn served_at(ask: bool, offer: u64, minor: u32) -> Dispatcher<Labels> {
-    let d = Dispatcher::new(
-        Labels {
-            ask,
-            seen: Mutex::new(Vec::new()),
-        },
-        Default::default(),
-    );
-    let (f1, f2) = init::split(offer | init::INIT_EXT);
-    let arg = InitIn {
-        major: KERNEL_VERSION,
-        minor,
-        flags: f1,
-        flags2: f2,
-        ..Default::default()
+    let fs = Creating {
+        flag: if ask { init::SECURITY_CTX } else { 0 },
+        read: |ctx| ctx.secctx.map(|l| (l.name.to_vec(), l.value.to_vec())),
+        seen: Mutex::new(Vec::new()),
     };
-    let msg = encode::request(header(Opcode::Init, 2, 0), &Body::new().push(&arg).0);
-    let mut out = vec![0u8; 4096];
-    let o = d.handle_bytes(&msg, &mut out).unwrap();
-    assert_eq!(o.error, 0);
-    d
+    serve(fs, offer, minor)
 }
 
 /// The arguments of `op` (named "n"), then `ext` as a request extension

@@ -15,8 +15,8 @@
 
 mod common;
 
-use common::{HostDir, Kind, Mount, Via};
-use fuse_core::abi::{encode, encode::Body, fattr, init, *};
+use common::{chmod, chown, set_ids, HostDir, Kind, Mount, Via};
+use fuse_core::abi::{encode, encode::Body, init, *};
 use fuse_core::client::Client;
 use fuse_core::{Args, Errno};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -40,29 +40,6 @@ fn mode(p: &Path) -> u32 {
 
 fn set_mode(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-fn chown(p: &Path, uid: u32, gid: u32) {
-    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
-}
-
-fn setattr_ids(c: &Client, node: u64, uid: Option<u32>, gid: Option<u32>) -> Result<(), Errno> {
-    let sa = SetattrIn {
-        valid: uid.map_or(0, |_| fattr::UID) | gid.map_or(0, |_| fattr::GID),
-        uid: uid.unwrap_or(0),
-        gid: gid.unwrap_or(0),
-        ..Default::default()
-    };
-    c.setattr(node, &sa).map(drop)
-}
-
-fn chmod(c: &Client, node: u64, mode: u32) -> Result<(), Errno> {
-    let sa = SetattrIn {
-        valid: fattr::MODE,
-        mode,
-        ..Default::default()
-    };
-    c.setattr(node, &sa).map(drop)
 }
 
 fn served(groups: Groups, translate_gid: IdMap, offer: u64) -> Mount {
@@ -91,17 +68,14 @@ fn a_files_owner_gives_it_a_group_and_setgid_the_guest_allowed() {
     let f = file(&m, "f", ME, ME);
     let host = m.path("f");
     // `chown FILE -1 65531` by a member of 65531 (guest-side only).
-    assert_eq!(setattr_ids(&me, f, None, Some(TEAM)), Ok(()));
+    assert_eq!(set_ids(&me, f, None, Some(TEAM)), Ok((ME, TEAM)));
     assert_eq!(owner(&host), (ME, TEAM));
     // `chown FILE 65534 65532`: the uid stays the owner's.
-    assert_eq!(setattr_ids(&me, f, Some(ME), Some(65532)), Ok(()));
+    assert_eq!(set_ids(&me, f, Some(ME), Some(65532)), Ok((ME, 65532)));
     assert_eq!(owner(&host), (ME, 65532));
     // No other uid, with or without a group.
-    assert_eq!(setattr_ids(&me, f, Some(1000), None), Err(Errno::EPERM));
-    assert_eq!(
-        setattr_ids(&me, f, Some(1000), Some(TEAM)),
-        Err(Errno::EPERM)
-    );
+    assert_eq!(set_ids(&me, f, Some(1000), None), Err(Errno::EPERM));
+    assert_eq!(set_ids(&me, f, Some(1000), Some(TEAM)), Err(Errno::EPERM));
     assert_eq!(owner(&host), (ME, 65532));
     // chmod g+s of a file whose group is the caller's in the guest only:
     // the mode as the guest sent it.
@@ -109,7 +83,7 @@ fn a_files_owner_gives_it_a_group_and_setgid_the_guest_allowed() {
     assert_eq!(mode(&host), 0o2755);
     // Someone else's file: no group, no mode.
     let g = file(&m, "g", 1000, 1000);
-    assert_eq!(setattr_ids(&me, g, None, Some(ME)), Err(Errno::EPERM));
+    assert_eq!(set_ids(&me, g, None, Some(ME)), Err(Errno::EPERM));
     assert_eq!(chmod(&me, g, 0o2777), Err(Errno::EPERM));
     assert_eq!(owner(&m.path("g")), (1000, 1000));
     assert_eq!(mode(&m.path("g")), 0o644);
@@ -121,7 +95,7 @@ fn a_forbidden_group_is_given_to_nothing() {
     let m = served(Groups::None, forbid, 0);
     let me = m.client.as_user(ME, ME);
     let f = file(&m, "f", ME, ME);
-    assert_eq!(setattr_ids(&me, f, None, Some(66666)), Err(Errno::EPERM));
+    assert_eq!(set_ids(&me, f, None, Some(66666)), Err(Errno::EPERM));
     assert_eq!(owner(&m.path("f")), (ME, ME));
 }
 
@@ -132,7 +106,7 @@ fn a_host_mounts_callers_keep_the_host_kernels_rules() {
     let m = served(Groups::Proc, IdMap::default(), 0);
     let me = m.client.as_user(ME, ME).with_pid(std::process::id());
     let f = file(&m, "f", ME, ME);
-    assert_eq!(setattr_ids(&me, f, None, Some(TEAM)), Err(Errno::EPERM));
+    assert_eq!(set_ids(&me, f, None, Some(TEAM)), Err(Errno::EPERM));
     assert_eq!(owner(&m.path("f")), (ME, ME));
     chown(&m.path("f"), ME, TEAM);
     chmod(&me, f, 0o2755).unwrap();

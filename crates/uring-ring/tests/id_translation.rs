@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{HostDir, Kind, Mount, Via};
+use common::{chmod, chown, set_ids, HostDir, Kind, Mount, Via};
 use fuse_core::abi::{fattr, init, SetattrIn, ROOT_ID};
 use fuse_core::client::{Client, XattrReply};
 use fuse_core::Errno;
@@ -65,10 +65,6 @@ fn share() -> Mount {
 fn owner(p: &Path) -> (u32, u32) {
     let m = std::fs::symlink_metadata(p).unwrap();
     (m.uid(), m.gid())
-}
-
-fn chown(p: &Path, uid: u32, gid: u32) {
-    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
 }
 
 /// A directory anyone may create in, made by the guest's root.
@@ -192,21 +188,6 @@ fn every_attribute_reply_shows_the_guests_ids() {
     assert_eq!((a.uid, a.gid), (5, 7));
 }
 
-fn chown_req(
-    c: &Client,
-    node: u64,
-    uid: Option<u32>,
-    gid: Option<u32>,
-) -> Result<(u32, u32), Errno> {
-    let sa = SetattrIn {
-        valid: uid.map_or(0, |_| fattr::UID) | gid.map_or(0, |_| fattr::GID),
-        uid: uid.unwrap_or(0),
-        gid: gid.unwrap_or(0),
-        ..Default::default()
-    };
-    c.setattr(node, &sa).map(|a| (a.attr.uid, a.attr.gid))
-}
-
 #[test]
 fn chown_gives_the_translated_host_ids_and_never_a_forbidden_one() {
     let m = share();
@@ -216,19 +197,16 @@ fn chown_gives_the_translated_host_ids_and_never_a_forbidden_one() {
     // The guest's root is host uid 100000, which may not give its file
     // away; the guest user translated to host root may.
     assert_eq!(
-        chown_req(&m.client, f.nodeid, Some(5), Some(7)),
+        set_ids(&m.client, f.nodeid, Some(5), Some(7)),
         Err(Errno::EPERM)
     );
     assert_eq!(owner(&host), (100000, 100000));
     let root = m.client.as_user(HOST_ROOT, HOST_ROOT);
-    assert_eq!(chown_req(&root, f.nodeid, Some(5), Some(7)), Ok((5, 7)));
+    assert_eq!(set_ids(&root, f.nodeid, Some(5), Some(7)), Ok((5, 7)));
     assert_eq!(owner(&host), (100005, 100007));
-    assert_eq!(chown_req(&root, f.nodeid, Some(3500), None), Ok((90000, 7)));
+    assert_eq!(set_ids(&root, f.nodeid, Some(3500), None), Ok((90000, 7)));
     assert_eq!(owner(&host), (90000, 100007));
-    assert_eq!(
-        chown_req(&root, f.nodeid, Some(70000), None),
-        Ok((70000, 7))
-    );
+    assert_eq!(set_ids(&root, f.nodeid, Some(70000), None), Ok((70000, 7)));
     assert_eq!(owner(&host), (70000, 100007));
     // Forbidden: EPERM, and nothing changes (not the other ID either).
     for (uid, gid) in [
@@ -237,7 +215,7 @@ fn chown_gives_the_translated_host_ids_and_never_a_forbidden_one() {
         (Some(1), Some(FORBIDDEN)),
     ] {
         assert_eq!(
-            chown_req(&root, f.nodeid, uid, gid),
+            set_ids(&root, f.nodeid, uid, gid),
             Err(Errno::EPERM),
             "{uid:?} {gid:?}"
         );
@@ -247,7 +225,7 @@ fn chown_gives_the_translated_host_ids_and_never_a_forbidden_one() {
     chown(&host, 101000, 101000);
     let user = m.client.as_user(1000, 1000);
     assert_eq!(
-        chown_req(&user, f.nodeid, Some(1001), None),
+        set_ids(&user, f.nodeid, Some(1001), None),
         Err(Errno::EPERM)
     );
     assert_eq!(owner(&host), (101000, 101000));
@@ -522,15 +500,6 @@ fn times(c: &Client, node: u64) -> Result<(), Errno> {
     c.setattr(node, &sa).map(drop)
 }
 
-fn chmod(c: &Client, node: u64, mode: u32) -> Result<(), Errno> {
-    let sa = SetattrIn {
-        valid: fattr::MODE,
-        mode,
-        ..Default::default()
-    };
-    c.setattr(node, &sa).map(drop)
-}
-
 /// What the share holds that neither caller made: a file of host uid
 /// 1000 (mode 0600), a directory of 1000 (0700) with a file in it, a
 /// sticky directory of root's with a file of 1000 in it, and a file of
@@ -591,11 +560,8 @@ fn a_guests_root_translated_to_another_uid_keeps_no_capability() {
     assert_eq!(root.unlink(sticky, b"theirs").unwrap_err(), Errno::EPERM);
     // CAP_CHOWN: its own file not given away, another's not taken.
     let mine = node("mine");
-    assert_eq!(chown_req(root, mine, Some(1000), None), Err(Errno::EPERM));
-    assert_eq!(
-        chown_req(root, theirs, None, Some(65534)),
-        Err(Errno::EPERM)
-    );
+    assert_eq!(set_ids(root, mine, Some(1000), None), Err(Errno::EPERM));
+    assert_eq!(set_ids(root, theirs, None, Some(65534)), Err(Errno::EPERM));
     // CAP_SYS_ADMIN: no trusted.* xattr.
     assert_eq!(
         root.setxattr(mine, b"trusted.k", b"v", 0).unwrap_err(),
@@ -645,7 +611,7 @@ fn a_guest_user_translated_to_host_root_has_roots_capabilities() {
         host_xattr(&m.path("mine"), b"trusted.k"),
         Some(b"v".to_vec())
     );
-    assert_eq!(chown_req(&root, mine, Some(1000), Some(7)), Ok((1000, 7)));
+    assert_eq!(set_ids(&root, mine, Some(1000), Some(7)), Ok((1000, 7)));
     assert_eq!(owner(&m.path("mine")), (1000, 7));
     root.unlink(node("sticky"), b"theirs").unwrap();
     assert!(!m.path("sticky/theirs").exists());

@@ -543,25 +543,40 @@ pub fn security_context(ext: &[u8]) -> Result<Option<SecCtx<'_>>, DecodeError> {
 /// The label block among `ext`: None when there is none at all,
 /// Some(None) for one with `nr_secctx` 0 (see [`security_context`]).
 fn secctx_block(ext: &[u8]) -> Result<Option<Option<SecCtx<'_>>>, DecodeError> {
+    only_extension(
+        ext,
+        |typ| typ <= super::consts::MAX_NR_SECCTX,
+        |typ, body| match typ {
+            0 => Ok(None),
+            1 => one_label(body).map(Some),
+            _ => Err(DecodeError::BadExtension),
+        },
+    )
+}
+
+/// The one extension among `ext` whose type `pick` selects, made by
+/// `read` of its type and body; the others are skipped. None when there
+/// is none; a second one is an error.
+pub(crate) fn only_extension<'a, T>(
+    ext: &'a [u8],
+    pick: impl Fn(u32) -> bool,
+    read: impl Fn(u32, &'a [u8]) -> Result<T, DecodeError>,
+) -> Result<Option<T>, DecodeError> {
     let mut c = Cursor::new(ext);
-    let mut found: Option<Option<SecCtx<'_>>> = None;
+    let mut found = None;
     while !c.is_empty() {
         let h: ExtHeader = c.read("fuse_ext_header")?;
         let body_len = (h.size as usize)
             .checked_sub(core::mem::size_of::<ExtHeader>())
             .ok_or(DecodeError::BadExtension)?;
         let body = c.bytes(body_len, "extension")?;
-        if h.typ > super::consts::MAX_NR_SECCTX {
+        if !pick(h.typ) {
             continue;
         }
         if found.is_some() {
             return Err(DecodeError::BadExtension);
         }
-        found = Some(match h.typ {
-            0 => None,
-            1 => Some(one_label(body)?),
-            _ => return Err(DecodeError::BadExtension),
-        });
+        found = Some(read(h.typ, body)?);
     }
     Ok(found)
 }

@@ -11,7 +11,7 @@
 //! with CREATE, MKNOD, MKDIR, SYMLINK and TMPFILE.
 
 use super::decode::{Cursor, DecodeError};
-use super::structs::{ExtHeader, SuppGroups};
+use super::structs::SuppGroups;
 
 /// The most groups one extension may carry (Linux's NGROUPS_MAX).
 pub const MAX_SUPP_GROUPS: u32 = 65536;
@@ -53,23 +53,11 @@ impl<'a> SuppGids<'a> {
 /// gids padded to 8 bytes (as virtiofsd checks it): an error (the request
 /// gets EINVAL).
 pub fn supplementary_groups(ext: &[u8]) -> Result<Option<SuppGids<'_>>, DecodeError> {
-    let mut c = Cursor::new(ext);
-    let mut found = None;
-    while !c.is_empty() {
-        let h: ExtHeader = c.read("fuse_ext_header")?;
-        let body_len = (h.size as usize)
-            .checked_sub(core::mem::size_of::<ExtHeader>())
-            .ok_or(DecodeError::BadExtension)?;
-        let body = c.bytes(body_len, "extension")?;
-        if h.typ != super::consts::EXT_GROUPS {
-            continue;
-        }
-        if found.is_some() {
-            return Err(DecodeError::BadExtension);
-        }
-        found = Some(gids(body)?);
-    }
-    Ok(found)
+    super::decode::only_extension(
+        ext,
+        |typ| typ == super::consts::EXT_GROUPS,
+        |_, body| gids(body),
+    )
 }
 
 /// The gids of one groups extension's body.

@@ -242,3 +242,37 @@ pub fn host_open_flags(path: &std::path::Path) -> Vec<i32> {
     }
     out
 }
+
+/// Sets the owner of host file `p` (not following a symlink).
+pub fn chown(p: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
+}
+
+/// SETATTR of `node`'s owner and group (those given) by `c`: the owner
+/// and group the reply gives.
+pub fn set_ids(
+    c: &Client,
+    node: u64,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> Result<(u32, u32), fuse_core::Errno> {
+    use fuse_core::abi::{fattr, SetattrIn};
+    let sa = SetattrIn {
+        valid: uid.map_or(0, |_| fattr::UID) | gid.map_or(0, |_| fattr::GID),
+        uid: uid.unwrap_or(0),
+        gid: gid.unwrap_or(0),
+        ..Default::default()
+    };
+    c.setattr(node, &sa).map(|a| (a.attr.uid, a.attr.gid))
+}
+
+/// SETATTR of `node`'s mode by `c`.
+pub fn chmod(c: &Client, node: u64, mode: u32) -> Result<(), fuse_core::Errno> {
+    use fuse_core::abi::{fattr, SetattrIn};
+    let sa = SetattrIn {
+        valid: fattr::MODE,
+        mode,
+        ..Default::default()
+    };
+    c.setattr(node, &sa).map(drop)
+}
