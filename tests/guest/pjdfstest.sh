@@ -205,7 +205,7 @@ if [ "$daemon" = virtiofsd ]; then
 		} | sort
 	} > "$work/known.new"
 	cp "$work/known.new" "$known"
-	log "rewrote $known for groups $groups: $(cd "$root" && git diff --stat -- "$known" | tail -1)"
+	log "rewrote $known for groups $groups: $(cd "$root" && git diff --stat -- "$known" | tail -1 | grep . || echo unchanged)"
 	[ $owners_ok = 1 ] && log "ownership checks passed" || log "ownership checks failed"
 	log "$(($(date +%s) - begin)) s"
 	exit 0
