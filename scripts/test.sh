@@ -2,8 +2,9 @@
 # The test command: formatting, lints, unit/integration tests, loom models,
 # the decoder, device, ring command and state load fuzz harnesses,
 # pjdfstest and fsx through a host mount, the QEMU guest suite (one queue,
-# then multiqueue), a guest reset, a libvirt domain whose virtiofsd is
-# fusebox, live migration, and the docs. Everything runs on stable Rust; the tests that mount need root.
+# then multiqueue), a guest reset, pjdfstest inside a guest, a libvirt
+# domain whose virtiofsd is fusebox, live migration, and the docs.
+# Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -72,6 +73,9 @@ tests/guest/run.sh
 
 step "guest: a reset ends the FUSE session (QMP system_reset of a guest holding 50 files, a POSIX lock and a flock: the rebooted guest takes both locks again, fusebox's fds back to the first boot's count)"
 tests/guest/reboot.sh
+
+step "guest: POSIX conformance inside the guest (the Rust pjdfstest on its virtiofs mount, every group it runs on Linux: no failure virtiofsd 1.14 does not have; chown, lchown and chmod g+s through supplementary groups, seen on the host)"
+tests/guest/pjdfstest.sh
 
 step "libvirt: Debian's libvirt daemon starts fusebox as a TCG domain's virtiofsd (memfd memory; xattr, cache, sandbox, locks, thread pool; the guest's locks held on the host; virsh destroy ends fusebox)"
 tests/libvirt/run.sh

@@ -27,6 +27,14 @@
  *   guestcheck setx NAME VALUE FILE  sets it (lsetxattr, no NUL added)
  *   guestcheck listx FILE            the xattr names, one per line
  * On failure they print "errno N" and exit 1.
+ *
+ * And one for tests/guest/pjdfstest.sh:
+ *   guestcheck owners DIR  ownership changes the guest kernel permits a
+ *                          file's owner through its supplementary groups
+ *                          (see do_owners); prints "OWNERS PASS name" or
+ *                          "OWNERS FAIL name: why" per check, leaves its
+ *                          files in DIR for the host to look at, and exits
+ *                          1 if any check failed
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <stdarg.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -267,6 +276,149 @@ static int do_relock(const char *p) {
 	return posix || fl_rc;
 }
 
+/* The identities do_owners takes, as the test guest's /etc/passwd and
+ * /etc/group have them (tests/guest/pjdfstest.sh): nobody (65534, group
+ * nogroup 65534) is also in supp1 (65531) and supp2 (65532); tests
+ * (65533, group tests 65533) is also in nogroup. */
+enum { SUPP1 = 65531, SUPP2 = 65532, TESTS = 65533, NOBODY = 65534 };
+
+static int owners_failed;
+
+/* One check's line; ok false prints why (fmt) and marks the run failed. */
+static void owners_report(int ok, const char *name, const char *fmt, ...) {
+	if (ok) {
+		printf("OWNERS PASS %s\n", name);
+	} else {
+		va_list ap;
+		printf("OWNERS FAIL %s: ", name);
+		va_start(ap, fmt);
+		vprintf(fmt, ap);
+		va_end(ap);
+		printf("\n");
+		owners_failed = 1;
+	}
+	fflush(stdout);
+}
+
+/* Whether p (not followed if nofollow) is uid:gid, with mode (all 12 bits)
+ * too unless mode is -1; describes what it is in why otherwise. */
+static int owners_is(const char *p, int nofollow, unsigned uid, unsigned gid, int mode, char *why, size_t n) {
+	struct stat st;
+	if ((nofollow ? lstat(p, &st) : stat(p, &st))) {
+		snprintf(why, n, "stat %s: errno %d", p, errno);
+		return 0;
+	}
+	snprintf(why, n, "%s is %u:%u mode %04o", p, (unsigned)st.st_uid, (unsigned)st.st_gid,
+		 (unsigned)(st.st_mode & 07777));
+	return st.st_uid == uid && st.st_gid == gid && (mode < 0 || (int)(st.st_mode & 07777) == mode);
+}
+
+/* Runs fn(dir) in a child that has dropped to uid:gid with the n groups;
+ * returns whether the child ended normally with status 0. */
+static int owners_as(unsigned uid, unsigned gid, const gid_t *groups, int n, void (*fn)(const char *), const char *dir) {
+	fflush(stdout);
+	pid_t c = fork();
+	if (c < 0) FAIL("fork");
+	if (c == 0) {
+		if (setgroups(n, groups) || setgid(gid) || setuid(uid)) {
+			printf("OWNERS FAIL become %u:%u: errno %d\n", uid, gid, errno);
+			fflush(stdout);
+			_exit(1);
+		}
+		owners_failed = 0;
+		fn(dir);
+		fflush(stdout);
+		_exit(owners_failed);
+	}
+	return child_status(c) == 0;
+}
+
+/* Runs a call expected to succeed, then checks p's owner (and mode). */
+#define OWNERS_OK(name, call, p, nofollow, uid, gid, mode) do { \
+		char why_[512]; \
+		if ((call)) owners_report(0, name, "%s: errno %d", #call, errno); \
+		else owners_report(owners_is(p, nofollow, uid, gid, mode, why_, sizeof why_), name, "%s", why_); \
+	} while (0)
+/* Runs a call expected to fail with EPERM, then checks p's owner and mode
+ * are what they were before it. */
+#define OWNERS_EPERM(name, call, p) do { \
+		struct stat b_; \
+		char why_[512]; \
+		if (stat(p, &b_)) { owners_report(0, name, "stat %s: errno %d", p, errno); break; } \
+		errno = 0; \
+		int r_ = (call); \
+		if (r_ == 0 || errno != EPERM) owners_report(0, name, "%s returned %d, errno %d, not EPERM", #call, r_, errno); \
+		else owners_report(owners_is(p, 0, b_.st_uid, b_.st_gid, b_.st_mode & 07777, why_, sizeof why_), name, \
+				   "after EPERM %s, not %u:%u", why_, (unsigned)b_.st_uid, (unsigned)b_.st_gid); \
+	} while (0)
+
+/* As nobody with supplementary groups supp1 and supp2, on files it makes. */
+static void owners_nobody(const char *dir) {
+	char f[4096], l[4096], g[4096];
+	snprintf(f, sizeof f, "%s/own", dir);
+	snprintf(l, sizeof l, "%s/own-link", dir);
+	snprintf(g, sizeof g, "%s/setgid", dir);
+	int fd = open(f, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	if (fd < 0 || close(fd)) { owners_report(0, "nobody-creates", "open %s: errno %d", f, errno); return; }
+	char why[512];
+	owners_report(owners_is(f, 0, NOBODY, NOBODY, 0644, why, sizeof why), "nobody-creates", "%s", why);
+	/* chown(2): the owner may set the group to any group it is in, its
+	 * supplementary ones included, when the uid stays its own. */
+	OWNERS_OK("chown-uid-and-supplementary-group", chown(f, NOBODY, SUPP1), f, 0, NOBODY, SUPP1, -1);
+	OWNERS_OK("chown-supplementary-group-only", chown(f, (uid_t)-1, SUPP2), f, 0, NOBODY, SUPP2, -1);
+	OWNERS_EPERM("chown-group-not-held-eperm", chown(f, (uid_t)-1, TESTS), f);
+	OWNERS_EPERM("chown-other-uid-eperm", chown(f, TESTS, (gid_t)-1), f);
+	OWNERS_EPERM("chown-root-uid-eperm", chown(f, 0, SUPP1), f);
+	/* lchown changes the link itself, not what it points to. */
+	struct stat t;
+	if (symlink("own", l) || stat(f, &t)) {
+		owners_report(0, "lchown-symlink-supplementary-group", "symlink %s: errno %d", l, errno);
+	} else {
+		OWNERS_OK("lchown-symlink-supplementary-group", lchown(l, (uid_t)-1, SUPP1), l, 1, NOBODY, SUPP1, -1);
+		owners_report(owners_is(f, 0, t.st_uid, t.st_gid, -1, why, sizeof why), "lchown-leaves-the-target",
+			      "%s, not %u:%u", why, (unsigned)t.st_uid, (unsigned)t.st_gid);
+	}
+	/* chmod(2) keeps S_ISGID when the file's group is one the caller is
+	 * in (only a caller outside the group without CAP_FSETID loses it). */
+	fd = open(g, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	if (fd < 0 || close(fd) || chown(g, (uid_t)-1, SUPP1)) {
+		owners_report(0, "chmod-setgid-supplementary-group", "make %s of group %d: errno %d", g, SUPP1, errno);
+	} else {
+		OWNERS_OK("chmod-setgid-supplementary-group", chmod(g, 02755), g, 0, NOBODY, SUPP1, 02755);
+		/* A write by the owner (no CAP_FSETID) drops S_ISGID of a
+		 * group-executable file. */
+		fd = open(g, O_WRONLY);
+		if (fd < 0 || write(fd, "x", 1) != 1 || close(fd))
+			owners_report(0, "write-clears-setgid", "write %s: errno %d", g, errno);
+		else
+			owners_report(owners_is(g, 0, NOBODY, SUPP1, 0755, why, sizeof why), "write-clears-setgid", "%s", why);
+		OWNERS_OK("chmod-setgid-again", chmod(g, 02755), g, 0, NOBODY, SUPP1, 02755);
+	}
+}
+
+/* As tests, a member of nogroup only as a supplementary group. */
+static void owners_tests(const char *dir) {
+	char f[4096];
+	snprintf(f, sizeof f, "%s/tests-own", dir);
+	int fd = open(f, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	if (fd < 0 || close(fd)) { owners_report(0, "tests-creates", "open %s: errno %d", f, errno); return; }
+	OWNERS_OK("chown-group-held-as-supplementary-only", chown(f, (uid_t)-1, NOBODY), f, 0, TESTS, NOBODY, 0600);
+	OWNERS_EPERM("chown-to-a-group-of-nobodys-eperm", chown(f, (uid_t)-1, SUPP1), f);
+}
+
+/* Ownership changes a file's owner may make through its supplementary
+ * groups, which a guest kernel permits before the daemon sees them: each
+ * identity runs in a child of its own (setgroups, setgid, setuid), on
+ * files it creates in DIR (made here, mode 01777). */
+static int do_owners(const char *dir) {
+	if (mkdir(dir, 0777) || chmod(dir, 01777)) FAIL("mkdir %s", dir);
+	const gid_t nobody_groups[] = { SUPP1, SUPP2 };
+	const gid_t tests_groups[] = { NOBODY };
+	int ok = owners_as(NOBODY, NOBODY, nobody_groups, 2, owners_nobody, dir);
+	ok &= owners_as(TESTS, TESTS, tests_groups, 1, owners_tests, dir);
+	return !ok;
+}
+
 int main(int argc, char **argv) {
 	if (argc == 4 && !strcmp(argv[1], "getx")) return do_getx(argv[2], argv[3]);
 	if (argc == 5 && !strcmp(argv[1], "setx")) return do_setx(argv[2], argv[3], argv[4]);
@@ -274,7 +426,8 @@ int main(int argc, char **argv) {
 	if (argc == 4 && !strcmp(argv[1], "put")) return do_put(argv[2], argv[3]);
 	if (argc == 5 && !strcmp(argv[1], "hold")) return do_hold(argv[2], atoi(argv[3]), argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "relock")) return do_relock(argv[2]);
-	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE\n"); return 2; }
+	if (argc == 3 && !strcmp(argv[1], "owners")) return do_owners(argv[2]);
+	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
 	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);
