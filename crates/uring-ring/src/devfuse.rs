@@ -49,13 +49,22 @@ pub struct DevFuse {
     /// The mount's unique id (STATX_MNT_ID_UNIQUE, Linux 6.8 on: never
     /// reused), where the kernel gives it.
     mnt: Option<u64>,
-    /// Where the mount was made: the kernel's name of the mount point as
-    /// resolved when mounting (no symlink in it).
-    at: Option<Arc<PathBuf>>,
+    /// Where the mount was made.
+    at: Option<Arc<MountPlace>>,
     conn: Option<u32>,
     /// Replies written so far (shared by the clones): the first is INIT's,
     /// and once its write has returned the kernel has processed it.
     replies: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Where a connection's mount was made.
+#[derive(Debug)]
+struct MountPlace {
+    /// The kernel's name of the mount point as resolved when mounting (no
+    /// symlink in it).
+    path: PathBuf,
+    /// Its parent directory's identity then (None for `/`).
+    parent: Option<mounting::DirId>,
 }
 
 /// Options of a host mount.
@@ -141,11 +150,19 @@ impl DevFuse {
             }
         };
         let dev = id.map(|i| i.dev);
+        // The mount point's parent, as it is now: where the detach looks
+        // for the mount must still be in that very directory.
+        let parent = mounting::parent_of(&at.path)
+            .map_err(|e| MountError::MountPoint(mountpoint.into(), e))?
+            .map(|(_, id)| id);
         Ok(DevFuse {
             fd: Arc::new(fd),
             dev,
             mnt: id.and_then(|i| i.mnt),
-            at: Some(Arc::new(at.path)),
+            at: Some(Arc::new(MountPlace {
+                path: at.path,
+                parent,
+            })),
             conn: dev.and_then(|(major, minor)| kernel_dev(major, minor)),
             replies: Arc::default(),
         })
@@ -202,13 +219,13 @@ impl DevFuse {
         let (Some(ours), Some(at)) = (self.dev, &self.at) else {
             return Ok(false);
         };
-        let err = |e| MountError::Unmount(at.to_path_buf(), e);
-        let held = match mounting::open_no_symlinks(at) {
+        let err = |e| MountError::Unmount(at.path.clone(), e);
+        let held = match mounting::open_mount_point(&at.path, at.parent) {
             Ok(f) => f,
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ESTALE)
                 ) =>
             {
                 return Ok(false)
@@ -252,7 +269,7 @@ impl DevFuse {
     /// Where the mount was made (the kernel's name of the mount point when
     /// mounting), if this connection was mounted here.
     pub fn mount_point(&self) -> Option<&Path> {
-        self.at.as_deref().map(PathBuf::as_path)
+        self.at.as_deref().map(|at| at.path.as_path())
     }
 
     /// Forgets the mount's unique id, so [`DevFuse::detach_own_mount`]

@@ -4,7 +4,8 @@
 //! one that got our dead superblock's device number (anonymous device
 //! numbers are handed out again, lowest first), which the device number
 //! alone could not tell from ours; and never another mount that a
-//! directory on the mount point's path, swapped for a symlink, leads to.
+//! directory on the mount point's path, swapped for a symlink or renamed,
+//! leads to.
 //! Each is tried with the mount made through a mount fd and with mount(2),
 //! and with the unique mount id (Linux 6.8) and without it (the device
 //! number alone, as before 6.8). Needs root (mounts).
@@ -226,6 +227,52 @@ fn a_directory_on_the_path_swapped_for_a_symlink_never_leads_the_detach_to_anoth
             );
             umount(&theirs_at);
             std::fs::remove_file(&via).unwrap();
+            std::fs::rename(d.0.join("via-was"), &via).unwrap();
+            if ours == theirs {
+                reused = true;
+                break;
+            }
+        }
+        assert!(
+            reused,
+            "{way}: no tmpfs got the FUSE mount's old device number: nothing tested"
+        );
+    }
+}
+
+#[test]
+fn directories_on_the_path_renamed_never_lead_the_detach_to_another_mount() {
+    // As above, but with no symlink: D/via is renamed away and D/other
+    // renamed to D/via, so the mount point's name, resolved with no
+    // symlink followed, leads to the tmpfs that got our old device number.
+    for (mount2, device_only) in WAYS {
+        let way = format!("mount(2) {mount2}, device only {device_only}");
+        let d = dir("rename");
+        let (via, other) = (d.0.join("via"), d.0.join("other"));
+        let (mnt, theirs_at) = (via.join("mnt"), other.join("mnt"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        std::fs::create_dir_all(&theirs_at).unwrap();
+        let mut reused = false;
+        for _ in 0..20 {
+            let dev = mount(&mnt, mount2, device_only);
+            let ours = device(&mnt);
+            umount(&mnt);
+            mount_tmpfs(&theirs_at);
+            let theirs = device(&theirs_at);
+            std::fs::rename(&via, d.0.join("via-was")).unwrap();
+            std::fs::rename(&other, &via).unwrap();
+            assert_eq!(device(&mnt), theirs, "{way}: the path leads to the tmpfs");
+            assert!(
+                !dev.detach_own_mount().unwrap(),
+                "{way}: {ours:?} {theirs:?}"
+            );
+            assert_eq!(
+                top_mount(&mnt).as_deref(),
+                Some("tmpfs"),
+                "{way}: the other mount was detached"
+            );
+            umount(&mnt);
+            std::fs::rename(&via, &other).unwrap();
             std::fs::rename(d.0.join("via-was"), &via).unwrap();
             if ours == theirs {
                 reused = true;

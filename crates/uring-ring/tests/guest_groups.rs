@@ -241,3 +241,83 @@ fn groups_a_client_did_not_negotiate_are_not_taken() {
         Err(Errno(libc::EACCES))
     );
 }
+
+#[test]
+fn setgid_stays_off_a_group_no_guest_gid_reaches() {
+    // The owner's setgid bit is kept only where the guest could act as
+    // the file's group itself: never a forbidden host gid, or one no
+    // guest gid translates to (host uid 65534 could not make a file of
+    // group root setgid either).
+    for map in ["forbid-guest:0:1", "squash-guest:0:65534:1"] {
+        let gids = IdMap::new(&[map.parse::<IdMapping>().unwrap()]).unwrap();
+        let m = served(Groups::None, gids, 0);
+        let me = m.client.as_user(ME, ME);
+        std::fs::write(m.path("f"), b"x").unwrap();
+        chown(&m.path("f"), ME, 0);
+        set_mode(&m.path("f"), 0o755);
+        // Looked up by the owner (a guest whose gid 0 is forbidden acts
+        // as nothing with it).
+        let f = me.lookup(ROOT_ID, b"f").unwrap().nodeid;
+        chmod(&me, f, 0o2755).unwrap();
+        assert_eq!(mode(&m.path("f")), 0o755, "{map}: setgid on host group 0");
+    }
+}
+
+/// Sets `name` on host file `p` to `value`.
+fn host_setxattr(p: &Path, name: &std::ffi::CStr, value: &[u8]) {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated path and name; `value` is valid for its
+    // length.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// Whether host file `p` has `name`.
+fn host_has_xattr(p: &Path, name: &std::ffi::CStr) -> bool {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated path and name; a size query writes nothing.
+    unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+}
+
+#[test]
+fn a_renamed_capability_goes_after_a_setattr_by_a_caller_without_capabilities() {
+    // The host removes a real security.capability when a file is written
+    // to, truncated or chowned; the daemon removes the renamed one, with
+    // its own credentials (the caller may not write trusted.*).
+    const CAPS: &std::ffi::CStr = c"trusted.virtiofs.security.capability";
+    let uids = IdMap::new(&["squash-guest:0:65534:1".parse::<IdMapping>().unwrap()]).unwrap();
+    let host = HostDir::new(Kind::Tmpfs);
+    let share = host.path.clone();
+    let cfg = Config {
+        xattr: true,
+        xattrmap: Some(":map::trusted.virtiofs.:".parse().unwrap()),
+        groups: Groups::None,
+        translate_uid: uids,
+        ..Config::default()
+    };
+    let m = Mount::offering(host, &share, cfg, Via::Device(2), 0, 0).unwrap();
+    let f = file(&m, "prog", ME, ME);
+    let p = m.path("prog");
+    // The guest's root (host uid 65534) truncates its own file.
+    host_setxattr(&p, CAPS, b"caps");
+    let size = SetattrIn {
+        valid: fattr::SIZE,
+        size: 0,
+        ..Default::default()
+    };
+    m.client.setattr(f, &size).unwrap();
+    assert!(!host_has_xattr(&p, CAPS), "kept after a truncate");
+    // Its owner, a guest user, chowns it to itself.
+    host_setxattr(&p, CAPS, b"caps");
+    let me = m.client.as_user(ME, ME);
+    assert_eq!(set_ids(&me, f, Some(ME), Some(ME)), Ok((ME, ME)));
+    assert!(!host_has_xattr(&p, CAPS), "kept after a chown");
+}

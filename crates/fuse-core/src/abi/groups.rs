@@ -13,8 +13,11 @@
 use super::decode::{Cursor, DecodeError};
 use super::structs::SuppGroups;
 
-/// The most groups one extension may carry (Linux's NGROUPS_MAX).
-pub const MAX_SUPP_GROUPS: u32 = 65536;
+/// The most groups one extension may carry. Linux sends one; the bound
+/// keeps what a request costs (a setgroups of them) and what a handle it
+/// opens keeps of its opener small, where NGROUPS_MAX (65536) would let a
+/// client pin 256 KiB per open file.
+pub const MAX_SUPP_GROUPS: u32 = 32;
 
 /// The gids of a supplementary-groups extension, checked: a whole number
 /// of native-endian `u32`s borrowed from the request.

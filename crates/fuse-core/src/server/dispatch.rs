@@ -425,10 +425,11 @@ impl<F: Filesystem> Dispatcher<F> {
         let mut ctx = ctx_of(h);
         ctx.fence = fence;
         if creates(&req.op) {
-            if let Err(_malformed) = self.creation_extensions(req, &mut ctx) {
+            if let Err(e) = self.creation_extensions(req, &mut ctx) {
                 // A label or groups the filesystem cannot trust, or no
                 // label where the kernel always sends one: nothing is
                 // made.
+                log::debug!("request {}: its extensions refused: {e}", h.unique);
                 return Handled::Reply(Outcome {
                     unique: h.unique,
                     error: Errno::EINVAL.to_wire(),

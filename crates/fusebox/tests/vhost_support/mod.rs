@@ -128,9 +128,17 @@ impl FuseboxCopy {
     /// A fresh copy (`tag` names its directory).
     pub fn new(tag: &str) -> FuseboxCopy {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("fusebox-bin-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
+        // A directory of its own, not one another user could have made at
+        // a name known in advance (mktemp(1) makes it 0700, with a name
+        // nobody guesses).
+        let template = std::env::temp_dir().join(format!("fusebox-bin-{tag}.XXXXXX"));
+        let out = Command::new("mktemp")
+            .arg("-d")
+            .arg(&template)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mktemp: {}", out.status);
+        let dir = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim_end());
         let copy = FuseboxCopy { dir };
         // By cp(1), not from this process: a child another test forks while
         // this one had the copy open for writing would hold it so until its

@@ -6,8 +6,10 @@
 //! an fd of it, and the kernel's name for the directory (no symlink in it)
 //! is where the daemon later looks for its mount, resolving that name
 //! again with no symlink followed (`openat2` with RESOLVE_NO_SYMLINKS, or
-//! a component at a time with O_NOFOLLOW before Linux 5.6): a host user
-//! who controls a directory on the way cannot point it at another mount.
+//! a component at a time with O_NOFOLLOW before Linux 5.6), its parent
+//! directory checked to be the one it was when mounting: a host user who
+//! controls a directory on the way cannot point it at another mount, with
+//! a symlink or by renaming directories.
 //! The mount's identity (its superblock's device; its unique mount id,
 //! Linux 6.8 on) is read from the new mount itself before it is attached
 //! (fsopen/fsmount/move_mount); only where the kernel mounts FUSE with
@@ -99,7 +101,7 @@ pub(super) fn open_no_symlinks(path: &Path) -> Result<OwnedFd, std::io::Error> {
         sys::openat(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(io)?;
     let rel = path
         .strip_prefix("/")
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     if rel.as_os_str().is_empty() {
         return Ok(root);
     }
@@ -116,6 +118,51 @@ pub(super) fn open_no_symlinks(path: &Path) -> Result<OwnedFd, std::io::Error> {
     }
 }
 
+/// A directory's identity: its device and inode.
+pub(super) type DirId = (u64, u64);
+
+/// The directory the mount point `path` (absolute) is in, opened with no
+/// symlink followed, and its identity (device, inode), or None for `/`.
+/// The mount point is told by its parent's identity, recorded when
+/// mounting: a host user who renames directories on the way (no symlink
+/// needed) cannot lead the daemon to another mount at the same name, since
+/// a directory with a mount on it cannot be renamed into place itself.
+pub(super) fn parent_of(path: &Path) -> Result<Option<(OwnedFd, DirId)>, std::io::Error> {
+    let Some(parent) = path.parent() else {
+        return Ok(None);
+    };
+    let fd = open_no_symlinks(parent)?;
+    // Cached attributes: a FUSE server is never asked (as `identity_of`).
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    let st = sys::statx(fd.as_raw_fd(), c"", flags, libc::STATX_INO).map_err(io)?;
+    let dev = (u64::from(st.stx_dev_major) << 32) | u64::from(st.stx_dev_minor);
+    Ok(Some((fd, (dev, st.stx_ino))))
+}
+
+/// Opens the mount point `path` (absolute) with O_PATH, following no
+/// symlink, through its parent, which must still be the directory whose
+/// identity `parent` recorded (ELOOP: a symlink on the way; ESTALE: the
+/// parent is another directory now).
+pub(super) fn open_mount_point(
+    path: &Path,
+    parent: Option<DirId>,
+) -> Result<OwnedFd, std::io::Error> {
+    let (Some((dir, now)), Some(name)) = (parent_of(path)?, path.file_name()) else {
+        return open_no_symlinks(path);
+    };
+    if parent != Some(now) {
+        return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
+    }
+    let c = CString::new(name.as_encoded_bytes()).map_err(std::io::Error::other)?;
+    let fd = sys::openat(dir.as_raw_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0).map_err(io)?;
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    let st = sys::statx(fd.as_raw_fd(), c"", flags, libc::STATX_TYPE).map_err(io)?;
+    if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFLNK {
+        return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    Ok(fd)
+}
+
 /// [`open_no_symlinks`] before openat2 (Linux 5.6): a component at a time
 /// with O_NOFOLLOW, each checked not to be a symlink.
 fn walk_no_symlinks(root: OwnedFd, rel: &Path) -> Result<OwnedFd, std::io::Error> {
@@ -127,8 +174,8 @@ fn walk_no_symlinks(root: OwnedFd, rel: &Path) -> Result<OwnedFd, std::io::Error
         let c = CString::new(name.as_encoded_bytes()).map_err(std::io::Error::other)?;
         let next =
             sys::openat(cur.as_raw_fd(), &c, libc::O_PATH | libc::O_NOFOLLOW, 0).map_err(io)?;
-        let st =
-            sys::statx(next.as_raw_fd(), c"", libc::AT_EMPTY_PATH, libc::STATX_TYPE).map_err(io)?;
+        let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+        let st = sys::statx(next.as_raw_fd(), c"", flags, libc::STATX_TYPE).map_err(io)?;
         if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFLNK {
             return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
         }
@@ -237,9 +284,12 @@ pub(super) fn mount_new(
             return Ok(NewMount::Unavailable(e));
         }
     }
-    // From here on the connection is bound to the superblock made: no
-    // fallback.
-    fsconfig(&fs, FSCONFIG_CMD_CREATE, None, None)?;
+    // Linux 5.2 and 5.3 take any key above and refuse an unknown one only
+    // here: then mount(2) may still make the mount (were the connection
+    // already bound, that mount fails with EINVAL, making nothing).
+    if let Err(e) = fsconfig(&fs, FSCONFIG_CMD_CREATE, None, None) {
+        return Ok(NewMount::Unavailable(e));
+    }
     let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     if opts.readonly {
         attrs |= MOUNT_ATTR_RDONLY;

@@ -177,9 +177,6 @@ impl Caps {
         kill_suidgid: false,
     };
 
-    /// Only CAP_FSETID (a chmod keeps the setgid bit it sets).
-    pub const FSETID: Caps = Caps::Only(CAP_FSETID);
-
     /// The effective set for a caller (`root`: [`Cred::is_root`]), of the
     /// thread's own `eff`.
     fn effective(self, root: bool, eff: u64) -> u64 {

@@ -141,10 +141,13 @@ impl PassthroughFs {
     /// already checked against the caller's groups (virtiofs mounts always
     /// check permissions in the guest) are done as the guest allowed:
     ///
-    /// - a chmod keeps CAP_FSETID, so a setgid bit the guest let through
-    ///   (the caller is in the file's group there) is not stripped by a
-    ///   host that does not know that group; the host still refuses a
-    ///   chmod by anyone but the file's owner (no CAP_FOWNER);
+    /// - a chmod that sets the setgid bit runs with the file's group as
+    ///   its fsgid, so a bit the guest let through (the caller is in the
+    ///   file's group there) is not stripped by a host that does not know
+    ///   that group; only where the guest could act as that group itself
+    ///   (a host gid some guest gid translates to, not a forbidden one);
+    ///   the host still refuses a chmod by anyone but the file's owner
+    ///   (no CAP_FOWNER);
     /// - a chown that sets the group runs with that group as its fsgid,
     ///   so the host lets the file's owner give it a group the guest says
     ///   the caller belongs to; the host still checks that the caller owns
@@ -166,7 +169,7 @@ impl PassthroughFs {
             None
         };
         let cred = self.caller(ctx)?;
-        let _c = self.creds_as(&cred, Caps::Caller)?;
+        let caller = self.creds_as(&cred, Caps::Caller)?;
         // A guest's caller without capabilities, whose groups the host
         // does not know (see above).
         let guest = self.cfg.groups == Groups::None && !cred.is_root();
@@ -174,10 +177,22 @@ impl PassthroughFs {
         let name = CString::new(fd.raw().to_string()).map_err(|_nul| Errno::EINVAL)?;
         let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);
         if a.valid & fattr::MODE != 0 {
-            let _owners = if guest {
-                Some(self.creds_as(&cred, Caps::FSETID)?)
+            let setgid = a.mode & libc::S_ISGID != 0;
+            let group = if guest && setgid {
+                let gid = self.stat(&data)?.stx_gid;
+                self.claimable_gid(gid).then_some(gid)
             } else {
                 None
+            };
+            let _owners = match group {
+                Some(gid) => Some(self.creds_as(
+                    &Cred {
+                        gid,
+                        ..cred.clone()
+                    },
+                    Caps::Caller,
+                )?),
+                None => None,
             };
             match &handle {
                 Some(h) => sys::fchmod(h.fd.raw(), a.mode)?,
@@ -250,6 +265,9 @@ impl PassthroughFs {
             // Only ctime: a chown to the same owner updates ctime alone.
             sys::fchownat(fd.raw(), c"", u32::MAX, u32::MAX, libc::AT_EMPTY_PATH)?;
         }
+        // With the daemon's own credentials (a renamed capability xattr
+        // may be in a namespace the caller cannot write).
+        drop(caller);
         if a.valid & (fattr::UID | fattr::GID | fattr::SIZE) != 0 {
             self.kill_mapped_caps(ino);
         }

@@ -532,6 +532,14 @@ impl PassthroughFs {
         Ok(c)
     }
 
+    /// Whether a client could act as host gid `gid` itself: some client
+    /// gid translates to it (it is not forbidden, and not a host gid no
+    /// client gid reaches).
+    fn claimable_gid(&self, gid: u32) -> bool {
+        let t = &self.cfg.translate_gid;
+        t.to_host(t.to_guest(gid)).ok() == Some(gid)
+    }
+
     /// The host uid an inode `cred` makes is owned by: its own when
     /// operations run as the caller, else the daemon's.
     fn owner_of(&self, cred: &Cred) -> u32 {

@@ -211,14 +211,7 @@ impl Migration {
             VhostTransferStateDirection::SAVE => self.save(file, save),
             VhostTransferStateDirection::LOAD => std::thread::Builder::new()
                 .name("fusebox-state".into())
-                .spawn(move || {
-                    let mut buf = Vec::new();
-                    (&file)
-                        .take(MAX_STATE as u64 + 64 * 1024)
-                        .read_to_end(&mut buf)
-                        .map_err(|e| io_refused("reading the state", e))?;
-                    load(buf)
-                })
+                .spawn(move || load(read_capped(&file, MAX_STATE + 64 * 1024)?))
                 .map(|t| *lock(&self.transfer) = Some(t))
                 .map_err(|e| io_refused("a thread to read the state", e)),
         };
@@ -249,6 +242,31 @@ impl Migration {
                 Err(std::io::Error::other(e))
             }
         }
+    }
+}
+
+/// The whole of `file`, or an error past `cap` bytes; never holds more
+/// than `cap` bytes of room (a growing `Vec` would double past it).
+fn read_capped(mut file: &std::fs::File, cap: usize) -> Result<Vec<u8>, StateError> {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = match file.read(&mut chunk) {
+            Ok(0) => return Ok(buf),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_refused("reading the state", e)),
+        };
+        if buf.len() + n > cap {
+            return Err(StateError::Corrupt(format!(
+                "a state of more than {cap} bytes"
+            )));
+        }
+        if buf.capacity() < buf.len() + n {
+            let room = (buf.capacity() * 2).clamp(buf.len() + n, cap);
+            buf.reserve_exact(room - buf.len());
+        }
+        buf.extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -321,6 +339,35 @@ pub(crate) fn load<F: Filesystem>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_is_read_in_no_more_room_than_its_cap() {
+        let cap = 3 << 20;
+        let file = |len: usize| {
+            let mut f = std::fs::File::from(unnamed_file().expect("a file for the state"));
+            f.write_all(&vec![7u8; len]).unwrap();
+            std::io::Seek::rewind(&mut f).unwrap();
+            f
+        };
+        let got = read_capped(&file(cap), cap).unwrap();
+        assert_eq!(got.len(), cap);
+        assert!(got.capacity() <= cap, "{} bytes of room", got.capacity());
+        assert!(read_capped(&file(cap + 1), cap).is_err());
+    }
+
+    /// An unnamed file in the temp directory.
+    fn unnamed_file() -> std::io::Result<std::os::fd::OwnedFd> {
+        let dir =
+            std::ffi::CString::new(std::env::temp_dir().into_os_string().into_encoded_bytes())
+                .map_err(std::io::Error::other)?;
+        // SAFETY: a NUL-terminated path; the result is a new fd or -1.
+        let fd = unsafe { libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new fd nothing else owns.
+        Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    }
 
     #[test]
     fn a_state_reads_back_and_any_damage_is_refused() {

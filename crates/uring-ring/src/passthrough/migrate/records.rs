@@ -130,8 +130,7 @@ pub(super) fn get_inode(r: &mut StateReader) -> Result<InodeRec, StateError> {
 
 pub(super) fn put_handle(w: &mut StateWriter, fh: u64, nodeid: u64, flags: i32, o: &Cred) {
     w.u64(fh).u64(nodeid).u32(flags as u32);
-    // The byte after the gid was "the opener's request uid was 0";
-    // capabilities now follow the host uid, so it says only that.
+    // The byte after the gid: the opener runs as host root.
     w.u32(o.uid).u32(o.gid).u8(u8::from(o.is_root()));
     w.u32(o.groups.len() as u32);
     for g in &o.groups {
@@ -145,9 +144,8 @@ pub(super) fn get_handle(r: &mut StateReader) -> Result<HandleRec, StateError> {
     let flags = r.u32("open flags")? as i32;
     let uid = r.u32("opener uid")?;
     let gid = r.u32("opener gid")?;
-    // Read and ignored: a source that set it for a guest's root
-    // translated to another host uid gives it no capabilities here
-    // (`Cred`).
+    // Read and ignored: capabilities follow the host uid (`Cred`), which
+    // the record carries.
     r.u8("opener is root")?;
     let ng = r.count(GROUP_LEN, "opener groups")?;
     if ng > MAX_GROUPS {
