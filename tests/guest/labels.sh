@@ -44,16 +44,7 @@ qemu=$(cat "$gdir/qemu")
 (cd "$root" && cargo build --release -q -p fusebox)
 fusebox=$root/target/release/fusebox
 
-work=$(mktemp -d /tmp/fusebox-labels.XXXXXX)
-share=$work/share
-mkdir -p "$share" "$work/extra"
-sock=$work/vfs.sock
-cleanup() {
-	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
-	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
+new_work labels
 
 getx() { python3 -c 'import os, sys
 try:

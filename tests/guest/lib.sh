@@ -113,3 +113,23 @@ wait_console() {
 		sleep 0.5
 	done
 }
+
+# Makes the run's directory $work (/tmp/fusebox-NAME.XXXXXX) with the
+# shared directory $share, the socket path $sock and $work/extra (files
+# for the initramfs). At exit QEMU ($qpid) and the daemon ($fpid) are
+# stopped, the mounts named in $umount_at (set it after this) unmounted,
+# and $work removed.
+new_work() {
+	work=$(mktemp -d "/tmp/fusebox-$1.XXXXXX")
+	share=$work/share
+	sock=$work/vfs.sock
+	mkdir -p "$share" "$work/extra"
+	trap end_work EXIT
+}
+end_work() {
+	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
+	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
+	local m
+	for m in ${umount_at:-}; do umount "$m" 2>/dev/null || true; done
+	rm -rf "$work"
+}

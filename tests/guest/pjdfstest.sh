@@ -78,17 +78,8 @@ case $daemon in
 esac
 [ -x "$daemon_bin" ] || { log "no $daemon at $daemon_bin"; exit 1; }
 
-work=$(mktemp -d /tmp/fusebox-pjdfstest.XXXXXX)
-share=$work/share
-sock=$work/vfs.sock
-mkdir "$share" "$work/extra"
-cleanup() {
-	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
-	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
-	umount "$share" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
+new_work pjdfstest
+umount_at=$share
 # A filesystem of the run's own, as the host-mount runs use
 # (tests/conformance/mount.sh).
 mount -t tmpfs -o size=256m,mode=0755 fusebox-pjdfstest "$share"

@@ -41,16 +41,7 @@ qemu=$(cat "$gdir/qemu")
 (cd "$root" && cargo build --release -q -p fusebox)
 fusebox=${CARGO_TARGET_DIR:-$root/target}/release/fusebox
 
-work=$(mktemp -d /tmp/fusebox-reboot.XXXXXX)
-share=$work/share
-sock=$work/vfs.sock
-mkdir "$share" "$work/extra"
-cleanup() {
-	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
-	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
+new_work reboot
 cp "$here/reboot-guest.sh" "$work/extra/reboot.sh"
 add_to_initrd "$work/extra"
 

@@ -46,17 +46,8 @@ qemu=$(cat "$gdir/qemu")
 (cd "$root" && cargo build --release -q -p fusebox)
 fusebox=$root/target/release/fusebox
 
-work=$(mktemp -d /tmp/fusebox-guest.XXXXXX)
-share=$work/share
-mkdir -p "$share"
-sock=$work/vfs.sock
-cleanup() {
-	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
-	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
-	umount "$share/submnt" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
+new_work guest
+umount_at=$share/submnt
 
 # A submount inside the share: announced, it gets its own st_dev in the guest.
 mkdir "$share/submnt"
@@ -145,7 +136,7 @@ hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)
 hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'
 hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|esc|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
 hcheck fsx-files '[ "$(ls "$w" | grep -c "^fsx[0-4]$")" = 5 ]'
-hcheck confinement '[ "$(cat "$work/outside-secret")" = "$secret" ] && [ -z "$(ls -A "$work" | grep -vxE "share|outside-secret|console.log|fusebox.log|qemu.err|vfs.sock|fusebox")" ] && [ "$(readlink "$share/esc/rel")" = ../../outside-secret ]'
+hcheck confinement '[ "$(cat "$work/outside-secret")" = "$secret" ] && [ -z "$(ls -A "$work" | grep -vxE "share|extra|outside-secret|console.log|fusebox.log|qemu.err|vfs.sock|fusebox")" ] && [ "$(readlink "$share/esc/rel")" = ../../outside-secret ]'
 [ $hfail = 0 ] || status=1
 
 echo "guest-run: fusebox's counters:"

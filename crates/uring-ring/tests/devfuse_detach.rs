@@ -192,16 +192,15 @@ fn detaches_its_own_mount_and_leaves_one_made_with_its_old_device_number() {
     }
 }
 
-#[test]
-fn a_directory_on_the_path_swapped_for_a_symlink_never_leads_the_detach_to_another_mount() {
-    // The mount point is D/via/mnt. Our mount goes (unmounted from
-    // outside), a tmpfs is mounted on D/other/mnt and gets our old device
-    // number, and D/via, which a host user controls, becomes a symlink to
-    // D/other: the path now leads to the tmpfs, which the detach must
-    // leave alone, however the mount was made and told.
+/// The mount point is D/via/mnt. Our mount goes (unmounted from outside),
+/// a tmpfs is mounted on D/other/mnt and gets our old device number, and
+/// `lead` (undone by `undo`), as a host user who controls D could, makes
+/// the mount point's name lead to the tmpfs: the detach must leave it
+/// alone, however the mount was made and told.
+fn never_detached_when_led(tag: &str, lead: fn(&Path), undo: fn(&Path)) {
     for (mount2, device_only) in WAYS {
-        let way = format!("mount(2) {mount2}, device only {device_only}");
-        let d = dir("swap");
+        let way = format!("{tag}: mount(2) {mount2}, device only {device_only}");
+        let d = dir(tag);
         let (via, other) = (d.0.join("via"), d.0.join("other"));
         let (mnt, theirs_at) = (via.join("mnt"), other.join("mnt"));
         std::fs::create_dir_all(&mnt).unwrap();
@@ -213,21 +212,21 @@ fn a_directory_on_the_path_swapped_for_a_symlink_never_leads_the_detach_to_anoth
             umount(&mnt);
             mount_tmpfs(&theirs_at);
             let theirs = device(&theirs_at);
-            std::fs::rename(&via, d.0.join("via-was")).unwrap();
-            std::os::unix::fs::symlink("other", &via).unwrap();
+            lead(&d.0);
             assert_eq!(device(&mnt), theirs, "{way}: the path leads to the tmpfs");
             assert!(
                 !dev.detach_own_mount().unwrap(),
                 "{way}: {ours:?} {theirs:?}"
             );
+            // Where the tmpfs is mounted, by the name mountinfo gives it.
+            let theirs_now = std::fs::canonicalize(&mnt).unwrap();
             assert_eq!(
-                top_mount(&theirs_at).as_deref(),
+                top_mount(&theirs_now).as_deref(),
                 Some("tmpfs"),
                 "{way}: the other mount was detached"
             );
-            umount(&theirs_at);
-            std::fs::remove_file(&via).unwrap();
-            std::fs::rename(d.0.join("via-was"), &via).unwrap();
+            umount(&theirs_now);
+            undo(&d.0);
             if ours == theirs {
                 reused = true;
                 break;
@@ -241,47 +240,32 @@ fn a_directory_on_the_path_swapped_for_a_symlink_never_leads_the_detach_to_anoth
 }
 
 #[test]
+fn a_directory_on_the_path_swapped_for_a_symlink_never_leads_the_detach_to_another_mount() {
+    never_detached_when_led(
+        "swap",
+        |d| {
+            std::fs::rename(d.join("via"), d.join("via-was")).unwrap();
+            std::os::unix::fs::symlink("other", d.join("via")).unwrap();
+        },
+        |d| {
+            std::fs::remove_file(d.join("via")).unwrap();
+            std::fs::rename(d.join("via-was"), d.join("via")).unwrap();
+        },
+    );
+}
+
+#[test]
 fn directories_on_the_path_renamed_never_lead_the_detach_to_another_mount() {
-    // As above, but with no symlink: D/via is renamed away and D/other
-    // renamed to D/via, so the mount point's name, resolved with no
-    // symlink followed, leads to the tmpfs that got our old device number.
-    for (mount2, device_only) in WAYS {
-        let way = format!("mount(2) {mount2}, device only {device_only}");
-        let d = dir("rename");
-        let (via, other) = (d.0.join("via"), d.0.join("other"));
-        let (mnt, theirs_at) = (via.join("mnt"), other.join("mnt"));
-        std::fs::create_dir_all(&mnt).unwrap();
-        std::fs::create_dir_all(&theirs_at).unwrap();
-        let mut reused = false;
-        for _ in 0..20 {
-            let dev = mount(&mnt, mount2, device_only);
-            let ours = device(&mnt);
-            umount(&mnt);
-            mount_tmpfs(&theirs_at);
-            let theirs = device(&theirs_at);
-            std::fs::rename(&via, d.0.join("via-was")).unwrap();
-            std::fs::rename(&other, &via).unwrap();
-            assert_eq!(device(&mnt), theirs, "{way}: the path leads to the tmpfs");
-            assert!(
-                !dev.detach_own_mount().unwrap(),
-                "{way}: {ours:?} {theirs:?}"
-            );
-            assert_eq!(
-                top_mount(&mnt).as_deref(),
-                Some("tmpfs"),
-                "{way}: the other mount was detached"
-            );
-            umount(&mnt);
-            std::fs::rename(&via, &other).unwrap();
-            std::fs::rename(d.0.join("via-was"), &via).unwrap();
-            if ours == theirs {
-                reused = true;
-                break;
-            }
-        }
-        assert!(
-            reused,
-            "{way}: no tmpfs got the FUSE mount's old device number: nothing tested"
-        );
-    }
+    // No symlink: D/via is renamed away and D/other renamed to D/via.
+    never_detached_when_led(
+        "rename",
+        |d| {
+            std::fs::rename(d.join("via"), d.join("via-was")).unwrap();
+            std::fs::rename(d.join("other"), d.join("via")).unwrap();
+        },
+        |d| {
+            std::fs::rename(d.join("via"), d.join("other")).unwrap();
+            std::fs::rename(d.join("via-was"), d.join("via")).unwrap();
+        },
+    );
 }
