@@ -22,6 +22,7 @@ use fuse_core::{Args, Errno};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use uring_ring::passthrough::{Config, Groups, IdMap, IdMapping};
+use uring_ring::testing::acl::{host_setxattr, host_xattr};
 use zerocopy::FromBytes;
 
 /// The caller of every test: uid and gid 65534, a member of 65531 (and
@@ -263,36 +264,12 @@ fn setgid_stays_off_a_group_no_guest_gid_reaches() {
     }
 }
 
-/// Sets `name` on host file `p` to `value`.
-fn host_setxattr(p: &Path, name: &std::ffi::CStr, value: &[u8]) {
-    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated path and name; `value` is valid for its
-    // length.
-    let r = unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-}
-
-/// Whether host file `p` has `name`.
-fn host_has_xattr(p: &Path, name: &std::ffi::CStr) -> bool {
-    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated path and name; a size query writes nothing.
-    unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
-}
-
 #[test]
 fn a_renamed_capability_goes_after_a_setattr_by_a_caller_without_capabilities() {
     // The host removes a real security.capability when a file is written
     // to, truncated or chowned; the daemon removes the renamed one, with
     // its own credentials (the caller may not write trusted.*).
-    const CAPS: &std::ffi::CStr = c"trusted.virtiofs.security.capability";
+    const CAPS: &[u8] = b"trusted.virtiofs.security.capability";
     let uids = IdMap::new(&["squash-guest:0:65534:1".parse::<IdMapping>().unwrap()]).unwrap();
     let host = HostDir::new(Kind::Tmpfs);
     let share = host.path.clone();
@@ -314,10 +291,10 @@ fn a_renamed_capability_goes_after_a_setattr_by_a_caller_without_capabilities() 
         ..Default::default()
     };
     m.client.setattr(f, &size).unwrap();
-    assert!(!host_has_xattr(&p, CAPS), "kept after a truncate");
+    assert_eq!(host_xattr(&p, CAPS), None, "kept after a truncate");
     // Its owner, a guest user, chowns it to itself.
     host_setxattr(&p, CAPS, b"caps");
     let me = m.client.as_user(ME, ME);
     assert_eq!(set_ids(&me, f, Some(ME), Some(ME)), Ok((ME, ME)));
-    assert!(!host_has_xattr(&p, CAPS), "kept after a chown");
+    assert_eq!(host_xattr(&p, CAPS), None, "kept after a chown");
 }
