@@ -19,15 +19,16 @@
 //! Where the rest is: `backend.rs` (what the frontend asks:
 //! `VhostUserBackend`), `hiprio.rs`, `request.rs` (a chain read into engine
 //! arguments), `inline.rs` (serving on the vring thread, the watchdog),
+//! `submit.rs` (popping, preparing and sending requests in rounds),
 //! `lock_calls.rs`, `answer.rs`, `notify.rs` (guest notifications per
-//! batch), `stop.rs` (dirty log, ring stops, what they give up),
+//! chunk), `stop.rs` (dirty log, ring stops, what they give up),
 //! `session.rs` (the guest's session ended by a reset or a new INIT),
 //! `timeouts.rs`, `migration.rs` (device state), `heads.rs`, `exit_fds.rs`.
 
 use crate::chain::{Chain, ChainError};
 use crate::guest_mem::{GuestSpans, MapCache};
 use inline::QueueServer;
-use notify::{notify, notify_batched, Batch, CHUNK_TIME};
+use notify::{notify, Chunks};
 use queue::{RequestQueue, RqId, Vq, HIPRIO};
 use ticket::{Ticket, TicketState, ORPHAN_ENDED, ORPHAN_NO, ORPHAN_YES};
 
@@ -44,6 +45,7 @@ mod queue;
 mod request;
 mod session;
 mod stop;
+mod submit;
 mod ticket;
 mod timeouts;
 use crate::dirty_log::LogBitmap;
@@ -445,213 +447,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             }
         }
         Ok(())
-    }
-
-    fn pop(
-        &self,
-        vring: &Vring,
-        mem: &GuestMemoryLoadGuard<GuestMmap>,
-    ) -> Option<Result<Chain, (u16, ChainError)>> {
-        let chain = vring
-            .get_mut()
-            .get_queue_mut()
-            .pop_descriptor_chain(mem.clone())?;
-        let head = chain.head_index();
-        let max = u64::from(self.inner.cfg.max_write) + 64 * 1024;
-        Some(Chain::parse(chain, max).map_err(|e| (head, e)))
-    }
-
-    /// Pops and submits (see [`FsDevice::drain_requests`]); with `inline`,
-    /// serves each submitted request on this thread until `k` were.
-    fn submit_requests(
-        &self,
-        vring: &Vring,
-        q: RqId,
-        mut inline: Option<(&mut QueueServer, usize)>,
-    ) -> bool {
-        let mut served = 0;
-        // Answers given in line signal the guest once per chunk.
-        let (mut batch, mut in_batch): (Option<Batch>, usize) = (None, 0);
-        let mut chunk_start = std::time::Instant::now();
-        let rq = self.inner.queue(q);
-        let qs = &self.inner.stats.queues[q.vq()];
-        loop {
-            // Each round: serving in line may have taken long, and the
-            // memory table may have changed meanwhile.
-            let Some(mem) = self.memory() else {
-                return false;
-            };
-            if self.too_many_orphans(q) {
-                return true;
-            }
-            let mut pop_guard = Some(lock(&rq.pop_lock));
-            // Before the pop: a ring stopped after it leaves this chain
-            // with the old generation, so its answer never reaches the
-            // new ring.
-            let gen = read(&rq.gen).n;
-            let Some(popped) = self.pop(vring, &mem) else {
-                return false;
-            };
-            let heads = &rq.heads;
-            let chain = match popped {
-                Ok(c) if heads.claim(c.head) => c,
-                // A head republished while the device still serves it: the
-                // guest broke the ring's rules; it gets nothing back.
-                Ok(_) => {
-                    qs.malformed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                Err((head, _)) => {
-                    qs.malformed.fetch_add(1, Ordering::Relaxed);
-                    if !heads.in_flight(head) {
-                        // Refused before anything was written to it.
-                        self.publish(vring, &mem, head, &[], 0);
-                        notify(vring);
-                    }
-                    continue;
-                }
-            };
-            let (args, ticket) = match self.prepare(vring, &mem, chain, q, gen) {
-                Ok(v) => v,
-                Err(t) => {
-                    qs.malformed.fetch_add(1, Ordering::Relaxed);
-                    if let Some(t) = t {
-                        self.answer(&t, Errno::EIO.to_wire(), &[]);
-                    }
-                    continue;
-                }
-            };
-            let args = match Opcode::from_u32(ticket.opcode) {
-                Some(op) if request::changes_host(op) => args.fence(self.fence_of(q, gen)),
-                _ => args,
-            };
-            let weak = Arc::downgrade(&self.inner);
-            if matches!(
-                Opcode::from_u32(ticket.opcode),
-                Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw)
-            ) {
-                // Lock calls are synchronous in the kernel, never background:
-                // a parked SETLKW must not hold a background slot (enough of
-                // them would keep out the unlock that frees them). They wait
-                // on a thread of their own, which only the gate holds.
-                qs.submitted.fetch_add(1, Ordering::Relaxed);
-                if !self.inner.cfg.request_timeout.is_zero() {
-                    lock(&self.inner.timeouts).push_back(ticket.clone());
-                }
-                drop(pop_guard.take());
-                self.send_lock_call(args, &ticket);
-                continue;
-            }
-            if let Some((s, k)) = inline.as_mut() {
-                if served < *k {
-                    // An entry of this thread free for it.
-                    s.make_room();
-                }
-            }
-            if ticket.opcode == Opcode::Init as u32 {
-                // A guest that rebooted sends no DESTROY: its INIT ends the
-                // old session first, with no queue lock held (the end may
-                // take long). INIT is FORCE, so it is never put back.
-                drop(pop_guard.take());
-                self.end_session("a new INIT");
-                // Kept for a live migration: the destination replays it.
-                self.inner.migration.note_init(ticket.unique, &args.body);
-            }
-            let t2 = ticket.clone();
-            let end = Box::new(move |r: ReqResult| {
-                if let Some(inner) = weak.upgrade() {
-                    FsDevice { inner }.finish(&t2, r);
-                }
-            });
-            match self.inner.engine.chan().try_send_background(args, end) {
-                Ok(unique) => {
-                    ticket.engine_unique.store(unique, Ordering::Relaxed);
-                    qs.submitted.fetch_add(1, Ordering::Relaxed);
-                    if !self.inner.cfg.request_timeout.is_zero() {
-                        lock(&self.inner.timeouts).push_back(ticket);
-                    }
-                    drop(pop_guard.take());
-                    if let Some((s, k)) = inline.as_mut() {
-                        if served < *k {
-                            if batch.is_none() {
-                                batch = Some(Batch::begin());
-                                chunk_start = std::time::Instant::now();
-                            }
-                            served += self.serve_inline(s, q, 1);
-                            in_batch += 1;
-                            if in_batch >= self.inner.cfg.submit_batch.max(1)
-                                || chunk_start.elapsed() >= CHUNK_TIME
-                            {
-                                // Signal what this chunk answered.
-                                (batch, in_batch) = (None, 0);
-                            }
-                            if s.unsubmitted() >= self.inner.cfg.submit_batch.max(1) {
-                                self.complete_inline(s, q);
-                            }
-                        }
-                    }
-                }
-                Err(TrySendError::Full(_)) => {
-                    vring.get_mut().get_queue_mut().go_to_previous_position();
-                    heads.release(ticket.chain.head);
-                    let stalled = &rq.stalled;
-                    stalled.store(true, Ordering::SeqCst);
-                    qs.stalls.fetch_add(1, Ordering::Relaxed);
-                    // A slot freed between the refusal and the flag would
-                    // not wake us: look once more.
-                    let s = self.inner.engine.chan().stats();
-                    if s.ready
-                        && !s.blocked
-                        && s.parked == 0
-                        && stalled.swap(false, Ordering::SeqCst)
-                    {
-                        continue;
-                    }
-                    return true;
-                }
-                Err(TrySendError::Closed(e)) => {
-                    qs.submitted.fetch_add(1, Ordering::Relaxed);
-                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
-                    if ticket.claim() {
-                        self.answer(&ticket, e.to_wire(), &[]);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The fence of request queue `q`'s generation `gen` (a closed one if
-    /// that generation has ended since).
-    fn fence_of(&self, q: RqId, gen: u64) -> Arc<fuse_core::Fence> {
-        let g = read(&self.inner.queue(q).gen);
-        if g.n == gen {
-            return g.fence.clone();
-        }
-        let f = fuse_core::Fence::new();
-        f.close();
-        f
-    }
-
-    /// Whether queue `q` must stop popping while the engine still holds as
-    /// many timed-out requests as the queue has room for (then it is
-    /// marked stalled; an end of a request resumes it).
-    fn too_many_orphans(&self, q: RqId) -> bool {
-        let max = u64::from(self.inner.cfg.queue_size);
-        let rq = self.inner.queue(q);
-        let orphans = &rq.orphans;
-        if orphans.load(Ordering::SeqCst) < max {
-            return false;
-        }
-        let stalled = &rq.stalled;
-        stalled.store(true, Ordering::SeqCst);
-        self.inner.stats.queues[q.vq()]
-            .stalls
-            .fetch_add(1, Ordering::Relaxed);
-        // One that ended between the look and the flag would not wake us.
-        if orphans.load(Ordering::SeqCst) < max && stalled.swap(false, Ordering::SeqCst) {
-            return false;
-        }
-        true
     }
 }
 

@@ -294,6 +294,38 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
 }
 
 #[test]
+fn requests_popped_with_one_that_hangs_in_line_are_served_meanwhile() {
+    // A and B come in one kick: the vring thread sends both in one round,
+    // serves A itself and hangs in it; B, sent to the thread's own entries
+    // in the same round, goes to a worker once the watchdog sees the
+    // thread stuck.
+    let fs = Hang::default();
+    let h = Arc::new(Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            inline_per_batch: usize::MAX,
+            workers_per_queue: 2,
+            ..DeviceConfig::default()
+        },
+    ));
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    let (b, rb, _, _) = h.chain(next, at, &getattr(2, 0), 4096);
+    h.publish(&[a, b]);
+    let (h2, v2) = (h.clone(), vring.clone());
+    let kicker = std::thread::spawn(move || h2.kick(&v2, 1));
+    wait_for("A to hang in line", || fs.hung.load(Ordering::SeqCst) == 1);
+    wait_for("B, served by a worker", || h.used_idx() >= 1);
+    assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
+    assert!(!kicker.is_finished(), "A should still hang");
+    fs.release.store(true, Ordering::SeqCst);
+    kicker.join().unwrap();
+    wait_for("A", || h.used_idx() == 2);
+    assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
+}
+
+#[test]
 fn a_vring_thread_stuck_in_line_does_not_stall_its_queue() {
     let fs = Hang::default();
     let h = Arc::new(Harness::new(

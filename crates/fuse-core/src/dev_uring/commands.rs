@@ -270,7 +270,27 @@ impl RingEnd {
                 1
             }));
         }
-        ring.fetch_own_batch(qid, max, out)
+        ring.fetch_own_batch(qid, max, out, false)
+    }
+
+    /// [`RingEnd::fetch_own_batch`] that stops after the first request
+    /// that is not a READ: a server that serves in line what it fetched
+    /// has nothing else fetched and waiting while such a request (which
+    /// may wait on the host) is served.
+    pub fn fetch_own_reads(
+        &self,
+        qid: u16,
+        max: usize,
+        out: &mut Vec<Fetched>,
+    ) -> Result<usize, Errno> {
+        let ring = self.ring()?;
+        if max == 1 {
+            return Ok(ring.fetch_own(qid)?.map_or(0, |f| {
+                out.push(f);
+                1
+            }));
+        }
+        ring.fetch_own_batch(qid, max, out, true)
     }
 
     /// Reserves entry `h` for its owner without making its queue prefer
@@ -380,6 +400,15 @@ impl RingEnd {
     /// thread.
     pub fn prefer(&self, qid: u16, h: Option<EntHandle>) -> Result<(), Errno> {
         self.ring()?.prefer(qid, h)
+    }
+
+    /// Stops queue `qid` preferring reserved entries (as `prefer(qid,
+    /// None)`) and hands the requests its reserved entries hold, but whose
+    /// owner has not begun to fetch, to other entries: for a submitter
+    /// that cannot serve them now (stuck in a host call). Returns how many
+    /// it handed on.
+    pub fn hand_back_own(&self, qid: u16) -> Result<usize, Errno> {
+        self.ring()?.hand_back_own(qid)
     }
 
     /// Counters.

@@ -97,6 +97,36 @@ impl Ring {
         }
     }
 
+    /// Stops queue `qid` preferring its reserved entries and gives the
+    /// requests they hold that their owner has not begun to fetch back to
+    /// the queue, ahead of what waits and in their order, for other
+    /// entries to take. Returns how many it gave back.
+    pub(super) fn hand_back_own(&self, qid: u16) -> Result<usize, Errno> {
+        let qi = self.qidx(qid)?;
+        let mut q = lock(&self.queues[qi]);
+        q.preferring = false;
+        let ids: Vec<u32> = (q.lists.iter(&q.ents, ListId::FuseReqOwn))
+            .filter(|&id| q.ents.get(id as usize).is_some_and(|e| !e.copying))
+            .collect();
+        let mut back = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(e) = q.ents.get_mut(id as usize) else {
+                continue;
+            };
+            let (req, buf) = (e.req.take(), e.pool_buf.take());
+            q.put_buf(buf);
+            // FuseReq -> Available: assigned, never copied.
+            q.mv_known(id, EntState::Available);
+            back.extend(req);
+        }
+        let n = back.len();
+        for r in back.into_iter().rev() {
+            q.reqs.push_front(r);
+        }
+        self.dispatch(&mut q, qi);
+        Ok(n)
+    }
+
     /// Marks entry `h` reserved (see [`Queue::preferring`]).
     pub(super) fn reserve(&self, h: EntHandle) -> Result<(), Errno> {
         let qi = self.qidx(h.qid)?;
@@ -337,22 +367,25 @@ impl Ring {
     /// entries that hold one (oldest first, without blocking), appending
     /// them to `out`: per chunk of up to [`CHUNK`] entries, one queue lock
     /// to take them, the copies, one queue lock to give them to the
-    /// server. Returns how many it appended.
+    /// server. Returns how many it appended. With `reads_only`, it stops
+    /// after the first request that is not a READ.
     pub(super) fn fetch_own_batch(
         self: &Arc<Self>,
         qid: u16,
         max: usize,
         out: &mut Vec<Fetched>,
+        reads_only: bool,
     ) -> Result<usize, Errno> {
         let qi = self.qidx(qid)?;
         let start = out.len();
         let mut slots = Slots::new();
         let mut landings = [Landing::Invalid; CHUNK];
         let mut stopped = false;
+        let mut last = false;
         loop {
             let base = out.len();
             let want = (max - (base - start)).min(CHUNK);
-            if want == 0 {
+            if want == 0 || last {
                 break;
             }
             let (n, zq) = {
@@ -374,8 +407,12 @@ impl Ring {
                     }
                     let h = EntHandle { qid, ent };
                     if let Some(req) = self.take(&mut q, h, |f| out.push(f)) {
+                        last = reads_only && req.args.opcode != Opcode::Read;
                         slots.put(n, Some(req));
                         n += 1;
+                        if last {
+                            break;
+                        }
                     }
                 }
                 (n, q.zero_copy)

@@ -100,6 +100,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // The server may have written the chain's pages by host address
         // (a READ by reference): logged here, before the guest has them.
         self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, written);
-        notify_batched(t.queue, &t.vring);
+        rq.signals.answered(&t.vring);
     }
 }

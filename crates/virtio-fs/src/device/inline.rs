@@ -24,10 +24,11 @@
 //! call that hangs in line would hold up the vring thread, so the watchdog
 //! ([`watchdog`]) drains the queue in its place while it is stuck.
 
-use super::notify::{notify, Batch};
+use super::notify::{notify, Chunks, LARGE};
 use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
+use fuse_core::abi::{Opcode, ReadIn};
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::fasthash::IdMap;
 use fuse_core::server::{
@@ -37,9 +38,10 @@ use fuse_core::Chan;
 use fuse_core::Errno;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vhost_user_backend::{VhostUserBackend, VringT};
 use vmm_sys_util::epoll::EventSet;
+use zerocopy::FromBytes;
 
 /// Completed started READs by unique, as the filesystem reports them.
 type DoneList = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
@@ -65,7 +67,16 @@ pub(crate) struct QueueServer {
     /// The filesystem's completion fd is in this thread's epoll.
     pub(super) fd_registered: Option<i32>,
     scratch: Vec<u8>,
+    /// Entries fetched, and answered ones to commit (kept for their room).
+    fetched: Vec<Fetched>,
+    commits: Vec<Fetched>,
+    /// A READ or WRITE of at least [`LARGE`] bytes was served since the
+    /// last [`QueueServer::take_large`].
+    large: bool,
 }
+
+/// Entries fetched (and committed) at once.
+const FETCH: usize = 16;
 
 impl QueueServer {
     /// Registers a first entry on ring queue `qid` (pool mode: no payload
@@ -82,6 +93,9 @@ impl QueueServer {
             fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
+            fetched: Vec::with_capacity(FETCH),
+            commits: Vec::with_capacity(FETCH),
+            large: false,
         };
         s.add_entry()?;
         Ok(s)
@@ -103,51 +117,81 @@ impl QueueServer {
         let _ = self.ring.prefer(self.qid, if on { first } else { None });
     }
 
-    /// Makes sure an entry of this thread is free for the next request
-    /// (one more is registered when all hold requests, up to the most).
-    pub(crate) fn make_room(&mut self) {
-        if self.started.len() >= self.ents.len() && self.ents.len() < self.max_ents {
-            let _ = self.add_entry();
+    /// Makes sure `want` entries of this thread are free for the next
+    /// requests (more are registered while too few are, up to the most).
+    pub(crate) fn make_room(&mut self, want: usize) {
+        while self.ents.len() < self.started.len() + want && self.ents.len() < self.max_ents {
+            if self.add_entry().is_err() {
+                break;
+            }
         }
     }
 
     /// Serves what this thread's entries hold, up to `budget` requests:
-    /// starts READs and WRITEs where the filesystem can, serves the rest in line and
-    /// commits them. Returns how many it served or started.
+    /// starts READs and WRITEs where the filesystem can, serves the rest
+    /// in line, and commits what was answered, [`FETCH`] entries at a
+    /// time (one fetch and one commit each). Answers are committed before
+    /// any request but a READ is served (a READ waits on the host only on
+    /// a file without non-blocking reads), so they are not held behind a
+    /// host call that hangs. Returns how many it served or started.
     pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> usize {
         let mut n = 0;
+        let mut fetched = std::mem::take(&mut self.fetched);
         while n < budget {
-            let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) else {
-                break;
-            };
-            n += 1;
-            let done = self.done.clone();
-            let make = move |unique: u64| {
-                let done = done.clone();
-                ReadDone::new(move |r| {
-                    lock(&done).push((unique, r));
-                })
-            };
-            let unique = f.in_header().unique;
-            match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
-                Served::Started => {
-                    // Answered before read_async returned (the page cache
-                    // held it): committed now, not held until the chunk's
-                    // end, behind whatever the next request does in line.
-                    if let Some(r) = self.take_done(unique) {
-                        Self::set_result(&mut f, r);
-                        self.commit(f);
-                        continue;
-                    }
-                    self.fresh += 1;
-                    self.started.insert(unique, f);
-                }
-                // Nothing parks here (no Deferred is offered), but a request
-                // answered either way is committed.
-                Served::Answered | Served::Parked => self.commit(f),
+            let want = (budget - n).min(FETCH);
+            match self.ring.fetch_own_reads(self.qid, want, &mut fetched) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k,
             }
+            for mut f in fetched.drain(..) {
+                let done = self.done.clone();
+                let make = move |unique: u64| {
+                    let done = done.clone();
+                    ReadDone::new(move |r| {
+                        lock(&done).push((unique, r));
+                    })
+                };
+                let hdr = f.in_header();
+                self.large |= moves_much(&mut f);
+                if hdr.opcode != Opcode::Read as u32 && !self.commits.is_empty() {
+                    // Served in line, it may wait on the host: what is
+                    // answered goes to the guest first.
+                    self.commit_all();
+                }
+                let unique = hdr.unique;
+                match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
+                    Served::Started => {
+                        // Answered before read_async returned (the page
+                        // cache held it): committed with the others.
+                        if let Some(r) = self.take_done(unique) {
+                            Self::set_result(&mut f, r);
+                            self.commits.push(f);
+                            continue;
+                        }
+                        self.fresh += 1;
+                        self.started.insert(unique, f);
+                    }
+                    // Nothing parks here (no Deferred is offered), but a
+                    // request answered either way is committed.
+                    Served::Answered | Served::Parked => self.commits.push(f),
+                }
+            }
+            self.commit_all();
         }
+        self.fetched = fetched;
         n
+    }
+
+    /// Whether a large READ or WRITE was served since the last call.
+    pub(crate) fn take_large(&mut self) -> bool {
+        std::mem::take(&mut self.large)
+    }
+
+    /// Commits the answered entries in `commits`. One the ring refuses
+    /// (torn down, or refused: its request then ends with EIO) is dropped.
+    fn commit_all(&mut self) {
+        self.ring.commit_batch(&mut self.commits, None);
+        self.commits.clear();
     }
 
     /// The completion of `unique` if it is already in.
@@ -164,13 +208,6 @@ impl QueueServer {
     /// READs started since the last submit.
     pub(crate) fn unsubmitted(&self) -> usize {
         self.fresh
-    }
-
-    fn commit(&self, f: Fetched) {
-        let area = f.commit_cmd();
-        // Torn down (or refused, which drops the request with EIO): the
-        // entry is gone or back to available either way.
-        let _ = self.ring.commit(&area, f, None);
     }
 
     /// Submits the I/O started since the last call, then commits what has
@@ -190,8 +227,9 @@ impl QueueServer {
                 continue;
             };
             Self::set_result(&mut f, r);
-            self.commit(f);
+            self.commits.push(f);
         }
+        self.commit_all();
         n
     }
 }
@@ -214,15 +252,53 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let Some(s) = slot.as_mut() else {
             return self.submit_requests(vring, q, None);
         };
-        // Each request goes to this thread's entries and is served right
-        // away, up to `k`; then the rest go to the workers and this thread
-        // serves what its entries got once the batch is in.
+        // Each request goes to this thread's entries and is served in the
+        // round it was sent in, up to `k`; then the rest go to the workers
+        // and this thread serves what its entries got once all are in.
         s.prefer(true);
         let stalled = self.submit_requests(vring, q, Some((s, k)));
         s.prefer(false);
-        self.serve_inline(s, q, usize::MAX);
+        {
+            let _signals = self.inner.queue(q).signals.open(vring);
+            self.serve_inline(s, q, usize::MAX, Instant::now());
+        }
         self.complete_inline(s, q);
         stalled
+    }
+
+    /// Serves `n` requests just sent to this thread's entries, in chunks
+    /// ([`Chunks`]), each answered with one guest notification; submits
+    /// the I/O started once `submit_batch` are waiting. Returns how many
+    /// it served.
+    pub(super) fn serve_chunks(
+        &self,
+        vring: &Vring,
+        s: &mut QueueServer,
+        q: RqId,
+        chunks: &mut Chunks,
+        n: usize,
+    ) -> usize {
+        let signals = &self.inner.queue(q).signals;
+        let per_submit = self.inner.cfg.submit_batch.max(1);
+        let mut served = 0;
+        while served < n {
+            let began = Instant::now();
+            let _batch = signals.open(vring);
+            s.take_large();
+            // A chunk ends where its started I/O is to be submitted.
+            let len = (chunks.next_len().min(n - served))
+                .min(per_submit.saturating_sub(s.unsubmitted()).max(1));
+            let got = self.serve_inline(s, q, len, began);
+            if s.unsubmitted() >= per_submit {
+                self.complete_inline(s, q);
+            }
+            chunks.served(s.take_large());
+            if got == 0 {
+                break;
+            }
+            served += got;
+        }
+        served
     }
 
     /// Submits the I/O this queue's thread started and answers what has
@@ -230,14 +306,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// thread's completion eventfd is in its epoll.
     pub(super) fn complete_inline(&self, s: &mut QueueServer, q: RqId) {
         let disp = self.inner.engine.dispatcher();
+        let rq = self.inner.queue(q);
         // The answers of one reaped batch of completions signal the guest
         // once, when all are in its used ring (inside a chunk of requests
-        // served in line, with that chunk's: see `Batch`).
+        // served in line, with that chunk's).
         while {
-            let _batch = Batch::begin();
+            let _batch = rq.vring.get().map(|v| rq.signals.open(v));
             s.complete(disp)
         } > 0
-            && self.serve_inline(s, q, usize::MAX) > 0
+            && self.serve_inline(s, q, usize::MAX, Instant::now()) > 0
         {}
         if s.fd_registered.is_none() {
             if let Some(fd) = disp.fs().async_fd() {
@@ -268,10 +345,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Serves up to `budget` requests on this thread's entries, marking the
-    /// queue busy for the watchdog meanwhile.
-    pub(super) fn serve_inline(&self, s: &mut QueueServer, q: RqId, budget: usize) -> usize {
+    /// queue busy for the watchdog meanwhile (since `now`).
+    pub(super) fn serve_inline(
+        &self,
+        s: &mut QueueServer,
+        q: RqId,
+        budget: usize,
+        now: Instant,
+    ) -> usize {
         let busy_since = &self.inner.queue(q).busy_since;
-        let now = self.inner.epoch.elapsed().as_millis() as u64;
+        let now = now.saturating_duration_since(self.inner.epoch).as_millis() as u64;
         busy_since.store(now.max(1), Ordering::SeqCst);
         let n = s.serve(self.inner.engine.dispatcher(), budget);
         busy_since.store(0, Ordering::SeqCst);
@@ -280,6 +363,20 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .fetch_add(n as u64, Ordering::Relaxed);
         n
     }
+}
+
+/// Whether the request `f` holds is a READ or WRITE of at least [`LARGE`]
+/// bytes.
+fn moves_much(f: &mut Fetched) -> bool {
+    let hdr = f.in_header();
+    if hdr.opcode == Opcode::Write as u32 {
+        return hdr.len as usize >= LARGE;
+    }
+    if hdr.opcode != Opcode::Read as u32 {
+        return false;
+    }
+    let op_in = &f.parts_mut().0.op_in;
+    ReadIn::read_from_prefix(&op_in[..]).is_ok_and(|(r, _)| r.size as usize >= LARGE)
 }
 
 /// A vring thread serving in line for longer than this is taken to be
@@ -311,6 +408,11 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 dev.inner.stats.queues[q.vq()]
                     .takeovers
                     .fetch_add(1, Ordering::Relaxed);
+                // What the stuck thread's entries got and it has not
+                // begun (the rest of its round) goes to the workers, and
+                // so does what is sent from now on.
+                let ring = dev.inner.engine.chan().ring_end(false);
+                let _ = ring.hand_back_own(q.ring_queue());
                 dev.submit_requests(vring, *q, None);
                 // The stuck thread may hold answers it gave in line,
                 // their signal waiting for the end of its chunk.

@@ -1,18 +1,10 @@
-//! Guest notifications: one per batch of answers rather than one per
-//! answer, on the vring threads that answer in batches ([`Batch`]).
+//! Guest notifications: one per chunk of answers its vring thread gives
+//! in line rather than one per answer ([`Signals`]), and how the chunks
+//! are cut ([`Chunks`]).
 
-use super::queue::RqId;
 use super::Vring;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use vhost_user_backend::VringT;
-
-/// The longest a chunk of answers given in line waits for its
-/// notification, whatever `submit_batch` says: a 1 MiB READ takes about
-/// 100 µs to copy, so four of them in a chunk kept a guest at depth 4 from
-/// hearing of any (and refilling its queue) for 400 µs; a notification
-/// costs the device a few microseconds, so at 50 µs it stays a small part
-/// of the work it announces.
-pub(super) const CHUNK_TIME: Duration = Duration::from_micros(50);
 
 /// Signals the guest if it wants to hear about used buffers now.
 pub(super) fn notify(vring: &Vring) {
@@ -21,67 +13,109 @@ pub(super) fn notify(vring: &Vring) {
     }
 }
 
-thread_local! {
-    /// While a vring thread answers a chunk of requests or a reaped batch
-    /// of completions ([`Batch`]): the queues it answered on, to signal
-    /// once at the end instead of once per answer.
-    static BATCH: std::cell::RefCell<Option<Vec<(RqId, Vring)>>> =
-        const { std::cell::RefCell::new(None) };
+/// The calling thread, as a number no other live thread has.
+fn this_thread() -> usize {
+    // SAFETY: pthread_self has no preconditions and cannot fail.
+    unsafe { libc::pthread_self() as usize }
 }
 
-/// Signals the guest about queue `q` now, or at the end of this thread's
-/// batch if it has one open ([`Batch`]).
-pub(super) fn notify_batched(q: RqId, vring: &Vring) {
-    let deferred = BATCH.with(|b| match b.borrow_mut().as_mut() {
-        Some(list) => {
-            if !list.iter().any(|(x, _)| *x == q) {
-                list.push((q, vring.clone()));
-            }
-            true
+/// A request queue's guest notifications. While its vring thread has a
+/// batch open ([`Signals::open`]), the answers that thread gives are
+/// signalled once, when the batch closes; answers given on other threads
+/// (workers, lock calls) are signalled at once. Held around a chunk of
+/// requests served in line and around a reaped batch of completions: held
+/// across a whole kick, the guest heard of nothing until every chain was
+/// served and could not refill its queue meanwhile; signalled per answer,
+/// a guest that reaps as fast as the device answers is woken for each.
+#[derive(Debug, Default)]
+pub(super) struct Signals {
+    /// The thread with a batch open ([`this_thread`]), or 0. Only that
+    /// thread sets or clears it, so a thread that reads its own number
+    /// has the batch open.
+    owner: AtomicUsize,
+    /// The owner answered since it opened the batch.
+    owed: AtomicBool,
+}
+
+impl Signals {
+    /// An answer was published on the queue's `vring`: signalled now, or
+    /// when this thread's open batch closes.
+    pub(super) fn answered(&self, vring: &Vring) {
+        if self.owner.load(Ordering::Relaxed) == this_thread() {
+            self.owed.store(true, Ordering::Relaxed);
+        } else {
+            notify(vring);
         }
-        None => false,
-    });
-    if !deferred {
-        notify(vring);
+    }
+
+    /// Opens a batch on this thread (a batch opened inside an open one is
+    /// part of it).
+    pub(super) fn open<'a>(&'a self, vring: &'a Vring) -> SignalBatch<'a> {
+        let me = this_thread();
+        let outer = self.owner.load(Ordering::Relaxed) != me;
+        if outer {
+            self.owner.store(me, Ordering::Relaxed);
+        }
+        SignalBatch {
+            signals: self,
+            vring,
+            outer,
+        }
     }
 }
 
-/// A vring thread's batch: answers given on this thread while it lives
-/// signal the guest once per queue, when it ends (EVENT_IDX then decides
-/// whether the guest wants it). Held around the answers of one reaped
-/// batch of completions, and of each `submit_batch` requests served in
-/// line: held across a whole kick (popping and serving every chain) the
-/// guest heard of nothing until all were served, and it could not refill
-/// its queue meanwhile (GETATTR at depth 16 ran at 0.4x); signalled per
-/// answer, a guest that reaps as fast as the device answers is woken for
-/// each (a wake-up costs the device tens of microseconds on a VM host).
-/// A batch begun while one is open is part of the outer one.
-pub(super) struct Batch {
-    owner: bool,
+/// An open batch of [`Signals`]; closing it (drop) signals what it owes.
+pub(super) struct SignalBatch<'a> {
+    signals: &'a Signals,
+    vring: &'a Vring,
+    outer: bool,
 }
 
-impl Batch {
-    pub(super) fn begin() -> Batch {
-        let owner = BATCH.with(|b| {
-            let mut b = b.borrow_mut();
-            let open = b.is_some();
-            if !open {
-                *b = Some(Vec::new());
-            }
-            !open
-        });
-        Batch { owner }
-    }
-}
-
-impl Drop for Batch {
+impl Drop for SignalBatch<'_> {
     fn drop(&mut self) {
-        if !self.owner {
-            return;
+        if self.outer {
+            self.signals.owner.store(0, Ordering::Relaxed);
+            if self.signals.owed.swap(false, Ordering::Relaxed) {
+                notify(self.vring);
+            }
         }
-        let list = BATCH.with(|b| b.borrow_mut().take());
-        for (_, v) in list.into_iter().flatten() {
-            notify(&v);
+    }
+}
+
+/// How a vring thread cuts the requests it serves in line into chunks,
+/// each answered with one guest notification: `submit_batch` requests,
+/// or one at a time after a chunk that moved a large READ or WRITE (at
+/// least [`LARGE`] bytes), so a guest hears of large answers as each is
+/// done rather than after several (a copy of 1 MiB takes about 100 µs).
+#[derive(Debug)]
+pub(super) struct Chunks {
+    size: usize,
+    /// The next chunk is a single request (the last one moved much).
+    single: bool,
+}
+
+/// A READ or WRITE at least this large makes the next chunks single.
+pub(super) const LARGE: usize = 64 * 1024;
+
+impl Chunks {
+    pub(super) fn new(size: usize) -> Chunks {
+        Chunks {
+            size: size.max(1),
+            single: false,
         }
+    }
+
+    /// Requests in the next chunk.
+    pub(super) fn next_len(&self) -> usize {
+        if self.single {
+            1
+        } else {
+            self.size
+        }
+    }
+
+    /// A chunk was served; `large`: it moved a large READ or WRITE.
+    pub(super) fn served(&mut self, large: bool) {
+        self.single = large;
     }
 }

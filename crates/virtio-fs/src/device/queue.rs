@@ -12,6 +12,7 @@
 
 use super::heads::Heads;
 use super::inline::QueueServer;
+use super::notify::Signals;
 use super::{Ticket, Vring};
 use fuse_core::Fence;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -210,6 +211,9 @@ pub(super) struct RequestQueue {
     /// at the queue's size it stops popping until the engine lets some go,
     /// so work in flight stays bounded when the server hangs. Atomic.
     pub(super) orphans: AtomicU64,
+    /// Its guest notifications, one per chunk its vring thread answers
+    /// (atomic: `notify.rs`).
+    pub(super) signals: Signals,
 }
 
 impl RequestQueue {
@@ -228,6 +232,7 @@ impl RequestQueue {
             vring: std::sync::OnceLock::new(),
             lent: Mutex::new(Vec::new()),
             orphans: AtomicU64::new(0),
+            signals: Signals::default(),
         })
     }
 }

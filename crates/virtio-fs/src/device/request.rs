@@ -6,11 +6,11 @@ use super::*;
 use std::sync::atomic::AtomicU8;
 
 impl<F: Filesystem + 'static> FsDevice<F> {
-    /// Reads a request chain into engine arguments. Err(Some) for a chain
-    /// that can carry an error reply, Err(None) for one that cannot (it is
-    /// returned unused). `gen` is the queue's generation read before the
-    /// chain was popped (a ring stopped after that makes it stale).
-    #[allow(clippy::type_complexity)]
+    /// Reads a request chain into engine arguments, or refuses it (Err:
+    /// its ticket, for [`FsDevice::refuse`]; nothing was answered yet).
+    /// `gen` is the queue's generation read before the chain was popped (a
+    /// ring stopped after that makes it stale); `popped` is when its round
+    /// was popped.
     pub(super) fn prepare(
         &self,
         vring: &Vring,
@@ -18,7 +18,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         chain: Chain,
         q: RqId,
         gen: u64,
-    ) -> Result<(Args, Arc<Ticket>), Option<Arc<Ticket>>> {
+        popped: Instant,
+    ) -> Result<(Args, Arc<Ticket>), Arc<Ticket>> {
         let total = chain.readable_len();
         let mut hb = [0u8; IN_HEADER];
         let header = if total >= IN_HEADER && chain.read_at(&**mem, 0, &mut hb).is_ok() {
@@ -49,7 +50,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             gen,
             opcode: header.map_or(0, |h| h.opcode),
             queue: q,
-            started: Instant::now(),
+            started: popped,
             chain,
             vring: vring.clone(),
             mem: mem.clone(),
@@ -65,16 +66,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             lent.push(Arc::downgrade(&ticket));
         }
         let replyable = ticket.chain.writable_len() >= OUT_HEADER;
-        let fail = |t: Arc<Ticket>| {
-            if replyable {
-                Some(t)
-            } else {
-                self.give_back_unanswered(&t);
-                None
-            }
-        };
         let Some(h) = header else {
-            return Err(fail(ticket));
+            return Err(ticket);
         };
         // The header's length must agree with the chain, and a request
         // that wants a reply must have room for at least its header.
@@ -86,10 +79,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 None | Some(Opcode::Forget | Opcode::BatchForget | Opcode::Interrupt)
             )
         {
-            return Err(fail(ticket));
+            return Err(ticket);
         }
         let Some(opcode) = opcode else {
-            return Err(fail(ticket));
+            return Err(ticket);
         };
         // A WRITE's data goes apart from its arguments (by reference, or
         // copied into its own buffer).
@@ -101,11 +94,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if body_len > body_cap(opcode, self.inner.cfg.max_write as usize) {
             // More than the opcode can carry: the kernel never sends it,
             // and the device would keep it until the request ends.
-            return Err(fail(ticket));
+            return Err(ticket);
         }
         let mut body = vec![0u8; body_len];
         if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
-            return Err(fail(ticket));
+            return Err(ticket);
         }
         if opcode == Opcode::Destroy {
             // The engine's DESTROY ends it in the filesystem.
@@ -119,7 +112,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 .read_at(&**mem, IN_HEADER + wi, &mut data)
                 .is_err()
             {
-                return Err(fail(ticket));
+                return Err(ticket);
             }
         }
         // What the guest left for the reply, up to the largest reply a
@@ -147,6 +140,19 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             args = args.force();
         }
         Ok((args, ticket))
+    }
+
+    /// Answers a request [`FsDevice::prepare`] refused: EIO, or the chain
+    /// given back unused when it has no room for a reply.
+    pub(super) fn refuse(&self, t: &Ticket) {
+        self.inner.stats.queues[t.queue.vq()]
+            .malformed
+            .fetch_add(1, Ordering::Relaxed);
+        if t.chain.writable_len() < OUT_HEADER {
+            self.give_back_unanswered(t);
+        } else if t.claim() {
+            self.answer(t, Errno::EIO.to_wire(), &[]);
+        }
     }
 }
 

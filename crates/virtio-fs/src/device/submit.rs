@@ -1,0 +1,387 @@
+//! Taking requests off a request queue, in rounds of three stages:
+//! **pop** up to [`ROUND`] chains (each read into engine arguments and a
+//! ticket, `request.rs`), **send** them to the engine as one batch (one
+//! lock for their admission, one for their ring entries, one clock read),
+//! and, on the vring thread, **serve** what its own entries got, in
+//! chunks that each end with one guest notification (`inline.rs`,
+//! `notify.rs`). A round ends early at a chain that does not go into the
+//! batch (its *tail*: a lock call, INIT, a malformed chain), which is
+//! dealt with once the batch is sent and served.
+//!
+//! When admission is full, the chains the engine refused and the tail go
+//! back to the avail ring (the queue's next index moved back over them,
+//! under `pop_lock`), so nothing popped is held by the device unsent, and
+//! the queue stalls until a request ends. Nothing is answered or given
+//! back before the send, so moving back over the tail is always right.
+
+use super::*;
+use fuse_core::EndFn;
+
+/// Chains popped per round.
+const ROUND: usize = 16;
+
+/// The chain that ended a round, dealt with after its batch.
+enum Tail {
+    /// A lock call: never background, sent on a thread of its own.
+    Lock(Args, Arc<Ticket>),
+    /// A guest INIT: ends the old session first.
+    Init(Args, Arc<Ticket>),
+    /// A request `prepare` refused.
+    Refused(Arc<Ticket>),
+    /// A chain that could not be read (its head), or whose head the
+    /// device still serves (None: the guest republished it).
+    Malformed(Option<u16>),
+}
+
+/// One round: the requests for the engine's batch, in the order popped,
+/// and what ended it. Reused from round to round.
+struct Round {
+    sends: Vec<(Args, EndFn)>,
+    tickets: Vec<Arc<Ticket>>,
+    results: Vec<Result<u64, Errno>>,
+    tail: Option<Tail>,
+}
+
+impl Round {
+    fn new() -> Round {
+        Round {
+            sends: Vec::with_capacity(ROUND),
+            tickets: Vec::with_capacity(ROUND),
+            results: Vec::with_capacity(ROUND),
+            tail: None,
+        }
+    }
+}
+
+/// How a round's send went.
+enum Outcome {
+    /// This many requests are in the engine.
+    All(usize),
+    /// Admission was full: the first `usize` are in, the rest went back.
+    Stalled(usize),
+}
+
+impl<F: Filesystem + 'static> FsDevice<F> {
+    /// Pops and submits until the queue is empty (false) or admission is
+    /// full (true: the refused chains went back to the avail ring). With
+    /// `inline`, this thread serves what its entries get, until it served
+    /// `k` requests (see [`FsDevice::drain_requests`]).
+    pub(super) fn submit_requests(
+        &self,
+        vring: &Vring,
+        q: RqId,
+        mut inline: Option<(&mut QueueServer, usize)>,
+    ) -> bool {
+        let rq = self.inner.queue(q);
+        let mut round = Round::new();
+        let mut chunks = Chunks::new(self.inner.cfg.submit_batch);
+        let mut served = 0;
+        loop {
+            // Each round: serving may have taken long, and the memory
+            // table may have changed meanwhile.
+            let Some(mem) = self.memory() else {
+                return false;
+            };
+            if self.too_many_orphans(q) {
+                return true;
+            }
+            let mut want = ROUND;
+            if let Some((s, k)) = inline.as_mut() {
+                if served < *k {
+                    want = want.min(*k - served);
+                    // Entries of this thread free for all of them.
+                    s.make_room(want);
+                }
+            }
+            let sent = {
+                let _pop = lock(&rq.pop_lock);
+                // Before the pop: a ring stopped after it leaves these
+                // chains with the old generation, so their answers never
+                // reach the new ring.
+                let gen = read(&rq.gen).n;
+                if self.pop_round(vring, &mem, q, gen, want, &mut round) == 0 {
+                    return false;
+                }
+                self.send_round(vring, q, &mut round)
+            };
+            let n = match sent {
+                Outcome::All(n) | Outcome::Stalled(n) => n,
+            };
+            if let Some((s, k)) = inline.as_mut() {
+                if served < *k && n > 0 {
+                    served += self.serve_chunks(vring, s, q, &mut chunks, n);
+                }
+            }
+            if let Outcome::Stalled(_) = sent {
+                return true;
+            }
+            if let Some(tail) = round.tail.take() {
+                self.finish_tail(vring, &mem, q, tail);
+            }
+        }
+    }
+
+    /// The pop stage: pops up to `want` chains into `round`, stopping
+    /// after one that does not go into the batch. Returns how many chains
+    /// it popped (0: the queue is empty).
+    fn pop_round(
+        &self,
+        vring: &Vring,
+        mem: &GuestMemoryLoadGuard<GuestMmap>,
+        q: RqId,
+        gen: u64,
+        want: usize,
+        round: &mut Round,
+    ) -> usize {
+        let heads = &self.inner.queue(q).heads;
+        // One clock read for the round: its requests' timeouts and
+        // latencies count from here.
+        let popped_at = Instant::now();
+        let mut n = 0;
+        while n < want {
+            let Some(popped) = self.pop(vring, mem) else {
+                break;
+            };
+            n += 1;
+            let chain = match popped {
+                Ok(c) if heads.claim(c.head) => c,
+                // A head republished while the device still serves it:
+                // the guest broke the ring's rules; it gets nothing back.
+                Ok(_) => {
+                    round.tail = Some(Tail::Malformed(None));
+                    break;
+                }
+                Err((head, _)) => {
+                    round.tail = Some(Tail::Malformed(Some(head)));
+                    break;
+                }
+            };
+            let (args, ticket) = match self.prepare(vring, mem, chain, q, gen, popped_at) {
+                Ok(v) => v,
+                Err(t) => {
+                    round.tail = Some(Tail::Refused(t));
+                    break;
+                }
+            };
+            let op = Opcode::from_u32(ticket.opcode);
+            let args = match op {
+                Some(op) if request::changes_host(op) => args.fence(self.fence_of(q, gen)),
+                _ => args,
+            };
+            match op {
+                Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw) => {
+                    round.tail = Some(Tail::Lock(args, ticket));
+                    break;
+                }
+                Some(Opcode::Init) => {
+                    round.tail = Some(Tail::Init(args, ticket));
+                    break;
+                }
+                _ => {
+                    let weak = Arc::downgrade(&self.inner);
+                    let t = ticket.clone();
+                    let end: EndFn = Box::new(move |r: ReqResult| {
+                        if let Some(inner) = weak.upgrade() {
+                            FsDevice { inner }.finish(&t, r);
+                        }
+                    });
+                    round.sends.push((args, end));
+                    round.tickets.push(ticket);
+                }
+            }
+        }
+        n
+    }
+
+    /// The send stage (under `pop_lock`): the round's requests go to the
+    /// engine in one batch. Refused for admission, they and the round's
+    /// tail go back to the avail ring.
+    fn send_round(&self, vring: &Vring, q: RqId, round: &mut Round) -> Outcome {
+        let rq = self.inner.queue(q);
+        let qs = &self.inner.stats.queues[q.vq()];
+        let taken = if round.sends.is_empty() {
+            0
+        } else {
+            let chan = self.inner.engine.chan();
+            chan.try_send_background_batch(&mut round.sends, &mut round.results)
+        };
+        let mut failed = Vec::new();
+        {
+            let mut timeouts =
+                (!self.inner.cfg.request_timeout.is_zero()).then(|| lock(&self.inner.timeouts));
+            for (t, r) in round.tickets.drain(..taken).zip(round.results.drain(..)) {
+                match r {
+                    Ok(unique) => {
+                        t.engine_unique.store(unique, Ordering::Relaxed);
+                        if let Some(tq) = timeouts.as_mut() {
+                            tq.push_back(t);
+                        }
+                    }
+                    // The connection is gone: answered below, outside the
+                    // timeouts lock.
+                    Err(e) => failed.push((t, e)),
+                }
+            }
+        }
+        qs.submitted.fetch_add(taken as u64, Ordering::Relaxed);
+        for (t, e) in failed {
+            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            if t.claim() {
+                self.answer(&t, e.to_wire(), &[]);
+            }
+        }
+        if round.sends.is_empty() {
+            return Outcome::All(taken);
+        }
+        // Refused for admission: they and the tail go back, last popped
+        // first (the refused are the round's last requests).
+        let back = round.sends.len() + usize::from(round.tail.is_some());
+        {
+            let mut v = vring.get_mut();
+            let queue = v.get_queue_mut();
+            for _ in 0..back {
+                queue.go_to_previous_position();
+            }
+        }
+        round.sends.clear();
+        for t in round.tickets.drain(..) {
+            rq.heads.release(t.chain.head);
+        }
+        match round.tail.take() {
+            Some(Tail::Lock(_, t) | Tail::Init(_, t) | Tail::Refused(t)) => {
+                rq.heads.release(t.chain.head)
+            }
+            Some(Tail::Malformed(_)) | None => {}
+        }
+        let stalled = &rq.stalled;
+        stalled.store(true, Ordering::SeqCst);
+        qs.stalls.fetch_add(1, Ordering::Relaxed);
+        // A slot freed between the refusal and the flag would not wake
+        // us: look once more.
+        let s = self.inner.engine.chan().stats();
+        if s.ready && !s.blocked && s.parked == 0 && stalled.swap(false, Ordering::SeqCst) {
+            return Outcome::All(taken);
+        }
+        Outcome::Stalled(taken)
+    }
+
+    /// Deals with the chain that ended a round, its batch sent (no queue
+    /// lock held: an INIT may wait for the old session's host work).
+    fn finish_tail(
+        &self,
+        vring: &Vring,
+        mem: &GuestMemoryLoadGuard<GuestMmap>,
+        q: RqId,
+        tail: Tail,
+    ) {
+        let qs = &self.inner.stats.queues[q.vq()];
+        match tail {
+            Tail::Lock(args, ticket) => {
+                // Lock calls are synchronous in the kernel, never
+                // background: a parked SETLKW must not hold a background
+                // slot (enough of them would keep out the unlock that
+                // frees them). They wait on a thread of their own, which
+                // only the gate holds.
+                qs.submitted.fetch_add(1, Ordering::Relaxed);
+                if !self.inner.cfg.request_timeout.is_zero() {
+                    lock(&self.inner.timeouts).push_back(ticket.clone());
+                }
+                self.send_lock_call(args, &ticket);
+            }
+            Tail::Init(args, ticket) => {
+                // A guest that rebooted sends no DESTROY: its INIT ends the
+                // old session first. INIT is FORCE, so it is never refused.
+                self.end_session("a new INIT");
+                // Kept for a live migration: the destination replays it.
+                self.inner.migration.note_init(ticket.unique, &args.body);
+                let weak = Arc::downgrade(&self.inner);
+                let t = ticket.clone();
+                let end: EndFn = Box::new(move |r: ReqResult| {
+                    if let Some(inner) = weak.upgrade() {
+                        FsDevice { inner }.finish(&t, r);
+                    }
+                });
+                qs.submitted.fetch_add(1, Ordering::Relaxed);
+                match self.inner.engine.chan().try_send_background(args, end) {
+                    Ok(unique) => {
+                        ticket.engine_unique.store(unique, Ordering::Relaxed);
+                        if !self.inner.cfg.request_timeout.is_zero() {
+                            lock(&self.inner.timeouts).push_back(ticket);
+                        }
+                    }
+                    Err(TrySendError::Closed(e)) => {
+                        self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                        if ticket.claim() {
+                            self.answer(&ticket, e.to_wire(), &[]);
+                        }
+                    }
+                    // FORCE: admission never refuses it.
+                    Err(TrySendError::Full(_)) => {
+                        if ticket.claim() {
+                            self.answer(&ticket, Errno::EIO.to_wire(), &[]);
+                        }
+                    }
+                }
+            }
+            Tail::Refused(ticket) => self.refuse(&ticket),
+            Tail::Malformed(head) => {
+                qs.malformed.fetch_add(1, Ordering::Relaxed);
+                if let Some(head) = head {
+                    if !self.inner.queue(q).heads.in_flight(head) {
+                        // Refused before anything was written to it.
+                        self.publish(vring, mem, head, &[], 0);
+                        notify(vring);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn pop(
+        &self,
+        vring: &Vring,
+        mem: &GuestMemoryLoadGuard<GuestMmap>,
+    ) -> Option<Result<Chain, (u16, ChainError)>> {
+        let chain = vring
+            .get_mut()
+            .get_queue_mut()
+            .pop_descriptor_chain(mem.clone())?;
+        let head = chain.head_index();
+        let max = u64::from(self.inner.cfg.max_write) + 64 * 1024;
+        Some(Chain::parse(chain, max).map_err(|e| (head, e)))
+    }
+
+    /// The fence of request queue `q`'s generation `gen` (a closed one if
+    /// that generation has ended since).
+    fn fence_of(&self, q: RqId, gen: u64) -> Arc<fuse_core::Fence> {
+        let g = read(&self.inner.queue(q).gen);
+        if g.n == gen {
+            return g.fence.clone();
+        }
+        let f = fuse_core::Fence::new();
+        f.close();
+        f
+    }
+
+    /// Whether queue `q` must stop popping while the engine still holds as
+    /// many timed-out requests as the queue has room for (then it is
+    /// marked stalled; an end of a request resumes it).
+    fn too_many_orphans(&self, q: RqId) -> bool {
+        let max = u64::from(self.inner.cfg.queue_size);
+        let rq = self.inner.queue(q);
+        let orphans = &rq.orphans;
+        if orphans.load(Ordering::SeqCst) < max {
+            return false;
+        }
+        let stalled = &rq.stalled;
+        stalled.store(true, Ordering::SeqCst);
+        self.inner.stats.queues[q.vq()]
+            .stalls
+            .fetch_add(1, Ordering::Relaxed);
+        // One that ended between the look and the flag would not wake us.
+        if orphans.load(Ordering::SeqCst) < max && stalled.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        true
+    }
+}
