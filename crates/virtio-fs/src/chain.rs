@@ -58,15 +58,22 @@ pub enum ChainError {
 pub struct Chain {
     /// Head descriptor index (what goes back in the used ring).
     pub head: u16,
-    /// Device-readable descriptors, in order.
-    pub readable: Vec<Seg>,
-    /// Device-writable descriptors, in order.
-    pub writable: Vec<Seg>,
+    /// Its descriptors in order: the device-readable ones, then from
+    /// `split` on the device-writable ones (one allocation per chain).
+    segs: Vec<Seg>,
+    split: usize,
+    /// Bytes of each half.
+    readable_len: usize,
+    writable_len: usize,
 }
 
 /// At most this many descriptors per chain (a 1 MiB request in 4 KiB
 /// pages plus headers, with room to spare).
 pub const MAX_DESCS: usize = 1024;
+
+/// Descriptors most requests have (headers, arguments, a data buffer or
+/// two): room for them is made at once.
+const USUAL_DESCS: usize = 8;
 
 impl Chain {
     /// Walks `chain`, checking every descriptor against `mem`. `max_bytes`
@@ -77,67 +84,77 @@ impl Chain {
         M::Target: GuestMemory,
     {
         let head = chain.head_index();
-        // The iterator ends a chain early on a bad index or a loop (its
-        // TTL); what it yields is checked below.
-        let descs: Vec<_> = chain.by_ref().take(MAX_DESCS + 1).collect();
-        if descs.len() > MAX_DESCS {
-            return Err(ChainError::TooLong {
-                descs: descs.len(),
-                bytes: 0,
-            });
-        }
-        let mem: &M::Target = chain.memory();
         let mut out = Chain {
             head,
+            segs: Vec::with_capacity(USUAL_DESCS),
             ..Chain::default()
         };
         let (mut rbytes, mut wbytes) = (0u64, 0u64);
-        let checks = descs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (i, d.addr(), d.len(), d.is_write_only()));
-        for (index, addr, len, write) in checks {
+        // The iterator ends a chain early on a bad index or a loop (its
+        // TTL); what it yields is checked here.
+        let mut index = 0;
+        while let Some(d) = chain.next() {
+            if index == MAX_DESCS {
+                return Err(ChainError::TooLong {
+                    descs: MAX_DESCS + 1,
+                    bytes: 0,
+                });
+            }
+            let (addr, len, write) = (d.addr(), d.len(), d.is_write_only());
             let access = if write {
                 Permissions::Write
             } else {
                 Permissions::Read
             };
-            if len > 0 && !mem.check_range(addr, len as usize, access) {
+            if len > 0 && !chain.memory().check_range(addr, len as usize, access) {
                 return Err(ChainError::OutsideMemory {
                     index,
                     addr: addr.0,
                     len,
                 });
             }
-            let seg = Seg { addr, len };
             if write {
                 wbytes += u64::from(len);
-                out.writable.push(seg);
             } else {
-                if !out.writable.is_empty() {
+                if out.segs.len() > out.split {
                     return Err(ChainError::ReadableAfterWritable(index));
                 }
                 rbytes += u64::from(len);
-                out.readable.push(seg);
+                out.split += 1;
             }
+            out.segs.push(Seg { addr, len });
             if rbytes > max_bytes || wbytes > max_bytes {
                 return Err(ChainError::TooLong {
                     descs: index + 1,
                     bytes: rbytes + wbytes,
                 });
             }
+            index += 1;
         }
+        // Both at most `max_bytes`, which the caller keeps well in usize.
+        out.readable_len = rbytes as usize;
+        out.writable_len = wbytes as usize;
         Ok(out)
+    }
+
+    /// The device-readable descriptors, in order.
+    pub fn readable(&self) -> &[Seg] {
+        &self.segs[..self.split]
+    }
+
+    /// The device-writable descriptors, in order.
+    pub fn writable(&self) -> &[Seg] {
+        &self.segs[self.split..]
     }
 
     /// Total device-readable bytes.
     pub fn readable_len(&self) -> usize {
-        self.readable.iter().map(|s| s.len as usize).sum()
+        self.readable_len
     }
 
     /// Total device-writable bytes.
     pub fn writable_len(&self) -> usize {
-        self.writable.iter().map(|s| s.len as usize).sum()
+        self.writable_len
     }
 
     /// Copies the readable half, from byte `from` on, into `buf` (which
@@ -149,7 +166,7 @@ impl Chain {
         buf: &mut [u8],
     ) -> Result<(), ChainError> {
         let mut done = 0;
-        for s in &self.readable {
+        for s in self.readable() {
             let len = s.len as usize;
             if from >= len {
                 from -= len;
@@ -169,7 +186,7 @@ impl Chain {
             Ok(())
         } else {
             Err(ChainError::TooLong {
-                descs: self.readable.len(),
+                descs: self.split,
                 bytes: done as u64,
             })
         }
@@ -181,11 +198,11 @@ impl Chain {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         if total > self.writable_len() {
             return Err(ChainError::TooLong {
-                descs: self.writable.len(),
+                descs: self.segs.len() - self.split,
                 bytes: total as u64,
             });
         }
-        let mut segs = self.writable.iter();
+        let mut segs = self.writable().iter();
         let (mut seg, mut off) = (None::<Seg>, 0usize);
         for part in parts {
             let mut p: &[u8] = part;

@@ -19,6 +19,7 @@ use crate::chain::Seg;
 use crate::sync::{lock, read, wait_for, write};
 use crate::GuestMmap;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
+use smallvec::SmallVec;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use vm_memory::{
     Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryRegion, MemoryRegionAddress,
@@ -83,8 +84,8 @@ struct Access {
 
 /// Guest buffers of one request (see the module docs).
 pub(crate) struct GuestSpans {
-    segs: Vec<Seg>,
-    spans: Vec<HostSpan>,
+    segs: SmallVec<[Seg; 2]>,
+    spans: SmallVec<[HostSpan; 2]>,
     mem: Mem,
     /// The map of `mem`, when the device registers guest RAM.
     map: Option<Arc<ClientMap>>,
@@ -114,8 +115,10 @@ impl GuestSpans {
         mut skip: usize,
     ) -> Option<GuestSpans> {
         let map = maps.and_then(|c| c.get(mem));
-        let mut out_segs = Vec::with_capacity(segs.len());
-        let mut spans = Vec::with_capacity(segs.len());
+        // Most READs and WRITEs have one or two data descriptors: no
+        // allocation for them.
+        let mut out_segs = SmallVec::new();
+        let mut spans = SmallVec::new();
         for s in segs {
             let len = s.len as usize;
             if skip >= len {

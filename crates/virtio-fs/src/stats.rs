@@ -24,6 +24,20 @@ pub struct QueueStats {
     pub takeovers: AtomicU64,
     /// Requests the vring thread served itself (no hand-off).
     pub inline: AtomicU64,
+    /// Answers by opcode: kept per queue, so the thread that answers a
+    /// queue's requests (its vring thread, mostly) writes counters no
+    /// other queue's thread shares; folded when read.
+    ops: OpTable,
+}
+
+/// Per-opcode counters of one queue.
+#[derive(Debug)]
+struct OpTable(Vec<OpStats>);
+
+impl Default for OpTable {
+    fn default() -> Self {
+        OpTable((0..OPCODES).map(|_| OpStats::default()).collect())
+    }
 }
 
 impl QueueStats {
@@ -40,6 +54,15 @@ struct OpStats {
     errors: AtomicU64,
     total_ns: AtomicU64,
     max_ns: AtomicU64,
+}
+
+/// [`OpStats`] read and summed.
+#[derive(Debug, Default)]
+struct OpTotals {
+    count: u64,
+    errors: u64,
+    total_ns: u64,
+    max_ns: u64,
 }
 
 /// The device's counters.
@@ -62,7 +85,6 @@ pub struct DeviceStats {
     /// Guest FUSE sessions ended by a reset or a new INIT (as DESTROY
     /// ends one).
     pub sessions_ended: AtomicU64,
-    ops: Vec<OpStats>,
 }
 
 impl DeviceStats {
@@ -75,12 +97,13 @@ impl DeviceStats {
             lost_on_stop: AtomicU64::new(0),
             stuck_on_stop: AtomicU64::new(0),
             sessions_ended: AtomicU64::new(0),
-            ops: (0..OPCODES).map(|_| OpStats::default()).collect(),
         }
     }
 
-    pub(crate) fn record(&self, opcode: u32, error: i32, took: Duration) {
-        let op = &self.ops[(opcode as usize).min(OPCODES - 1)];
+    /// Counts an answer to `opcode` on virtqueue `vq`.
+    pub(crate) fn record(&self, vq: usize, opcode: u32, error: i32, took: Duration) {
+        let Some(q) = self.queues.get(vq) else { return };
+        let op = &q.ops.0[(opcode as usize).min(OPCODES - 1)];
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         op.count.fetch_add(1, Ordering::Relaxed);
         if error != 0 {
@@ -92,9 +115,20 @@ impl DeviceStats {
 
     /// Requests answered for `opcode` so far.
     pub fn op_count(&self, opcode: Opcode) -> u64 {
-        self.ops[(opcode as usize).min(OPCODES - 1)]
-            .count
-            .load(Ordering::Relaxed)
+        self.op_totals((opcode as usize).min(OPCODES - 1)).count
+    }
+
+    /// The counters of opcode index `code`, summed over the queues.
+    fn op_totals(&self, code: usize) -> OpTotals {
+        let mut t = OpTotals::default();
+        for q in &self.queues {
+            let op = &q.ops.0[code];
+            t.count += op.count.load(Ordering::Relaxed);
+            t.errors += op.errors.load(Ordering::Relaxed);
+            t.total_ns += op.total_ns.load(Ordering::Relaxed);
+            t.max_ns = t.max_ns.max(op.max_ns.load(Ordering::Relaxed));
+        }
+        t
     }
 
     /// A human-readable snapshot: per-queue depths and counts, timeouts,
@@ -129,8 +163,9 @@ impl DeviceStats {
             self.stuck_on_stop.load(Ordering::Relaxed),
             self.sessions_ended.load(Ordering::Relaxed)
         );
-        for (code, op) in self.ops.iter().enumerate() {
-            let n = op.count.load(Ordering::Relaxed);
+        for code in 0..OPCODES {
+            let op = self.op_totals(code);
+            let n = op.count;
             if n == 0 {
                 continue;
             }
@@ -141,9 +176,9 @@ impl DeviceStats {
             let _ = writeln!(
                 s,
                 "{name:<16} count {n:>9} errors {:>7} mean {:>8} us max {:>8} us",
-                op.errors.load(Ordering::Relaxed),
-                op.total_ns.load(Ordering::Relaxed) / n / 1000,
-                op.max_ns.load(Ordering::Relaxed) / 1000,
+                op.errors,
+                op.total_ns / n / 1000,
+                op.max_ns / 1000,
             );
         }
         s

@@ -56,7 +56,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return;
         }
         rq.heads.release(t.chain.head);
-        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, 0);
+        self.publish(&t.vring, &t.mem, t.chain.head, t.chain.writable(), 0);
         notify(&t.vring);
     }
 
@@ -87,9 +87,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             Ok(_) => reply_len as u32,
             Err(_) => 0,
         };
-        self.inner
-            .stats
-            .record(t.opcode, error, t.started.elapsed());
+        // Measured at a round's and a chunk's granularity: one clock
+        // read each (docs/DESIGN.md, "Clock reads").
+        let ended = rq.signals.began().unwrap_or_else(Instant::now);
+        self.inner.stats.record(
+            t.queue.vq(),
+            t.opcode,
+            error,
+            ended.saturating_duration_since(t.started),
+        );
         if t.opcode == Opcode::Init as u32 {
             // What a migration replays is the INIT the guest was granted.
             self.inner.migration.init_answered(t.unique, error == 0);
@@ -99,7 +105,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .fetch_add(1, Ordering::Relaxed);
         // The server may have written the chain's pages by host address
         // (a READ by reference): logged here, before the guest has them.
-        self.publish(&t.vring, &t.mem, t.chain.head, &t.chain.writable, written);
+        self.publish(&t.vring, &t.mem, t.chain.head, t.chain.writable(), written);
         rq.signals.answered(&t.vring);
     }
 }

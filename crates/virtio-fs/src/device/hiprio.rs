@@ -61,7 +61,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             qs.submitted.fetch_add(1, Ordering::Relaxed);
             self.forget(&mem, &chain);
             qs.completed.fetch_add(1, Ordering::Relaxed);
-            self.publish(vring, &mem, chain.head, &chain.writable, 0);
+            self.publish(vring, &mem, chain.head, chain.writable(), 0);
         }
         if used {
             notify(vring);

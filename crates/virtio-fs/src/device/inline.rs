@@ -259,8 +259,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let stalled = self.submit_requests(vring, q, Some((s, k)));
         s.prefer(false);
         {
-            let _signals = self.inner.queue(q).signals.open(vring);
-            self.serve_inline(s, q, usize::MAX, Instant::now());
+            let now = Instant::now();
+            let _signals = self.inner.queue(q).signals.open(vring, now);
+            self.serve_inline(s, q, usize::MAX, now);
         }
         self.complete_inline(s, q);
         stalled
@@ -283,7 +284,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let mut served = 0;
         while served < n {
             let began = Instant::now();
-            let _batch = signals.open(vring);
+            let _batch = signals.open(vring, began);
             s.take_large();
             // A chunk ends where its started I/O is to be submitted.
             let len = (chunks.next_len().min(n - served))
@@ -311,7 +312,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // once, when all are in its used ring (inside a chunk of requests
         // served in line, with that chunk's).
         while {
-            let _batch = rq.vring.get().map(|v| rq.signals.open(v));
+            let now = Instant::now();
+            let _batch = rq.vring.get().map(|v| rq.signals.open(v, now));
             s.complete(disp)
         } > 0
             && self.serve_inline(s, q, usize::MAX, Instant::now()) > 0

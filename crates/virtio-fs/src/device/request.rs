@@ -37,9 +37,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .then_some(&self.inner.maps);
         let client = match header.map(|h| Opcode::from_u32(h.opcode)) {
             _ if !self.inner.cfg.zero_copy => None,
-            Some(Some(Opcode::Read)) => GuestSpans::new(mem, maps, &chain.writable, OUT_HEADER),
+            Some(Some(Opcode::Read)) => GuestSpans::new(mem, maps, chain.writable(), OUT_HEADER),
             Some(Some(Opcode::Write)) if total >= IN_HEADER + wi => {
-                GuestSpans::new(mem, maps, &chain.readable, IN_HEADER + wi)
+                GuestSpans::new(mem, maps, chain.readable(), IN_HEADER + wi)
             }
             _ => None,
         }
