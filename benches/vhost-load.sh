@@ -40,12 +40,26 @@
 # rounds of each ratio and of ops/s, p50 and daemon CPU/op. Only ratios
 # measured side by side mean anything on a noisy machine.
 #
+# The depth picture (SWEEP=1): instead of the rows above, 4 KiB random
+# reads on the ext4 share at each depth of DEPTHS (default 1 4 16 64), warm
+# (the 256 MiB file) and cold (the 4 GiB file, as randread-16-cold), the
+# same four contenders in the same rotating rounds. It then writes the
+# medians per contender, mode and depth (ops/s, p50, daemon CPU/op) to
+# OUT/vhost-depth.tsv and docs/vhost-depth.tsv, and draws
+# docs/vhost-depth.svg from them with benches/plot-depth.gp (gnuplot),
+# which redraws it alone from the TSV:
+#   gnuplot -e "data='docs/vhost-depth.tsv'; out='docs/vhost-depth.svg'" benches/plot-depth.gp
+# fusebox-load keeps 4 descriptors per request, raising the queue size to
+# 4 x depth (a power of two, at most 1024): depth 64 runs on 256-entry
+# queues; depths above 256 do not run.
+#
 # Note: virtiofsd drops the guest's O_DIRECT unless given
 # --allow-direct-io (fusebox honours it), so on randread-16-cold-direct
 # virtiofsd reads through the host page cache. VIRTIOFSD_ARGS adds options
 # to both virtiofsd contenders.
 #
-# Needs: root (tmpfs mount), python3, fio (apt-get install fio), and
+# Needs: root (tmpfs mount), python3, fio (apt-get install fio), gnuplot for
+# SWEEP=1 (apt-get install gnuplot-nox), and
 # virtiofsd (apt-get install libcap-ng-dev libseccomp-dev &&
 # cargo install virtiofsd). Builds fusebox with cargo unless BUILD=0.
 #
@@ -57,6 +71,10 @@
 #                     (default target/bench/vhost-load-DATE)
 #   EXT4_DIR=DIR      the ext4 share directory
 #   VIRTIOFSD=PATH    the virtiofsd binary; VIRTIOFSD_ARGS="..." extra options
+#   SWEEP=1           the depth picture instead of the rows (see the
+#                     script's header): ext4 only, not with ROWS; writes
+#                     OUT/vhost-depth.tsv, docs/vhost-depth.tsv and .svg
+#   DEPTHS="1 4 16"   the depths of SWEEP=1 (default 1 4 16 64)
 #   BUILD=0           use the fusebox binaries already in target/release
 set -euo pipefail
 
@@ -98,6 +116,28 @@ declare -A spec=(
 	[getattr-16]="getattr 16 data - -"
 	[meta-4]="meta 4 data - -"
 )
+sweep=${SWEEP:-0}
+depths=()
+if [ "$sweep" = 1 ]; then
+	[ -z "${ROWS:-}" ] || { echo "SWEEP=1 runs its own rows: unset ROWS" >&2; exit 2; }
+	[ "$which_sets" != tmpfs ] || { echo "SWEEP=1 runs on the ext4 share only" >&2; exit 2; }
+	sets=(ext4)
+	read -r -a depths <<<"${DEPTHS:-1 4 16 64}"
+	[ ${#depths[@]} -gt 0 ] || { echo "DEPTHS is empty" >&2; exit 2; }
+	all_rows=()
+	for d in "${depths[@]}"; do
+		if ! [[ $d =~ ^[1-9][0-9]*$ ]] || ((d > 256)); then
+			echo "depth '$d' is not in 1..256" >&2
+			exit 2
+		fi
+		spec[randread-$d]="randread $d data warm randread"
+		spec[randread-$d-cold]="randread $d cold cold randread"
+		all_rows+=("randread-$d" "randread-$d-cold")
+	done
+elif [ "$sweep" != 0 ]; then
+	echo "SWEEP is 0 or 1" >&2
+	exit 2
+fi
 rows=()
 if [ -n "${ROWS:-}" ]; then
 	read -r -a rows <<<"${ROWS//,/ }"
@@ -122,6 +162,9 @@ set_rows() {
 [ -x "$vfsd" ] || { echo "virtiofsd not found (cargo install virtiofsd)" >&2; exit 1; }
 command -v fio >/dev/null || { echo "fio not found (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 1; }
+if [ "$sweep" = 1 ]; then
+	command -v gnuplot >/dev/null || { echo "gnuplot not found (apt-get install gnuplot-nox)" >&2; exit 1; }
+fi
 if [ "${BUILD:-1}" != 0 ]; then
 	(cd "$root" && cargo build --release -q -p fusebox)
 fi
@@ -338,3 +381,37 @@ ratio() {
 echo
 echo "results: $results"
 echo "per-run log: $log"
+
+[ "$sweep" = 1 ] || exit 0
+# The depth picture: the medians as a TSV (NaN where nothing was
+# measured), with "# key value" lines plot-depth.gp puts in its caption.
+tsv=$out/vhost-depth.tsv
+nan() { sed 's/^–$/NaN/'; }
+{
+	echo "# vhost-load.sh SWEEP=1: medians of 4 KiB random reads by depth"
+	echo "# date $(date +%Y-%m-%d)"
+	echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo ?)$(git -C "$root" diff --quiet 2>/dev/null || echo +dirty)"
+	echo "# share $ext4_dir ($(findmnt -no FSTYPE -T "$ext4_dir"))"
+	echo "# runs $rounds round$([ "$rounds" = 1 ] || echo s) of $secs s"
+	echo "# machine Linux $(uname -r), $(nproc) CPUs"
+	printf 'mode\tdepth'
+	for c in fusebox virtiofsd tp16 fio; do printf '\t%s_ops' "$c"; done
+	for c in fusebox virtiofsd tp16; do printf '\t%s_cpu_us' "$c"; done
+	for c in fusebox virtiofsd tp16 fio; do printf '\t%s_p50_us' "$c"; done
+	echo
+	for mode in warm cold; do
+		for d in "${depths[@]}"; do
+			row=randread-$d
+			[ "$mode" = cold ] && row+=-cold
+			printf '%s\t%s' "$mode" "$d"
+			for c in fusebox virtiofsd virtiofsd-tp16 fio; do printf '\t%s' "$(med ops ext4 "$row" "$c" '%.0f' | nan)"; done
+			for c in fusebox virtiofsd virtiofsd-tp16; do printf '\t%s' "$(med dcpu ext4 "$row" "$c" '%.2f' | nan)"; done
+			for c in fusebox virtiofsd virtiofsd-tp16 fio; do printf '\t%s' "$(med p50 ext4 "$row" "$c" '%.0f' | nan)"; done
+			echo
+		done
+	done
+} >"$tsv"
+cp "$tsv" "$root/docs/vhost-depth.tsv"
+gnuplot -e "data='$tsv'; out='$root/docs/vhost-depth.svg'" "$root/benches/plot-depth.gp"
+echo "depth medians: $tsv (and docs/vhost-depth.tsv)"
+echo "depth picture: $root/docs/vhost-depth.svg"
