@@ -88,3 +88,67 @@ fn a_started_sync_or_fallocate_answers_no_payload() {
         assert_eq!(s.reply, Some((-28, 0)), "{op:?}");
     }
 }
+
+fn write_slot(unique: u64, size: u32) -> Slot {
+    let mut h = UringReqHeader::default();
+    let ih = InHeader {
+        len: 40 + 40 + size,
+        opcode: Opcode::Write as u32,
+        unique,
+        ..Default::default()
+    };
+    h.in_out[..40].copy_from_slice(ih.as_bytes());
+    let wi = WriteIn {
+        size,
+        ..Default::default()
+    };
+    h.op_in[..40].copy_from_slice(wi.as_bytes());
+    Slot {
+        h,
+        payload: vec![0; 8192],
+        reply: None,
+    }
+}
+
+/// A serving loop's `InFlight`: a request whose completion came before it
+/// was held (the filesystem answered inside its start) is answered at
+/// once; one completed later is answered when the loop takes its
+/// completions, with the reply rule applied (a WRITE's `fuse_write_out`);
+/// only a completion given on another thread wakes the loop.
+#[test]
+fn in_flight_answers_by_the_reply_rule_and_wakes_only_for_other_threads() {
+    use fuse_core::server::InFlight;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let w = wakes.clone();
+    let mut f: InFlight<Slot> = InFlight::new(Some(Arc::new(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    })));
+    // Completed on the loop's thread before it is held.
+    f.done_for(2).complete(Ok(100));
+    let s = f.hold(2, write_slot(2, 4096)).expect("answered at once");
+    assert_eq!(s.reply, Some((0, 8)));
+    assert_eq!(WriteOut::read_from_prefix(&s.payload).unwrap().0.size, 100);
+    assert!(f.is_empty());
+    assert_eq!(wakes.load(Ordering::SeqCst), 0);
+    // Completed on another thread after it is held.
+    let done = f.done_for(4);
+    assert!(f.hold(4, write_slot(4, 4096)).is_none());
+    assert_eq!(f.len(), 1);
+    std::thread::spawn(move || done.complete(Err(fuse_core::Errno::EIO)))
+        .join()
+        .unwrap();
+    assert_eq!(wakes.load(Ordering::SeqCst), 1);
+    let mut answered = Vec::new();
+    assert_eq!(f.take_completed(|s| answered.push(s)), 1);
+    assert_eq!(answered.len(), 1);
+    assert_eq!(
+        answered[0].reply,
+        Some((fuse_core::Errno::EIO.to_wire(), 0))
+    );
+    assert!(f.is_empty());
+    // A completion of a request it never held is dropped.
+    f.done_for(6).complete(Ok(1));
+    assert_eq!(f.take_completed(|_| panic!("not held")), 0);
+}

@@ -18,12 +18,14 @@
 mod dispatch;
 mod engine;
 pub mod faults;
+pub mod started;
 pub mod state;
 mod uring_worker;
 mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
 pub use engine::{Engine, EngineConfig};
+pub use started::InFlight;
 pub use uring_worker::{
     answer as answer_ring, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport,
     Served,

@@ -36,13 +36,13 @@
 use super::DevFuse;
 use crate::kernel_uring::arena::{Arena, Payload, PAGE};
 use crate::passthrough::sys;
-use crate::sync::lock;
-use fuse_core::abi::{self, InHeader, Operation, WriteIn, WriteOut};
-use fuse_core::server::{Deferred, DeviceEnd, Dispatcher, Filesystem, FsResult, Handled, ReadDone};
+use fuse_core::abi::{self, InHeader, Opcode, Operation, UringReqHeader, WriteIn};
+use fuse_core::server::{
+    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, InFlight, ReadDone, RingSlot,
+};
 use fuse_core::{ClientMem, Errno};
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Where in its slot a message is read: a WRITE's data (after its 40-byte
 /// in header and 40-byte `fuse_write_in`) then starts on a page.
@@ -69,18 +69,56 @@ pub struct DevStats {
     pub max_in_flight: usize,
 }
 
-/// Answers by request unique, pushed by completions on any thread.
-type Answers = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
+/// A started request: its slot, and its reply as the reply rule of
+/// started I/O ([`fuse_core::server::complete_started`]) sets it once its
+/// completion is taken.
+struct Started {
+    /// Its slot of the arena.
+    slot: usize,
+    hdr: InHeader,
+    /// A READ's size (its data goes to the slot's second page).
+    size: u32,
+    /// `op_in` holds a WRITE's `fuse_write_in` (the reply rule reads its
+    /// size); the rest is unused.
+    header: UringReqHeader,
+    /// A WRITE's `fuse_write_out`, as the reply rule writes it.
+    out: [u8; 8],
+    /// (error, bytes) of the reply.
+    reply: (i32, usize),
+}
 
-/// What a started request answers with.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    /// Its data: that many bytes at most, in its slot.
-    Read(u32),
-    /// A `fuse_write_out` of the bytes written, at most these.
-    Write(u32),
-    /// Nothing but success.
-    NoData,
+impl Started {
+    fn new(slot: usize, hdr: InHeader, size: u32, op_in: &[u8]) -> Started {
+        let mut header = UringReqHeader::default();
+        let n = op_in.len().min(header.op_in.len());
+        header.op_in[..n].copy_from_slice(&op_in[..n]);
+        Started {
+            slot,
+            hdr,
+            size,
+            header,
+            out: [0; 8],
+            reply: (Errno::EIO.to_wire(), 0),
+        }
+    }
+}
+
+impl RingSlot for Started {
+    fn in_header(&self) -> InHeader {
+        self.hdr
+    }
+    fn request_payload_len(&self) -> usize {
+        0
+    }
+    fn is_zero_copy(&self) -> bool {
+        false
+    }
+    fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
+        (&mut self.header, &mut self.out)
+    }
+    fn set_reply(&mut self, error: i32, len: usize) {
+        self.reply = (error, len);
+    }
 }
 
 /// Serves the connection with worker `w` on this thread until it goes
@@ -103,11 +141,11 @@ pub struct DevWorker {
     arena: Arc<Arena>,
     /// Slots holding no request.
     free: Vec<usize>,
-    /// Started requests by unique: their slot and what they answer.
-    started: HashMap<u64, (usize, Kind)>,
-    /// Their completions.
-    done: Answers,
-    /// Written when a completion is pushed from another thread.
+    /// Started requests and their completions.
+    started: InFlight<Started>,
+    /// Room for the requests [`DevWorker::answer`] takes.
+    answering: Vec<Started>,
+    /// Written when a completion is given on another thread.
     wake: Arc<OwnedFd>,
     /// In-line replies.
     out: Vec<u8>,
@@ -131,13 +169,17 @@ impl DevWorker {
         // of it (16 MiB per worker at depth 16) for the little a READ by
         // reference saves.
         let arena = Arena::new(MSG_AT + 80 + DATA, depth, false).map_err(|e| sys::errno_of(&e))?;
+        let wake = Arc::new(sys::eventfd()?);
+        let signal = wake.clone();
         Ok(DevWorker {
             dev: dev.clone_nonblocking()?,
             free: (0..arena.slots()).rev().collect(),
             arena,
-            started: HashMap::new(),
-            done: Arc::new(Mutex::new(Vec::new())),
-            wake: Arc::new(sys::eventfd()?),
+            started: InFlight::new(Some(Arc::new(move || {
+                sys::eventfd_signal(signal.as_raw_fd())
+            }))),
+            answering: Vec::new(),
+            wake,
             out: vec![0u8; DATA],
             stats: DevStats::default(),
         })
@@ -199,9 +241,8 @@ impl DevWorker {
             }
         };
         self.stats.served += 1;
-        if let Some(kind) = self.start_by_ref(disp, &slot, n.min(room)) {
-            self.started.insert(kind.0, (i, kind.1));
-            self.count_started(kind.1);
+        if let Some(s) = self.start_by_ref(disp, &slot, i, n.min(room)) {
+            self.hold(s);
             return Ok(true);
         }
         // A READ or WRITE the filesystem declined may have kept the memory
@@ -227,14 +268,13 @@ impl DevWorker {
             req.op,
             Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. }
         ) && disp
-            .start_no_data(&req, self.done_of(unique))
+            .start_no_data(&req, self.started.done_for(unique))
             .map_err(ReadDone::disarm)
             .is_ok()
         {
             // No memory of the slot is lent: the slot is free for the next
             // request once it is answered (`answer`).
-            self.started.insert(unique, (i, Kind::NoData));
-            self.count_started(Kind::NoData);
+            self.hold(Started::new(i, req.header, 0, &[]));
             return Ok(true);
         }
         let dev = self.dev.clone();
@@ -251,35 +291,26 @@ impl DevWorker {
         Ok(true)
     }
 
-    fn count_started(&mut self, kind: Kind) {
+    /// Counts started request `s` and holds it until its completion is
+    /// taken (answered at once if it is in already).
+    fn hold(&mut self, s: Started) {
         self.stats.started += 1;
-        match kind {
-            Kind::Write(_) => self.stats.writes_started += 1,
-            Kind::NoData => self.stats.no_data_started += 1,
-            Kind::Read(_) => {}
+        let op = s.hdr.opcode;
+        if op == Opcode::Write as u32 {
+            self.stats.writes_started += 1;
+        } else if op != Opcode::Read as u32 {
+            self.stats.no_data_started += 1;
         }
-        self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len());
-    }
-
-    /// The completion of started request `unique`.
-    fn done_of(&self, unique: u64) -> ReadDone {
-        let done = self.done.clone();
-        let wake = self.wake.clone();
-        let me = std::thread::current().id();
-        ReadDone::new(move |r| {
-            lock(&done).push((unique, r));
-            // Answered on this thread (its completions, a page-cache hit):
-            // seen before it waits. Else wake it.
-            if std::thread::current().id() != me {
-                sys::eventfd_signal(wake.as_raw_fd());
-            }
-        })
+        self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len() + 1);
+        if let Some(s) = self.started.hold(s.hdr.unique, s) {
+            self.reply_started(s);
+        }
     }
 
     /// Offers the request of `n` bytes read into `slot` to the filesystem
     /// to start by reference, if it is a READ (its data to go to the
-    /// slot's second page) or a WRITE (its data there already): its unique
-    /// and what it will answer with if started.
+    /// slot's second page) or a WRITE (its data there already): the
+    /// request, held in slot `i`, if started.
     ///
     /// Only the plain forms are offered: a READ of exactly its 80 bytes,
     /// a WRITE of its 80 bytes and data (no extensions, nothing trailing).
@@ -290,8 +321,9 @@ impl DevWorker {
         &self,
         disp: &Dispatcher<F>,
         slot: &Payload,
+        i: usize,
         n: usize,
-    ) -> Option<(u64, Kind)> {
+    ) -> Option<Started> {
         const HEAD: usize = PAGE - MSG_AT;
         let mut head = [0u8; HEAD];
         if n < HEAD {
@@ -321,26 +353,22 @@ impl DevWorker {
         };
         let req = abi::decode_split(hdr, op_in, &[], opts).ok()?;
         let unique = hdr.unique;
-        let (kind, mem) = match &req.op {
-            Operation::Read { arg } if n == HEAD && arg.size as usize <= DATA => (
-                Kind::Read(arg.size),
-                slot.client_mem_at(PAGE, arg.size as usize),
-            ),
+        let (read, size) = match &req.op {
+            Operation::Read { arg } if n == HEAD && arg.size as usize <= DATA => (true, arg.size),
             // Its data is all that follows the 80 bytes: the slot's second
             // page on.
-            Operation::Write { arg, .. } if n == HEAD + arg.size as usize => (
-                Kind::Write(arg.size),
-                slot.client_mem_at(PAGE, arg.size as usize),
-            ),
+            Operation::Write { arg, .. } if n == HEAD + arg.size as usize => (false, arg.size),
             _ => return None,
         };
-        let m: Arc<dyn ClientMem> = Arc::new(mem);
-        let r = match kind {
-            Kind::Read(_) => disp.start_read(&req, &m, self.done_of(unique)),
-            _ => disp.start_write(&req, &m, self.done_of(unique)),
+        let m: Arc<dyn ClientMem> = Arc::new(slot.client_mem_at(PAGE, size as usize));
+        let done = self.started.done_for(unique);
+        let r = if read {
+            disp.start_read(&req, &m, done)
+        } else {
+            disp.start_write(&req, &m, done)
         };
         match r {
-            Ok(()) => Some((unique, kind)),
+            Ok(()) => Some(Started::new(i, hdr, size, op_in)),
             Err(d) => {
                 d.disarm();
                 None
@@ -359,43 +387,43 @@ impl DevWorker {
 
     /// Answers every started request that completed; true if any did.
     fn answer(&mut self) -> bool {
-        let done = std::mem::take(&mut *lock(&self.done));
+        let mut done = std::mem::take(&mut self.answering);
+        self.started.take_completed(|s| done.push(s));
         let any = !done.is_empty();
-        for (unique, r) in done {
-            let Some((i, kind)) = self.started.remove(&unique) else {
-                continue;
-            };
-            let slot = Payload::new(self.arena.clone(), i);
-            // The filesystem may keep the memory it was lent past its
-            // answer: it gets EIO from now on, and the slot is ours (to
-            // read a READ's data from, then to free).
-            slot.take_back();
-            let _ = match (r, kind) {
-                (Err(e), _) => self.dev.write_reply(unique, e.to_wire(), &[]),
-                (Ok(n), Kind::Read(size)) => {
-                    let n = n.min(size as usize);
-                    // SAFETY: the slot was taken back above, so no memory
-                    // lent of it is used (the READ's I/O, and anything the
-                    // filesystem kept), and none is lent while the slice
-                    // lives; its `n` bytes from the second page lie inside
-                    // it (n ≤ DATA).
-                    let data =
-                        unsafe { std::slice::from_raw_parts(slot.as_mut_ptr().add(PAGE), n) };
-                    self.dev.write_reply(unique, 0, data)
-                }
-                (Ok(n), Kind::Write(size)) => {
-                    let out = WriteOut {
-                        size: u32::try_from(n).unwrap_or(u32::MAX).min(size),
-                        padding: 0,
-                    };
-                    self.dev
-                        .write_reply(unique, 0, zerocopy::IntoBytes::as_bytes(&out))
-                }
-                (Ok(_), Kind::NoData) => self.dev.write_reply(unique, 0, &[]),
-            };
-            self.free.push(i);
+        for s in done.drain(..) {
+            self.reply_started(s);
         }
+        self.answering = done;
         any
+    }
+
+    /// Sends the reply of started request `s` (set by the reply rule) and
+    /// frees its slot.
+    fn reply_started(&mut self, s: Started) {
+        let slot = Payload::new(self.arena.clone(), s.slot);
+        // The filesystem may keep the memory it was lent past its answer:
+        // it gets EIO from now on, and the slot is ours (to read a READ's
+        // data from, then to free).
+        slot.take_back();
+        let (error, len) = s.reply;
+        let unique = s.hdr.unique;
+        // Refused (interrupted or aborted meanwhile): dropped.
+        let _ = if error != 0 {
+            self.dev.write_reply(unique, error, &[])
+        } else if s.hdr.opcode == Opcode::Read as u32 {
+            let n = len.min(s.size as usize);
+            // SAFETY: the slot was taken back above, so no memory lent of
+            // it is used (the READ's I/O, and anything the filesystem
+            // kept), and none is lent while the slice lives; its `n` bytes
+            // from the second page lie inside it (n ≤ DATA).
+            let data = unsafe { std::slice::from_raw_parts(slot.as_mut_ptr().add(PAGE), n) };
+            self.dev.write_reply(unique, 0, data)
+        } else {
+            // A WRITE's `fuse_write_out`, or nothing.
+            self.dev
+                .write_reply(unique, 0, &s.out[..len.min(s.out.len())])
+        };
+        self.free.push(s.slot);
     }
 
     /// Waits for a request (if a slot is free), a completion of the

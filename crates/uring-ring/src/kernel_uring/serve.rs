@@ -59,9 +59,7 @@ use super::{EntState, KernelQueue, KernelSlot};
 use crate::sync::lock;
 use fuse_core::abi::Opcode;
 use fuse_core::server::RingSlot;
-use fuse_core::server::{
-    complete_started, serve_slot, Deferred, Dispatcher, Filesystem, FsResult, ReadDone, Served,
-};
+use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, InFlight, Served};
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -70,8 +68,8 @@ use std::sync::{Arc, Mutex};
 /// CPU keeps 16 requests in flight on that CPU's queue.
 pub const DEFAULT_DEPTH: usize = 16;
 
-/// Answers by unique (completed READs, parked requests answered), pushed
-/// from whichever thread answers them.
+/// Answers of parked requests by unique, pushed from whichever thread
+/// answers them.
 type Answers<T> = Arc<Mutex<Vec<(u64, T)>>>;
 
 /// What a queue served (for the daemon's log).
@@ -122,13 +120,11 @@ pub fn serve_queue<F: Filesystem>(
 struct Server<'a, F: Filesystem> {
     q: &'a KernelQueue,
     disp: &'a Dispatcher<F>,
-    /// READs and WRITEs whose host I/O runs (`Started` entries).
-    started: HashMap<u64, KernelSlot>,
+    /// Requests whose host I/O runs (`Started` entries) and their
+    /// completions.
+    started: InFlight<KernelSlot>,
     /// Requests waiting for something outside the server (`Parked`).
     parked: HashMap<u64, KernelSlot>,
-    /// Completed READs (guarded by their own mutex; pushed by the
-    /// filesystem's completions, on this thread or another).
-    reads: Answers<FsResult<usize>>,
     /// Answered parked requests (errno, as [`Deferred`] gives it).
     answered: Answers<i32>,
     /// Entries registered beyond the depth, for parked requests: as many
@@ -149,9 +145,11 @@ impl<'a, F: Filesystem> Server<'a, F> {
         Server {
             q,
             disp,
-            started: HashMap::new(),
+            started: InFlight::new(Some({
+                let q = q.clone();
+                Arc::new(move || q.wake_queue())
+            })),
             parked: HashMap::new(),
-            reads: Arc::new(Mutex::new(Vec::new())),
             answered: Arc::new(Mutex::new(Vec::new())),
             extra: 0,
             nudges: Vec::new(),
@@ -206,18 +204,8 @@ impl<'a, F: Filesystem> Server<'a, F> {
         }
         self.stats.served += 1;
         let unique = hdr.unique;
-        let me = std::thread::current().id();
-        let make = |unique: u64| {
-            let (reads, q) = (self.reads.clone(), self.q.clone());
-            ReadDone::new(move |r| {
-                lock(&reads).push((unique, r));
-                // Answered by this thread's own pass (its completions, a
-                // page-cache hit): seen before it waits. Else wake it.
-                if std::thread::current().id() != me {
-                    q.wake_queue();
-                }
-            })
-        };
+        let started = &self.started;
+        let make = |unique: u64| started.done_for(unique);
         let defer = |unique: u64| {
             let (answered, q) = (self.answered.clone(), self.q.clone());
             Deferred::new(move |error| {
@@ -248,11 +236,8 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 slot.set_state(EntState::Started);
                 // Answered before read_async returned (the page cache held
                 // it): its commit goes with this pass.
-                if let Some(r) = take(&self.reads, unique) {
-                    set_result(&mut slot, r);
+                if let Some(slot) = self.started.hold(unique, slot) {
                     self.q.commit_slot(slot)?;
-                } else {
-                    self.started.insert(unique, slot);
                 }
             }
             Served::Parked => {
@@ -305,13 +290,13 @@ impl<'a, F: Filesystem> Server<'a, F> {
         if !self.started.is_empty() {
             self.disp.fs().complete_async();
         }
-        let reads = std::mem::take(&mut *lock(&self.reads));
-        for (unique, r) in reads {
-            if let Some(mut slot) = self.started.remove(&unique) {
-                set_result(&mut slot, r);
-                self.q.commit_slot(slot)?;
+        let mut failed = Ok(());
+        self.started.take_completed(|slot| {
+            if let Err(e) = self.q.commit_slot(slot) {
+                failed = Err(e);
             }
-        }
+        });
+        failed?;
         let answered = std::mem::take(&mut *lock(&self.answered));
         for (unique, error) in answered {
             if let Some(mut slot) = self.parked.remove(&unique) {
@@ -328,10 +313,4 @@ fn take<T>(list: &Answers<T>, unique: u64) -> Option<T> {
     let mut l = lock(list);
     let i = l.iter().rposition(|(u, _)| *u == unique)?;
     Some(l.swap_remove(i).1)
-}
-
-/// The reply of a started READ (its data is in the payload already) or
-/// WRITE (a `fuse_write_out` in the payload).
-fn set_result(slot: &mut KernelSlot, r: FsResult<usize>) {
-    complete_started(slot, r);
 }

@@ -29,20 +29,14 @@ use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
-use fuse_core::fasthash::IdMap;
-use fuse_core::server::{
-    complete_started, serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served,
-};
+use fuse_core::server::{serve_slot, Dispatcher, Filesystem, InFlight, Served};
 use fuse_core::Chan;
 use fuse_core::Errno;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Weak;
 use std::time::Duration;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use vmm_sys_util::epoll::EventSet;
-
-/// Completed started READs by unique, as the filesystem reports them.
-type DoneList = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
 
 /// A vring thread's own entries of its engine ring queue and the requests
 /// it has in flight on them. Only that thread uses it (under its queue's
@@ -54,12 +48,12 @@ pub(crate) struct QueueServer {
     ents: Vec<EntHandle>,
     /// Most entries it makes (the queue's size: no more can be in flight).
     max_ents: usize,
-    /// READs whose host I/O runs, by unique: the entries they hold (one
-    /// dropped with the server fails its request: the ring answers EIO).
-    started: IdMap<u64, Fetched>,
-    /// Their completions, as the filesystem reports them (on this thread,
-    /// from `complete_async`).
-    done: DoneList,
+    /// Requests whose host I/O runs, by unique: the entries they hold (one
+    /// dropped with the server fails its request: the ring answers EIO),
+    /// and their completions, as the filesystem reports them (on this
+    /// thread, from `complete_async`; nothing wakes it for one given
+    /// elsewhere).
+    started: InFlight<Fetched>,
     /// READs started since the last submit.
     fresh: usize,
     /// The filesystem's completion fd is in this thread's epoll.
@@ -77,8 +71,7 @@ impl QueueServer {
             qid,
             ents: Vec::new(),
             max_ents: max_ents.max(1),
-            started: IdMap::default(),
-            done: Arc::new(Mutex::new(Vec::new())),
+            started: InFlight::new(None),
             fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
@@ -121,26 +114,19 @@ impl QueueServer {
                 break;
             };
             n += 1;
-            let done = self.done.clone();
-            let make = move |unique: u64| {
-                let done = done.clone();
-                ReadDone::new(move |r| {
-                    lock(&done).push((unique, r));
-                })
-            };
+            let started = &self.started;
+            let make = |unique: u64| started.done_for(unique);
             let unique = f.in_header().unique;
             match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
                 Served::Started => {
                     // Answered before read_async returned (the page cache
                     // held it): committed now, not held until the chunk's
                     // end, behind whatever the next request does in line.
-                    if let Some(r) = self.take_done(unique) {
-                        Self::set_result(&mut f, r);
+                    if let Some(f) = self.started.hold(unique, f) {
                         self.commit(f);
                         continue;
                     }
                     self.fresh += 1;
-                    self.started.insert(unique, f);
                 }
                 // Nothing parks here (no Deferred is offered), but a request
                 // answered either way is committed.
@@ -150,27 +136,13 @@ impl QueueServer {
         n
     }
 
-    /// The completion of `unique` if it is already in.
-    fn take_done(&self, unique: u64) -> Option<FsResult<usize>> {
-        let mut d = lock(&self.done);
-        let i = d.iter().rposition(|(u, _)| *u == unique)?;
-        Some(d.swap_remove(i).1)
-    }
-
-    fn set_result(f: &mut Fetched, r: FsResult<usize>) {
-        complete_started(f, r);
-    }
-
     /// READs started since the last submit.
     pub(crate) fn unsubmitted(&self) -> usize {
         self.fresh
     }
 
     fn commit(&self, f: Fetched) {
-        let area = f.commit_cmd();
-        // Torn down (or refused, which drops the request with EIO): the
-        // entry is gone or back to available either way.
-        let _ = self.ring.commit(&area, f, None);
+        commit(&self.ring, f);
     }
 
     /// Submits the I/O started since the last call, then commits what has
@@ -183,17 +155,17 @@ impl QueueServer {
         self.fresh = 0;
         disp.fs().submit_async();
         disp.fs().complete_async();
-        let done: Vec<(u64, FsResult<usize>)> = std::mem::take(&mut *lock(&self.done));
-        let n = done.len();
-        for (unique, r) in done {
-            let Some(mut f) = self.started.remove(&unique) else {
-                continue;
-            };
-            Self::set_result(&mut f, r);
-            self.commit(f);
-        }
-        n
+        let ring = &self.ring;
+        self.started.take_completed(|f| commit(ring, f))
     }
+}
+
+/// Commits `f`'s reply on `ring`.
+fn commit(ring: &RingEnd, f: Fetched) {
+    let area = f.commit_cmd();
+    // Torn down (or refused, which drops the request with EIO): the entry
+    // is gone or back to available either way.
+    let _ = ring.commit(&area, f, None);
 }
 
 impl<F: Filesystem + 'static> FsDevice<F> {
