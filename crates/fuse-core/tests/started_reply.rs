@@ -114,32 +114,28 @@ fn write_slot(unique: u64, size: u32) -> Slot {
 /// was held (the filesystem answered inside its start) is answered at
 /// once; one completed later is answered when the loop takes its
 /// completions, with the reply rule applied (a WRITE's `fuse_write_out`);
-/// only a completion given on another thread wakes the loop.
+/// a started op's fence guard stays entered until its token is handed
+/// back; a completion of a request it does not hold is dropped.
 #[test]
-fn in_flight_answers_by_the_reply_rule_and_wakes_only_for_other_threads() {
-    use fuse_core::server::InFlight;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    let wakes = Arc::new(AtomicUsize::new(0));
-    let w = wakes.clone();
-    let mut f: InFlight<Slot> = InFlight::new(Some(Arc::new(move || {
-        w.fetch_add(1, Ordering::SeqCst);
-    })));
-    // Completed on the loop's thread before it is held.
-    f.done_for(2).complete(Ok(100));
+fn in_flight_answers_by_the_reply_rule_when_its_completions_are_taken() {
+    use fuse_core::server::{InFlight, ReadDone};
+    use fuse_core::Fence;
+    let mut f: InFlight<Slot> = InFlight::new();
+    // Handed back before it is held.
+    f.completions().complete(ReadDone::new(2), Ok(100));
     let s = f.hold(2, write_slot(2, 4096)).expect("answered at once");
     assert_eq!(s.reply, Some((0, 8)));
     assert_eq!(WriteOut::read_from_prefix(&s.payload).unwrap().0.size, 100);
     assert!(f.is_empty());
-    assert_eq!(wakes.load(Ordering::SeqCst), 0);
-    // Completed on another thread after it is held.
-    let done = f.done_for(4);
+    // Held, then handed back with its fence guard.
+    let fence = Fence::new();
+    let mut done = ReadDone::new(4);
+    done.hold(fence.enter().unwrap());
     assert!(f.hold(4, write_slot(4, 4096)).is_none());
     assert_eq!(f.len(), 1);
-    std::thread::spawn(move || done.complete(Err(fuse_core::Errno::EIO)))
-        .join()
-        .unwrap();
-    assert_eq!(wakes.load(Ordering::SeqCst), 1);
+    assert_eq!(fence.inside(), 1);
+    f.completions().complete(done, Err(fuse_core::Errno::EIO));
+    assert_eq!(fence.inside(), 0);
     let mut answered = Vec::new();
     assert_eq!(f.take_completed(|s| answered.push(s)), 1);
     assert_eq!(answered.len(), 1);
@@ -148,7 +144,7 @@ fn in_flight_answers_by_the_reply_rule_and_wakes_only_for_other_threads() {
         Some((fuse_core::Errno::EIO.to_wire(), 0))
     );
     assert!(f.is_empty());
-    // A completion of a request it never held is dropped.
-    f.done_for(6).complete(Ok(1));
+    // A completion of a request it never held.
+    f.completions().complete(ReadDone::new(6), Ok(1));
     assert_eq!(f.take_completed(|_| panic!("not held")), 0);
 }

@@ -7,7 +7,8 @@
 //! one mapping (`kernel_uring::arena`). A READ, WRITE, FSYNC, FSYNCDIR or
 //! FALLOCATE the filesystem can start without waiting
 //! ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
-//! [`Dispatcher::start_no_data`]: the passthrough's per-thread io_uring)
+//! [`Dispatcher::start_no_data`]: the passthrough's io_uring of this
+//! worker's host I/O context, which the thread owns)
 //! is started and keeps its slot: a READ's data goes straight into the
 //! slot, a WRITE's comes from it. The thread goes on reading the next
 //! request while they run. Everything else is served in line and answered
@@ -38,7 +39,7 @@ use crate::kernel_uring::arena::{Arena, Payload, PAGE};
 use crate::passthrough::sys;
 use fuse_core::abi::{self, InHeader, Opcode, Operation, UringReqHeader, WriteIn};
 use fuse_core::server::{
-    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, InFlight, ReadDone, RingSlot,
+    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, InFlight, ReadDone, RingSlot, Start,
 };
 use fuse_core::{ClientMem, Errno};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -124,7 +125,13 @@ impl RingSlot for Started {
 /// Serves the connection with worker `w` on this thread until it goes
 /// (ENODEV, ECONNABORTED: a clean end, Ok).
 pub fn serve_dev<F: Filesystem>(mut w: DevWorker, disp: &Dispatcher<F>) -> Result<DevStats, Errno> {
-    match w.run(disp) {
+    // The filesystem's host I/O context of this thread: what the worker
+    // starts runs there, and only this thread completes it.
+    let signal = w.wake.clone();
+    let mut io = disp
+        .fs()
+        .new_io(Arc::new(move || sys::eventfd_signal(signal.as_raw_fd())));
+    match w.run(disp, &mut io) {
         Err(Errno::ENODEV) | Err(Errno(libc::ECONNABORTED)) => Ok(w.stats),
         Err(e) => Err(e),
         Ok(()) => Ok(w.stats),
@@ -170,14 +177,11 @@ impl DevWorker {
         // reference saves.
         let arena = Arena::new(MSG_AT + 80 + DATA, depth, false).map_err(|e| sys::errno_of(&e))?;
         let wake = Arc::new(sys::eventfd()?);
-        let signal = wake.clone();
         Ok(DevWorker {
             dev: dev.clone_nonblocking()?,
             free: (0..arena.slots()).rev().collect(),
             arena,
-            started: InFlight::new(Some(Arc::new(move || {
-                sys::eventfd_signal(signal.as_raw_fd())
-            }))),
+            started: InFlight::new(),
             answering: Vec::new(),
             wake,
             out: vec![0u8; DATA],
@@ -185,7 +189,7 @@ impl DevWorker {
         })
     }
 
-    fn run<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Result<(), Errno> {
+    fn run<F: Filesystem>(&mut self, disp: &Dispatcher<F>, io: &mut F::Io) -> Result<(), Errno> {
         loop {
             let mut busy = false;
             // At most `depth` requests a pass: while others keep coming,
@@ -193,7 +197,7 @@ impl DevWorker {
             for _ in 0..self.arena.slots() {
                 let Some(i) = self.free.pop() else { break };
                 let started = self.started.len();
-                if !self.take(disp, i)? {
+                if !self.take(disp, io, i)? {
                     self.free.push(i);
                     break;
                 }
@@ -203,25 +207,30 @@ impl DevWorker {
                 // at the pass's end, a pass's reads reach the disk together
                 // and come back together.
                 if self.started.len() != started {
-                    disp.fs().submit_async();
+                    disp.fs().submit_async(io);
                 }
             }
             if !self.started.is_empty() {
                 // Nothing left to submit (each was submitted as it
                 // started; taking completions submits what is queued
                 // anyway).
-                disp.fs().complete_async();
+                disp.fs().complete_async(io, self.started.completions());
             }
             busy |= self.answer();
             if !busy {
-                self.wait(disp)?;
+                self.wait(disp, io)?;
             }
         }
     }
 
     /// Reads a request into slot `i` and serves or starts it. False when
     /// none waits (the slot stays free).
-    fn take<F: Filesystem>(&mut self, disp: &Dispatcher<F>, i: usize) -> Result<bool, Errno> {
+    fn take<F: Filesystem>(
+        &mut self,
+        disp: &Dispatcher<F>,
+        io: &mut F::Io,
+        i: usize,
+    ) -> Result<bool, Errno> {
         let slot = Payload::new(self.arena.clone(), i);
         let at = slot.as_mut_ptr().wrapping_add(MSG_AT);
         let room = slot.len() - MSG_AT;
@@ -241,7 +250,7 @@ impl DevWorker {
             }
         };
         self.stats.served += 1;
-        if let Some(s) = self.start_by_ref(disp, &slot, i, n.min(room)) {
+        if let Some(s) = self.start_by_ref(disp, io, &slot, i, n.min(room)) {
             self.hold(s);
             return Ok(true);
         }
@@ -268,8 +277,14 @@ impl DevWorker {
             req.op,
             Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. }
         ) && disp
-            .start_no_data(&req, self.started.done_for(unique))
-            .map_err(ReadDone::disarm)
+            .start_no_data(
+                Start {
+                    io,
+                    done: self.started.completions(),
+                },
+                &req,
+                ReadDone::new(unique),
+            )
             .is_ok()
         {
             // No memory of the slot is lent: the slot is free for the next
@@ -318,8 +333,9 @@ impl DevWorker {
     /// from the copy, so no slice of the slot lives while the filesystem
     /// has the memory of [`PAGE`, end): the two never overlap.
     fn start_by_ref<F: Filesystem>(
-        &self,
+        &mut self,
         disp: &Dispatcher<F>,
+        io: &mut F::Io,
         slot: &Payload,
         i: usize,
         n: usize,
@@ -361,19 +377,17 @@ impl DevWorker {
             _ => return None,
         };
         let m: Arc<dyn ClientMem> = Arc::new(slot.client_mem_at(PAGE, size as usize));
-        let done = self.started.done_for(unique);
-        let r = if read {
-            disp.start_read(&req, &m, done)
-        } else {
-            disp.start_write(&req, &m, done)
+        let done = ReadDone::new(unique);
+        let start = Start {
+            io,
+            done: self.started.completions(),
         };
-        match r {
-            Ok(()) => Some(Started::new(i, hdr, size, op_in)),
-            Err(d) => {
-                d.disarm();
-                None
-            }
-        }
+        let r = if read {
+            disp.start_read(start, &req, &m, done)
+        } else {
+            disp.start_write(start, &req, &m, done)
+        };
+        r.ok().map(|()| Started::new(i, hdr, size, op_in))
     }
 
     fn reply_in_line(&self, h: Handled) {
@@ -428,7 +442,7 @@ impl DevWorker {
 
     /// Waits for a request (if a slot is free), a completion of the
     /// filesystem's, or a wake-up.
-    fn wait<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Result<(), Errno> {
+    fn wait<F: Filesystem>(&mut self, disp: &Dispatcher<F>, io: &F::Io) -> Result<(), Errno> {
         let mut fds = Vec::with_capacity(3);
         let ev = |fd: i32| libc::pollfd {
             fd,
@@ -443,7 +457,7 @@ impl DevWorker {
         }
         fds.push(dev);
         fds.push(ev(self.wake.as_raw_fd()));
-        if let Some(fd) = disp.fs().async_fd() {
+        if let Some(fd) = disp.fs().async_fd(io) {
             fds.push(ev(fd));
         }
         // SAFETY: `fds` is a live array of that many pollfds.

@@ -3,7 +3,8 @@
 //!
 //! The thread registers `depth` entries. Whatever they fetched is served
 //! in one pass: a READ the filesystem can start without waiting
-//! ([`Filesystem::read_async`], the passthrough's per-thread io_uring) is
+//! ([`Filesystem::read_async`], on the io_uring of the passthrough's host
+//! I/O context, which the thread owns: [`Filesystem::new_io`]) is
 //! started straight into the entry's payload buffer and left running, so
 //! the thread goes on to the next fetched request; so is a WRITE
 //! ([`Filesystem::write_async`]) from the payload buffer its data came
@@ -31,9 +32,10 @@
 //! the pass's commits also waits for new requests, READ completions and
 //! answers given on other threads, with no epoll set and no extra system
 //! call to wait on a second ring. (The READs themselves run on the
-//! filesystem's own per-thread io_uring, which this crate's passthrough
-//! owns and registers its fixed buffers with; sharing one ring for both
-//! would tie the passthrough to this transport.)
+//! filesystem's own io_uring, in the host I/O context the thread owns,
+//! which this crate's passthrough makes and registers its fixed buffers
+//! with; sharing one ring for both would tie the passthrough to this
+//! transport.)
 //!
 //! Requests still go through the same dispatcher as every other transport
 //! (the kernel did admission and times requests out; FUSE_INTERRUPT
@@ -50,8 +52,9 @@
 //! A READ that hangs holds only its own entry: the others keep serving.
 //! When the connection goes, the thread's entries are dropped, but the
 //! payload slot a READ still reads into stays mapped until its completion
-//! is taken (see `kernel_uring::arena`); the thread itself ends only once the
-//! passthrough's per-thread ring has cancelled and drained its I/O, so a
+//! is taken (see `kernel_uring::arena`); the thread itself ends only once
+//! the ring of its host I/O context (dropped with its server, before the
+//! entries it holds) has cancelled and drained its I/O, so a
 //! READ stuck in the host (a hard NFS mount) holds the thread until the
 //! daemon's grace period at exit.
 
@@ -59,7 +62,7 @@ use super::{EntState, KernelQueue, KernelSlot};
 use crate::sync::lock;
 use fuse_core::abi::Opcode;
 use fuse_core::server::RingSlot;
-use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, InFlight, Served};
+use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, InFlight, Served, Start};
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -120,6 +123,9 @@ pub fn serve_queue<F: Filesystem>(
 struct Server<'a, F: Filesystem> {
     q: &'a KernelQueue,
     disp: &'a Dispatcher<F>,
+    /// The filesystem's host I/O context of this thread: what it starts
+    /// runs there, and only this thread completes it.
+    io: F::Io,
     /// Requests whose host I/O runs (`Started` entries) and their
     /// completions.
     started: InFlight<KernelSlot>,
@@ -145,10 +151,11 @@ impl<'a, F: Filesystem> Server<'a, F> {
         Server {
             q,
             disp,
-            started: InFlight::new(Some({
+            io: disp.fs().new_io({
                 let q = q.clone();
                 Arc::new(move || q.wake_queue())
-            })),
+            }),
+            started: InFlight::new(),
             parked: HashMap::new(),
             answered: Arc::new(Mutex::new(Vec::new())),
             extra: 0,
@@ -172,7 +179,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 // module's doc: submitted once a pass, the pass's reads
                 // reached the disk together and came back together).
                 if self.stats.started != started {
-                    self.disp.fs().submit_async();
+                    self.disp.fs().submit_async(&mut self.io);
                 }
             }
             self.nudge();
@@ -183,8 +190,8 @@ impl<'a, F: Filesystem> Server<'a, F> {
             if self.q.stopping() {
                 return Err(Errno::ENOTCONN);
             }
-            if self.q.wait(self.disp.fs().async_fd())? {
-                if let Some(fd) = self.disp.fs().async_fd() {
+            if self.q.wait(self.disp.fs().async_fd(&self.io))? {
+                if let Some(fd) = self.disp.fs().async_fd(&self.io) {
                     // The filesystem's non-blocking eventfd: that resets it.
                     crate::passthrough::sys::eventfd_drain(fd);
                 }
@@ -204,8 +211,6 @@ impl<'a, F: Filesystem> Server<'a, F> {
         }
         self.stats.served += 1;
         let unique = hdr.unique;
-        let started = &self.started;
-        let make = |unique: u64| started.done_for(unique);
         let defer = |unique: u64| {
             let (answered, q) = (self.answered.clone(), self.q.clone());
             Deferred::new(move |error| {
@@ -218,7 +223,10 @@ impl<'a, F: Filesystem> Server<'a, F> {
             &mut slot,
             &mut self.scratch,
             Some(&defer),
-            Some(&make),
+            Some(Start {
+                io: &mut self.io,
+                done: self.started.completions(),
+            }),
         ) {
             Served::Started => {
                 self.stats.started += 1;
@@ -288,7 +296,9 @@ impl<'a, F: Filesystem> Server<'a, F> {
     /// READ and parked request answered since the last pass.
     fn finish(&mut self) -> Result<(), Errno> {
         if !self.started.is_empty() {
-            self.disp.fs().complete_async();
+            self.disp
+                .fs()
+                .complete_async(&mut self.io, self.started.completions());
         }
         let mut failed = Ok(());
         self.started.take_completed(|slot| {

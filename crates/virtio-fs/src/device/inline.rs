@@ -29,11 +29,12 @@ use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
-use fuse_core::server::{serve_slot, Dispatcher, Filesystem, InFlight, Served};
+use fuse_core::server::{serve_slot, Dispatcher, Filesystem, InFlight, Served, Start};
 use fuse_core::Chan;
 use fuse_core::Errno;
+use std::any::Any;
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use vmm_sys_util::epoll::EventSet;
@@ -48,11 +49,16 @@ pub(crate) struct QueueServer {
     ents: Vec<EntHandle>,
     /// Most entries it makes (the queue's size: no more can be in flight).
     max_ents: usize,
+    /// The filesystem's host I/O context of this thread (its `F::Io`,
+    /// made on first use): what the thread starts runs there, and only it
+    /// completes that. It wakes nothing: the thread takes completions when
+    /// the context's fd (in its epoll) or a kick says so. Dropped before
+    /// `started`: its I/O ends before the entries go.
+    io: Option<Box<dyn Any + Send>>,
     /// Requests whose host I/O runs, by unique: the entries they hold (one
     /// dropped with the server fails its request: the ring answers EIO),
-    /// and their completions, as the filesystem reports them (on this
-    /// thread, from `complete_async`; nothing wakes it for one given
-    /// elsewhere).
+    /// and their completions, as the filesystem hands them back (from
+    /// `complete_async` on this thread).
     started: InFlight<Fetched>,
     /// READs started since the last submit.
     fresh: usize,
@@ -71,7 +77,8 @@ impl QueueServer {
             qid,
             ents: Vec::new(),
             max_ents: max_ents.max(1),
-            started: InFlight::new(None),
+            io: None,
+            started: InFlight::new(),
             fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
@@ -114,10 +121,10 @@ impl QueueServer {
                 break;
             };
             n += 1;
-            let started = &self.started;
-            let make = |unique: u64| started.done_for(unique);
             let unique = f.in_header().unique;
-            match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
+            let done = self.started.completions();
+            let start = io_of(&mut self.io, disp).map(|io| Start { io, done });
+            match serve_slot(disp, &mut f, &mut self.scratch, None, start) {
                 Served::Started => {
                     // Answered before read_async returned (the page cache
                     // held it): committed now, not held until the chunk's
@@ -134,6 +141,13 @@ impl QueueServer {
             }
         }
         n
+    }
+
+    /// The fd that is readable when this thread's started I/O has
+    /// completions to take (None before it started any).
+    fn async_fd<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Option<i32> {
+        let io = io_of(&mut self.io, disp)?;
+        disp.fs().async_fd(io)
     }
 
     /// READs started since the last submit.
@@ -153,11 +167,26 @@ impl QueueServer {
             return 0;
         }
         self.fresh = 0;
-        disp.fs().submit_async();
-        disp.fs().complete_async();
+        if let Some(io) = io_of(&mut self.io, disp) {
+            disp.fs().submit_async(io);
+            disp.fs().complete_async(io, self.started.completions());
+        }
         let ring = &self.ring;
         self.started.take_completed(|f| commit(ring, f))
     }
+}
+
+/// `disp`'s filesystem's host I/O context in `slot`, made there on first
+/// use (a queue thread serves one device, so it is of that type once
+/// made; None never comes in practice).
+fn io_of<'a, F: Filesystem>(
+    slot: &'a mut Option<Box<dyn Any + Send>>,
+    disp: &Dispatcher<F>,
+) -> Option<&'a mut F::Io> {
+    if !slot.as_ref().is_some_and(|b| b.is::<F::Io>()) {
+        *slot = Some(Box::new(disp.fs().new_io(Arc::new(|| {}))));
+    }
+    slot.as_mut()?.downcast_mut::<F::Io>()
 }
 
 /// Commits `f`'s reply on `ring`.
@@ -212,7 +241,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             && self.serve_inline(s, q, usize::MAX) > 0
         {}
         if s.fd_registered.is_none() {
-            if let Some(fd) = disp.fs().async_fd() {
+            if let Some(fd) = s.async_fd(disp) {
                 let h = lock(&self.inner.handlers)
                     .get(q.vq())
                     .and_then(Weak::upgrade);
