@@ -105,8 +105,11 @@ pub struct PassthroughIo {
     no_data: fuse_core::fasthash::IdMap<OpId, NoData>,
     eventfd: Option<std::os::fd::OwnedFd>,
     personas: write::Personas,
-    /// Completions taken from the ring (kept for their room).
+    /// Completions taken from the ring, and the ops they end (kept for
+    /// their room: taking completions allocates nothing once warm).
     reaped: Vec<(OpId, std::io::Result<usize>)>,
+    finished: Vec<(Pending, Result<usize, Errno>, bool)>,
+    synced: Vec<(NoData, Result<usize, Errno>)>,
 }
 
 impl std::fmt::Debug for PassthroughIo {
@@ -393,6 +396,8 @@ impl PassthroughFs {
         if io.idle() {
             return 0;
         }
+        let mut finished = std::mem::take(&mut io.finished);
+        let mut no_data = std::mem::take(&mut io.synced);
         let PassthroughIo {
             driver: Some(d),
             pending,
@@ -405,8 +410,6 @@ impl PassthroughFs {
             return 0;
         };
         let _ = d.take_started(reaped);
-        let mut finished = Vec::new();
-        let mut no_data = Vec::new();
         let mut continued = false;
         for (id, res) in reaped.drain(..) {
             if let Some(op) = no_data_ops.remove(&id) {
@@ -454,13 +457,13 @@ impl PassthroughFs {
             let _ = d.submit();
         }
         let n = finished.len() + no_data.len();
-        for (op, mut r) in no_data {
+        for (op, mut r) in no_data.drain(..) {
             if let Some(a) = &op.alloc {
                 r = self.fallocate_finished(&op.h, a, r);
             }
             out.complete(op.done, r);
         }
-        for (mut p, mut r, stalled) in finished {
+        for (mut p, mut r, stalled) in finished.drain(..) {
             if let Some(w) = p.write.take() {
                 // SAFETY: `p`'s memory is still held for I/O: end_io comes
                 // below.
@@ -470,6 +473,8 @@ impl PassthroughFs {
             p.mem.end_io();
             out.complete(p.done, r);
         }
+        io.finished = finished;
+        io.synced = no_data;
         n
     }
 
