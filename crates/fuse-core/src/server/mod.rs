@@ -192,7 +192,9 @@ impl Drop for Deferred {
 /// fence until it is answered. The filesystem hands it back with the
 /// result into the serving loop's [`Completions`] (from
 /// [`Filesystem::complete_async`] on that loop's thread, or before the
-/// start returns); one that declines gives it back unused.
+/// start returns); one that declines gives it back unused. A token dropped
+/// instead answers nothing: its request stays held until its loop ends
+/// (then the transport fails it).
 pub struct ReadDone {
     unique: u64,
     /// Keeps the started host I/O counted under its request's fence
