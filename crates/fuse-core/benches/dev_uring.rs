@@ -27,6 +27,9 @@ struct NullFs {
 impl Filesystem for NullFs {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
     fn getattr(&self, _: &Ctx, ino: u64, _: Option<u64>) -> FsResult<(Attr, Duration)> {
         Ok((
             Attr {

@@ -33,13 +33,13 @@ use fuse_core::abi::{encode::Body, init, Attr, GetattrIn, Opcode, ReadIn};
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::{
-    serve_slot, Ctx, Dispatcher, Filesystem, FsResult, ReadDone, ReadSink, ServerConfig,
+    serve_slot, Completions, Ctx, Dispatcher, Filesystem, FsResult, ReadSink, ServerConfig, Start,
 };
 use fuse_core::{Args, Chan, Errno, ReqResult};
 use fuse_core::{ClientMem, EndFn, HostSpan};
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 const PAGE: usize = 4096;
@@ -54,6 +54,9 @@ struct NullFs;
 impl Filesystem for NullFs {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
     fn getattr(&self, _: &Ctx, ino: u64, _: Option<u64>) -> FsResult<(Attr, Duration)> {
         Ok((
             Attr {
@@ -200,9 +203,6 @@ impl Kind {
     }
 }
 
-/// Completed started READs by unique (`QueueServer::done`).
-type DoneList = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
-
 /// The engine as `FsDevice::new` starts it, and a queue thread's server.
 struct Bench {
     engine: Embedded<NullFs>,
@@ -212,7 +212,7 @@ struct Bench {
     ring: RingEnd,
     qid: u16,
     ents: Vec<EntHandle>,
-    done: DoneList,
+    done: Completions,
     scratch: Vec<u8>,
     next_unique: u64,
     /// The batch forms' vectors, reused from batch to batch (as a queue
@@ -264,7 +264,7 @@ impl Bench {
             ring,
             qid,
             ents,
-            done: Arc::new(Mutex::new(Vec::new())),
+            done: Completions::default(),
             scratch: vec![0u8; 64 * 1024],
             next_unique: 2,
             to_send: Vec::with_capacity(MAX_BATCH),
@@ -343,17 +343,12 @@ impl Bench {
         let mut served = 0;
         while let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) {
             served += 1;
-            let done = self.done.clone();
-            let make = move |unique: u64| {
-                let done = done.clone();
-                ReadDone::new(move |r| {
-                    done.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((unique, r));
-                })
-            };
             let disp: &Dispatcher<NullFs> = self.engine.dispatcher();
-            serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make));
+            let start = Start {
+                io: &mut (),
+                done: &mut self.done,
+            };
+            serve_slot(disp, &mut f, &mut self.scratch, None, Some(start));
             // QueueServer::commit
             let area = f.commit_cmd();
             let _ = self.ring.commit(&area, f, None);
@@ -401,18 +396,13 @@ impl Bench {
                 break;
             }
             served += got;
-            let done = self.done.clone();
-            let make = move |unique: u64| {
-                let done = done.clone();
-                ReadDone::new(move |r| {
-                    done.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((unique, r));
-                })
-            };
             let disp: &Dispatcher<NullFs> = self.engine.dispatcher();
             for f in &mut self.fetched {
-                serve_slot(disp, f, &mut self.scratch, None, Some(&make));
+                let start = Start {
+                    io: &mut (),
+                    done: &mut self.done,
+                };
+                serve_slot(disp, f, &mut self.scratch, None, Some(start));
             }
             let committed = self.ring.commit_batch(&mut self.fetched, None);
             assert_eq!(committed, got);

@@ -38,6 +38,9 @@ fn attr(ino: u64) -> Attr {
 impl Filesystem for SmallFs {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
 
     fn lookup(&self, _: &Ctx, parent: u64, name: &[u8]) -> FsResult<Entry<u64>> {
         let ino = match (parent, name) {

@@ -88,3 +88,63 @@ fn a_started_sync_or_fallocate_answers_no_payload() {
         assert_eq!(s.reply, Some((-28, 0)), "{op:?}");
     }
 }
+
+fn write_slot(unique: u64, size: u32) -> Slot {
+    let mut h = UringReqHeader::default();
+    let ih = InHeader {
+        len: 40 + 40 + size,
+        opcode: Opcode::Write as u32,
+        unique,
+        ..Default::default()
+    };
+    h.in_out[..40].copy_from_slice(ih.as_bytes());
+    let wi = WriteIn {
+        size,
+        ..Default::default()
+    };
+    h.op_in[..40].copy_from_slice(wi.as_bytes());
+    Slot {
+        h,
+        payload: vec![0; 8192],
+        reply: None,
+    }
+}
+
+/// A serving loop's `InFlight`: a request whose completion came before it
+/// was held (the filesystem answered inside its start) is answered at
+/// once; one completed later is answered when the loop takes its
+/// completions, with the reply rule applied (a WRITE's `fuse_write_out`);
+/// a started op's fence guard stays entered until its token is handed
+/// back; a completion of a request it does not hold is dropped.
+#[test]
+fn in_flight_answers_by_the_reply_rule_when_its_completions_are_taken() {
+    use fuse_core::server::{InFlight, ReadDone};
+    use fuse_core::Fence;
+    let mut f: InFlight<Slot> = InFlight::new();
+    // Handed back before it is held.
+    f.completions().complete(ReadDone::new(2), Ok(100));
+    let s = f.hold(2, write_slot(2, 4096)).expect("answered at once");
+    assert_eq!(s.reply, Some((0, 8)));
+    assert_eq!(WriteOut::read_from_prefix(&s.payload).unwrap().0.size, 100);
+    assert!(f.is_empty());
+    // Held, then handed back with its fence guard.
+    let fence = Fence::new();
+    let mut done = ReadDone::new(4);
+    done.hold(fence.enter().unwrap());
+    assert!(f.hold(4, write_slot(4, 4096)).is_none());
+    assert_eq!(f.len(), 1);
+    assert_eq!(fence.inside(), 1);
+    f.completions().complete(done, Err(fuse_core::Errno::EIO));
+    assert_eq!(fence.inside(), 0);
+    let mut answered = Vec::new();
+    assert_eq!(f.take_completed(|s| answered.push(s)), 1);
+    assert_eq!(answered.len(), 1);
+    assert_eq!(
+        answered[0].reply,
+        Some((fuse_core::Errno::EIO.to_wire(), 0))
+    );
+    assert!(f.is_empty());
+    // A completion of a request it never held.
+    f.completions().complete(ReadDone::new(6), Ok(1));
+    assert_eq!(f.take_completed(|_| panic!("not held")), 0);
+}

@@ -38,6 +38,9 @@ pub struct CancelRegistry {
     /// (key, ring fd, user_data): one set, so entering an op allocates
     /// nothing per request (a map of vectors did, on every READ).
     ops: Mutex<BTreeSet<(u64, RawFd, u64)>>,
+    /// Rings owned by a serving loop, with its thread: their ops' completions
+    /// are taken by that thread alone (see [`CancelRegistry::cancel_here`]).
+    owned: Mutex<Vec<(RawFd, std::thread::ThreadId)>>,
 }
 
 impl CancelRegistry {
@@ -51,6 +54,29 @@ impl CancelRegistry {
 
     pub(crate) fn leave(&self, key: u64, ring: RawFd, user_data: u64) {
         self.ops().remove(&(key, ring, user_data));
+    }
+
+    /// Records ring `ring` as this thread's own: only this thread takes
+    /// its ops' completions, after submitting them.
+    pub fn own(&self, ring: RawFd) {
+        lock(&self.owned).push((ring, std::thread::current().id()));
+    }
+
+    /// Forgets ring `ring` (before it is closed).
+    pub fn disown(&self, ring: RawFd) {
+        lock(&self.owned).retain(|&(r, _)| r != ring);
+    }
+
+    /// [`CancelRegistry::cancel_from`] on this thread's own ring, if it
+    /// has one ([`CancelRegistry::own`]): an interrupt served by the
+    /// thread that started the op does not wait for it to leave.
+    pub fn cancel_here(&self, key: u64, patience: Duration) -> usize {
+        let me = std::thread::current().id();
+        let own = lock(&self.owned)
+            .iter()
+            .find(|&&(_, t)| t == me)
+            .map(|&(r, _)| r);
+        self.cancel_from(key, patience, own)
     }
 
     /// Ops in flight now.

@@ -167,6 +167,8 @@ pub struct Driver {
     regions: Vec<Box<[u8]>>,
     /// The client map registered instead of `regions` (see `vectored`).
     client_map: Option<vectored::ClientPieces>,
+    /// The client map the kernel refused to register (see `vectored`).
+    refused_map: Option<u64>,
     cancels: Option<std::sync::Arc<crate::cancel::CancelRegistry>>,
     /// Started ops (see `started.rs`): their ids and keys, and the iovec
     /// arrays the kernel reads until each completes (by slot).
@@ -175,6 +177,13 @@ pub struct Driver {
     /// Unique among this process's drivers (see `personality.rs`).
     serial: u64,
 }
+
+// SAFETY: a driver has no tie to the thread that made it: its ring is set
+// up without SINGLE_ISSUER, so any one thread at a time may submit and
+// reap on it (`&mut self`), and the raw pointers it keeps (the iovec arrays
+// of started ops, the registered client map's pieces) name memory whose
+// life its callers' contracts bind to the op, not to a thread.
+unsafe impl Send for Driver {}
 
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -222,6 +231,7 @@ impl Driver {
             supported,
             regions: Vec::new(),
             client_map: None,
+            refused_map: None,
             cancels: None,
             started: Vec::new(),
             iov_store: Default::default(),

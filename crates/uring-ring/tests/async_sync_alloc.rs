@@ -11,11 +11,11 @@ mod common;
 
 use common::{Kind, Mount, Via};
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Ctx, Filesystem, FsResult, ReadDone};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, ReadDone};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use uring_ring::passthrough::Config;
+use uring_ring::passthrough::{Config, PassthroughIo};
 
 const RW: u32 = libc::O_RDWR as u32;
 
@@ -34,55 +34,92 @@ fn ctx_as(uid: u32, gid: u32) -> Ctx<'static> {
     }
 }
 
-/// Offers the FSYNC of `fh` to the served filesystem: its answer if
-/// started, None if declined (then it is served in line).
-fn start(m: &Mount, node: u64, fh: u64, datasync: bool) -> Option<mpsc::Receiver<FsResult<usize>>> {
-    let (tx, rx) = mpsc::channel();
-    let done = ReadDone::new(move |r| {
-        let _ = tx.send(r);
-    });
-    match m.fs().fsync_async(&ctx(), node, fh, datasync, false, done) {
-        Ok(()) => Some(rx),
-        Err(done) => {
-            done.disarm();
-            None
+/// This thread as a serving loop: the host I/O context it owns, its
+/// completions, and the answers taken so far by unique.
+struct Loop {
+    io: PassthroughIo,
+    done: Completions,
+    answers: HashMap<u64, FsResult<usize>>,
+}
+
+impl Loop {
+    fn new(m: &Mount) -> Loop {
+        Loop {
+            io: m.fs().new_io(std::sync::Arc::new(|| {})),
+            done: Completions::default(),
+            answers: HashMap::new(),
         }
     }
+
+    fn submit(&mut self, m: &Mount) {
+        m.fs().submit_async(&mut self.io);
+    }
+
+    /// The answer of started request `unique`, if taken.
+    fn answer(&mut self, unique: u64) -> Result<FsResult<usize>, &'static str> {
+        for (u, r) in self.done.drain() {
+            self.answers.insert(u, r);
+        }
+        self.answers.remove(&unique).ok_or("not answered")
+    }
+}
+
+/// Offers the FSYNC of `fh` to the served filesystem: its unique if
+/// started, None if declined (then it is served in line).
+fn start(m: &Mount, lp: &mut Loop, node: u64, fh: u64, datasync: bool) -> Option<u64> {
+    let ctx = ctx();
+    let done = ReadDone::new(ctx.unique);
+    m.fs()
+        .fsync_async(
+            &mut lp.io,
+            &mut lp.done,
+            &ctx,
+            node,
+            fh,
+            datasync,
+            false,
+            done,
+        )
+        .ok()
+        .map(|()| ctx.unique)
 }
 
 /// Offers the FALLOCATE of `len` bytes at `off` through `fh`, by `ctx`:
 /// its answer if started, None if declined.
+#[allow(clippy::too_many_arguments)]
 fn start_alloc(
     m: &Mount,
+    lp: &mut Loop,
     ctx: &Ctx,
     node: u64,
     fh: u64,
     mode: i32,
     off: u64,
     len: u64,
-) -> Option<mpsc::Receiver<FsResult<usize>>> {
-    let (tx, rx) = mpsc::channel();
-    let done = ReadDone::new(move |r| {
-        let _ = tx.send(r);
-    });
-    match m
-        .fs()
-        .fallocate_async(ctx, node, fh, mode as u32, off, len, done)
-    {
-        Ok(()) => Some(rx),
-        Err(done) => {
-            done.disarm();
-            None
-        }
-    }
+) -> Option<u64> {
+    let done = ReadDone::new(ctx.unique);
+    m.fs()
+        .fallocate_async(
+            &mut lp.io,
+            &mut lp.done,
+            ctx,
+            node,
+            fh,
+            mode as u32,
+            off,
+            len,
+            done,
+        )
+        .ok()
+        .map(|()| ctx.unique)
 }
 
-/// Takes completions until nothing this thread started is in flight.
-fn run(m: &Mount) {
+/// Takes completions until nothing this loop started is in flight.
+fn run(m: &Mount, lp: &mut Loop) {
     let t = Instant::now();
-    while m.fs().async_in_flight() > 0 {
+    while m.fs().async_in_flight(&lp.io) > 0 {
         assert!(t.elapsed() < Duration::from_secs(60), "syncs never ended");
-        if m.fs().complete_async() == 0 {
+        if m.fs().complete_async(&mut lp.io, &mut lp.done) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -108,23 +145,24 @@ fn dirty_file(m: &Mount, name: &[u8], len: usize) -> (u64, u64) {
 #[test]
 fn a_sync_of_dirty_data_runs_on_while_the_thread_goes_on() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"f", 64 << 20);
     let (node2, fh2) = dirty_file(&m, b"g", 1 << 20);
     let before = m.fs().io_counts().syncs_started;
-    let a = start(&m, node, fh, false).expect("an fsync of an ext4 file is started");
-    let b = start(&m, node2, fh2, true).expect("an fdatasync of an ext4 file is started");
-    assert_eq!(m.fs().async_in_flight(), 2);
-    assert!(a.try_recv().is_err(), "answered before it was submitted");
-    m.fs().submit_async();
+    let a = start(&m, &mut lp, node, fh, false).expect("an fsync of an ext4 file is started");
+    let b = start(&m, &mut lp, node2, fh2, true).expect("an fdatasync of an ext4 file is started");
+    assert_eq!(m.fs().async_in_flight(&lp.io), 2);
+    assert!(lp.answer(a).is_err(), "answered before it was submitted");
+    lp.submit(&m);
     // The submit hands the syncs to io-wq workers and returns: 64 MiB are
     // still being written back when it does.
     assert!(
-        m.fs().async_in_flight() >= 1 && a.try_recv().is_err(),
+        m.fs().async_in_flight(&lp.io) >= 1 && lp.answer(a).is_err(),
         "the submit waited for the sync"
     );
-    run(&m);
-    assert_eq!(a.try_recv().expect("the fsync was answered"), Ok(0));
-    assert_eq!(b.try_recv().expect("the fdatasync was answered"), Ok(0));
+    run(&m, &mut lp);
+    assert_eq!(lp.answer(a).expect("the fsync was answered"), Ok(0));
+    assert_eq!(lp.answer(b).expect("the fdatasync was answered"), Ok(0));
     assert_eq!(m.fs().io_counts().syncs_started, before + 2);
     m.client.release(node, fh, 0).unwrap();
     m.client.release(node2, fh2, 0).unwrap();
@@ -135,24 +173,30 @@ fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
     // tmpfs has nothing to write back (and no non-blocking I/O): its sync
     // costs less in line than a hand-off to a worker.
     let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"f", 4096);
-    assert!(start(&m, node, fh, false).is_none(), "tmpfs sync started");
     assert!(
-        start_alloc(&m, &ctx(), node, fh, 0, 0, 4096).is_none(),
+        start(&m, &mut lp, node, fh, false).is_none(),
+        "tmpfs sync started"
+    );
+    assert!(
+        start_alloc(&m, &mut lp, &ctx(), node, fh, 0, 0, 4096).is_none(),
         "tmpfs fallocate started"
     );
     // An unknown handle: the usual path answers it (EBADF).
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
-    assert!(start(&m, ROOT_ID, 0xdead_beef, false).is_none());
+    let mut lp = Loop::new(&m);
+    assert!(start(&m, &mut lp, ROOT_ID, 0xdead_beef, false).is_none());
     // Without io_uring nothing is started.
     let cfg = Config {
         io_uring: false,
         ..Config::default()
     };
     let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"f", 4096);
-    assert!(start(&m, node, fh, false).is_none());
-    assert!(start_alloc(&m, &ctx(), node, fh, 0, 0, 4096).is_none());
+    assert!(start(&m, &mut lp, node, fh, false).is_none());
+    assert!(start_alloc(&m, &mut lp, &ctx(), node, fh, 0, 0, 4096).is_none());
     assert_eq!(m.fs().io_counts().syncs_started, 0);
     assert_eq!(m.fs().io_counts().allocs_started, 0);
 }
@@ -160,15 +204,25 @@ fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
 #[test]
 fn started_fallocates_allocate_punch_and_keep_the_size_as_asked() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"f", 1 << 20);
     let before = m.fs().io_counts().allocs_started;
-    let grow = start_alloc(&m, &ctx(), node, fh, 0, 0, 8 << 20).expect("started");
-    let keep =
-        start_alloc(&m, &ctx(), node, fh, libc::FALLOC_FL_KEEP_SIZE, 0, 16 << 20).expect("started");
-    m.fs().submit_async();
-    run(&m);
-    assert_eq!(grow.try_recv().unwrap(), Ok(0));
-    assert_eq!(keep.try_recv().unwrap(), Ok(0));
+    let grow = start_alloc(&m, &mut lp, &ctx(), node, fh, 0, 0, 8 << 20).expect("started");
+    let keep = start_alloc(
+        &m,
+        &mut lp,
+        &ctx(),
+        node,
+        fh,
+        libc::FALLOC_FL_KEEP_SIZE,
+        0,
+        16 << 20,
+    )
+    .expect("started");
+    lp.submit(&m);
+    run(&m, &mut lp);
+    assert_eq!(lp.answer(grow).unwrap(), Ok(0));
+    assert_eq!(lp.answer(keep).unwrap(), Ok(0));
     let md = std::fs::metadata(m.path("f")).unwrap();
     assert_eq!(md.len(), 8 << 20, "KEEP_SIZE kept it; the first grew it");
     assert!(
@@ -177,18 +231,18 @@ fn started_fallocates_allocate_punch_and_keep_the_size_as_asked() {
     );
     // A hole punched into written data reads back as zeros.
     let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    let p = start_alloc(&m, &ctx(), node, fh, punch, 4096, 8192).expect("started");
-    run(&m);
-    assert_eq!(p.try_recv().unwrap(), Ok(0));
+    let p = start_alloc(&m, &mut lp, &ctx(), node, fh, punch, 4096, 8192).expect("started");
+    run(&m, &mut lp);
+    assert_eq!(lp.answer(p).unwrap(), Ok(0));
     let host = std::fs::read(m.path("f")).unwrap();
     assert!(host[..4096].iter().all(|&b| b == 0x5a));
     assert!(host[4096..12288].iter().all(|&b| b == 0));
     assert!(host[12288..1 << 20].iter().all(|&b| b == 0x5a));
     // Refusals come back as the host's errno: a mode it does not know.
-    let bad = start_alloc(&m, &ctx(), node, fh, 0x4000_0000, 0, 4096).expect("started");
-    run(&m);
+    let bad = start_alloc(&m, &mut lp, &ctx(), node, fh, 0x4000_0000, 0, 4096).expect("started");
+    run(&m, &mut lp);
     assert!(
-        matches!(bad.try_recv().unwrap(), Err(e) if e.0 == libc::EOPNOTSUPP || e.0 == libc::EINVAL)
+        matches!(lp.answer(bad).unwrap(), Err(e) if e.0 == libc::EOPNOTSUPP || e.0 == libc::EINVAL)
     );
     assert_eq!(m.fs().io_counts().allocs_started, before + 4);
     m.client.release(node, fh, 0).unwrap();
@@ -201,14 +255,16 @@ fn started_fallocates_allocate_punch_and_keep_the_size_as_asked() {
 #[test]
 fn a_started_fallocate_runs_as_its_caller() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"f", 4096);
     let path = m.path("f");
     std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
-    let rx = start_alloc(&m, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
-    m.fs().submit_async();
-    run(&m);
-    assert_eq!(rx.try_recv().unwrap(), Ok(0));
+    let rx =
+        start_alloc(&m, &mut lp, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
+    lp.submit(&m);
+    run(&m, &mut lp);
+    assert_eq!(lp.answer(rx).unwrap(), Ok(0));
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
     assert_eq!(
@@ -230,14 +286,18 @@ fn a_write_only_tmpfs_handle_stays_in_line() {
         ..Config::default()
     };
     let m = Mount::new(Kind::Tmpfs, cfg, Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (e, o) = m
         .client
         .create(ROOT_ID, b"w", 0o644, libc::O_WRONLY as u32, 0)
         .unwrap();
     m.client.write(e.nodeid, o.fh, 0, &[1u8; 4096], 0).unwrap();
-    assert!(start(&m, e.nodeid, o.fh, false).is_none(), "sync started");
     assert!(
-        start_alloc(&m, &ctx(), e.nodeid, o.fh, 0, 0, 1 << 20).is_none(),
+        start(&m, &mut lp, e.nodeid, o.fh, false).is_none(),
+        "sync started"
+    );
+    assert!(
+        start_alloc(&m, &mut lp, &ctx(), e.nodeid, o.fh, 0, 0, 1 << 20).is_none(),
         "fallocate started"
     );
     m.client.fallocate(e.nodeid, o.fh, 0, 0, 1 << 20).unwrap();
@@ -250,20 +310,27 @@ fn a_write_only_tmpfs_handle_stays_in_line() {
 #[test]
 fn an_ext4_directory_sync_is_started() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"f", 4096);
     let d = m.client.mkdir(ROOT_ID, b"d", 0o755, 0).unwrap();
     let o = m.client.opendir(d.nodeid).unwrap();
-    let (tx, rx) = mpsc::channel();
-    let done = ReadDone::new(move |r| {
-        let _ = tx.send(r);
-    });
-    let started = m
-        .fs()
-        .fsync_async(&ctx(), d.nodeid, o.fh, false, true, done);
+    let c = ctx();
+    let rx = c.unique;
+    let done = ReadDone::new(rx);
+    let started = m.fs().fsync_async(
+        &mut lp.io,
+        &mut lp.done,
+        &c,
+        d.nodeid,
+        o.fh,
+        false,
+        true,
+        done,
+    );
     assert!(started.is_ok(), "FSYNCDIR served in line");
-    m.fs().submit_async();
-    run(&m);
-    assert_eq!(rx.try_recv().unwrap(), Ok(0));
+    lp.submit(&m);
+    run(&m, &mut lp);
+    assert_eq!(lp.answer(rx).unwrap(), Ok(0));
     m.client.releasedir(d.nodeid, o.fh).unwrap();
     m.client.release(node, fh, 0).unwrap();
 }
@@ -279,10 +346,11 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
         ..Config::default()
     };
     let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    let mut lp = Loop::new(&m);
     std::fs::write(m.path("f"), [0u8; 4096]).unwrap();
     let e = m.client.lookup(ROOT_ID, b"f").unwrap();
     let o = m.client.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
-    assert!(start_alloc(&m, &ctx(), e.nodeid, o.fh, 0, 0, 4096).is_none());
+    assert!(start_alloc(&m, &mut lp, &ctx(), e.nodeid, o.fh, 0, 0, 4096).is_none());
     assert_eq!(
         m.client
             .fallocate(e.nodeid, o.fh, 0, 0, 4096)
@@ -293,16 +361,19 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
     m.client.release(e.nodeid, o.fh, 0).unwrap();
 
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
+
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"i", 4096);
     common::run(
         std::process::Command::new("chattr")
             .arg("+i")
             .arg(m.path("i")),
     );
-    let rx = start_alloc(&m, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
-    m.fs().submit_async();
-    run(&m);
-    let started = rx.try_recv().unwrap();
+    let rx =
+        start_alloc(&m, &mut lp, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
+    lp.submit(&m);
+    run(&m, &mut lp);
+    let started = lp.answer(rx).unwrap();
     let inline = m.client.fallocate(node, fh, 0, 0, 1 << 20);
     common::run(
         std::process::Command::new("chattr")
@@ -319,6 +390,7 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
         ..Config::default()
     };
     let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"prog", 8192);
     let host = m.path("prog");
     let set_caps = || xattr_set(&host, "user.virtiofs.security.capability", b"caps");
@@ -330,10 +402,11 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
         "an in-line FALLOCATE left the renamed capability"
     );
     set_caps();
-    let rx = start_alloc(&m, &ctx_as(1000, 1000), node, fh, 0, 0, 2 << 20).expect("started");
-    m.fs().submit_async();
-    run(&m);
-    assert_eq!(rx.try_recv().unwrap(), Ok(0));
+    let rx =
+        start_alloc(&m, &mut lp, &ctx_as(1000, 1000), node, fh, 0, 0, 2 << 20).expect("started");
+    lp.submit(&m);
+    run(&m, &mut lp);
+    assert_eq!(lp.answer(rx).unwrap(), Ok(0));
     assert!(
         !has_caps(),
         "a started FALLOCATE left the renamed capability"

@@ -11,15 +11,16 @@ mod common;
 use common::{Kind, Mount, Via};
 use fuse_core::abi::flags::WRITE_KILL_SUIDGID;
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Ctx, Filesystem, FsResult, ReadDone};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, ReadDone};
 use fuse_core::{ClientMem, Errno, HostSpan};
 use std::alloc::Layout;
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uring_ring::passthrough::{CachePolicy, Config, PassthroughFs};
+use uring_ring::passthrough::{CachePolicy, Config, PassthroughFs, PassthroughIo};
 
 const RW: u32 = libc::O_RDWR as u32;
 const DIRECT: u32 = libc::O_DIRECT as u32;
@@ -129,50 +130,71 @@ fn ctx(uid: u32, gid: u32) -> Ctx<'static> {
     }
 }
 
-/// A started write's answer, once it comes.
-type Answer = mpsc::Receiver<FsResult<usize>>;
+/// This thread as a serving loop: the host I/O context it owns, its
+/// completions, and the answers taken so far by unique.
+struct Loop {
+    io: PassthroughIo,
+    done: Completions,
+    answers: HashMap<u64, FsResult<usize>>,
+}
 
-/// Offers the WRITE of `mem` to `fs`: its answer if started, None if
-/// declined.
+impl Loop {
+    fn new(fs: &PassthroughFs) -> Loop {
+        Loop {
+            io: fs.new_io(Arc::new(|| {})),
+            done: Completions::default(),
+            answers: HashMap::new(),
+        }
+    }
+
+    fn submit(&mut self, fs: &PassthroughFs) {
+        fs.submit_async(&mut self.io);
+    }
+
+    /// The answer of started request `unique`, if taken.
+    fn answer(&mut self, unique: u64) -> Result<FsResult<usize>, &'static str> {
+        for (u, r) in self.done.drain() {
+            self.answers.insert(u, r);
+        }
+        self.answers.remove(&unique).ok_or("not answered")
+    }
+}
+
+/// Offers the WRITE of `mem` to `fs` on `lp`: its unique if started, None
+/// if declined.
 #[allow(clippy::too_many_arguments)]
 fn start(
     fs: &PassthroughFs,
+    lp: &mut Loop,
     ctx: &Ctx,
     node: u64,
     fh: u64,
     off: u64,
     mem: &Arc<Mem>,
     flags: u32,
-) -> Option<Answer> {
-    let (tx, rx) = mpsc::channel();
-    let done = ReadDone::new(move |r| {
-        let _ = tx.send(r);
-    });
+) -> Option<u64> {
+    let done = ReadDone::new(ctx.unique);
     let m: Arc<dyn ClientMem> = mem.clone();
-    match fs.write_async(ctx, node, fh, off, m, flags, done) {
-        Ok(()) => Some(rx),
-        Err(done) => {
-            done.disarm();
-            None
-        }
-    }
+    fs.write_async(&mut lp.io, &mut lp.done, ctx, node, fh, off, m, flags, done)
+        .ok()
+        .map(|()| ctx.unique)
 }
 
-/// Submits what this thread started and takes completions until none is
-/// in flight.
-fn run(fs: &PassthroughFs) {
-    fs.submit_async();
+/// Submits what `lp` started and takes completions until none is in
+/// flight.
+fn run(fs: &PassthroughFs, lp: &mut Loop) {
+    lp.submit(fs);
     let t = Instant::now();
-    while fs.async_in_flight() > 0 {
+    while fs.async_in_flight(&lp.io) > 0 {
         assert!(t.elapsed() < Duration::from_secs(20), "writes never ended");
-        if fs.complete_async() == 0 {
+        if fs.complete_async(&mut lp.io, &mut lp.done) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
 
-fn answer(rx: &Answer) -> FsResult<usize> {
-    rx.try_recv().expect("a started write was not answered")
+fn answer(lp: &mut Loop, unique: u64) -> FsResult<usize> {
+    lp.answer(unique).expect("a started write was not answered")
 }
 
 /// A writable ext4 served through device workers.
@@ -203,6 +225,7 @@ fn pattern(i: usize, len: usize) -> Vec<u8> {
 fn sixteen_started_writes_land_byte_for_byte() {
     let m = mount(Config::default());
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     let (e, o) = m
         .client
         .create(ROOT_ID, b"f", 0o644, RW | DIRECT, 0)
@@ -213,22 +236,34 @@ fn sixteen_started_writes_land_byte_for_byte() {
     // Out of order, from one thread, none submitted before the last.
     for i in [5, 0, 15, 9, 1, 12, 3, 7, 14, 2, 8, 11, 4, 13, 6, 10] {
         let mem = Mem::new(&pattern(i, LEN), 0);
-        let rx = start(fs, &ctx(0, 0), e.nodeid, o.fh, (i * LEN) as u64, &mem, 0)
-            .expect("an O_DIRECT write to ext4 is started");
+        let rx = start(
+            fs,
+            &mut lp,
+            &ctx(0, 0),
+            e.nodeid,
+            o.fh,
+            (i * LEN) as u64,
+            &mem,
+            0,
+        )
+        .expect("an O_DIRECT write to ext4 is started");
         started.push((mem, rx));
     }
-    assert_eq!(fs.async_in_flight(), 16);
+    assert_eq!(fs.async_in_flight(&lp.io), 16);
     assert!(
         fs.max_parallel_writers() >= 16,
         "started writes are writers"
     );
     for (mem, rx) in &started {
         assert_eq!(mem.held(), 1, "memory held from the start");
-        assert!(rx.try_recv().is_err(), "answered before its completion");
+        assert!(
+            lp.answer(rx.to_owned()).is_err(),
+            "answered before its completion"
+        );
     }
-    run(fs);
+    run(fs, &mut lp);
     for (mem, rx) in &started {
-        assert_eq!(answer(rx), Ok(LEN));
+        assert_eq!(answer(&mut lp, rx.to_owned()), Ok(LEN));
         assert_eq!(mem.held(), 0, "memory held after the answer");
     }
     let counts = fs.io_counts();
@@ -246,6 +281,7 @@ fn a_write_of_more_spans_than_one_call_takes_is_continued() {
     // spans goes in a second op, started from the first one's completion.
     let m = mount(Config::default());
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     let (e, o) = m
         .client
         .create(ROOT_ID, b"f", 0o644, RW | DIRECT, 0)
@@ -253,9 +289,9 @@ fn a_write_of_more_spans_than_one_call_takes_is_continued() {
     let data = pattern(9, 1100 * 4096);
     let mem = Mem::split(&data, 4096);
     let before = fs.io_counts().write_uring;
-    let rx = start(fs, &ctx(0, 0), e.nodeid, o.fh, 4096, &mem, 0).expect("started");
-    run(fs);
-    assert_eq!(answer(&rx), Ok(data.len()));
+    let rx = start(fs, &mut lp, &ctx(0, 0), e.nodeid, o.fh, 4096, &mem, 0).expect("started");
+    run(fs, &mut lp);
+    assert_eq!(answer(&mut lp, rx.to_owned()), Ok(data.len()));
     assert_eq!(fs.io_counts().write_uring, before + 2, "one continuation");
     assert_eq!(mem.held(), 0);
     let host = std::fs::read(m.path("f")).unwrap();
@@ -267,6 +303,7 @@ fn a_write_of_more_spans_than_one_call_takes_is_continued() {
 fn a_started_write_clears_setuid_as_the_inline_write_does() {
     let m = mount(Config::default());
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     let prog = m.path("prog");
     std::fs::write(&prog, vec![0u8; 8192]).unwrap();
     std::os::unix::fs::chown(&prog, Some(USER), Some(USER)).unwrap();
@@ -288,10 +325,10 @@ fn a_started_write_clears_setuid_as_the_inline_write_does() {
     // Started by the owner (no CAP_FSETID): submitted and completed later
     // by this thread as root, it still runs as the owner and clears them.
     let mem = Mem::new(&data, 0);
-    let rx = start(fs, &ctx(USER, USER), node, uo.fh, 0, &mem, 0).expect("started");
+    let rx = start(fs, &mut lp, &ctx(USER, USER), node, uo.fh, 0, &mem, 0).expect("started");
     assert_eq!(fsuid(), 0, "the thread is itself again before the submit");
-    run(fs);
-    assert_eq!(answer(&rx), Ok(4096));
+    run(fs, &mut lp);
+    assert_eq!(answer(&mut lp, rx.to_owned()), Ok(4096));
     assert_eq!(mode(&prog), 0o755, "the started write kept setuid/setgid");
 
     // As the in-line write does.
@@ -302,14 +339,24 @@ fn a_started_write_clears_setuid_as_the_inline_write_does() {
     // A root caller keeps them, in line and started...
     set_mode(&prog, 0o6755);
     assert_eq!(m.client.write(node, ro.fh, 0, &data, 0), Ok(4096));
-    let rx = start(fs, &ctx(0, 0), node, ro.fh, 0, &mem, 0).expect("started");
-    run(fs);
-    assert_eq!(answer(&rx), Ok(4096));
+    let rx = start(fs, &mut lp, &ctx(0, 0), node, ro.fh, 0, &mem, 0).expect("started");
+    run(fs, &mut lp);
+    assert_eq!(answer(&mut lp, rx.to_owned()), Ok(4096));
     assert_eq!(mode(&prog), 0o6755, "root's started write cleared them");
     // ...unless the client says it lacks CAP_FSETID.
-    let rx = start(fs, &ctx(0, 0), node, ro.fh, 0, &mem, WRITE_KILL_SUIDGID).expect("started");
-    run(fs);
-    assert_eq!(answer(&rx), Ok(4096));
+    let rx = start(
+        fs,
+        &mut lp,
+        &ctx(0, 0),
+        node,
+        ro.fh,
+        0,
+        &mem,
+        WRITE_KILL_SUIDGID,
+    )
+    .expect("started");
+    run(fs, &mut lp);
+    assert_eq!(answer(&mut lp, rx.to_owned()), Ok(4096));
     assert_eq!(mode(&prog), 0o755, "KILL_SUIDGID did not clear them");
     user.release(node, uo.fh, 0).unwrap();
     m.client.release(node, ro.fh, 0).unwrap();
@@ -327,6 +374,7 @@ fn buffered_host_writes_are_served_in_line_whatever_their_size() {
         ..Config::default()
     });
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     let f = m.path("f");
     std::fs::write(&f, b"").unwrap();
     let node = m.client.lookup(ROOT_ID, b"f").unwrap().nodeid;
@@ -334,7 +382,7 @@ fn buffered_host_writes_are_served_in_line_whatever_their_size() {
     for len in [4096, 1 << 20] {
         let mem = Mem::new(&pattern(1, len), 0);
         assert!(
-            start(fs, &ctx(0, 0), node, o.fh, 0, &mem, 0).is_none(),
+            start(fs, &mut lp, &ctx(0, 0), node, o.fh, 0, &mem, 0).is_none(),
             "a buffered write of {len} bytes was started"
         );
         assert_eq!(mem.held(), 0);
@@ -346,6 +394,7 @@ fn buffered_host_writes_are_served_in_line_whatever_their_size() {
 fn writes_the_usual_path_refuses_are_declined_or_fail_alike() {
     let m = mount(Config::default());
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     std::fs::write(m.path("f"), vec![7u8; 8192]).unwrap();
     let node = m.client.lookup(ROOT_ID, b"f").unwrap().nodeid;
     let data = vec![1u8; 4096];
@@ -355,25 +404,25 @@ fn writes_the_usual_path_refuses_are_declined_or_fail_alike() {
     // the in-line write.
     let o = m.client.open(node, libc::O_RDONLY as u32 | DIRECT).unwrap();
     assert_eq!(m.client.write(node, o.fh, 0, &data, 0), Err(Errno::EBADF));
-    let rx = start(fs, &ctx(0, 0), node, o.fh, 0, &mem, 0).expect("started");
-    run(fs);
-    assert_eq!(answer(&rx), Err(Errno::EBADF));
+    let rx = start(fs, &mut lp, &ctx(0, 0), node, o.fh, 0, &mem, 0).expect("started");
+    run(fs, &mut lp);
+    assert_eq!(answer(&mut lp, rx.to_owned()), Err(Errno::EBADF));
     m.client.release(node, o.fh, 0).unwrap();
 
     // A handle whose writes take the inode's lock exclusively (buffered,
     // no direct I/O): declined.
     let o = m.client.open(node, RW).unwrap();
-    assert!(start(fs, &ctx(0, 0), node, o.fh, 0, &mem, 0).is_none());
+    assert!(start(fs, &mut lp, &ctx(0, 0), node, o.fh, 0, &mem, 0).is_none());
     m.client.release(node, o.fh, 0).unwrap();
 
     // No such handle; nothing to write.
-    assert!(start(fs, &ctx(0, 0), node, 999_999, 0, &mem, 0).is_none());
+    assert!(start(fs, &mut lp, &ctx(0, 0), node, 999_999, 0, &mem, 0).is_none());
     assert_eq!(
         m.client.write(node, 999_999, 0, &data, 0),
         Err(Errno::EBADF)
     );
     assert_eq!(mem.held(), 0, "a declined write holds no memory");
-    assert_eq!(fs.async_in_flight(), 0);
+    assert_eq!(fs.async_in_flight(&lp.io), 0);
     assert!(std::fs::read(m.path("f")).unwrap() == vec![7u8; 8192]);
 
     // A read-only share: declined, and the in-line write says EROFS.
@@ -385,7 +434,17 @@ fn writes_the_usual_path_refuses_are_declined_or_fail_alike() {
     std::fs::write(m.path("f"), b"x").unwrap();
     let node = m.client.lookup(ROOT_ID, b"f").unwrap().nodeid;
     let o = m.client.open(node, libc::O_RDONLY as u32 | DIRECT).unwrap();
-    assert!(start(m.fs(), &ctx(0, 0), node, o.fh, 0, &mem, 0).is_none());
+    assert!(start(
+        m.fs(),
+        &mut Loop::new(m.fs()),
+        &ctx(0, 0),
+        node,
+        o.fh,
+        0,
+        &mem,
+        0
+    )
+    .is_none());
     assert_eq!(
         m.client.write(node, o.fh, 0, &data, 0),
         Err(Errno(libc::EROFS))
@@ -397,21 +456,22 @@ fn writes_the_usual_path_refuses_are_declined_or_fail_alike() {
 fn unaligned_memory_to_an_o_direct_handle_is_declined() {
     let m = mount(Config::default());
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     let (e, o) = m
         .client
         .create(ROOT_ID, b"f", 0o644, RW | DIRECT, 0)
         .unwrap();
     let data = pattern(3, 4096);
     let skewed = Mem::new(&data, 512);
-    assert!(start(fs, &ctx(0, 0), e.nodeid, o.fh, 0, &skewed, 0).is_none());
+    assert!(start(fs, &mut lp, &ctx(0, 0), e.nodeid, o.fh, 0, &skewed, 0).is_none());
     assert_eq!(skewed.held(), 0);
     // The in-line path writes it through a bounce buffer.
     assert_eq!(m.client.write(e.nodeid, o.fh, 0, &data, 0), Ok(4096));
     // Aligned, the same write is started.
     let aligned = Mem::new(&data, 0);
-    let rx = start(fs, &ctx(0, 0), e.nodeid, o.fh, 4096, &aligned, 0).expect("started");
-    run(fs);
-    assert_eq!(answer(&rx), Ok(4096));
+    let rx = start(fs, &mut lp, &ctx(0, 0), e.nodeid, o.fh, 4096, &aligned, 0).expect("started");
+    run(fs, &mut lp);
+    assert_eq!(answer(&mut lp, rx.to_owned()), Ok(4096));
     let host = std::fs::read(m.path("f")).unwrap();
     assert!(host[..4096] == data[..] && host[4096..] == data[..]);
     m.client.release(e.nodeid, o.fh, 0).unwrap();
@@ -423,20 +483,21 @@ fn a_started_write_is_found_by_its_requests_unique() {
     // unique: a started write is registered under it until it completes.
     let m = mount(Config::default());
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     let (e, o) = m
         .client
         .create(ROOT_ID, b"f", 0o644, RW | DIRECT, 0)
         .unwrap();
     let mem = Mem::new(&pattern(0, 4096), 0);
     let c = ctx(0, 0);
-    let rx = start(fs, &c, e.nodeid, o.fh, 0, &mem, 0).expect("started");
+    let rx = start(fs, &mut lp, &c, e.nodeid, o.fh, 0, &mem, 0).expect("started");
     assert_eq!(fs.cancel_io(c.unique + 2), 0);
     // Found by its unique. `cancel_io` submits this thread's queue first
     // (a worker cancelling its own op), so the cancel reaches the write:
     // it ends cancelled (EINTR), or written if it finished first.
     assert_eq!(fs.cancel_io(c.unique), 1);
-    run(fs);
-    let r = answer(&rx);
+    run(fs, &mut lp);
+    let r = answer(&mut lp, rx.to_owned());
     assert!(matches!(r, Ok(4096) | Err(Errno::EINTR)), "{r:?}");
     assert_eq!(fs.cancel_io(c.unique), 0, "still registered after its end");
     m.client.release(e.nodeid, o.fh, 0).unwrap();
@@ -449,6 +510,7 @@ fn more_callers_than_the_ring_keeps_personalities_for() {
     // given back, and every write still lands.
     let m = mount(Config::default());
     let fs = m.fs();
+    let mut lp = Loop::new(fs);
     let (e, o) = m
         .client
         .create(ROOT_ID, b"f", 0o666, RW | DIRECT, 0)
@@ -459,13 +521,14 @@ fn more_callers_than_the_ring_keeps_personalities_for() {
             let mem = Mem::new(&pattern(i, 4096), 0);
             let uid = 2000 + i as u32;
             let off = (i * 4096) as u64;
-            let rx = start(fs, &ctx(uid, uid), e.nodeid, o.fh, off, &mem, 0).expect("started");
+            let rx =
+                start(fs, &mut lp, &ctx(uid, uid), e.nodeid, o.fh, off, &mem, 0).expect("started");
             (mem, rx)
         })
         .collect();
-    run(fs);
+    run(fs, &mut lp);
     for (_, rx) in &started {
-        assert_eq!(answer(rx), Ok(4096));
+        assert_eq!(answer(&mut lp, rx.to_owned()), Ok(4096));
     }
     let want: Vec<u8> = (0..N).flat_map(|i| pattern(i, 4096)).collect();
     assert!(std::fs::read(m.path("f")).unwrap() == want);
@@ -509,25 +572,26 @@ fn a_write_that_landed_when_its_thread_ended_still_cleared_mapped_caps() {
     assert_eq!(m.client.write(node, o.fh, 0, &data, 0), Ok(4096));
     assert!(!has_caps(), "the in-line write left the mapped capability");
 
-    // Started on a thread that ends before it takes the completion.
+    // Started on a serving loop that ends (its thread with it) before it
+    // takes the completion.
     set_caps();
     let mem = Mem::new(&pattern(5, 4096), 0);
-    let rx = std::thread::scope(|s| {
+    let answer = std::thread::scope(|s| {
         s.spawn(|| {
-            let rx = start(fs, &ctx(0, 0), node, o.fh, 4096, &mem, 0).expect("started");
-            fs.submit_async();
+            let mut lp = Loop::new(fs);
+            let rx = start(fs, &mut lp, &ctx(0, 0), node, o.fh, 4096, &mem, 0).expect("started");
+            lp.submit(fs);
             let t = Instant::now();
             while std::fs::read(&host).unwrap()[4096..] != pattern(5, 4096)[..] {
                 assert!(t.elapsed() < Duration::from_secs(10), "never landed");
                 std::thread::sleep(Duration::from_millis(1));
             }
-            rx
+            lp.answer(rx)
         })
         .join()
         .unwrap()
     });
     assert_eq!(mem.held(), 0);
-    let answer = rx.try_recv();
     assert!(
         !has_caps(),
         "data written by a started write ({answer:?}), mapped capability kept"

@@ -64,6 +64,9 @@ impl Keeper {
 impl Filesystem for Keeper {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
 
     fn lookup(&self, _: &Ctx, parent: u64, name: &[u8]) -> FsResult<Entry<u64>> {
         if parent != 1 || name != b"f" {
@@ -104,6 +107,8 @@ impl Filesystem for Keeper {
 
     fn read_async(
         &self,
+        _: &mut (),
+        out: &mut fuse_core::server::Completions,
         _: &Ctx,
         _: u64,
         _: u64,
@@ -119,12 +124,14 @@ impl Filesystem for Keeper {
             mem.write_at(0, &data[from..from + n]).map(|()| n)
         };
         self.meddle_and_keep(mem);
-        done.complete(r);
+        out.complete(done, r);
         Ok(())
     }
 
     fn write_async(
         &self,
+        _: &mut (),
+        out: &mut fuse_core::server::Completions,
         _: &Ctx,
         _: u64,
         _: u64,
@@ -144,7 +151,7 @@ impl Filesystem for Keeper {
             buf.len()
         });
         self.meddle_and_keep(mem);
-        done.complete(r);
+        out.complete(done, r);
         Ok(())
     }
 }

@@ -41,6 +41,9 @@ fn data(off: u64, n: usize) -> Vec<u8> {
 impl Filesystem for Gate {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
 
     fn read(&self, _: &Ctx, _: u64, _: u64, _: u64, _: &mut dyn ReadSink) -> FsResult<usize> {
         // Every READ here must have been started.
@@ -49,6 +52,8 @@ impl Filesystem for Gate {
 
     fn read_async(
         &self,
+        _: &mut (),
+        _: &mut fuse_core::server::Completions,
         _: &Ctx,
         _: u64,
         _: u64,
@@ -73,12 +78,12 @@ impl Filesystem for Gate {
         Ok(())
     }
 
-    fn submit_async(&self) {
+    fn submit_async(&self, _: &mut ()) {
         let n = self.held.lock().unwrap().len();
         self.submits.lock().unwrap().push(n);
     }
 
-    fn complete_async(&self) -> usize {
+    fn complete_async(&self, _: &mut (), out: &mut fuse_core::server::Completions) -> usize {
         let mut held = self.held.lock().unwrap();
         if held.len() < self.want {
             return 0;
@@ -89,12 +94,12 @@ impl Filesystem for Gate {
         for h in all {
             let r = h.mem.write_at(0, &data(h.off, h.len)).map(|()| h.len);
             h.mem.end_io();
-            h.done.complete(r);
+            out.complete(h.done, r);
         }
         n
     }
 
-    fn async_in_flight(&self) -> usize {
+    fn async_in_flight(&self, _: &()) -> usize {
         self.held.lock().unwrap().len()
     }
 }

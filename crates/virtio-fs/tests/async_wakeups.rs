@@ -26,7 +26,7 @@
 mod common;
 
 use fuse_core::abi::{AttrOut, GetattrIn, Opcode, ReadIn};
-use fuse_core::server::{Ctx, Filesystem, FsResult, ReadDone, ReadSink};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, ReadDone, ReadSink};
 use fuse_core::{ClientMem, Errno};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -187,6 +187,9 @@ impl Hold {
 impl Filesystem for Hold {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
 
     fn getattr(
         &self,
@@ -217,6 +220,8 @@ impl Filesystem for Hold {
 
     fn read_async(
         &self,
+        _: &mut (),
+        out: &mut Completions,
         ctx: &Ctx,
         _: u64,
         _: u64,
@@ -236,7 +241,7 @@ impl Filesystem for Hold {
         if off == IN_LINE {
             kernel_write(&*mem, &pattern(off));
             mem.end_io();
-            done.complete(Ok(LEN));
+            out.complete(done, Ok(LEN));
             return Ok(());
         }
         self.0.reads.lock().unwrap().push(Started {
@@ -249,7 +254,7 @@ impl Filesystem for Hold {
         Ok(())
     }
 
-    fn complete_async(&self) -> usize {
+    fn complete_async(&self, _: &mut (), out: &mut Completions) -> usize {
         let ready: Vec<Started> = {
             let mut reads = self.0.reads.lock().unwrap();
             let (ready, held) = reads.drain(..).partition(|r| r.result.is_some());
@@ -267,16 +272,16 @@ impl Filesystem for Hold {
             }
             // The "kernel" is done with the guest's buffers.
             r.mem.end_io();
-            r.done.complete(result);
+            out.complete(r.done, result);
         }
         n
     }
 
-    fn async_in_flight(&self) -> usize {
+    fn async_in_flight(&self, _: &()) -> usize {
         self.held()
     }
 
-    fn async_fd(&self) -> Option<i32> {
+    fn async_fd(&self, _: &()) -> Option<i32> {
         Some(self.0.efd.as_raw_fd())
     }
 

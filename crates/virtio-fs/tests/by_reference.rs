@@ -64,6 +64,9 @@ fn pattern(n: usize) -> Vec<u8> {
 impl Filesystem for Direct {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
 
     fn read(&self, _: &Ctx, _: u64, _: u64, off: u64, sink: &mut dyn ReadSink) -> FsResult<usize> {
         if off == BUFFERED {

@@ -33,6 +33,9 @@ struct Hang {
 impl Filesystem for Hang {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
     fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
         if ctx.uid == 4242 {
             self.hung_unique.store(ctx.unique, Ordering::SeqCst);

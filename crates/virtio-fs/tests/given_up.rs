@@ -194,6 +194,9 @@ struct HungFs(Arc<Hung>);
 impl Filesystem for HungFs {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
     fn lookup(&self, _ctx: &Ctx, _parent: u64, _name: &[u8]) -> FsResult<Entry<u64>> {
         Err(Errno::ENOENT)
     }

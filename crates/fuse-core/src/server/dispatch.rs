@@ -2,7 +2,7 @@
 //! into a buffer the transport provides. No transport types appear here.
 
 use super::{
-    Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, ReadDone, Xattr,
+    Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, ReadDone, Start, Xattr,
 };
 use crate::abi::{
     self, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, GetxattrOut, InHeader, InitIn,
@@ -307,6 +307,7 @@ impl<F: Filesystem> Dispatcher<F> {
     /// any other request, or a READ the filesystem serves the usual way.
     pub fn start_read(
         &self,
+        start: Start<'_, F::Io>,
         req: &Request<'_>,
         mem: &std::sync::Arc<dyn ClientMem>,
         done: ReadDone,
@@ -318,6 +319,8 @@ impl<F: Filesystem> Dispatcher<F> {
         let ctx = ctx_of(h);
         let len = (arg.size as usize).min(mem.len());
         self.fs.read_async(
+            start.io,
+            start.done,
             &ctx,
             F::Inode::from(h.nodeid),
             F::Handle::from(arg.fh),
@@ -335,6 +338,7 @@ impl<F: Filesystem> Dispatcher<F> {
     /// declines; then serve the request as usual.
     pub fn start_write(
         &self,
+        start: Start<'_, F::Io>,
         req: &Request<'_>,
         mem: &std::sync::Arc<dyn ClientMem>,
         done: ReadDone,
@@ -348,6 +352,8 @@ impl<F: Filesystem> Dispatcher<F> {
         let h = &req.header;
         let ctx = ctx_of(h);
         self.fs.write_async(
+            start.io,
+            start.done,
             &ctx,
             F::Inode::from(h.nodeid),
             F::Handle::from(arg.fh),
@@ -364,7 +370,12 @@ impl<F: Filesystem> Dispatcher<F> {
     /// [`Filesystem::fallocate_async`]): Ok once `done` will answer it;
     /// Err(done) (unused) for any other request, or when the filesystem
     /// declines: then serve it as usual.
-    pub fn start_no_data(&self, req: &Request<'_>, done: ReadDone) -> Result<(), ReadDone> {
+    pub fn start_no_data(
+        &self,
+        start: Start<'_, F::Io>,
+        req: &Request<'_>,
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
         let h = &req.header;
         let ctx = ctx_of(h);
         let ino = F::Inode::from(h.nodeid);
@@ -373,6 +384,8 @@ impl<F: Filesystem> Dispatcher<F> {
             Operation::Fsyncdir { arg } => (arg, true),
             Operation::Fallocate { arg } => {
                 return self.fs.fallocate_async(
+                    start.io,
+                    start.done,
                     &ctx,
                     ino,
                     F::Handle::from(arg.fh),
@@ -385,8 +398,16 @@ impl<F: Filesystem> Dispatcher<F> {
             _ => return Err(done),
         };
         let datasync = arg.fsync_flags & abi::flags::FSYNC_FDATASYNC != 0;
-        self.fs
-            .fsync_async(&ctx, ino, F::Handle::from(arg.fh), datasync, dir, done)
+        self.fs.fsync_async(
+            start.io,
+            start.done,
+            &ctx,
+            ino,
+            F::Handle::from(arg.fh),
+            datasync,
+            dir,
+            done,
+        )
     }
 
     /// The label and supplementary groups of a creating request, into

@@ -30,6 +30,9 @@
 //! without blocking the serving thread: a hung READ holds its answer (and
 //! its request's place in the transport) until interrupted or released, a
 //! gathered one is read at once and answered when its gather is complete.
+//! An answer given on another thread (an interrupt, a release, a gather's
+//! last call) goes to the serving loop that started the READ, through its
+//! [`FaultyIo`], and wakes it.
 //!
 //! The first rule whose operation matches and whose draw succeeds applies.
 //! Draws come from one seeded generator, so a single-threaded run repeats
@@ -47,6 +50,9 @@ use std::time::Duration;
 use thiserror::Error;
 
 mod async_reads;
+
+use async_reads::Back;
+pub use async_reads::FaultyIo;
 mod plan;
 
 /// What a rule does.
@@ -135,7 +141,7 @@ pub struct FaultCounts {
 struct Hung {
     interrupted: HashSet<u64>,
     released: bool,
-    parked: Vec<(u64, super::ReadDone)>,
+    parked: Vec<(u64, super::ReadDone, Back)>,
 }
 
 /// `inner` with the faults of a plan (see the module docs).
@@ -208,8 +214,8 @@ impl<F: Filesystem> Faulty<F> {
             std::mem::take(&mut h.parked)
         };
         self.hung_cv.notify_all();
-        for (_, done) in parked {
-            done.complete(Err(Errno::EINTR));
+        for (_, done, back) in parked {
+            back.give(done, Err(Errno::EINTR));
         }
         self.release_gathers();
     }
@@ -335,6 +341,14 @@ fn cut(len: usize, r: u64) -> usize {
 impl<F: Filesystem> Filesystem for Faulty<F> {
     type Inode = F::Inode;
     type Handle = F::Handle;
+    type Io = FaultyIo<F::Io>;
+
+    fn new_io(&self, wake: super::Wake) -> FaultyIo<F::Io> {
+        FaultyIo {
+            inner: self.inner.new_io(wake.clone()),
+            back: Back::new(wake),
+        }
+    }
 
     fn init(&self, capable: u64) -> FsResult<u64> {
         self.inner.init(capable)
@@ -468,6 +482,8 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
     }
     fn read_async(
         &self,
+        io: &mut FaultyIo<F::Io>,
+        out: &mut super::Completions,
         ctx: &Ctx,
         inode: F::Inode,
         handle: F::Handle,
@@ -477,9 +493,17 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         done: super::ReadDone,
     ) -> Result<(), super::ReadDone> {
         if self.plan.rules.is_empty() {
-            return self
-                .inner
-                .read_async(ctx, inode, handle, offset, len, mem, done);
+            return self.inner.read_async(
+                &mut io.inner,
+                out,
+                ctx,
+                inode,
+                handle,
+                offset,
+                len,
+                mem,
+                done,
+            );
         }
         // Without async faults, READs go the usual way, where the plan
         // applies.
@@ -494,11 +518,13 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             len,
             mem,
         };
-        self.read_started(read, done);
+        self.read_started(io, out, read, done);
         Ok(())
     }
     fn write_async(
         &self,
+        io: &mut FaultyIo<F::Io>,
+        out: &mut super::Completions,
         ctx: &Ctx,
         inode: F::Inode,
         handle: F::Handle,
@@ -511,11 +537,22 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         if !self.plan.rules.is_empty() {
             return Err(done);
         }
-        self.inner
-            .write_async(ctx, inode, handle, offset, mem, flags, done)
+        self.inner.write_async(
+            &mut io.inner,
+            out,
+            ctx,
+            inode,
+            handle,
+            offset,
+            mem,
+            flags,
+            done,
+        )
     }
     fn fsync_async(
         &self,
+        io: &mut FaultyIo<F::Io>,
+        out: &mut super::Completions,
         ctx: &Ctx,
         inode: F::Inode,
         handle: F::Handle,
@@ -528,10 +565,12 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             return Err(done);
         }
         self.inner
-            .fsync_async(ctx, inode, handle, datasync, dir, done)
+            .fsync_async(&mut io.inner, out, ctx, inode, handle, datasync, dir, done)
     }
     fn fallocate_async(
         &self,
+        io: &mut FaultyIo<F::Io>,
+        out: &mut super::Completions,
         ctx: &Ctx,
         inode: F::Inode,
         handle: F::Handle,
@@ -544,20 +583,29 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         if !self.plan.rules.is_empty() {
             return Err(done);
         }
-        self.inner
-            .fallocate_async(ctx, inode, handle, mode, offset, length, done)
+        self.inner.fallocate_async(
+            &mut io.inner,
+            out,
+            ctx,
+            inode,
+            handle,
+            mode,
+            offset,
+            length,
+            done,
+        )
     }
-    fn submit_async(&self) {
-        self.inner.submit_async()
+    fn submit_async(&self, io: &mut FaultyIo<F::Io>) {
+        self.inner.submit_async(&mut io.inner)
     }
-    fn complete_async(&self) -> usize {
-        self.inner.complete_async()
+    fn complete_async(&self, io: &mut FaultyIo<F::Io>, out: &mut super::Completions) -> usize {
+        self.completed(io, out)
     }
-    fn async_in_flight(&self) -> usize {
-        self.inner.async_in_flight()
+    fn async_in_flight(&self, io: &FaultyIo<F::Io>) -> usize {
+        self.inner.async_in_flight(&io.inner)
     }
-    fn async_fd(&self) -> Option<i32> {
-        self.inner.async_fd()
+    fn async_fd(&self, io: &FaultyIo<F::Io>) -> Option<i32> {
+        self.inner.async_fd(&io.inner)
     }
     fn write(
         &self,
@@ -742,13 +790,13 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
     fn interrupt(&self, unique: u64) {
         if self.plan.rules.iter().any(|r| r.fault == Fault::Hang) {
             let mut h = lock(&self.hung);
-            if let Some(i) = h.parked.iter().position(|(u, _)| *u == unique) {
-                let (_, done) = h.parked.swap_remove(i);
+            if let Some(i) = h.parked.iter().position(|(u, _, _)| *u == unique) {
+                let (_, done, back) = h.parked.swap_remove(i);
                 drop(h);
                 self.counts
                     .hangs_interrupted
                     .fetch_add(1, Ordering::Relaxed);
-                done.complete(Err(Errno::EINTR));
+                back.give(done, Err(Errno::EINTR));
                 return self.inner.interrupt(unique);
             }
             // Interrupts of calls that never hung would pile up: keep a

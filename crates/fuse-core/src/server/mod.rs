@@ -18,12 +18,14 @@
 mod dispatch;
 mod engine;
 pub mod faults;
+pub mod started;
 pub mod state;
 mod uring_worker;
 mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
 pub use engine::{Engine, EngineConfig};
+pub use started::{Completions, InFlight, Start, Wake};
 pub use uring_worker::{
     answer as answer_ring, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport,
     Served,
@@ -183,14 +185,18 @@ impl Drop for Deferred {
     }
 }
 
-/// Completes a READ (or WRITE) whose host I/O a filesystem started
-/// without waiting ([`Filesystem::read_async`],
-/// [`Filesystem::write_async`]): called once, on the thread that serves
-/// the transport (from [`Filesystem::complete_async`]), with the bytes
-/// read into (written from) the client's memory or an errno. Dropping it unanswered
-/// answers EIO; a filesystem that declines gives it back unused.
+/// The token of a READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE whose host
+/// I/O a filesystem started without waiting ([`Filesystem::read_async`]
+/// and the others): the request's unique, and the fence guard that keeps
+/// started host I/O that changes something counted under its request's
+/// fence until it is answered. The filesystem hands it back with the
+/// result into the serving loop's [`Completions`] (from
+/// [`Filesystem::complete_async`] on that loop's thread, or before the
+/// start returns); one that declines gives it back unused. A token dropped
+/// instead answers nothing: its request stays held until its loop ends
+/// (then the transport fails it).
 pub struct ReadDone {
-    done: Option<Box<dyn FnOnce(FsResult<usize>) + Send>>,
+    unique: u64,
     /// Keeps the started host I/O counted under its request's fence
     /// until it is answered.
     fence: Option<FenceGuard>,
@@ -198,40 +204,28 @@ pub struct ReadDone {
 
 impl std::fmt::Debug for ReadDone {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadDone").finish_non_exhaustive()
+        f.debug_struct("ReadDone")
+            .field("unique", &self.unique)
+            .finish_non_exhaustive()
     }
 }
 
 impl ReadDone {
-    /// A completion that runs `done` with the READ's result.
-    pub fn new(done: impl FnOnce(FsResult<usize>) + Send + 'static) -> Self {
+    /// The token of request `unique`.
+    pub fn new(unique: u64) -> Self {
         ReadDone {
-            done: Some(Box::new(done)),
+            unique,
             fence: None,
         }
+    }
+    /// The request's unique.
+    pub fn unique(&self) -> u64 {
+        self.unique
     }
     /// Counts the started host I/O under its request's fence (`g`, from
     /// [`Ctx::enter_host`]) until it is answered or dropped.
     pub fn hold(&mut self, g: FenceGuard) {
         self.fence = Some(g);
-    }
-    /// Answers the READ.
-    pub fn complete(mut self, r: FsResult<usize>) {
-        if let Some(d) = self.done.take() {
-            d(r);
-        }
-    }
-    /// Drops it without answering (the READ is served another way).
-    pub fn disarm(mut self) {
-        self.done = None;
-    }
-}
-
-impl Drop for ReadDone {
-    fn drop(&mut self) {
-        if let Some(d) = self.done.take() {
-            d(Err(Errno::EIO));
-        }
     }
 }
 
@@ -300,6 +294,17 @@ pub trait Filesystem: Send + Sync {
     type Inode: Copy + From<u64> + Into<u64> + Send + Sync;
     /// File and directory handle type.
     type Handle: Copy + From<u64> + Into<u64> + Send + Sync;
+    /// The host I/O context of one serving loop (an I/O ring, the I/O
+    /// started on it): made by [`Filesystem::new_io`] for a loop, owned by
+    /// it and lent to the calls that start I/O and take its completions,
+    /// so what one loop started only that loop completes. `()` for a
+    /// filesystem that starts nothing.
+    type Io: Send + 'static;
+
+    /// The host I/O context of a serving loop; `wake` wakes that loop when
+    /// I/O it started ends on another thread (to take it with
+    /// [`Filesystem::complete_async`]).
+    fn new_io(&self, wake: Wake) -> Self::Io;
 
     /// INIT: `capable` are the INIT flags the kernel offers; returns those
     /// the filesystem wants (the dispatcher keeps only offered ones).
@@ -623,16 +628,18 @@ pub trait Filesystem: Send + Sync {
     fn interrupt(&self, unique: u64) {}
     /// Starts a READ of at most `len` bytes at `offset` into the client's
     /// memory `mem` (a guest's buffers, by reference) without waiting for
-    /// it, where the filesystem can do so on the calling thread (an I/O
-    /// ring of that thread): Ok once `done` will be called, from
-    /// [`Filesystem::complete_async`] on this thread, or was called before
-    /// returning (a read that did not have to wait: the page cache held
-    /// the data); Err(done) to have the READ served as usual
+    /// it, on the serving loop's I/O context `io`: Ok once `done` will be
+    /// handed back with the bytes read, into the loop's completions from
+    /// [`Filesystem::complete_async`] with this `io`, or was into `out`
+    /// before returning (a read that did not have to wait: the page cache
+    /// held the data); Err(done) to have the READ served as usual
     /// ([`Filesystem::read`]). Started I/O runs once
     /// [`Filesystem::submit_async`] is called.
     #[allow(clippy::too_many_arguments)]
     fn read_async(
         &self,
+        io: &mut Self::Io,
+        out: &mut Completions,
         ctx: &Ctx,
         inode: Self::Inode,
         handle: Self::Handle,
@@ -646,8 +653,9 @@ pub trait Filesystem: Send + Sync {
     /// Starts a WRITE of all of the client's memory `mem` (the request's
     /// data, by reference) at `offset` without waiting, as
     /// [`Filesystem::read_async`] starts a READ: Ok once `done` will be
-    /// called with the bytes written (from [`Filesystem::complete_async`]
-    /// on this thread), or was called before returning; Err(done) to have
+    /// handed back with the bytes written (from
+    /// [`Filesystem::complete_async`] with this `io`), or was into `out`
+    /// before returning; Err(done) to have
     /// the WRITE served as usual ([`Filesystem::write`], with the same
     /// data). `flags` are `fuse_write_in.write_flags`. The write must have
     /// the effects [`Filesystem::write`] would (credentials, setuid and
@@ -655,6 +663,8 @@ pub trait Filesystem: Send + Sync {
     #[allow(clippy::too_many_arguments)]
     fn write_async(
         &self,
+        io: &mut Self::Io,
+        out: &mut Completions,
         ctx: &Ctx,
         inode: Self::Inode,
         handle: Self::Handle,
@@ -667,15 +677,17 @@ pub trait Filesystem: Send + Sync {
     }
     /// Starts an FSYNC (or, with `dir`, an FSYNCDIR) of `handle` without
     /// waiting, as [`Filesystem::read_async`] starts a READ: Ok once `done`
-    /// will be called with `Ok(0)` or the error (from
-    /// [`Filesystem::complete_async`] on this thread), or was called before
-    /// returning; Err(done) to have it served as usual
+    /// will be handed back with `Ok(0)` or the error (from
+    /// [`Filesystem::complete_async`] with this `io`), or was into `out`
+    /// before returning; Err(done) to have it served as usual
     /// ([`Filesystem::fsync`], [`Filesystem::fsyncdir`]). The sync must
     /// cover what [`Filesystem::fsync`] would: every write answered before
     /// it was started.
     #[allow(clippy::too_many_arguments)]
     fn fsync_async(
         &self,
+        io: &mut Self::Io,
+        out: &mut Completions,
         ctx: &Ctx,
         inode: Self::Inode,
         handle: Self::Handle,
@@ -687,12 +699,14 @@ pub trait Filesystem: Send + Sync {
     }
     /// Starts a FALLOCATE of `handle` without waiting, as
     /// [`Filesystem::fsync_async`] starts a sync: Ok once `done` will be
-    /// called with `Ok(0)` or the error, or was called before returning;
+    /// handed back with `Ok(0)` or the error, or was before returning;
     /// Err(done) to have it served as usual ([`Filesystem::fallocate`]),
     /// which must then answer it with the same effects.
     #[allow(clippy::too_many_arguments)]
     fn fallocate_async(
         &self,
+        io: &mut Self::Io,
+        out: &mut Completions,
         ctx: &Ctx,
         inode: Self::Inode,
         handle: Self::Handle,
@@ -703,23 +717,22 @@ pub trait Filesystem: Send + Sync {
     ) -> Result<(), ReadDone> {
         Err(done)
     }
-    /// Submits the I/O this thread started since the last call (one
-    /// system call for all of it).
-    fn submit_async(&self) {}
-    /// Calls the completions of this thread's finished I/O, without
-    /// waiting; returns how many.
-    fn complete_async(&self) -> usize {
+    /// Submits the I/O started on `io` since the last call (one system
+    /// call for all of it).
+    fn submit_async(&self, io: &mut Self::Io) {}
+    /// Hands the tokens of `io`'s finished I/O back into `out` with their
+    /// results, without waiting; returns how many.
+    fn complete_async(&self, io: &mut Self::Io, out: &mut Completions) -> usize {
         0
     }
-    /// I/O this thread started that has not completed yet.
-    fn async_in_flight(&self) -> usize {
+    /// I/O started on `io` that has not completed yet.
+    fn async_in_flight(&self, io: &Self::Io) -> usize {
         0
     }
     /// A file descriptor that is readable (and may be read to reset) when
-    /// this thread's started I/O has completions to take: a transport
-    /// waits on it together with its other events. None before this
-    /// thread started any.
-    fn async_fd(&self) -> Option<i32> {
+    /// `io`'s started I/O has completions to take: a serving loop waits on
+    /// it together with its other events. None before `io` started any.
+    fn async_fd(&self, io: &Self::Io) -> Option<i32> {
         None
     }
     /// TMPFILE: an unnamed file in `parent`, opened.

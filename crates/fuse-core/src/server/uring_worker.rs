@@ -5,7 +5,7 @@
 //! same code serves the emulated ring ([`RingEnd`]) and the host kernel's
 //! (uring-ring's `KernelQueue`).
 
-use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone};
+use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone, Start};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
 use crate::chan::{runs_when_given_up, ClientMem, Errno, Fence};
 use crate::dev_uring::{EntHandle, EntryBufs, Fetched, RingEnd};
@@ -222,18 +222,18 @@ fn no_data(opcode: u32) -> bool {
 }
 
 /// Serves the request in `f` with `disp`: as `answer_with`, and with
-/// `start` a READ into client memory, a WRITE whose slot offers
-/// [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE, is
-/// started without waiting where the filesystem can
-/// ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
-/// [`Dispatcher::start_no_data`]; `start` makes its completion, given the
-/// unique).
+/// `start` (the serving loop's host I/O context and completions) a READ
+/// into client memory, a WRITE whose slot offers [`RingSlot::write_mem`],
+/// or an FSYNC, FSYNCDIR or FALLOCATE, is started without waiting where
+/// the filesystem can ([`Dispatcher::start_read`],
+/// [`Dispatcher::start_write`], [`Dispatcher::start_no_data`]): its
+/// [`ReadDone`] comes back into `start.done`.
 pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
     scratch: &mut [u8],
     defer: Option<DeferFn<'_>>,
-    start: Option<&dyn Fn(u64) -> ReadDone>,
+    mut start: Option<Start<'_, F::Io>>,
 ) -> Served {
     let hdr = f.in_header();
     let fence = f.take_fence();
@@ -247,17 +247,18 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     }
     // Started host I/O that changes something stays counted under the
     // fence until it is answered (a READ's buffers have their own guard).
-    let started = |unique: u64, make: &dyn Fn(u64) -> ReadDone| -> Option<ReadDone> {
+    let started = |unique: u64| -> Option<ReadDone> {
         let guard = match &fence {
             Some(x) => Some(x.enter()?),
             None => None,
         };
-        let mut done = make(unique);
+        let mut done = ReadDone::new(unique);
         if let Some(g) = guard {
             done.hold(g);
         }
         Some(done)
     };
+
     let sz = f.request_payload_len();
     let client = f.client_mem();
     let mut opts = disp.decode_options();
@@ -266,7 +267,11 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     // that buffer as a slice only once it has taken back the memory it
     // lent of it (a kernel ring slot's does), and the filesystem gets the
     // data as `write_mem` alone, so it is not decoded (only `op_in`).
-    if let (Some(make), None, true) = (start, &client, hdr.opcode == Opcode::Write as u32) {
+    if let (Some(st), None, true) = (
+        lend(&mut start),
+        &client,
+        hdr.opcode == Opcode::Write as u32,
+    ) {
         // Copied before the memory is lent: `parts_mut` takes back what
         // was lent before it.
         let op_in = f.parts_mut().0.op_in;
@@ -276,10 +281,9 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                 ..opts
             };
             if let Ok(req) = abi::decode_split(hdr, &op_in, &[], o) {
-                if let Some(done) = started(hdr.unique, make) {
-                    match disp.start_write(&req, &mem, done) {
-                        Ok(()) => return Served::Started,
-                        Err(done) => done.disarm(),
+                if let Some(done) = started(hdr.unique) {
+                    if disp.start_write(st, &req, &mem, done).is_ok() {
+                        return Served::Started;
                     }
                 }
             }
@@ -287,7 +291,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     }
     // Client memory (a device's guest buffers) is apart from the payload
     // buffer: a WRITE from it is started below, with the payload decoded.
-    let write_mem = match start {
+    let write_mem = match &start {
         Some(_) if client.is_some() && hdr.opcode == Opcode::Write as u32 => f.write_mem(),
         _ => None,
     };
@@ -301,33 +305,35 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     let use_scratch = zc_write || (outp.len() < 4096 && !inp.is_empty());
     let outcome = match abi::decode_split(hdr, &header.op_in, inp, opts) {
         Ok(req) => {
-            if let (Some(make), Some(mem), true) =
-                (start, client.as_ref(), hdr.opcode == Opcode::Read as u32)
-            {
-                match disp.start_read(&req, mem, make(hdr.unique)) {
-                    Ok(()) => return Served::Started,
-                    Err(done) => done.disarm(),
+            if let (Some(st), Some(mem), true) = (
+                lend(&mut start),
+                client.as_ref(),
+                hdr.opcode == Opcode::Read as u32,
+            ) {
+                if disp
+                    .start_read(st, &req, mem, ReadDone::new(hdr.unique))
+                    .is_ok()
+                {
+                    return Served::Started;
                 }
             }
-            if let (Some(make), Some(mem)) = (start, write_mem.as_ref()) {
-                if let Some(done) = started(hdr.unique, make) {
-                    match disp.start_write(&req, mem, done) {
-                        Ok(()) => return Served::Started,
-                        Err(done) => done.disarm(),
+            if let (Some(st), Some(mem)) = (lend(&mut start), write_mem.as_ref()) {
+                if let Some(done) = started(hdr.unique) {
+                    if disp.start_write(st, &req, mem, done).is_ok() {
+                        return Served::Started;
                     }
                 }
             }
-            if let (Some(make), true) = (start, no_data(hdr.opcode)) {
+            if let (Some(st), true) = (lend(&mut start), no_data(hdr.opcode)) {
                 let done = if hdr.opcode == Opcode::Fallocate as u32 {
-                    started(hdr.unique, make)
+                    started(hdr.unique)
                 } else {
                     // An FSYNC changes nothing: not counted under the fence.
-                    Some(make(hdr.unique))
+                    Some(ReadDone::new(hdr.unique))
                 };
                 if let Some(done) = done {
-                    match disp.start_no_data(&req, done) {
-                        Ok(()) => return Served::Started,
-                        Err(done) => done.disarm(),
+                    if disp.start_no_data(st, &req, done).is_ok() {
+                        return Served::Started;
                     }
                 }
             }
@@ -363,6 +369,14 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     }
     f.set_reply(error, if zc_write { 0 } else { len });
     Served::Answered
+}
+
+/// The loop's context of `start`, lent again (for one offer).
+fn lend<'b, I>(start: &'b mut Option<Start<'_, I>>) -> Option<Start<'b, I>> {
+    start.as_mut().map(|s| Start {
+        io: &mut *s.io,
+        done: &mut *s.done,
+    })
 }
 
 /// Answers of parked requests, waiting for their worker.

@@ -193,6 +193,9 @@ impl State {
 impl Filesystem for MemFs {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: crate::server::Wake) {}
 
     fn lookup(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> FsResult<Entry<u64>> {
         let mut st = self.st();

@@ -38,6 +38,9 @@ impl<T: Send + 'static> Creating<T> {
 impl<T: Send + 'static> Filesystem for Creating<T> {
     type Inode = u64;
     type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
     fn init(&self, _capable: u64) -> FsResult<u64> {
         Ok(self.flag)
     }

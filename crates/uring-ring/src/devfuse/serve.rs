@@ -7,7 +7,8 @@
 //! one mapping (`kernel_uring::arena`). A READ, WRITE, FSYNC, FSYNCDIR or
 //! FALLOCATE the filesystem can start without waiting
 //! ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
-//! [`Dispatcher::start_no_data`]: the passthrough's per-thread io_uring)
+//! [`Dispatcher::start_no_data`]: the passthrough's io_uring of this
+//! worker's host I/O context, which the thread owns)
 //! is started and keeps its slot: a READ's data goes straight into the
 //! slot, a WRITE's comes from it. The thread goes on reading the next
 //! request while they run. Everything else is served in line and answered
@@ -36,13 +37,13 @@
 use super::DevFuse;
 use crate::kernel_uring::arena::{Arena, Payload, PAGE};
 use crate::passthrough::sys;
-use crate::sync::lock;
-use fuse_core::abi::{self, InHeader, Operation, WriteIn, WriteOut};
-use fuse_core::server::{Deferred, DeviceEnd, Dispatcher, Filesystem, FsResult, Handled, ReadDone};
+use fuse_core::abi::{self, InHeader, Opcode, Operation, UringReqHeader, WriteIn};
+use fuse_core::server::{
+    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, InFlight, ReadDone, RingSlot, Start,
+};
 use fuse_core::{ClientMem, Errno};
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Where in its slot a message is read: a WRITE's data (after its 40-byte
 /// in header and 40-byte `fuse_write_in`) then starts on a page.
@@ -69,24 +70,68 @@ pub struct DevStats {
     pub max_in_flight: usize,
 }
 
-/// Answers by request unique, pushed by completions on any thread.
-type Answers = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
+/// A started request: its slot, and its reply as the reply rule of
+/// started I/O ([`fuse_core::server::complete_started`]) sets it once its
+/// completion is taken.
+struct Started {
+    /// Its slot of the arena.
+    slot: usize,
+    hdr: InHeader,
+    /// A READ's size (its data goes to the slot's second page).
+    size: u32,
+    /// `op_in` holds a WRITE's `fuse_write_in` (the reply rule reads its
+    /// size); the rest is unused.
+    header: UringReqHeader,
+    /// A WRITE's `fuse_write_out`, as the reply rule writes it.
+    out: [u8; 8],
+    /// (error, bytes) of the reply.
+    reply: (i32, usize),
+}
 
-/// What a started request answers with.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    /// Its data: that many bytes at most, in its slot.
-    Read(u32),
-    /// A `fuse_write_out` of the bytes written, at most these.
-    Write(u32),
-    /// Nothing but success.
-    NoData,
+impl Started {
+    fn new(slot: usize, hdr: InHeader, size: u32, op_in: &[u8]) -> Started {
+        let mut header = UringReqHeader::default();
+        let n = op_in.len().min(header.op_in.len());
+        header.op_in[..n].copy_from_slice(&op_in[..n]);
+        Started {
+            slot,
+            hdr,
+            size,
+            header,
+            out: [0; 8],
+            reply: (Errno::EIO.to_wire(), 0),
+        }
+    }
+}
+
+impl RingSlot for Started {
+    fn in_header(&self) -> InHeader {
+        self.hdr
+    }
+    fn request_payload_len(&self) -> usize {
+        0
+    }
+    fn is_zero_copy(&self) -> bool {
+        false
+    }
+    fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
+        (&mut self.header, &mut self.out)
+    }
+    fn set_reply(&mut self, error: i32, len: usize) {
+        self.reply = (error, len);
+    }
 }
 
 /// Serves the connection with worker `w` on this thread until it goes
 /// (ENODEV, ECONNABORTED: a clean end, Ok).
 pub fn serve_dev<F: Filesystem>(mut w: DevWorker, disp: &Dispatcher<F>) -> Result<DevStats, Errno> {
-    match w.run(disp) {
+    // The filesystem's host I/O context of this thread: what the worker
+    // starts runs there, and only this thread completes it.
+    let signal = w.wake.clone();
+    let mut io = disp
+        .fs()
+        .new_io(Arc::new(move || sys::eventfd_signal(signal.as_raw_fd())));
+    match w.run(disp, &mut io) {
         Err(Errno::ENODEV) | Err(Errno(libc::ECONNABORTED)) => Ok(w.stats),
         Err(e) => Err(e),
         Ok(()) => Ok(w.stats),
@@ -103,11 +148,11 @@ pub struct DevWorker {
     arena: Arc<Arena>,
     /// Slots holding no request.
     free: Vec<usize>,
-    /// Started requests by unique: their slot and what they answer.
-    started: HashMap<u64, (usize, Kind)>,
-    /// Their completions.
-    done: Answers,
-    /// Written when a completion is pushed from another thread.
+    /// Started requests and their completions.
+    started: InFlight<Started>,
+    /// Room for the requests [`DevWorker::answer`] takes.
+    answering: Vec<Started>,
+    /// Written when a completion is given on another thread.
     wake: Arc<OwnedFd>,
     /// In-line replies.
     out: Vec<u8>,
@@ -131,19 +176,20 @@ impl DevWorker {
         // of it (16 MiB per worker at depth 16) for the little a READ by
         // reference saves.
         let arena = Arena::new(MSG_AT + 80 + DATA, depth, false).map_err(|e| sys::errno_of(&e))?;
+        let wake = Arc::new(sys::eventfd()?);
         Ok(DevWorker {
             dev: dev.clone_nonblocking()?,
             free: (0..arena.slots()).rev().collect(),
             arena,
-            started: HashMap::new(),
-            done: Arc::new(Mutex::new(Vec::new())),
-            wake: Arc::new(sys::eventfd()?),
+            started: InFlight::new(),
+            answering: Vec::new(),
+            wake,
             out: vec![0u8; DATA],
             stats: DevStats::default(),
         })
     }
 
-    fn run<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Result<(), Errno> {
+    fn run<F: Filesystem>(&mut self, disp: &Dispatcher<F>, io: &mut F::Io) -> Result<(), Errno> {
         loop {
             let mut busy = false;
             // At most `depth` requests a pass: while others keep coming,
@@ -151,7 +197,7 @@ impl DevWorker {
             for _ in 0..self.arena.slots() {
                 let Some(i) = self.free.pop() else { break };
                 let started = self.started.len();
-                if !self.take(disp, i)? {
+                if !self.take(disp, io, i)? {
                     self.free.push(i);
                     break;
                 }
@@ -161,25 +207,30 @@ impl DevWorker {
                 // at the pass's end, a pass's reads reach the disk together
                 // and come back together.
                 if self.started.len() != started {
-                    disp.fs().submit_async();
+                    disp.fs().submit_async(io);
                 }
             }
             if !self.started.is_empty() {
                 // Nothing left to submit (each was submitted as it
                 // started; taking completions submits what is queued
                 // anyway).
-                disp.fs().complete_async();
+                disp.fs().complete_async(io, self.started.completions());
             }
             busy |= self.answer();
             if !busy {
-                self.wait(disp)?;
+                self.wait(disp, io)?;
             }
         }
     }
 
     /// Reads a request into slot `i` and serves or starts it. False when
     /// none waits (the slot stays free).
-    fn take<F: Filesystem>(&mut self, disp: &Dispatcher<F>, i: usize) -> Result<bool, Errno> {
+    fn take<F: Filesystem>(
+        &mut self,
+        disp: &Dispatcher<F>,
+        io: &mut F::Io,
+        i: usize,
+    ) -> Result<bool, Errno> {
         let slot = Payload::new(self.arena.clone(), i);
         let at = slot.as_mut_ptr().wrapping_add(MSG_AT);
         let room = slot.len() - MSG_AT;
@@ -199,9 +250,8 @@ impl DevWorker {
             }
         };
         self.stats.served += 1;
-        if let Some(kind) = self.start_by_ref(disp, &slot, n.min(room)) {
-            self.started.insert(kind.0, (i, kind.1));
-            self.count_started(kind.1);
+        if let Some(s) = self.start_by_ref(disp, io, &slot, i, n.min(room)) {
+            self.hold(s);
             return Ok(true);
         }
         // A READ or WRITE the filesystem declined may have kept the memory
@@ -227,14 +277,19 @@ impl DevWorker {
             req.op,
             Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. }
         ) && disp
-            .start_no_data(&req, self.done_of(unique))
-            .map_err(ReadDone::disarm)
+            .start_no_data(
+                Start {
+                    io,
+                    done: self.started.completions(),
+                },
+                &req,
+                ReadDone::new(unique),
+            )
             .is_ok()
         {
             // No memory of the slot is lent: the slot is free for the next
             // request once it is answered (`answer`).
-            self.started.insert(unique, (i, Kind::NoData));
-            self.count_started(Kind::NoData);
+            self.hold(Started::new(i, req.header, 0, &[]));
             return Ok(true);
         }
         let dev = self.dev.clone();
@@ -251,35 +306,26 @@ impl DevWorker {
         Ok(true)
     }
 
-    fn count_started(&mut self, kind: Kind) {
+    /// Counts started request `s` and holds it until its completion is
+    /// taken (answered at once if it is in already).
+    fn hold(&mut self, s: Started) {
         self.stats.started += 1;
-        match kind {
-            Kind::Write(_) => self.stats.writes_started += 1,
-            Kind::NoData => self.stats.no_data_started += 1,
-            Kind::Read(_) => {}
+        let op = s.hdr.opcode;
+        if op == Opcode::Write as u32 {
+            self.stats.writes_started += 1;
+        } else if op != Opcode::Read as u32 {
+            self.stats.no_data_started += 1;
         }
-        self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len());
-    }
-
-    /// The completion of started request `unique`.
-    fn done_of(&self, unique: u64) -> ReadDone {
-        let done = self.done.clone();
-        let wake = self.wake.clone();
-        let me = std::thread::current().id();
-        ReadDone::new(move |r| {
-            lock(&done).push((unique, r));
-            // Answered on this thread (its completions, a page-cache hit):
-            // seen before it waits. Else wake it.
-            if std::thread::current().id() != me {
-                sys::eventfd_signal(wake.as_raw_fd());
-            }
-        })
+        self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len() + 1);
+        if let Some(s) = self.started.hold(s.hdr.unique, s) {
+            self.reply_started(s);
+        }
     }
 
     /// Offers the request of `n` bytes read into `slot` to the filesystem
     /// to start by reference, if it is a READ (its data to go to the
-    /// slot's second page) or a WRITE (its data there already): its unique
-    /// and what it will answer with if started.
+    /// slot's second page) or a WRITE (its data there already): the
+    /// request, held in slot `i`, if started.
     ///
     /// Only the plain forms are offered: a READ of exactly its 80 bytes,
     /// a WRITE of its 80 bytes and data (no extensions, nothing trailing).
@@ -287,11 +333,13 @@ impl DevWorker {
     /// from the copy, so no slice of the slot lives while the filesystem
     /// has the memory of [`PAGE`, end): the two never overlap.
     fn start_by_ref<F: Filesystem>(
-        &self,
+        &mut self,
         disp: &Dispatcher<F>,
+        io: &mut F::Io,
         slot: &Payload,
+        i: usize,
         n: usize,
-    ) -> Option<(u64, Kind)> {
+    ) -> Option<Started> {
         const HEAD: usize = PAGE - MSG_AT;
         let mut head = [0u8; HEAD];
         if n < HEAD {
@@ -321,31 +369,25 @@ impl DevWorker {
         };
         let req = abi::decode_split(hdr, op_in, &[], opts).ok()?;
         let unique = hdr.unique;
-        let (kind, mem) = match &req.op {
-            Operation::Read { arg } if n == HEAD && arg.size as usize <= DATA => (
-                Kind::Read(arg.size),
-                slot.client_mem_at(PAGE, arg.size as usize),
-            ),
+        let (read, size) = match &req.op {
+            Operation::Read { arg } if n == HEAD && arg.size as usize <= DATA => (true, arg.size),
             // Its data is all that follows the 80 bytes: the slot's second
             // page on.
-            Operation::Write { arg, .. } if n == HEAD + arg.size as usize => (
-                Kind::Write(arg.size),
-                slot.client_mem_at(PAGE, arg.size as usize),
-            ),
+            Operation::Write { arg, .. } if n == HEAD + arg.size as usize => (false, arg.size),
             _ => return None,
         };
-        let m: Arc<dyn ClientMem> = Arc::new(mem);
-        let r = match kind {
-            Kind::Read(_) => disp.start_read(&req, &m, self.done_of(unique)),
-            _ => disp.start_write(&req, &m, self.done_of(unique)),
+        let m: Arc<dyn ClientMem> = Arc::new(slot.client_mem_at(PAGE, size as usize));
+        let done = ReadDone::new(unique);
+        let start = Start {
+            io,
+            done: self.started.completions(),
         };
-        match r {
-            Ok(()) => Some((unique, kind)),
-            Err(d) => {
-                d.disarm();
-                None
-            }
-        }
+        let r = if read {
+            disp.start_read(start, &req, &m, done)
+        } else {
+            disp.start_write(start, &req, &m, done)
+        };
+        r.ok().map(|()| Started::new(i, hdr, size, op_in))
     }
 
     fn reply_in_line(&self, h: Handled) {
@@ -359,48 +401,48 @@ impl DevWorker {
 
     /// Answers every started request that completed; true if any did.
     fn answer(&mut self) -> bool {
-        let done = std::mem::take(&mut *lock(&self.done));
+        let mut done = std::mem::take(&mut self.answering);
+        self.started.take_completed(|s| done.push(s));
         let any = !done.is_empty();
-        for (unique, r) in done {
-            let Some((i, kind)) = self.started.remove(&unique) else {
-                continue;
-            };
-            let slot = Payload::new(self.arena.clone(), i);
-            // The filesystem may keep the memory it was lent past its
-            // answer: it gets EIO from now on, and the slot is ours (to
-            // read a READ's data from, then to free).
-            slot.take_back();
-            let _ = match (r, kind) {
-                (Err(e), _) => self.dev.write_reply(unique, e.to_wire(), &[]),
-                (Ok(n), Kind::Read(size)) => {
-                    let n = n.min(size as usize);
-                    // SAFETY: the slot was taken back above, so no memory
-                    // lent of it is used (the READ's I/O, and anything the
-                    // filesystem kept), and none is lent while the slice
-                    // lives; its `n` bytes from the second page lie inside
-                    // it (n ≤ DATA).
-                    let data =
-                        unsafe { std::slice::from_raw_parts(slot.as_mut_ptr().add(PAGE), n) };
-                    self.dev.write_reply(unique, 0, data)
-                }
-                (Ok(n), Kind::Write(size)) => {
-                    let out = WriteOut {
-                        size: u32::try_from(n).unwrap_or(u32::MAX).min(size),
-                        padding: 0,
-                    };
-                    self.dev
-                        .write_reply(unique, 0, zerocopy::IntoBytes::as_bytes(&out))
-                }
-                (Ok(_), Kind::NoData) => self.dev.write_reply(unique, 0, &[]),
-            };
-            self.free.push(i);
+        for s in done.drain(..) {
+            self.reply_started(s);
         }
+        self.answering = done;
         any
+    }
+
+    /// Sends the reply of started request `s` (set by the reply rule) and
+    /// frees its slot.
+    fn reply_started(&mut self, s: Started) {
+        let slot = Payload::new(self.arena.clone(), s.slot);
+        // The filesystem may keep the memory it was lent past its answer:
+        // it gets EIO from now on, and the slot is ours (to read a READ's
+        // data from, then to free).
+        slot.take_back();
+        let (error, len) = s.reply;
+        let unique = s.hdr.unique;
+        // Refused (interrupted or aborted meanwhile): dropped.
+        let _ = if error != 0 {
+            self.dev.write_reply(unique, error, &[])
+        } else if s.hdr.opcode == Opcode::Read as u32 {
+            let n = len.min(s.size as usize);
+            // SAFETY: the slot was taken back above, so no memory lent of
+            // it is used (the READ's I/O, and anything the filesystem
+            // kept), and none is lent while the slice lives; its `n` bytes
+            // from the second page lie inside it (n ≤ DATA).
+            let data = unsafe { std::slice::from_raw_parts(slot.as_mut_ptr().add(PAGE), n) };
+            self.dev.write_reply(unique, 0, data)
+        } else {
+            // A WRITE's `fuse_write_out`, or nothing.
+            self.dev
+                .write_reply(unique, 0, &s.out[..len.min(s.out.len())])
+        };
+        self.free.push(s.slot);
     }
 
     /// Waits for a request (if a slot is free), a completion of the
     /// filesystem's, or a wake-up.
-    fn wait<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Result<(), Errno> {
+    fn wait<F: Filesystem>(&mut self, disp: &Dispatcher<F>, io: &F::Io) -> Result<(), Errno> {
         let mut fds = Vec::with_capacity(3);
         let ev = |fd: i32| libc::pollfd {
             fd,
@@ -415,7 +457,7 @@ impl DevWorker {
         }
         fds.push(dev);
         fds.push(ev(self.wake.as_raw_fd()));
-        if let Some(fd) = disp.fs().async_fd() {
+        if let Some(fd) = disp.fs().async_fd(io) {
             fds.push(ev(fd));
         }
         // SAFETY: `fds` is a live array of that many pollfds.

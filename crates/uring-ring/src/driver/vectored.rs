@@ -116,6 +116,18 @@ impl Driver {
         self.client_map.as_ref().map(|c| c.id)
     }
 
+    /// Whether registering the client map `id` failed on this ring (not
+    /// to be tried again: see [`Driver::refuse_client_map`]).
+    pub fn client_map_refused(&self, id: u64) -> bool {
+        self.refused_map == Some(id)
+    }
+
+    /// Records that the kernel refused to register the client map `id`
+    /// (RLIMIT_MEMLOCK, for one): its ops go as plain vectored ops.
+    pub fn refuse_client_map(&mut self, id: u64) {
+        self.refused_map = Some(id);
+    }
+
     /// [`Driver::readv_raw`] through the registered client map: None (do
     /// the op another way) when the iovecs are not all in one registered
     /// piece or the kernel lacks the opcode.

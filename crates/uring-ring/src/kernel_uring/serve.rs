@@ -3,7 +3,8 @@
 //!
 //! The thread registers `depth` entries. Whatever they fetched is served
 //! in one pass: a READ the filesystem can start without waiting
-//! ([`Filesystem::read_async`], the passthrough's per-thread io_uring) is
+//! ([`Filesystem::read_async`], on the io_uring of the passthrough's host
+//! I/O context, which the thread owns: [`Filesystem::new_io`]) is
 //! started straight into the entry's payload buffer and left running, so
 //! the thread goes on to the next fetched request; so is a WRITE
 //! ([`Filesystem::write_async`]) from the payload buffer its data came
@@ -31,9 +32,10 @@
 //! the pass's commits also waits for new requests, READ completions and
 //! answers given on other threads, with no epoll set and no extra system
 //! call to wait on a second ring. (The READs themselves run on the
-//! filesystem's own per-thread io_uring, which this crate's passthrough
-//! owns and registers its fixed buffers with; sharing one ring for both
-//! would tie the passthrough to this transport.)
+//! filesystem's own io_uring, in the host I/O context the thread owns,
+//! which this crate's passthrough makes and registers its fixed buffers
+//! with; sharing one ring for both would tie the passthrough to this
+//! transport.)
 //!
 //! Requests still go through the same dispatcher as every other transport
 //! (the kernel did admission and times requests out; FUSE_INTERRUPT
@@ -50,8 +52,9 @@
 //! A READ that hangs holds only its own entry: the others keep serving.
 //! When the connection goes, the thread's entries are dropped, but the
 //! payload slot a READ still reads into stays mapped until its completion
-//! is taken (see `kernel_uring::arena`); the thread itself ends only once the
-//! passthrough's per-thread ring has cancelled and drained its I/O, so a
+//! is taken (see `kernel_uring::arena`); the thread itself ends only once
+//! the ring of its host I/O context (dropped with its server, before the
+//! entries it holds) has cancelled and drained its I/O, so a
 //! READ stuck in the host (a hard NFS mount) holds the thread until the
 //! daemon's grace period at exit.
 
@@ -59,9 +62,7 @@ use super::{EntState, KernelQueue, KernelSlot};
 use crate::sync::lock;
 use fuse_core::abi::Opcode;
 use fuse_core::server::RingSlot;
-use fuse_core::server::{
-    complete_started, serve_slot, Deferred, Dispatcher, Filesystem, FsResult, ReadDone, Served,
-};
+use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, InFlight, Served, Start};
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -70,8 +71,8 @@ use std::sync::{Arc, Mutex};
 /// CPU keeps 16 requests in flight on that CPU's queue.
 pub const DEFAULT_DEPTH: usize = 16;
 
-/// Answers by unique (completed READs, parked requests answered), pushed
-/// from whichever thread answers them.
+/// Answers of parked requests by unique, pushed from whichever thread
+/// answers them.
 type Answers<T> = Arc<Mutex<Vec<(u64, T)>>>;
 
 /// What a queue served (for the daemon's log).
@@ -122,13 +123,14 @@ pub fn serve_queue<F: Filesystem>(
 struct Server<'a, F: Filesystem> {
     q: &'a KernelQueue,
     disp: &'a Dispatcher<F>,
-    /// READs and WRITEs whose host I/O runs (`Started` entries).
-    started: HashMap<u64, KernelSlot>,
+    /// The filesystem's host I/O context of this thread: what it starts
+    /// runs there, and only this thread completes it.
+    io: F::Io,
+    /// Requests whose host I/O runs (`Started` entries) and their
+    /// completions.
+    started: InFlight<KernelSlot>,
     /// Requests waiting for something outside the server (`Parked`).
     parked: HashMap<u64, KernelSlot>,
-    /// Completed READs (guarded by their own mutex; pushed by the
-    /// filesystem's completions, on this thread or another).
-    reads: Answers<FsResult<usize>>,
     /// Answered parked requests (errno, as [`Deferred`] gives it).
     answered: Answers<i32>,
     /// Entries registered beyond the depth, for parked requests: as many
@@ -149,9 +151,12 @@ impl<'a, F: Filesystem> Server<'a, F> {
         Server {
             q,
             disp,
-            started: HashMap::new(),
+            io: disp.fs().new_io({
+                let q = q.clone();
+                Arc::new(move || q.wake_queue())
+            }),
+            started: InFlight::new(),
             parked: HashMap::new(),
-            reads: Arc::new(Mutex::new(Vec::new())),
             answered: Arc::new(Mutex::new(Vec::new())),
             extra: 0,
             nudges: Vec::new(),
@@ -174,7 +179,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 // module's doc: submitted once a pass, the pass's reads
                 // reached the disk together and came back together).
                 if self.stats.started != started {
-                    self.disp.fs().submit_async();
+                    self.disp.fs().submit_async(&mut self.io);
                 }
             }
             self.nudge();
@@ -185,8 +190,8 @@ impl<'a, F: Filesystem> Server<'a, F> {
             if self.q.stopping() {
                 return Err(Errno::ENOTCONN);
             }
-            if self.q.wait(self.disp.fs().async_fd())? {
-                if let Some(fd) = self.disp.fs().async_fd() {
+            if self.q.wait(self.disp.fs().async_fd(&self.io))? {
+                if let Some(fd) = self.disp.fs().async_fd(&self.io) {
                     // The filesystem's non-blocking eventfd: that resets it.
                     crate::passthrough::sys::eventfd_drain(fd);
                 }
@@ -206,18 +211,6 @@ impl<'a, F: Filesystem> Server<'a, F> {
         }
         self.stats.served += 1;
         let unique = hdr.unique;
-        let me = std::thread::current().id();
-        let make = |unique: u64| {
-            let (reads, q) = (self.reads.clone(), self.q.clone());
-            ReadDone::new(move |r| {
-                lock(&reads).push((unique, r));
-                // Answered by this thread's own pass (its completions, a
-                // page-cache hit): seen before it waits. Else wake it.
-                if std::thread::current().id() != me {
-                    q.wake_queue();
-                }
-            })
-        };
         let defer = |unique: u64| {
             let (answered, q) = (self.answered.clone(), self.q.clone());
             Deferred::new(move |error| {
@@ -230,7 +223,10 @@ impl<'a, F: Filesystem> Server<'a, F> {
             &mut slot,
             &mut self.scratch,
             Some(&defer),
-            Some(&make),
+            Some(Start {
+                io: &mut self.io,
+                done: self.started.completions(),
+            }),
         ) {
             Served::Started => {
                 self.stats.started += 1;
@@ -248,11 +244,8 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 slot.set_state(EntState::Started);
                 // Answered before read_async returned (the page cache held
                 // it): its commit goes with this pass.
-                if let Some(r) = take(&self.reads, unique) {
-                    set_result(&mut slot, r);
+                if let Some(slot) = self.started.hold(unique, slot) {
                     self.q.commit_slot(slot)?;
-                } else {
-                    self.started.insert(unique, slot);
                 }
             }
             Served::Parked => {
@@ -303,15 +296,17 @@ impl<'a, F: Filesystem> Server<'a, F> {
     /// READ and parked request answered since the last pass.
     fn finish(&mut self) -> Result<(), Errno> {
         if !self.started.is_empty() {
-            self.disp.fs().complete_async();
+            self.disp
+                .fs()
+                .complete_async(&mut self.io, self.started.completions());
         }
-        let reads = std::mem::take(&mut *lock(&self.reads));
-        for (unique, r) in reads {
-            if let Some(mut slot) = self.started.remove(&unique) {
-                set_result(&mut slot, r);
-                self.q.commit_slot(slot)?;
+        let mut failed = Ok(());
+        self.started.take_completed(|slot| {
+            if let Err(e) = self.q.commit_slot(slot) {
+                failed = Err(e);
             }
-        }
+        });
+        failed?;
         let answered = std::mem::take(&mut *lock(&self.answered));
         for (unique, error) in answered {
             if let Some(mut slot) = self.parked.remove(&unique) {
@@ -328,10 +323,4 @@ fn take<T>(list: &Answers<T>, unique: u64) -> Option<T> {
     let mut l = lock(list);
     let i = l.iter().rposition(|(u, _)| *u == unique)?;
     Some(l.swap_remove(i).1)
-}
-
-/// The reply of a started READ (its data is in the payload already) or
-/// WRITE (a `fuse_write_out` in the payload).
-fn set_result(slot: &mut KernelSlot, r: FsResult<usize>) {
-    complete_started(slot, r);
 }

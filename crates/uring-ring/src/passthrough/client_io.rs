@@ -2,8 +2,8 @@
 //! passed by reference through the engine) and the host file: one vectored
 //! host call over the client's spans, no copy in this process.
 //!
-//! Like [`super::io`], a file that can do non-blocking I/O goes through this
-//! thread's io_uring (READV/WRITEV, cancellable by FUSE_INTERRUPT), other
+//! Like [`super::io`], a file that can do non-blocking I/O goes through an
+//! io_uring of the pool (READV/WRITEV, cancellable by FUSE_INTERRUPT), other
 //! files through preadv/pwritev. O_DIRECT needs aligned memory: spans that
 //! are not go through an aligned bounce buffer.
 
@@ -34,22 +34,19 @@ pub(super) fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Vec<libc::i
     v
 }
 
-/// Whether `map` is this thread's ring's fixed buffers now (registering it
-/// if it is new). A map the kernel refused (RLIMIT_MEMLOCK, for one) is not
-/// tried again on this thread: its ops go as plain READV/WRITEV. A driver
-/// busy with other ops (EBUSY) tries again next time.
+/// Whether `map` is `d`'s fixed buffers now (registering it if it is new).
+/// A map the kernel refused (RLIMIT_MEMLOCK, for one) is not tried again on
+/// that ring: its ops go as plain READV/WRITEV. A driver busy with other
+/// ops (EBUSY) tries again next time.
 ///
 /// # Safety
 ///
 /// The regions of `map` are mapped memory of this process, no Rust object.
 pub(super) unsafe fn registered(d: &mut crate::Driver, map: &ClientMap) -> bool {
-    thread_local! {
-        static REFUSED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    }
     if d.client_map_id() == Some(map.id()) {
         return true;
     }
-    if REFUSED.with(|r| r.get()) == map.id() {
+    if d.client_map_refused(map.id()) {
         return false;
     }
     // SAFETY: the caller's contract.
@@ -57,7 +54,7 @@ pub(super) unsafe fn registered(d: &mut crate::Driver, map: &ClientMap) -> bool 
         Ok(()) => true,
         Err(crate::DriverError::Register(e)) if e.raw_os_error() == Some(libc::EBUSY) => false,
         Err(_) => {
-            REFUSED.with(|r| r.set(map.id()));
+            d.refuse_client_map(map.id());
             false
         }
     }
@@ -137,7 +134,7 @@ pub fn write(
 }
 
 /// Moves `len` bytes between the guarded spans and the file at `off`, one
-/// vectored host call per step: through this thread's ring (as fixed-buffer
+/// vectored host call per step: through a ring of the pool (as fixed-buffer
 /// ops when `map` is registered there) or preadv/pwritev.
 #[allow(clippy::too_many_arguments)]
 fn transfer(

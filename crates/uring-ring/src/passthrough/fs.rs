@@ -4,18 +4,25 @@
 //! gave up (a device's stopped ring) fails with EINTR instead of acting,
 //! and one already acting is counted until it returns.
 
-use super::PassthroughFs;
+use super::{PassthroughFs, PassthroughIo};
 use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
 use fuse_core::server::state::StateError;
 use fuse_core::server::{
-    Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult, LockReq, Opened,
-    ReadSink, WriteSource, Xattr,
+    Completions, Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult,
+    LockReq, Opened, ReadDone, ReadSink, Wake, WriteSource, Xattr,
 };
 use std::time::Duration;
 
 impl Filesystem for PassthroughFs {
     type Inode = u64;
     type Handle = u64;
+    type Io = PassthroughIo;
+
+    /// A serving loop's ring, made when it first starts I/O (its eventfd
+    /// says when to take completions: no wake-up is needed).
+    fn new_io(&self, _: Wake) -> PassthroughIo {
+        PassthroughIo::default()
+    }
 
     fn init(&self, capable: u64) -> FsResult<u64> {
         self.init_flags(capable)
@@ -112,62 +119,70 @@ impl Filesystem for PassthroughFs {
     }
     fn read_async(
         &self,
+        io: &mut PassthroughIo,
+        out: &mut Completions,
         ctx: &Ctx,
         _inode: u64,
         handle: u64,
         offset: u64,
         len: usize,
         mem: std::sync::Arc<dyn fuse_core::ClientMem>,
-        done: fuse_core::server::ReadDone,
-    ) -> Result<(), fuse_core::server::ReadDone> {
-        self.op_read_async(ctx.unique, handle, offset, len, mem, done)
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        self.op_read_async(io, out, ctx.unique, handle, offset, len, mem, done)
     }
     fn write_async(
         &self,
+        io: &mut PassthroughIo,
+        _: &mut Completions,
         ctx: &Ctx,
         _inode: u64,
         handle: u64,
         offset: u64,
         mem: std::sync::Arc<dyn fuse_core::ClientMem>,
         flags: u32,
-        done: fuse_core::server::ReadDone,
-    ) -> Result<(), fuse_core::server::ReadDone> {
-        self.op_write_async(ctx, handle, offset, mem, flags, done)
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        self.op_write_async(io, ctx, handle, offset, mem, flags, done)
     }
     fn fsync_async(
         &self,
+        io: &mut PassthroughIo,
+        _: &mut Completions,
         ctx: &Ctx,
         _inode: u64,
         handle: u64,
         datasync: bool,
         _dir: bool,
-        done: fuse_core::server::ReadDone,
-    ) -> Result<(), fuse_core::server::ReadDone> {
-        self.op_fsync_async(ctx.unique, handle, datasync, done)
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        self.op_fsync_async(io, ctx.unique, handle, datasync, done)
     }
     fn fallocate_async(
         &self,
+        io: &mut PassthroughIo,
+        _: &mut Completions,
         ctx: &Ctx,
         _inode: u64,
         handle: u64,
         mode: u32,
         offset: u64,
         length: u64,
-        done: fuse_core::server::ReadDone,
-    ) -> Result<(), fuse_core::server::ReadDone> {
-        self.op_fallocate_async(ctx, handle, mode, offset, length, done)
+        done: ReadDone,
+    ) -> Result<(), ReadDone> {
+        self.op_fallocate_async(io, ctx, handle, mode, offset, length, done)
     }
-    fn submit_async(&self) {
-        self.op_submit_async()
+    fn submit_async(&self, io: &mut PassthroughIo) {
+        self.op_submit_async(io)
     }
-    fn complete_async(&self) -> usize {
-        self.op_complete_async()
+    fn complete_async(&self, io: &mut PassthroughIo, out: &mut Completions) -> usize {
+        self.op_complete_async(io, out)
     }
-    fn async_in_flight(&self) -> usize {
-        self.op_async_in_flight()
+    fn async_in_flight(&self, io: &PassthroughIo) -> usize {
+        self.op_async_in_flight(io)
     }
-    fn async_fd(&self) -> Option<i32> {
-        self.op_async_fd()
+    fn async_fd(&self, io: &PassthroughIo) -> Option<i32> {
+        self.op_async_fd(io)
     }
     fn write(
         &self,

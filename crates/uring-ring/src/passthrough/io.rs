@@ -1,25 +1,24 @@
-//! Data I/O of the passthrough: each worker thread has its own io_uring
-//! [`Driver`], made on first use; READ and WRITE go straight between the
-//! request's buffer and the host file. A thread whose ring cannot be set up
-//! (or with io_uring off) uses pread/pwrite, and so do files that cannot do
+//! Data I/O of the passthrough served in line: READ and WRITE go straight
+//! between the request's buffer and the host file through an io_uring
+//! [`Driver`] taken from the filesystem's pool for the call (made when none
+//! is free, given back after; its ops are cancellable by FUSE_INTERRUPT
+//! through the cancel registry). With no ring to be had (or io_uring off)
+//! pread/pwrite do it, and so do files that cannot do
 //! non-blocking I/O (tmpfs on 6.18): io_uring would hand each of their ops
 //! to an io-wq worker thread, which measured 10x slower than pread for a
 //! 4 KiB read (docs/BENCHMARKS.md). Buffered writes are punted even on
 //! ext4 (0.32x of pwrite at 4 KiB), so only O_DIRECT writes use the ring.
 
+use crate::sync::lock;
 use crate::{Driver, Target};
 use fuse_core::Errno;
-use std::cell::RefCell;
 use std::os::fd::RawFd;
-
-thread_local! {
-    static DRIVER: RefCell<Option<Driver>> = const { RefCell::new(None) };
-    static NO_RING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
 
 /// The filesystem's I/O state: how data I/O was done ([read, write] x
-/// [io_uring, syscall]) and the ops in flight by request unique, for
-/// FUSE_INTERRUPT.
+/// [io_uring, syscall]), the ops in flight by request unique, for
+/// FUSE_INTERRUPT, and the rings of the I/O served in line.
 #[derive(Debug, Default)]
 pub struct IoStats {
     counts: [[std::sync::atomic::AtomicU64; 2]; 2],
@@ -31,6 +30,10 @@ pub struct IoStats {
     allocs_started: std::sync::atomic::AtomicU64,
     /// Ops in flight on the workers' rings, by request unique.
     pub cancels: std::sync::Arc<crate::CancelRegistry>,
+    /// Rings free for I/O served in line (each taken for one call).
+    drivers: Mutex<Vec<Driver>>,
+    /// A ring could not be set up: I/O in line goes through syscalls.
+    no_ring: AtomicBool,
 }
 
 impl IoStats {
@@ -103,55 +106,38 @@ pub(super) fn errno(e: std::io::Error) -> Errno {
     }
 }
 
-/// Runs `f` on this thread's driver, or returns None when there is none.
-/// Its ops are recorded in `io.cancels` (a thread serves one filesystem at
-/// a time; the registry is set again if that changes).
+/// Entries of each ring.
+pub(super) const RING_ENTRIES: u32 = 64;
+
+/// Runs `f` on a ring of the pool (taken for the call: `f` waits for its
+/// ops), or returns None when there is none to be had. Its ops are
+/// recorded in `io.cancels`.
 pub(super) fn with_driver<T>(
     uring: bool,
     io: &IoStats,
     f: impl FnOnce(&mut Driver) -> T,
 ) -> Option<T> {
-    if !uring || NO_RING.with(|n| n.get()) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !uring || io.no_ring.load(Relaxed) {
         return None;
     }
-    DRIVER.with(|d| {
-        let mut d = d.try_borrow_mut().ok()?;
-        if d.is_none() {
-            match Driver::new(64) {
-                Ok(drv) => *d = Some(drv),
-                Err(_) => {
-                    NO_RING.with(|n| n.set(true));
-                    return None;
-                }
+    let free = lock(&io.drivers).pop();
+    let mut d = match free {
+        Some(d) => d,
+        None => match Driver::new(RING_ENTRIES) {
+            Ok(mut d) => {
+                d.set_cancel_registry(io.cancels.clone());
+                d
             }
-        }
-        let drv = d.as_mut()?;
-        drv.set_cancel_registry(io.cancels.clone());
-        Some(f(drv))
-    })
-}
-
-/// Submits what this thread's driver has queued, if it has one, and
-/// gives its ring's fd (never makes a driver).
-pub(super) fn submit_own() -> Option<RawFd> {
-    DRIVER
-        .try_with(|d| {
-            let mut d = d.try_borrow_mut().ok()?;
-            let drv = d.as_mut()?;
-            let _ = drv.submit();
-            Some(drv.ring_fd())
-        })
-        .ok()
-        .flatten()
-}
-
-/// Drops this thread's driver (its Drop waits for every op in flight).
-pub(super) fn drop_driver() {
-    let _ = DRIVER.try_with(|d| {
-        if let Ok(mut d) = d.try_borrow_mut() {
-            d.take();
-        }
-    });
+            Err(_) => {
+                io.no_ring.store(true, Relaxed);
+                return None;
+            }
+        },
+    };
+    let r = f(&mut d);
+    lock(&io.drivers).push(d);
+    Some(r)
 }
 
 /// Reads at `off` until `buf` is full or end of file.

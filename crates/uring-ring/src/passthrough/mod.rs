@@ -61,6 +61,7 @@ pub use idmap::{Forbidden, IdMap, IdMapError, IdMapping};
 pub use inode::{FdBudget, InodeKey};
 pub use io::IoCounts;
 pub use migrate::{MigrationConfig, MigrationMode, MigrationOnError};
+pub use started::PassthroughIo;
 pub use sys::xattrat_supported;
 pub use xattrmap::{Mapped, XattrMap, XattrMapError};
 
@@ -483,13 +484,13 @@ impl PassthroughFs {
     /// many ops were found.
     pub fn cancel_io(&self, unique: u64) -> usize {
         // A thread that serves the interrupt of a request it started
-        // itself (a /dev/fuse worker reads both) submits its queue first,
-        // so the cancel finds the op, and does not wait for it to leave:
-        // only this thread's next pass takes its completion.
-        let own = io::submit_own();
+        // itself (a /dev/fuse worker reads both) does not wait for it to
+        // leave: only this thread's next pass takes its completion. (Its
+        // serving loop submits what it starts at once, so the cancel finds
+        // it.)
         self.io_stats
             .cancels
-            .cancel_from(unique, std::time::Duration::from_millis(20), own)
+            .cancel_here(unique, std::time::Duration::from_millis(20))
     }
 
     /// Open descriptions held for POSIX lock owners.

@@ -1,6 +1,8 @@
 //! READs started without waiting (`Filesystem::read_async`): the serving
-//! thread queues a READV on its own io_uring straight into the client's
-//! memory (guest RAM), goes on with other requests, submits them
+//! loop queues a READV on the io_uring of its host I/O context
+//! ([`PassthroughIo`], which the loop owns: `Filesystem::new_io`) straight
+//! into the client's memory (guest RAM), goes on with other requests,
+//! submits them
 //! (`submit_async`: several with one system call, as the device's vring
 //! threads do, or each at once, as the host mount's threads do), and
 //! answers each when its completion is taken (`complete_async`, when the
@@ -42,15 +44,15 @@ use super::file::HandleData;
 use super::io::{self, IoStats};
 use super::PassthroughFs;
 use crate::{OpId, Target};
-use fuse_core::server::ReadDone;
+use fuse_core::server::{Completions, ReadDone};
 use fuse_core::{ClientMem, Errno};
-use std::cell::RefCell;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 mod alloc;
 mod write;
 
-/// A READ or WRITE in flight on this thread's ring.
+/// A READ or WRITE in flight on a serving loop's ring.
 struct Pending {
     done: ReadDone,
     /// Held for I/O since the start (`begin_io`).
@@ -76,7 +78,7 @@ struct Pending {
 /// in line than a hand-off to a worker thread.
 const PARALLEL_READ: usize = 256 * 1024;
 
-/// An FSYNC, FSYNCDIR or FALLOCATE in flight on this thread's ring: no
+/// An FSYNC, FSYNCDIR or FALLOCATE in flight on a serving loop's ring: no
 /// memory, only an answer.
 struct NoData {
     done: ReadDone,
@@ -86,30 +88,82 @@ struct NoData {
     alloc: Option<alloc::Alloc>,
 }
 
-/// This thread's started reads, writes and syncs, the eventfd its ring
-/// signals, and the credentials registered with its ring for writes.
+/// The passthrough's host I/O context of one serving loop
+/// (`Filesystem::Io`): its io_uring, made on first use, the eventfd that
+/// ring signals, the credentials registered with it for writes, and the
+/// reads, writes and syncs started on it. The loop that owns it alone
+/// starts I/O on it and takes its completions.
 #[derive(Default)]
-struct Started {
+pub struct PassthroughIo {
+    /// Its ring; None until first used, or when none can be set up.
+    driver: Option<crate::Driver>,
+    /// The registry its ring is owned in (see `CancelRegistry::own`).
+    cancels: Option<Arc<crate::CancelRegistry>>,
+    /// A ring could not be set up: nothing is started.
+    no_ring: bool,
     pending: fuse_core::fasthash::IdMap<OpId, Pending>,
     no_data: fuse_core::fasthash::IdMap<OpId, NoData>,
     eventfd: Option<std::os::fd::OwnedFd>,
     personas: write::Personas,
+    /// Completions taken from the ring, and the ops they end (kept for
+    /// their room: taking completions allocates nothing once warm).
+    reaped: Vec<(OpId, std::io::Result<usize>)>,
+    finished: Vec<(Pending, Result<usize, Errno>, bool)>,
+    synced: Vec<(NoData, Result<usize, Errno>)>,
 }
 
-impl Drop for Started {
+impl std::fmt::Debug for PassthroughIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PassthroughIo")
+            .field("driver", &self.driver)
+            .field("pending", &self.pending.len())
+            .field("no_data", &self.no_data.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PassthroughIo {
+    /// Its ring (made, with its eventfd, on first use) and the
+    /// personalities registered with it; None when no ring can be had.
+    fn ring(&mut self, stats: &IoStats) -> Option<(&mut crate::Driver, &mut write::Personas)> {
+        if self.no_ring {
+            return None;
+        }
+        if self.driver.is_none() {
+            let ev = super::sys::eventfd().ok()?;
+            let Ok(mut d) = crate::Driver::new(io::RING_ENTRIES) else {
+                self.no_ring = true;
+                return None;
+            };
+            d.register_eventfd(ev.as_raw_fd()).ok()?;
+            d.set_cancel_registry(stats.cancels.clone());
+            stats.cancels.own(d.ring_fd());
+            self.cancels = Some(stats.cancels.clone());
+            self.eventfd = Some(ev);
+            self.driver = Some(d);
+        }
+        Some((self.driver.as_mut()?, &mut self.personas))
+    }
+
+    /// Nothing started on it is in flight.
+    fn idle(&self) -> bool {
+        self.pending.is_empty() && self.no_data.is_empty()
+    }
+}
+
+impl Drop for PassthroughIo {
     fn drop(&mut self) {
         // The ring first: its Drop waits for every op in flight, so no
         // client memory is given back (`end_io`, below) while the kernel
         // may still use it. (Its personalities go with it.)
-        io::drop_driver();
+        if let (Some(d), Some(c)) = (&self.driver, &self.cancels) {
+            c.disown(d.ring_fd());
+        }
+        self.driver.take();
         for (_, p) in self.pending.drain() {
             p.mem.end_io();
         }
     }
-}
-
-thread_local! {
-    static STARTED: RefCell<Started> = RefCell::new(Started::default());
 }
 
 /// Queues the read or write of `p` from `p.got` on; a write with the
@@ -119,7 +173,7 @@ thread_local! {
 ///
 /// `p.mem` must be held for I/O (`begin_io` succeeded and `end_io` is not
 /// called) until the op's completion has been taken: the caller keeps `p`
-/// in this thread's `STARTED` table under the returned id, or ends the
+/// in its [`PassthroughIo`]'s table under the returned id, or ends the
 /// memory only after the op failed to start.
 unsafe fn start(
     d: &mut crate::Driver,
@@ -166,29 +220,12 @@ fn driver_errno(e: crate::DriverError) -> Errno {
     }
 }
 
-/// Makes this thread's eventfd and has its ring signal it (once).
-fn ensure_eventfd(d: &mut crate::Driver) -> bool {
-    STARTED.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.eventfd.is_some() {
-            return true;
-        }
-        let Ok(ev) = super::sys::eventfd() else {
-            return false;
-        };
-        if d.register_eventfd(std::os::fd::AsRawFd::as_raw_fd(&ev))
-            .is_err()
-        {
-            return false;
-        }
-        s.eventfd = Some(ev);
-        true
-    })
-}
-
 impl PassthroughFs {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn op_read_async(
         &self,
+        io: &mut PassthroughIo,
+        out: &mut Completions,
         unique: u64,
         fh: u64,
         off: u64,
@@ -250,7 +287,7 @@ impl PassthroughFs {
             if let Some(n) = answered {
                 self.io_stats.count(false, false);
                 mem.end_io();
-                done.complete(Ok(n));
+                out.complete(done, Ok(n));
                 return Ok(());
             }
         }
@@ -266,27 +303,25 @@ impl PassthroughFs {
             punt: large,
             write: None,
         };
-        self.start_pending(p)
+        self.start_pending(io, p)
     }
 
-    /// Starts `p` (memory held for I/O) and records it, or gives its
-    /// `done` back, the memory released, if it cannot be started.
-    fn start_pending(&self, p: Pending) -> Result<(), ReadDone> {
-        let id = io::with_driver(true, &self.io_stats, |d| {
-            if !ensure_eventfd(d) {
-                return None;
-            }
-            let personality = STARTED.with(|s| s.borrow_mut().personas.of(d, &p)).ok()?;
+    /// Starts `p` (memory held for I/O) on `io` and records it there, or
+    /// gives its `done` back, the memory released, if it cannot be
+    /// started.
+    fn start_pending(&self, io: &mut PassthroughIo, p: Pending) -> Result<(), ReadDone> {
+        let id = io.ring(&self.io_stats).and_then(|(d, personas)| {
+            let personality = personas.of(d, &p).ok()?;
             // SAFETY: `p`'s memory is held for I/O (start_pending's
             // contract with its callers, who called begin_io); it goes
-            // into STARTED under this id below, and end_io comes only
-            // when its completion was taken (or here, if none started).
+            // into `io`'s table under this id below, and end_io comes
+            // only when its completion was taken (or here, if none
+            // started).
             unsafe { start(d, &p, personality, &self.io_stats) }.ok()
-        })
-        .flatten();
+        });
         match id {
             Some(id) => {
-                STARTED.with(|s| s.borrow_mut().pending.insert(id, p));
+                io.pending.insert(id, p);
                 Ok(())
             }
             None => {
@@ -297,14 +332,15 @@ impl PassthroughFs {
         }
     }
 
-    /// Starts an fsync (fdatasync with `datasync`) of handle `fh` on this
-    /// thread's ring, or gives `done` back to have it served in line.
+    /// Starts an fsync (fdatasync with `datasync`) of handle `fh` on `io`'s
+    /// ring, or gives `done` back to have it served in line.
     /// Only files with non-blocking I/O are synced so: where a sync waits
     /// for a disk, the ring's io-wq worker waits instead of this thread;
     /// on the others (tmpfs, whose sync has nothing to write) the hand-off
     /// to a worker would cost more than the call.
     pub(super) fn op_fsync_async(
         &self,
+        io: &mut PassthroughIo,
         unique: u64,
         fh: u64,
         datasync: bool,
@@ -326,20 +362,14 @@ impl PassthroughFs {
             return Err(done);
         }
         let t = Target::Fd(h.fd.raw());
-        let id = io::with_driver(true, &self.io_stats, |d| {
-            if !ensure_eventfd(d) {
-                return None;
-            }
+        let id = io.ring(&self.io_stats).and_then(|(d, personas)| {
             // The daemon's own credentials, as in line: without a
             // personality the kernel would take whatever the thread has
             // when something submits it (another request's, served in
             // line with its caller's credentials in force).
-            let own = STARTED
-                .with(|s| s.borrow_mut().personas.get(d, &write::WriteCreds::Own))
-                .ok()?;
+            let own = personas.get(d, &write::WriteCreds::Own).ok()?;
             d.start_fsync(t, datasync, unique, Some(own)).ok()
-        })
-        .flatten();
+        });
         let Some(id) = id else {
             return Err(done);
         };
@@ -349,93 +379,91 @@ impl PassthroughFs {
             h,
             alloc: None,
         };
-        STARTED.with(|s| s.borrow_mut().no_data.insert(id, op));
+        io.no_data.insert(id, op);
         Ok(())
     }
 
-    /// Nothing started on this thread is in flight.
-    fn idle() -> bool {
-        STARTED.with(|s| {
-            let s = s.borrow();
-            s.pending.is_empty() && s.no_data.is_empty()
-        })
-    }
-
-    pub(super) fn op_submit_async(&self) {
-        if Self::idle() {
+    pub(super) fn op_submit_async(&self, io: &mut PassthroughIo) {
+        if io.idle() {
             return;
         }
-        let _ = io::with_driver(true, &self.io_stats, |d| d.submit());
+        if let Some(d) = io.driver.as_mut() {
+            let _ = d.submit();
+        }
     }
 
-    pub(super) fn op_complete_async(&self) -> usize {
-        if Self::idle() {
+    pub(super) fn op_complete_async(&self, io: &mut PassthroughIo, out: &mut Completions) -> usize {
+        if io.idle() {
             return 0;
         }
-        let mut out = Vec::new();
-        let _ = io::with_driver(true, &self.io_stats, |d| d.take_started(&mut out));
-        let mut finished = Vec::new();
-        let mut no_data = Vec::new();
+        let mut finished = std::mem::take(&mut io.finished);
+        let mut no_data = std::mem::take(&mut io.synced);
+        let PassthroughIo {
+            driver: Some(d),
+            pending,
+            no_data: no_data_ops,
+            personas,
+            reaped,
+            ..
+        } = io
+        else {
+            return 0;
+        };
+        let _ = d.take_started(reaped);
         let mut continued = false;
-        STARTED.with(|s| {
-            let mut s = s.borrow_mut();
-            let s = &mut *s;
-            for (id, res) in out {
-                if let Some(op) = s.no_data.remove(&id) {
-                    no_data.push((op, res.map(|_| 0).map_err(io::errno)));
-                    continue;
-                }
-                let Some(mut p) = s.pending.remove(&id) else {
-                    continue;
-                };
-                let mut stalled = false;
-                let r = match res {
-                    Ok(n) => {
-                        p.got += n;
-                        if n > 0 && p.got < p.len {
-                            // Short, not at the end of the file (a read), or
-                            // a write the host took only part of: go on.
-                            let again = io::with_driver(true, &self.io_stats, |d| {
-                                let personality = s.personas.of(d, &p).ok()?;
-                                // SAFETY: `p` came out of STARTED, so its
-                                // memory is still held for I/O; it goes
-                                // back in under the new id below.
-                                unsafe { start(d, &p, personality, &self.io_stats) }.ok()
-                            })
-                            .flatten();
-                            if let Some(id) = again {
-                                s.pending.insert(id, p);
-                                continued = true;
-                                continue;
-                            }
-                            stalled = true;
-                        }
-                        Ok(p.got)
-                    }
-                    Err(e) if p.got > 0 => {
-                        // Bytes before the error are the answer.
-                        let _ = e;
-                        Ok(p.got)
-                    }
-                    Err(e) => Err(io::errno(e)),
-                };
-                finished.push((p, r, stalled));
+        for (id, res) in reaped.drain(..) {
+            if let Some(op) = no_data_ops.remove(&id) {
+                no_data.push((op, res.map(|_| 0).map_err(io::errno)));
+                continue;
             }
-        });
+            let Some(mut p) = pending.remove(&id) else {
+                continue;
+            };
+            let mut stalled = false;
+            let r = match res {
+                Ok(n) => {
+                    p.got += n;
+                    if n > 0 && p.got < p.len {
+                        // Short, not at the end of the file (a read), or
+                        // a write the host took only part of: go on.
+                        let again = personas.of(d, &p).ok().and_then(|personality| {
+                            // SAFETY: `p` came out of the table, so its
+                            // memory is still held for I/O; it goes back
+                            // in under the new id below.
+                            unsafe { start(d, &p, personality, &self.io_stats) }.ok()
+                        });
+                        if let Some(id) = again {
+                            pending.insert(id, p);
+                            continued = true;
+                            continue;
+                        }
+                        stalled = true;
+                    }
+                    Ok(p.got)
+                }
+                Err(e) if p.got > 0 => {
+                    // Bytes before the error are the answer.
+                    let _ = e;
+                    Ok(p.got)
+                }
+                Err(e) => Err(io::errno(e)),
+            };
+            finished.push((p, r, stalled));
+        }
         if continued {
             // The continuations go in now: the caller submits only before
             // taking completions, and may not call again before they end
             // (a READ across the end of the file hung so).
-            let _ = io::with_driver(true, &self.io_stats, |d| d.submit());
+            let _ = d.submit();
         }
         let n = finished.len() + no_data.len();
-        for (op, mut r) in no_data {
+        for (op, mut r) in no_data.drain(..) {
             if let Some(a) = &op.alloc {
                 r = self.fallocate_finished(&op.h, a, r);
             }
-            op.done.complete(r);
+            out.complete(op.done, r);
         }
-        for (mut p, mut r, stalled) in finished {
+        for (mut p, mut r, stalled) in finished.drain(..) {
             if let Some(w) = p.write.take() {
                 // SAFETY: `p`'s memory is still held for I/O: end_io comes
                 // below.
@@ -443,24 +471,18 @@ impl PassthroughFs {
             }
             // The kernel is done with the memory: the client may have it.
             p.mem.end_io();
-            p.done.complete(r);
+            out.complete(p.done, r);
         }
+        io.finished = finished;
+        io.synced = no_data;
         n
     }
 
-    pub(super) fn op_async_in_flight(&self) -> usize {
-        STARTED.with(|s| {
-            let s = s.borrow();
-            s.pending.len() + s.no_data.len()
-        })
+    pub(super) fn op_async_in_flight(&self, io: &PassthroughIo) -> usize {
+        io.pending.len() + io.no_data.len()
     }
 
-    pub(super) fn op_async_fd(&self) -> Option<i32> {
-        STARTED.with(|s| {
-            s.borrow()
-                .eventfd
-                .as_ref()
-                .map(std::os::fd::AsRawFd::as_raw_fd)
-        })
+    pub(super) fn op_async_fd(&self, io: &PassthroughIo) -> Option<i32> {
+        io.eventfd.as_ref().map(AsRawFd::as_raw_fd)
     }
 }

@@ -30,21 +30,16 @@ use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
 use fuse_core::abi::{Opcode, ReadIn};
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
-use fuse_core::fasthash::IdMap;
-use fuse_core::server::{
-    complete_started, serve_slot, Dispatcher, Filesystem, FsResult, ReadDone, Served,
-};
+use fuse_core::server::{serve_slot, Dispatcher, Filesystem, InFlight, Served, Start};
 use fuse_core::Chan;
 use fuse_core::Errno;
+use std::any::Any;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use vhost_user_backend::{VhostUserBackend, VringT};
 use vmm_sys_util::epoll::EventSet;
 use zerocopy::FromBytes;
-
-/// Completed started READs by unique, as the filesystem reports them.
-type DoneList = Arc<Mutex<Vec<(u64, FsResult<usize>)>>>;
 
 /// A vring thread's own entries of its engine ring queue and the requests
 /// it has in flight on them. Only that thread uses it (under its queue's
@@ -56,12 +51,17 @@ pub(crate) struct QueueServer {
     ents: Vec<EntHandle>,
     /// Most entries it makes (the queue's size: no more can be in flight).
     max_ents: usize,
-    /// READs whose host I/O runs, by unique: the entries they hold (one
-    /// dropped with the server fails its request: the ring answers EIO).
-    started: IdMap<u64, Fetched>,
-    /// Their completions, as the filesystem reports them (on this thread,
-    /// from `complete_async`).
-    done: DoneList,
+    /// The filesystem's host I/O context of this thread (its `F::Io`,
+    /// made on first use): what the thread starts runs there, and only it
+    /// completes that. It wakes nothing: the thread takes completions when
+    /// the context's fd (in its epoll) or a kick says so. Dropped before
+    /// `started`: its I/O ends before the entries go.
+    io: Option<Box<dyn Any + Send>>,
+    /// Requests whose host I/O runs, by unique: the entries they hold (one
+    /// dropped with the server fails its request: the ring answers EIO),
+    /// and their completions, as the filesystem hands them back (from
+    /// `complete_async` on this thread).
+    started: InFlight<Fetched>,
     /// READs started since the last submit.
     fresh: usize,
     /// The filesystem's completion fd is in this thread's epoll.
@@ -88,8 +88,8 @@ impl QueueServer {
             qid,
             ents: Vec::new(),
             max_ents: max_ents.max(1),
-            started: IdMap::default(),
-            done: Arc::new(Mutex::new(Vec::new())),
+            io: None,
+            started: InFlight::new(),
             fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
@@ -144,13 +144,6 @@ impl QueueServer {
                 Ok(k) => n += k,
             }
             for mut f in fetched.drain(..) {
-                let done = self.done.clone();
-                let make = move |unique: u64| {
-                    let done = done.clone();
-                    ReadDone::new(move |r| {
-                        lock(&done).push((unique, r));
-                    })
-                };
                 let hdr = f.in_header();
                 self.large |= moves_much(&mut f);
                 if hdr.opcode != Opcode::Read as u32 && !self.commits.is_empty() {
@@ -159,17 +152,17 @@ impl QueueServer {
                     self.commit_all();
                 }
                 let unique = hdr.unique;
-                match serve_slot(disp, &mut f, &mut self.scratch, None, Some(&make)) {
+                let done = self.started.completions();
+                let start = io_of(&mut self.io, disp).map(|io| Start { io, done });
+                match serve_slot(disp, &mut f, &mut self.scratch, None, start) {
                     Served::Started => {
                         // Answered before read_async returned (the page
                         // cache held it): committed with the others.
-                        if let Some(r) = self.take_done(unique) {
-                            Self::set_result(&mut f, r);
+                        if let Some(f) = self.started.hold(unique, f) {
                             self.commits.push(f);
                             continue;
                         }
                         self.fresh += 1;
-                        self.started.insert(unique, f);
                     }
                     // Nothing parks here (no Deferred is offered), but a
                     // request answered either way is committed.
@@ -194,15 +187,11 @@ impl QueueServer {
         self.commits.clear();
     }
 
-    /// The completion of `unique` if it is already in.
-    fn take_done(&self, unique: u64) -> Option<FsResult<usize>> {
-        let mut d = lock(&self.done);
-        let i = d.iter().rposition(|(u, _)| *u == unique)?;
-        Some(d.swap_remove(i).1)
-    }
-
-    fn set_result(f: &mut Fetched, r: FsResult<usize>) {
-        complete_started(f, r);
+    /// The fd that is readable when this thread's started I/O has
+    /// completions to take (None before it started any).
+    fn async_fd<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Option<i32> {
+        let io = io_of(&mut self.io, disp)?;
+        disp.fs().async_fd(io)
     }
 
     /// READs started since the last submit.
@@ -218,20 +207,28 @@ impl QueueServer {
             return 0;
         }
         self.fresh = 0;
-        disp.fs().submit_async();
-        disp.fs().complete_async();
-        let done: Vec<(u64, FsResult<usize>)> = std::mem::take(&mut *lock(&self.done));
-        let n = done.len();
-        for (unique, r) in done {
-            let Some(mut f) = self.started.remove(&unique) else {
-                continue;
-            };
-            Self::set_result(&mut f, r);
-            self.commits.push(f);
+        if let Some(io) = io_of(&mut self.io, disp) {
+            disp.fs().submit_async(io);
+            disp.fs().complete_async(io, self.started.completions());
         }
+        let commits = &mut self.commits;
+        let n = self.started.take_completed(|f| commits.push(f));
         self.commit_all();
         n
     }
+}
+
+/// `disp`'s filesystem's host I/O context in `slot`, made there on first
+/// use (a queue thread serves one device, so it is of that type once
+/// made; None never comes in practice).
+fn io_of<'a, F: Filesystem>(
+    slot: &'a mut Option<Box<dyn Any + Send>>,
+    disp: &Dispatcher<F>,
+) -> Option<&'a mut F::Io> {
+    if !slot.as_ref().is_some_and(|b| b.is::<F::Io>()) {
+        *slot = Some(Box::new(disp.fs().new_io(Arc::new(|| {}))));
+    }
+    slot.as_mut()?.downcast_mut::<F::Io>()
 }
 
 impl<F: Filesystem + 'static> FsDevice<F> {
@@ -319,7 +316,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             && self.serve_inline(s, q, usize::MAX, Instant::now()) > 0
         {}
         if s.fd_registered.is_none() {
-            if let Some(fd) = disp.fs().async_fd() {
+            if let Some(fd) = s.async_fd(disp) {
                 let h = lock(&self.inner.handlers)
                     .get(q.vq())
                     .and_then(Weak::upgrade);

@@ -4,8 +4,50 @@
 use super::{cut, Fault, Faulty};
 use crate::abi::Opcode;
 use crate::chan::{ClientMem, Errno};
-use crate::server::{Ctx, Filesystem, FsResult, ReadDone, ReadSink};
-use crate::sync::{lock, wait, Arc, Ordering};
+use crate::server::{Completions, Ctx, Filesystem, FsResult, ReadDone, ReadSink, Wake};
+use crate::sync::{lock, wait, Arc, Mutex, Ordering};
+
+/// [`Faulty`]'s host I/O context of a serving loop: the wrapped
+/// filesystem's, and where answers given on other threads wait for the
+/// loop.
+#[derive(Debug)]
+pub struct FaultyIo<I> {
+    pub(super) inner: I,
+    pub(super) back: Back,
+}
+
+/// A READ's token and its answer.
+type Answer = (ReadDone, FsResult<usize>);
+
+/// Answers of a serving loop's READs given on another thread (an
+/// interrupt, a release, a gather closed elsewhere), taken by its next
+/// `complete_async`, and its wake-up.
+#[derive(Clone)]
+pub(super) struct Back {
+    list: Arc<Mutex<Vec<Answer>>>,
+    wake: Wake,
+}
+
+impl std::fmt::Debug for Back {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Back").finish_non_exhaustive()
+    }
+}
+
+impl Back {
+    pub(super) fn new(wake: Wake) -> Back {
+        Back {
+            list: Arc::new(Mutex::new(Vec::new())),
+            wake,
+        }
+    }
+
+    /// Answers `done` with `r` for its loop, and wakes it.
+    pub(super) fn give(&self, done: ReadDone, r: FsResult<usize>) {
+        lock(&self.list).push((done, r));
+        (self.wake)();
+    }
+}
 
 /// Calls held by `gather` (guarded by `Faulty::gather`). Each call joins
 /// the open round; the call that makes it `n` strong closes it, and every
@@ -25,9 +67,10 @@ pub(super) struct Gather {
 
 #[derive(Debug)]
 struct Held {
-    id: u64,
+    unique: u64,
     round: u64,
     done: ReadDone,
+    back: Back,
     result: Option<FsResult<usize>>,
 }
 
@@ -48,7 +91,7 @@ impl Gather {
     }
 
     /// Takes the held READs that may be answered now.
-    fn ready(&mut self) -> Vec<(ReadDone, FsResult<usize>)> {
+    fn ready(&mut self) -> Vec<(ReadDone, Back, FsResult<usize>)> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < self.held.len() {
@@ -56,7 +99,7 @@ impl Gather {
             if h.result.is_some() && !self.open(h.round) {
                 let h = self.held.swap_remove(i);
                 if let Some(r) = h.result {
-                    out.push((h.done, r));
+                    out.push((h.done, h.back, r));
                 }
             } else {
                 i += 1;
@@ -102,63 +145,117 @@ impl<F: Filesystem> Faulty<F> {
 
     fn answer_gathered(&self) {
         let ready = lock(&self.gather).ready();
-        for (done, r) in ready {
-            done.complete(r);
+        for (done, back, r) in ready {
+            back.give(done, r);
         }
     }
 
     /// A READ the transport offered to start, under the plan: always
     /// answered through `done`, never blocking (a `delay` aside).
-    pub(super) fn read_started(&self, read: Read<'_, F>, done: ReadDone) {
+    pub(super) fn read_started(
+        &self,
+        io: &mut FaultyIo<F::Io>,
+        out: &mut Completions,
+        read: Read<'_, F>,
+        done: ReadDone,
+    ) {
         let unique = read.ctx.unique;
         match self.draw(Opcode::Read) {
-            None => self.start(read, done),
+            None => self.start(&mut io.inner, out, read, done),
             Some((Fault::Delay(d), _)) => {
                 self.counts.delays.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(d);
-                self.start(read, done)
+                self.start(&mut io.inner, out, read, done)
             }
             Some((Fault::Error(e), _)) => {
                 self.counts.errors.fetch_add(1, Ordering::Relaxed);
-                done.complete(Err(e));
+                out.complete(done, Err(e));
             }
             Some((Fault::Short, r)) => {
                 self.counts.shorts.fetch_add(1, Ordering::Relaxed);
                 let len = cut(read.len, r);
-                self.start(Read { len, ..read }, done)
+                self.start(&mut io.inner, out, Read { len, ..read }, done)
             }
             Some((Fault::Hang, _)) => {
                 self.counts.hangs.fetch_add(1, Ordering::Relaxed);
                 let mut h = lock(&self.hung);
                 if h.released || h.interrupted.remove(&unique) {
                     drop(h);
-                    done.complete(Err(Errno::EINTR));
+                    out.complete(done, Err(Errno::EINTR));
                 } else {
                     // The answer waits here; the READ's memory is not
                     // touched (nothing runs on it), so it is let go now.
-                    h.parked.push((unique, done));
+                    h.parked.push((unique, done, io.back.clone()));
                 }
             }
-            Some((Fault::Gather(n), _)) => self.gathered(read, done, n),
+            Some((Fault::Gather(n), _)) => self.gathered(io, out, read, done, n),
+        }
+    }
+
+    /// Takes the completions of `io` into `out`: the wrapped filesystem's
+    /// (a gathered READ's is kept until its round closes) and the answers
+    /// given for this loop on other threads. Returns how many.
+    pub(super) fn completed(&self, io: &mut FaultyIo<F::Io>, out: &mut Completions) -> usize {
+        let before = out.len();
+        if self.plan.rules.is_empty() {
+            self.inner.complete_async(&mut io.inner, out);
+        } else {
+            let mut inner = Completions::default();
+            self.inner.complete_async(&mut io.inner, &mut inner);
+            self.inner_done(&mut inner, out);
+        }
+        let given = std::mem::take(&mut *lock(&io.back.list));
+        for (done, r) in given {
+            out.complete(done, r);
+        }
+        out.len() - before
+    }
+
+    /// Sorts the wrapped filesystem's completions: a gathered READ's goes
+    /// to its held place (answered once its round closes too), any other
+    /// to `out`.
+    fn inner_done(&self, inner: &mut Completions, out: &mut Completions) {
+        let mut gathered = false;
+        for (unique, r) in inner.drain() {
+            let mut g = lock(&self.gather);
+            match g
+                .held
+                .iter_mut()
+                .find(|h| h.unique == unique && h.result.is_none())
+            {
+                Some(h) => {
+                    h.result = Some(r);
+                    gathered = true;
+                }
+                None => out.complete(ReadDone::new(unique), r),
+            }
+        }
+        if gathered {
+            self.answer_gathered();
         }
     }
 
     /// Reads now (started, or in line) and answers when the round of
     /// `gather=n` it joins is complete.
-    fn gathered(&self, read: Read<'_, F>, done: ReadDone, n: u32) {
+    fn gathered(
+        &self,
+        io: &mut FaultyIo<F::Io>,
+        out: &mut Completions,
+        read: Read<'_, F>,
+        done: ReadDone,
+        n: u32,
+    ) {
         self.counts.gathers.fetch_add(1, Ordering::Relaxed);
-        // std's: a static needs a const constructor, which loom's atomics
-        // lack; it only numbers the calls.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let unique = read.ctx.unique;
         let closed = {
             let mut g = lock(&self.gather);
             let round = g.round;
             let closed = g.join(n);
             g.held.push(Held {
-                id,
+                unique,
                 round,
                 done,
+                back: io.back.clone(),
                 result: None,
             });
             closed
@@ -168,28 +265,15 @@ impl<F: Filesystem> Faulty<F> {
         }
         // The READ's answer goes to its held place; whichever event comes
         // last (its data in, or its round closing) answers it.
-        let gather = self.gather.clone();
-        self.start(
-            read,
-            ReadDone::new(move |r| {
-                let ready = {
-                    let mut g = lock(&gather);
-                    if let Some(h) = g.held.iter_mut().find(|h| h.id == id) {
-                        h.result = Some(r);
-                    }
-                    g.ready()
-                };
-                for (done, r) in ready {
-                    done.complete(r);
-                }
-            }),
-        );
+        let mut inner = Completions::default();
+        self.start(&mut io.inner, &mut inner, read, ReadDone::new(unique));
+        self.inner_done(&mut inner, out);
         self.answer_gathered();
     }
 
     /// Starts the READ on the filesystem, or reads it in line when the
     /// filesystem serves it the usual way; `done` answers it either way.
-    fn start(&self, read: Read<'_, F>, done: ReadDone) {
+    fn start(&self, io: &mut F::Io, out: &mut Completions, read: Read<'_, F>, done: ReadDone) {
         let Read {
             ctx,
             inode,
@@ -198,13 +282,14 @@ impl<F: Filesystem> Faulty<F> {
             len,
             mem,
         } = read;
-        let done = match self
-            .inner
-            .read_async(ctx, inode, handle, offset, len, mem.clone(), done)
-        {
-            Ok(()) => return,
-            Err(done) => done,
-        };
+        let done =
+            match self
+                .inner
+                .read_async(io, out, ctx, inode, handle, offset, len, mem.clone(), done)
+            {
+                Ok(()) => return,
+                Err(done) => done,
+            };
         let mut sink = MemSink {
             mem: &*mem,
             n: len.min(mem.len()),
@@ -218,7 +303,7 @@ impl<F: Filesystem> Faulty<F> {
             }
             Ok(got)
         });
-        done.complete(r);
+        out.complete(done, r);
     }
 }
 

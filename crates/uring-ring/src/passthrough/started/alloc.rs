@@ -24,10 +24,9 @@
 //! takes pages) are served in line.
 
 use super::write::WriteCreds;
-use super::{ensure_eventfd, NoData, PassthroughFs, STARTED};
+use super::{NoData, PassthroughFs, PassthroughIo};
 use crate::passthrough::creds::Caps;
 use crate::passthrough::file::HandleData;
-use crate::passthrough::io;
 use crate::sync::write_lock;
 use crate::Target;
 use fuse_core::server::{Ctx, ReadDone};
@@ -46,8 +45,10 @@ impl PassthroughFs {
     /// with `mode`, or gives `done` back (unused) to have it served the
     /// usual way, which answers it with the same effects or the errno this
     /// would not give.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::passthrough) fn op_fallocate_async(
         &self,
+        io: &mut PassthroughIo,
         ctx: &Ctx,
         fh: u64,
         mode: u32,
@@ -80,21 +81,13 @@ impl PassthroughFs {
             WriteCreds::Own
         };
         let t = Target::Fd(h.fd.raw());
-        let id = io::with_driver(true, &self.io_stats, |d| {
-            if !ensure_eventfd(d) {
-                return None;
-            }
+        let id = io.ring(&self.io_stats).and_then(|(d, personas)| {
             // Always one (the daemon's own with credential switching off):
             // see `op_fsync_async`.
-            let personality = Some(
-                STARTED
-                    .with(|s| s.borrow_mut().personas.get(d, &creds))
-                    .ok()?,
-            );
+            let personality = Some(personas.get(d, &creds).ok()?);
             d.start_fallocate(t, mode as i32, off, len, ctx.unique, personality)
                 .ok()
-        })
-        .flatten();
+        });
         let Some(id) = id else {
             return Err(done);
         };
@@ -112,7 +105,7 @@ impl PassthroughFs {
                 creds,
             }),
         };
-        STARTED.with(|s| s.borrow_mut().no_data.insert(id, op));
+        io.no_data.insert(id, op);
         Ok(())
     }
 

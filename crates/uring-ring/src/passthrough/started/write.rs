@@ -91,7 +91,7 @@ pub(super) struct WriteOp {
     _writer: Writer,
 }
 
-/// This thread's ring's personalities, by the credentials each holds.
+/// A serving loop's ring's personalities, by the credentials each holds.
 #[derive(Debug, Default)]
 pub(super) struct Personas {
     /// The ring they belong to ([`crate::Driver::serial`]).
@@ -148,8 +148,10 @@ impl PassthroughFs {
     /// Starts the WRITE of all of `mem` at `off` through handle `fh`, or
     /// gives `done` back (unused) to have it served the usual way, which
     /// answers it with the same effects, or with the errno this would not.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::passthrough) fn op_write_async(
         &self,
+        io: &mut super::PassthroughIo,
         ctx: &Ctx,
         fh: u64,
         off: u64,
@@ -211,7 +213,7 @@ impl PassthroughFs {
                 _writer: writer,
             }),
         };
-        self.start_pending(p)?;
+        self.start_pending(io, p)?;
         // The capability xattr the host does not clear (renamed by the
         // xattr map) goes now, as the host clears a real one when a write
         // starts: whatever happens to this thread before the completion

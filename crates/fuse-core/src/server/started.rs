@@ -1,0 +1,162 @@
+//! Started I/O of one serving loop: the requests whose host I/O a
+//! filesystem started without waiting ([`Served::Started`]), held by
+//! unique, their completions, and the reply rule applied when a
+//! completion is taken ([`complete_started`]).
+//!
+//! Every serving loop (the device's queue threads, the host kernel's FUSE
+//! ring threads, the /dev/fuse workers) owns one [`InFlight`] and the
+//! filesystem's host I/O context made for it ([`Filesystem::new_io`]),
+//! and alone touches them: the loop that owns the context is the one that
+//! completes what was started on it. It lends both to
+//! [`super::serve_slot`] as a [`Start`]; the filesystem hands each
+//! started request's [`ReadDone`] back with its result into the
+//! [`Completions`] (before the start returns, or from
+//! [`Filesystem::complete_async`] on that loop); the loop holds the
+//! request with [`InFlight::hold`] (answered at once if its completion is
+//! in already) and takes what completed with
+//! [`InFlight::take_completed`], each request's reply set and ready to
+//! send. Nothing here is shared: no lock, no allocation per request.
+//!
+//! [`Served::Started`]: super::Served::Started
+//! [`Filesystem::new_io`]: super::Filesystem::new_io
+//! [`Filesystem::complete_async`]: super::Filesystem::complete_async
+
+use super::uring_worker::complete_started;
+use super::{FsResult, ReadDone, RingSlot};
+use crate::fasthash::IdMap;
+use std::sync::Arc;
+
+/// Wakes a serving loop waiting for its started I/O (given to
+/// [`super::Filesystem::new_io`]).
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
+
+/// The results of a serving loop's started requests, by unique, as the
+/// filesystem hands their tokens back.
+#[derive(Debug, Default)]
+pub struct Completions {
+    list: Vec<(u64, FsResult<usize>)>,
+}
+
+impl Completions {
+    /// Hands `done` back with the request's result (the bytes read or
+    /// written, or 0; or the error); its fence guard goes with it.
+    pub fn complete(&mut self, done: ReadDone, r: FsResult<usize>) {
+        self.list.push((done.unique(), r));
+    }
+
+    /// Takes every result out, by unique (a filesystem that wraps
+    /// another looks at its inner one's).
+    pub fn drain(&mut self) -> std::vec::Drain<'_, (u64, FsResult<usize>)> {
+        self.list.drain(..)
+    }
+
+    /// Results not taken yet.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The result of `unique`, if it is in.
+    fn take(&mut self, unique: u64) -> Option<FsResult<usize>> {
+        let i = self.list.iter().rposition(|(u, _)| *u == unique)?;
+        Some(self.list.swap_remove(i).1)
+    }
+}
+
+/// What a serving loop lends to start host I/O: its filesystem's I/O
+/// context and where completions go.
+#[derive(Debug)]
+pub struct Start<'a, I> {
+    /// The loop's host I/O context.
+    pub io: &'a mut I,
+    /// The loop's completions.
+    pub done: &'a mut Completions,
+}
+
+/// The started requests of one serving loop (see the module docs).
+pub struct InFlight<S> {
+    /// Requests whose host I/O runs, by unique.
+    slots: IdMap<u64, S>,
+    /// Their completions, as the filesystem hands them back.
+    done: Completions,
+    /// Room for the completions [`InFlight::take_completed`] takes.
+    taken: Vec<(u64, FsResult<usize>)>,
+}
+
+impl<S> std::fmt::Debug for InFlight<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("held", &self.slots.len())
+            .field("done", &self.done.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Default for InFlight<S> {
+    fn default() -> Self {
+        InFlight {
+            slots: IdMap::default(),
+            done: Completions::default(),
+            taken: Vec::new(),
+        }
+    }
+}
+
+impl<S: RingSlot> InFlight<S> {
+    /// An empty one.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where the filesystem hands completions back.
+    pub fn completions(&mut self) -> &mut Completions {
+        &mut self.done
+    }
+
+    /// Holds started request `unique` in `slot` until its completion is
+    /// taken; or, if it completed already (before the filesystem returned:
+    /// the page cache held it), gives the slot back with its reply set.
+    pub fn hold(&mut self, unique: u64, mut slot: S) -> Option<S> {
+        match self.done.take(unique) {
+            Some(r) => {
+                complete_started(&mut slot, r);
+                Some(slot)
+            }
+            None => {
+                self.slots.insert(unique, slot);
+                None
+            }
+        }
+    }
+
+    /// Takes every completion in, setting each request's reply, and hands
+    /// the request to `answer` (to send). A completion of a request it
+    /// does not hold is dropped. Returns how many it answered.
+    pub fn take_completed(&mut self, mut answer: impl FnMut(S)) -> usize {
+        std::mem::swap(&mut self.done.list, &mut self.taken);
+        let mut n = 0;
+        for (unique, r) in self.taken.drain(..) {
+            let Some(mut slot) = self.slots.remove(&unique) else {
+                continue;
+            };
+            complete_started(&mut slot, r);
+            answer(slot);
+            n += 1;
+        }
+        n
+    }
+
+    /// Requests held (their I/O not taken as completed).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
