@@ -1,0 +1,217 @@
+//! Review of the device's rounds (issue 32): what a round's serve holds
+//! back while a request served in line hangs.
+
+mod common;
+
+use common::*;
+use fuse_core::abi::{Attr, GetattrIn, InHeader, Opcode, ReadIn};
+use fuse_core::server::{Ctx, Filesystem, FsResult, ReadSink};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtio_fs::DeviceConfig;
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+/// GETATTR and READ from uid 4242 hang until released; others answer at
+/// once.
+#[derive(Clone, Default)]
+struct Hang {
+    release: Arc<AtomicBool>,
+    hung: Arc<AtomicUsize>,
+    finished: Arc<AtomicUsize>,
+}
+
+impl Hang {
+    fn maybe_hang(&self, ctx: &Ctx) {
+        if ctx.uid == 4242 {
+            self.hung.fetch_add(1, Ordering::SeqCst);
+            while !self.release.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            self.finished.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Filesystem for Hang {
+    type Inode = u64;
+    type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
+    fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
+        self.maybe_hang(ctx);
+        Ok((
+            Attr {
+                ino,
+                mode: libc::S_IFDIR | 0o755,
+                nlink: 2,
+                ..Attr::new_zeroed()
+            },
+            Duration::ZERO,
+        ))
+    }
+    fn read(&self, ctx: &Ctx, _: u64, _: u64, _: u64, _: &mut dyn ReadSink) -> FsResult<usize> {
+        self.maybe_hang(ctx);
+        Ok(0)
+    }
+}
+
+struct ReleaseOnDrop(Arc<AtomicBool>);
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+fn getattr(unique: u64, uid: u32) -> Vec<u8> {
+    request_as(
+        Opcode::Getattr,
+        unique,
+        uid,
+        GetattrIn::new_zeroed().as_bytes(),
+    )
+}
+
+fn read(unique: u64, uid: u32) -> Vec<u8> {
+    let r = ReadIn {
+        size: 512,
+        ..ReadIn::new_zeroed()
+    };
+    request_as(Opcode::Read, unique, uid, r.as_bytes())
+}
+
+fn inline() -> DeviceConfig {
+    DeviceConfig {
+        inline_per_batch: usize::MAX,
+        workers_per_queue: 2,
+        ..DeviceConfig::default()
+    }
+}
+
+/// Polls `f` for `d`; whether it held.
+fn within(d: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    f()
+}
+
+#[test]
+fn a_read_answered_in_line_is_not_held_behind_the_next_read_that_hangs() {
+    let fs = Hang::default();
+    let h = Arc::new(Harness::new(fs.clone(), inline()));
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, ra, next, at) = h.chain(0, DATA, &read(1, 0), 4096);
+    let (b, _, _, _) = h.chain(next, at, &read(2, 4242), 4096);
+    h.publish(&[a, b]);
+    let (h2, v2) = (h.clone(), vring.clone());
+    let kicker = std::thread::spawn(move || h2.kick(&v2, 1));
+    wait_for("B to hang in line", || fs.hung.load(Ordering::SeqCst) == 1);
+    let answered = within(Duration::from_secs(2), || h.used_idx() >= 1);
+    fs.release.store(true, Ordering::SeqCst);
+    kicker.join().unwrap();
+    wait_for("both, after the release", || h.used_idx() == 2);
+    assert!(
+        answered,
+        "A (answered in line before B hung) was not in the used ring 2 s later"
+    );
+    assert_eq!(h.reply(ra).unique, 1);
+}
+
+#[test]
+fn a_refused_chain_popped_with_one_that_hangs_in_line_is_answered_meanwhile() {
+    let fs = Hang::default();
+    let h = Arc::new(Harness::new(fs.clone(), inline()));
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, _, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    // B's header says 8 bytes more than its chain has: prepare refuses it.
+    let mut bad = getattr(2, 0);
+    let mut hdr = InHeader::read_from_prefix(&bad).unwrap().0;
+    hdr.len += 8;
+    bad[..40].copy_from_slice(hdr.as_bytes());
+    let (b, rb, _, _) = h.chain(next, at, &bad, 4096);
+    h.publish(&[a, b]);
+    let (h2, v2) = (h.clone(), vring.clone());
+    let kicker = std::thread::spawn(move || h2.kick(&v2, 1));
+    wait_for("A to hang in line", || fs.hung.load(Ordering::SeqCst) == 1);
+    let answered = within(Duration::from_secs(2), || h.used_idx() >= 1);
+    fs.release.store(true, Ordering::SeqCst);
+    kicker.join().unwrap();
+    wait_for("both, after the release", || h.used_idx() == 2);
+    assert!(answered, "B (refused) was not answered while A hung");
+    assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, -libc::EIO));
+}
+
+#[test]
+fn a_malformed_chain_is_not_published_after_its_ring_was_stopped() {
+    let fs = Hang::default();
+    let h = Arc::new(Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            ring_stop_drain: Duration::from_millis(50),
+            ..inline()
+        },
+    ));
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, _, next, _) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    // B points outside guest memory: Chain::parse refuses it.
+    h.desc(next, MEM + 0x1000, 64, 0, 0);
+    h.publish(&[a, next]);
+    let (h2, v2) = (h.clone(), vring.clone());
+    let kicker = std::thread::spawn(move || h2.kick(&v2, 1));
+    wait_for("A to hang in line", || fs.hung.load(Ordering::SeqCst) == 1);
+    // Time for the watchdog to see the thread stuck.
+    std::thread::sleep(Duration::from_millis(100));
+    // GET_VRING_BASE: the frontend takes the ring back.
+    vhost_user_backend::VhostUserBackend::stop_vring(&h.dev, 1).unwrap();
+    let at_stop = h.used_idx();
+    fs.release.store(true, Ordering::SeqCst);
+    kicker.join().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        h.used_idx(),
+        at_stop,
+        "a used entry was added to the ring after its stop returned"
+    );
+}
+
+#[test]
+fn the_latency_of_a_request_served_in_line_counts_its_service_time() {
+    let fs = Hang::default();
+    let h = Arc::new(Harness::new(fs.clone(), inline()));
+    let _release = ReleaseOnDrop(fs.release.clone());
+    let vring = h.vring();
+    let (a, _, _, _) = h.chain(0, DATA, &getattr(1, 4242), 4096);
+    h.publish(&[a]);
+    let (h2, v2) = (h.clone(), vring.clone());
+    let kicker = std::thread::spawn(move || h2.kick(&v2, 1));
+    wait_for("A to hang in line", || fs.hung.load(Ordering::SeqCst) == 1);
+    std::thread::sleep(Duration::from_millis(300));
+    fs.release.store(true, Ordering::SeqCst);
+    kicker.join().unwrap();
+    wait_for("A", || h.used_idx() == 1);
+    let report = h.dev.stats().report();
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("Getattr"))
+        .unwrap_or_else(|| panic!("no Getattr line in {report}"));
+    let max_us: u64 = line
+        .split_whitespace()
+        .skip_while(|w| *w != "max")
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        max_us >= 300_000,
+        "a GETATTR that took 300+ ms in line counted {max_us} us: {line}"
+    );
+}
