@@ -296,12 +296,10 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
     assert_eq!(h.reply(ra).unique, 0, "the guest buffer was written");
 }
 
-#[test]
-fn requests_popped_with_one_that_hangs_in_line_are_served_meanwhile() {
-    // A and B come in one kick: the vring thread sends both in one round,
-    // serves A itself and hangs in it; B, sent to the thread's own entries
-    // in the same round, goes to a worker once the watchdog sees the
-    // thread stuck.
+/// A device whose vring thread serves every request itself (standby
+/// workers for the watchdog), in front of a `Hang` released when the
+/// guard goes.
+fn serving_in_line() -> (Hang, Arc<Harness<Hang>>, ReleaseOnDrop) {
     let fs = Hang::default();
     let h = Arc::new(Harness::new(
         fs.clone(),
@@ -311,7 +309,17 @@ fn requests_popped_with_one_that_hangs_in_line_are_served_meanwhile() {
             ..DeviceConfig::default()
         },
     ));
-    let _release = ReleaseOnDrop(fs.release.clone());
+    let release = ReleaseOnDrop(fs.release.clone());
+    (fs, h, release)
+}
+
+#[test]
+fn requests_popped_with_one_that_hangs_in_line_are_served_meanwhile() {
+    // A and B come in one kick: the vring thread sends both in one round,
+    // serves A itself and hangs in it; B, sent to the thread's own entries
+    // in the same round, goes to a worker once the watchdog sees the
+    // thread stuck.
+    let (fs, h, _release) = serving_in_line();
     let vring = h.vring();
     let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
     let (b, rb, _, _) = h.chain(next, at, &getattr(2, 0), 4096);
@@ -330,16 +338,7 @@ fn requests_popped_with_one_that_hangs_in_line_are_served_meanwhile() {
 
 #[test]
 fn a_vring_thread_stuck_in_line_does_not_stall_its_queue() {
-    let fs = Hang::default();
-    let h = Arc::new(Harness::new(
-        fs.clone(),
-        DeviceConfig {
-            inline_per_batch: usize::MAX,
-            workers_per_queue: 2,
-            ..DeviceConfig::default()
-        },
-    ));
-    let _release = ReleaseOnDrop(fs.release.clone());
+    let (fs, h, _release) = serving_in_line();
     let vring = h.vring();
     let (a, ra, next, at) = h.chain(0, DATA, &getattr(1, 4242), 4096);
     let (b, rb, _, _) = h.chain(next, at, &getattr(2, 0), 4096);

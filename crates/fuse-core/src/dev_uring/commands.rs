@@ -270,27 +270,7 @@ impl RingEnd {
                 1
             }));
         }
-        ring.fetch_own_batch(qid, max, out, false)
-    }
-
-    /// [`RingEnd::fetch_own_batch`] that stops after the first request
-    /// that is not a READ: a server that serves in line what it fetched
-    /// has nothing else fetched and waiting while such a request (which
-    /// may wait on the host) is served.
-    pub fn fetch_own_reads(
-        &self,
-        qid: u16,
-        max: usize,
-        out: &mut Vec<Fetched>,
-    ) -> Result<usize, Errno> {
-        let ring = self.ring()?;
-        if max == 1 {
-            return Ok(ring.fetch_own(qid)?.map_or(0, |f| {
-                out.push(f);
-                1
-            }));
-        }
-        ring.fetch_own_batch(qid, max, out, true)
+        ring.fetch_own_batch(qid, max, out)
     }
 
     /// Reserves entry `h` for its owner without making its queue prefer

@@ -367,25 +367,22 @@ impl Ring {
     /// entries that hold one (oldest first, without blocking), appending
     /// them to `out`: per chunk of up to [`CHUNK`] entries, one queue lock
     /// to take them, the copies, one queue lock to give them to the
-    /// server. Returns how many it appended. With `reads_only`, it stops
-    /// after the first request that is not a READ.
+    /// server. Returns how many it appended.
     pub(super) fn fetch_own_batch(
         self: &Arc<Self>,
         qid: u16,
         max: usize,
         out: &mut Vec<Fetched>,
-        reads_only: bool,
     ) -> Result<usize, Errno> {
         let qi = self.qidx(qid)?;
         let start = out.len();
         let mut slots = Slots::new();
         let mut landings = [Landing::Invalid; CHUNK];
         let mut stopped = false;
-        let mut last = false;
         loop {
             let base = out.len();
             let want = (max - (base - start)).min(CHUNK);
-            if want == 0 || last {
+            if want == 0 {
                 break;
             }
             let (n, zq) = {
@@ -407,12 +404,8 @@ impl Ring {
                     }
                     let h = EntHandle { qid, ent };
                     if let Some(req) = self.take(&mut q, h, |f| out.push(f)) {
-                        last = reads_only && req.args.opcode != Opcode::Read;
                         slots.put(n, Some(req));
                         n += 1;
-                        if last {
-                            break;
-                        }
                     }
                 }
                 (n, q.zero_copy)

@@ -189,7 +189,7 @@ impl Drop for Deferred {
 /// I/O a filesystem started without waiting ([`Filesystem::read_async`]
 /// and the others): the request's unique, and the fence guard that keeps
 /// started host I/O that changes something counted under its request's
-/// fence until it is answered. The filesystem hands it back with the
+/// fence until it is handed back (its host I/O is over by then). The filesystem hands it back with the
 /// result into the serving loop's [`Completions`] (from
 /// [`Filesystem::complete_async`] on that loop's thread, or before the
 /// start returns); one that declines gives it back unused. A token dropped
@@ -198,7 +198,7 @@ impl Drop for Deferred {
 pub struct ReadDone {
     unique: u64,
     /// Keeps the started host I/O counted under its request's fence
-    /// until it is answered.
+    /// until it is handed back.
     fence: Option<FenceGuard>,
 }
 
@@ -223,7 +223,7 @@ impl ReadDone {
         self.unique
     }
     /// Counts the started host I/O under its request's fence (`g`, from
-    /// [`Ctx::enter_host`]) until it is answered or dropped.
+    /// [`Ctx::enter_host`]) until it is handed back or dropped.
     pub fn hold(&mut self, g: FenceGuard) {
         self.fence = Some(g);
     }

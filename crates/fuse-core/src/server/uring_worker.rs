@@ -246,7 +246,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
         return Served::Answered;
     }
     // Started host I/O that changes something stays counted under the
-    // fence until it is answered (a READ's buffers have their own guard).
+    // fence until its token is handed back (a READ's buffers have their own guard).
     let started = |unique: u64| -> Option<ReadDone> {
         let guard = match &fence {
             Some(x) => Some(x.enter()?),

@@ -87,15 +87,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             Ok(_) => reply_len as u32,
             Err(_) => 0,
         };
-        // Measured at a round's and a chunk's granularity: one clock
-        // read each (docs/DESIGN.md, "Clock reads").
-        let ended = rq.signals.began().unwrap_or_else(Instant::now);
-        self.inner.stats.record(
-            t.queue.vq(),
-            t.opcode,
-            error,
-            ended.saturating_duration_since(t.started),
-        );
+        // From its round's pop (one clock read per round) to now.
+        self.inner
+            .stats
+            .record(t.queue.vq(), t.opcode, error, t.started.elapsed());
         if t.opcode == Opcode::Init as u32 {
             // What a migration replays is the INIT the guest was granted.
             self.inner.migration.init_answered(t.unique, error == 0);

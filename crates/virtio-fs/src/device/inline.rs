@@ -67,16 +67,12 @@ pub(crate) struct QueueServer {
     /// The filesystem's completion fd is in this thread's epoll.
     pub(super) fd_registered: Option<i32>,
     scratch: Vec<u8>,
-    /// Entries fetched, and answered ones to commit (kept for their room).
-    fetched: Vec<Fetched>,
+    /// Completed started requests to commit (kept for its room).
     commits: Vec<Fetched>,
     /// A READ or WRITE of at least [`LARGE`] bytes was served since the
     /// last [`QueueServer::take_large`].
     large: bool,
 }
-
-/// Entries fetched (and committed) at once.
-const FETCH: usize = 16;
 
 impl QueueServer {
     /// Registers a first entry on ring queue `qid` (pool mode: no payload
@@ -93,8 +89,7 @@ impl QueueServer {
             fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
-            fetched: Vec::with_capacity(FETCH),
-            commits: Vec::with_capacity(FETCH),
+            commits: Vec::with_capacity(16),
             large: false,
         };
         s.add_entry()?;
@@ -127,51 +122,38 @@ impl QueueServer {
         }
     }
 
-    /// Serves what this thread's entries hold, up to `budget` requests:
-    /// starts READs and WRITEs where the filesystem can, serves the rest
-    /// in line, and commits what was answered, [`FETCH`] entries at a
-    /// time (one fetch and one commit each). Answers are committed before
-    /// any request but a READ is served (a READ waits on the host only on
-    /// a file without non-blocking reads), so they are not held behind a
-    /// host call that hangs. Returns how many it served or started.
+    /// Serves what this thread's entries hold, up to `budget` requests,
+    /// one at a time: starts READs and WRITEs where the filesystem can,
+    /// serves the rest in line, and commits each answer at once (an answer
+    /// is never held behind the next request, which may hang in a host
+    /// call; what is not fetched yet, the watchdog can hand to the
+    /// workers). Returns how many it served or started.
     pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> usize {
         let mut n = 0;
-        let mut fetched = std::mem::take(&mut self.fetched);
         while n < budget {
-            let want = (budget - n).min(FETCH);
-            match self.ring.fetch_own_reads(self.qid, want, &mut fetched) {
-                Ok(0) | Err(_) => break,
-                Ok(k) => n += k,
-            }
-            for mut f in fetched.drain(..) {
-                let hdr = f.in_header();
-                self.large |= moves_much(&mut f);
-                if hdr.opcode != Opcode::Read as u32 && !self.commits.is_empty() {
-                    // Served in line, it may wait on the host: what is
-                    // answered goes to the guest first.
-                    self.commit_all();
-                }
-                let unique = hdr.unique;
-                let done = self.started.completions();
-                let start = io_of(&mut self.io, disp).map(|io| Start { io, done });
-                match serve_slot(disp, &mut f, &mut self.scratch, None, start) {
-                    Served::Started => {
-                        // Answered before read_async returned (the page
-                        // cache held it): committed with the others.
-                        if let Some(f) = self.started.hold(unique, f) {
-                            self.commits.push(f);
-                            continue;
-                        }
-                        self.fresh += 1;
+            let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) else {
+                break;
+            };
+            n += 1;
+            self.large |= moves_much(&mut f);
+            let unique = f.in_header().unique;
+            let done = self.started.completions();
+            let start = io_of(&mut self.io, disp).map(|io| Start { io, done });
+            match serve_slot(disp, &mut f, &mut self.scratch, None, start) {
+                Served::Started => {
+                    // Answered before read_async returned (the page cache
+                    // held it): committed now.
+                    if let Some(f) = self.started.hold(unique, f) {
+                        commit(&self.ring, f);
+                        continue;
                     }
-                    // Nothing parks here (no Deferred is offered), but a
-                    // request answered either way is committed.
-                    Served::Answered | Served::Parked => self.commits.push(f),
+                    self.fresh += 1;
                 }
+                // Nothing parks here (no Deferred is offered), but a
+                // request answered either way is committed.
+                Served::Answered | Served::Parked => commit(&self.ring, f),
             }
-            self.commit_all();
         }
-        self.fetched = fetched;
         n
     }
 
@@ -180,8 +162,9 @@ impl QueueServer {
         std::mem::take(&mut self.large)
     }
 
-    /// Commits the answered entries in `commits`. One the ring refuses
-    /// (torn down, or refused: its request then ends with EIO) is dropped.
+    /// Commits the answered entries in `commits` at once (no host call
+    /// runs between them). One the ring refuses (torn down, or refused:
+    /// its request then ends with EIO) is dropped.
     fn commit_all(&mut self) {
         self.ring.commit_batch(&mut self.commits, None);
         self.commits.clear();
@@ -216,6 +199,14 @@ impl QueueServer {
         self.commit_all();
         n
     }
+}
+
+/// Commits `f`'s reply on `ring`.
+fn commit(ring: &RingEnd, f: Fetched) {
+    let area = f.commit_cmd();
+    // Torn down (or refused, which drops the request with EIO): the entry
+    // is gone or back to available either way.
+    let _ = ring.commit(&area, f, None);
 }
 
 /// `disp`'s filesystem's host I/O context in `slot`, made there on first
@@ -256,19 +247,18 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let stalled = self.submit_requests(vring, q, Some((s, k)));
         s.prefer(false);
         {
-            let now = Instant::now();
-            let _signals = self.inner.queue(q).signals.open(vring, now);
-            self.serve_inline(s, q, usize::MAX, now);
+            let _signals = self.inner.queue(q).signals.open(vring);
+            self.serve_inline(s, q, usize::MAX, Instant::now());
         }
         self.complete_inline(s, q);
         stalled
     }
 
-    /// Serves `n` requests just sent to this thread's entries, in chunks
-    /// ([`Chunks`]), each answered with one guest notification; submits
-    /// the I/O started once `submit_batch` are waiting. Returns how many
-    /// it served.
-    pub(super) fn serve_chunks(
+    /// Serves the `n` requests of a round just sent to this thread's
+    /// entries as one chunk ([`Chunks`]): one guest notification for their
+    /// answers. Submits the I/O started once `submit_batch` requests are
+    /// waiting. Returns how many it served.
+    pub(super) fn serve_chunk(
         &self,
         vring: &Vring,
         s: &mut QueueServer,
@@ -276,26 +266,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         chunks: &mut Chunks,
         n: usize,
     ) -> usize {
-        let signals = &self.inner.queue(q).signals;
-        let per_submit = self.inner.cfg.submit_batch.max(1);
-        let mut served = 0;
-        while served < n {
-            let began = Instant::now();
-            let _batch = signals.open(vring, began);
-            s.take_large();
-            // A chunk ends where its started I/O is to be submitted.
-            let len = (chunks.next_len().min(n - served))
-                .min(per_submit.saturating_sub(s.unsubmitted()).max(1));
-            let got = self.serve_inline(s, q, len, began);
-            if s.unsubmitted() >= per_submit {
-                self.complete_inline(s, q);
-            }
-            chunks.served(s.take_large());
-            if got == 0 {
-                break;
-            }
-            served += got;
+        let _batch = self.inner.queue(q).signals.open(vring);
+        s.take_large();
+        let served = self.serve_inline(s, q, n, Instant::now());
+        if s.unsubmitted() >= self.inner.cfg.submit_batch.max(1) {
+            self.complete_inline(s, q);
         }
+        chunks.served(s.take_large());
         served
     }
 
@@ -309,8 +286,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // once, when all are in its used ring (inside a chunk of requests
         // served in line, with that chunk's).
         while {
-            let now = Instant::now();
-            let _batch = rq.vring.get().map(|v| rq.signals.open(v, now));
+            let _batch = rq.vring.get().map(|v| rq.signals.open(v));
             s.complete(disp)
         } > 0
             && self.serve_inline(s, q, usize::MAX, Instant::now()) > 0

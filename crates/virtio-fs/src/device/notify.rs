@@ -3,8 +3,7 @@
 //! are cut ([`Chunks`]).
 
 use super::Vring;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use vhost_user_backend::VringT;
 
 /// Signals the guest if it wants to hear about used buffers now.
@@ -28,7 +27,7 @@ fn this_thread() -> usize {
 /// across a whole kick, the guest heard of nothing until every chain was
 /// served and could not refill its queue meanwhile; signalled per answer,
 /// a guest that reaps as fast as the device answers is woken for each.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Signals {
     /// The thread with a batch open ([`this_thread`]), or 0. Only that
     /// thread sets or clears it, so a thread that reads its own number
@@ -36,10 +35,6 @@ pub(super) struct Signals {
     owner: AtomicUsize,
     /// The owner answered since it opened the batch.
     owed: AtomicBool,
-    /// When the owner opened it, in nanoseconds since `epoch` (read only
-    /// by the owner).
-    began: AtomicU64,
-    epoch: Instant,
 }
 
 impl Signals {
@@ -53,34 +48,12 @@ impl Signals {
         }
     }
 
-    /// When this thread's open batch began, if it has one open: the
-    /// time its answers are taken to end at (one clock read per batch).
-    pub(super) fn began(&self) -> Option<Instant> {
-        if self.owner.load(Ordering::Relaxed) != this_thread() {
-            return None;
-        }
-        let ns = self.began.load(Ordering::Relaxed);
-        Some(self.epoch + Duration::from_nanos(ns))
-    }
-
-    pub(super) fn new() -> Signals {
-        Signals {
-            owner: AtomicUsize::new(0),
-            owed: AtomicBool::new(false),
-            began: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
-    }
-
-    /// Opens a batch on this thread that began at `now` (a batch opened
-    /// inside an open one is part of it).
-    pub(super) fn open<'a>(&'a self, vring: &'a Vring, now: Instant) -> SignalBatch<'a> {
+    /// Opens a batch on this thread (a batch opened inside an open one is
+    /// part of it).
+    pub(super) fn open<'a>(&'a self, vring: &'a Vring) -> SignalBatch<'a> {
         let me = this_thread();
         let outer = self.owner.load(Ordering::Relaxed) != me;
         if outer {
-            let ns = now.saturating_duration_since(self.epoch).as_nanos();
-            self.began
-                .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Relaxed);
             self.owner.store(me, Ordering::Relaxed);
         }
         SignalBatch {

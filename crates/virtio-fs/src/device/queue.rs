@@ -232,7 +232,7 @@ impl RequestQueue {
             vring: std::sync::OnceLock::new(),
             lent: Mutex::new(Vec::new()),
             orphans: AtomicU64::new(0),
-            signals: Signals::new(),
+            signals: Signals::default(),
         })
     }
 }

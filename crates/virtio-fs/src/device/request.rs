@@ -100,10 +100,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
             return Err(ticket);
         }
-        if opcode == Opcode::Destroy {
-            // The engine's DESTROY ends it in the filesystem.
-            self.inner.migration.session_ended();
-        }
         let mut data = Vec::new();
         if opcode == Opcode::Write && client.is_none() && body_len == wi {
             data = vec![0u8; total - IN_HEADER - wi];

@@ -2,11 +2,17 @@
 //! **pop** up to [`ROUND`] chains (each read into engine arguments and a
 //! ticket, `request.rs`), **send** them to the engine as one batch (one
 //! lock for their admission, one for their ring entries, one clock read),
-//! and, on the vring thread, **serve** what its own entries got, in
-//! chunks that each end with one guest notification (`inline.rs`,
-//! `notify.rs`). A round ends early at a chain that does not go into the
-//! batch (its *tail*: a lock call, INIT, a malformed chain), which is
-//! dealt with once the batch is sent and served.
+//! and, on the vring thread, **serve** what its own entries got as one
+//! chunk, answered with one guest notification (`inline.rs`,
+//! `notify.rs`): on the vring thread a round is a chunk (`submit_batch`
+//! requests), so the guest hears of the first answers as soon as it did
+//! when requests were sent one by one. A round ends early at a chain that
+//! does not go into the batch (its *tail*): a malformed or refused chain
+//! is answered right after the send, still under `pop_lock` (so before
+//! any ring stop can pass); a lock call is sent before the round is
+//! served; an INIT after it (its end of the old session waits for what
+//! the old session has running, this round included), and only if the
+//! ring was not stopped meanwhile.
 //!
 //! When admission is full, the chains the engine refused and the tail go
 //! back to the avail ring (the queue's next index moved back over them,
@@ -88,12 +94,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let mut want = ROUND;
             if let Some((s, k)) = inline.as_mut() {
                 if served < *k {
-                    want = want.min(*k - served);
+                    want = want.min(*k - served).min(chunks.next_len());
                     // Entries of this thread free for all of them.
                     s.make_room(want);
                 }
             }
-            let sent = {
+            let (sent, gen, tail) = {
                 let _pop = lock(&rq.pop_lock);
                 // Before the pop: a ring stopped after it leaves these
                 // chains with the old generation, so their answers never
@@ -102,21 +108,40 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 if self.pop_round(vring, &mem, q, gen, want, &mut round) == 0 {
                     return false;
                 }
-                self.send_round(vring, q, &mut round)
+                let sent = self.send_round(vring, q, &mut round);
+                let tail = match round.tail.take() {
+                    Some(Tail::Refused(t)) => {
+                        self.refuse(&t);
+                        None
+                    }
+                    Some(Tail::Malformed(head)) => {
+                        self.malformed(vring, &mem, q, head);
+                        None
+                    }
+                    tail => tail,
+                };
+                (sent, gen, tail)
+            };
+            let tail = match tail {
+                Some(Tail::Lock(args, t)) => {
+                    self.send_lock(q, args, &t);
+                    None
+                }
+                tail => tail,
             };
             let n = match sent {
                 Outcome::All(n) | Outcome::Stalled(n) => n,
             };
             if let Some((s, k)) = inline.as_mut() {
                 if served < *k && n > 0 {
-                    served += self.serve_chunks(vring, s, q, &mut chunks, n);
+                    served += self.serve_chunk(vring, s, q, &mut chunks, n);
                 }
             }
             if let Outcome::Stalled(_) = sent {
                 return true;
             }
-            if let Some(tail) = round.tail.take() {
-                self.finish_tail(vring, &mem, q, tail);
+            if let Some(Tail::Init(args, t)) = tail {
+                self.send_init(q, gen, args, t);
             }
         }
     }
@@ -213,6 +238,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 match r {
                     Ok(unique) => {
                         t.engine_unique.store(unique, Ordering::Relaxed);
+                        if t.opcode == Opcode::Destroy as u32 {
+                            // The engine's DESTROY ends it in the
+                            // filesystem.
+                            self.inner.migration.session_ended();
+                        }
                         if let Some(tq) = timeouts.as_mut() {
                             tq.push_back(t);
                         }
@@ -265,74 +295,83 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         Outcome::Stalled(taken)
     }
 
-    /// Deals with the chain that ended a round, its batch sent (no queue
-    /// lock held: an INIT may wait for the old session's host work).
-    fn finish_tail(
+    /// Sends a lock call that ended a round. Lock calls are synchronous
+    /// in the kernel, never background: a parked SETLKW must not hold a
+    /// background slot (enough of them would keep out the unlock that
+    /// frees them). They wait on a thread of their own, which only the
+    /// gate holds.
+    fn send_lock(&self, q: RqId, args: Args, ticket: &Arc<Ticket>) {
+        self.inner.stats.queues[q.vq()]
+            .submitted
+            .fetch_add(1, Ordering::Relaxed);
+        if !self.inner.cfg.request_timeout.is_zero() {
+            lock(&self.inner.timeouts).push_back(ticket.clone());
+        }
+        self.send_lock_call(args, ticket);
+    }
+
+    /// Sends a guest INIT that ended a round popped in generation `gen`
+    /// (no queue lock held): a guest that rebooted sends no DESTROY, so
+    /// its INIT ends the old session first. A ring stopped since the pop
+    /// gave the INIT up: it then does nothing. INIT is FORCE, so admission
+    /// never refuses it.
+    fn send_init(&self, q: RqId, gen: u64, args: Args, ticket: Arc<Ticket>) {
+        if read(&self.inner.queue(q).gen).n != gen {
+            return;
+        }
+        self.end_session("a new INIT");
+        // Kept for a live migration: the destination replays it.
+        self.inner.migration.note_init(ticket.unique, &args.body);
+        let weak = Arc::downgrade(&self.inner);
+        let t = ticket.clone();
+        let end: EndFn = Box::new(move |r: ReqResult| {
+            if let Some(inner) = weak.upgrade() {
+                FsDevice { inner }.finish(&t, r);
+            }
+        });
+        self.inner.stats.queues[q.vq()]
+            .submitted
+            .fetch_add(1, Ordering::Relaxed);
+        match self.inner.engine.chan().try_send_background(args, end) {
+            Ok(unique) => {
+                ticket.engine_unique.store(unique, Ordering::Relaxed);
+                if !self.inner.cfg.request_timeout.is_zero() {
+                    lock(&self.inner.timeouts).push_back(ticket);
+                }
+            }
+            Err(TrySendError::Closed(e)) => {
+                self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                if ticket.claim() {
+                    self.answer(&ticket, e.to_wire(), &[]);
+                }
+            }
+            // FORCE: admission never refuses it.
+            Err(TrySendError::Full(_)) => {
+                if ticket.claim() {
+                    self.answer(&ticket, Errno::EIO.to_wire(), &[]);
+                }
+            }
+        }
+    }
+
+    /// Counts a malformed chain (under `pop_lock`): one that could not be
+    /// read (`head`) goes back unused, one whose head the device still
+    /// serves (None: the guest republished it) gets nothing back.
+    fn malformed(
         &self,
         vring: &Vring,
         mem: &GuestMemoryLoadGuard<GuestMmap>,
         q: RqId,
-        tail: Tail,
+        head: Option<u16>,
     ) {
-        let qs = &self.inner.stats.queues[q.vq()];
-        match tail {
-            Tail::Lock(args, ticket) => {
-                // Lock calls are synchronous in the kernel, never
-                // background: a parked SETLKW must not hold a background
-                // slot (enough of them would keep out the unlock that
-                // frees them). They wait on a thread of their own, which
-                // only the gate holds.
-                qs.submitted.fetch_add(1, Ordering::Relaxed);
-                if !self.inner.cfg.request_timeout.is_zero() {
-                    lock(&self.inner.timeouts).push_back(ticket.clone());
-                }
-                self.send_lock_call(args, &ticket);
-            }
-            Tail::Init(args, ticket) => {
-                // A guest that rebooted sends no DESTROY: its INIT ends the
-                // old session first. INIT is FORCE, so it is never refused.
-                self.end_session("a new INIT");
-                // Kept for a live migration: the destination replays it.
-                self.inner.migration.note_init(ticket.unique, &args.body);
-                let weak = Arc::downgrade(&self.inner);
-                let t = ticket.clone();
-                let end: EndFn = Box::new(move |r: ReqResult| {
-                    if let Some(inner) = weak.upgrade() {
-                        FsDevice { inner }.finish(&t, r);
-                    }
-                });
-                qs.submitted.fetch_add(1, Ordering::Relaxed);
-                match self.inner.engine.chan().try_send_background(args, end) {
-                    Ok(unique) => {
-                        ticket.engine_unique.store(unique, Ordering::Relaxed);
-                        if !self.inner.cfg.request_timeout.is_zero() {
-                            lock(&self.inner.timeouts).push_back(ticket);
-                        }
-                    }
-                    Err(TrySendError::Closed(e)) => {
-                        self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
-                        if ticket.claim() {
-                            self.answer(&ticket, e.to_wire(), &[]);
-                        }
-                    }
-                    // FORCE: admission never refuses it.
-                    Err(TrySendError::Full(_)) => {
-                        if ticket.claim() {
-                            self.answer(&ticket, Errno::EIO.to_wire(), &[]);
-                        }
-                    }
-                }
-            }
-            Tail::Refused(ticket) => self.refuse(&ticket),
-            Tail::Malformed(head) => {
-                qs.malformed.fetch_add(1, Ordering::Relaxed);
-                if let Some(head) = head {
-                    if !self.inner.queue(q).heads.in_flight(head) {
-                        // Refused before anything was written to it.
-                        self.publish(vring, mem, head, &[], 0);
-                        notify(vring);
-                    }
-                }
+        self.inner.stats.queues[q.vq()]
+            .malformed
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(head) = head {
+            if !self.inner.queue(q).heads.in_flight(head) {
+                // Refused before anything was written to it.
+                self.publish(vring, mem, head, &[], 0);
+                notify(vring);
             }
         }
     }
