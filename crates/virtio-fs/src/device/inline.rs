@@ -24,7 +24,7 @@
 //! call that hangs in line would hold up the vring thread, so the watchdog
 //! ([`watchdog`]) drains the queue in its place while it is stuck.
 
-use super::notify::{notify, Chunks, LARGE};
+use super::notify::{notify, Chunks, CHUNK_TIME, LARGE};
 use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
@@ -256,8 +256,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
     /// Serves the `n` requests of a round just sent to this thread's
     /// entries as one chunk ([`Chunks`]): one guest notification for their
-    /// answers. Submits the I/O started once `submit_batch` requests are
-    /// waiting. Returns how many it served.
+    /// answers, or one more each time serving took [`CHUNK_TIME`] (slow
+    /// requests: the guest hears of each as it is done). Submits the I/O
+    /// started once `submit_batch` requests are waiting. Returns how many
+    /// it served.
     pub(super) fn serve_chunk(
         &self,
         vring: &Vring,
@@ -266,13 +268,32 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         chunks: &mut Chunks,
         n: usize,
     ) -> usize {
-        let _batch = self.inner.queue(q).signals.open(vring);
+        let signals = &self.inner.queue(q).signals;
+        let per_submit = self.inner.cfg.submit_batch.max(1);
+        let mut batch = signals.open(vring);
+        let mut began = Instant::now();
+        let mut slow = false;
         s.take_large();
-        let served = self.serve_inline(s, q, n, Instant::now());
-        if s.unsubmitted() >= self.inner.cfg.submit_batch.max(1) {
-            self.complete_inline(s, q);
+        let mut served = 0;
+        while served < n {
+            if self.serve_inline(s, q, 1, began) == 0 {
+                break;
+            }
+            served += 1;
+            if s.unsubmitted() >= per_submit {
+                self.complete_inline(s, q);
+            }
+            let now = Instant::now();
+            if now.saturating_duration_since(began) >= CHUNK_TIME {
+                // Signalled now; the rest of the round in a batch of its own.
+                slow = true;
+                drop(batch);
+                batch = signals.open(vring);
+                began = now;
+            }
         }
-        chunks.served(s.take_large());
+        drop(batch);
+        chunks.served(slow || s.take_large());
         served
     }
 

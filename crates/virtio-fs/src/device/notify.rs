@@ -82,15 +82,22 @@ impl Drop for SignalBatch<'_> {
     }
 }
 
+/// How long a chunk of answers given in line may wait for its
+/// notification: a slow request (a metadata call on a disk, a large copy)
+/// is signalled once this much has passed, so a guest waiting on it
+/// hears of it without waiting for the rest of its chunk.
+pub(super) const CHUNK_TIME: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// How a vring thread cuts the requests it serves in line into chunks,
 /// each answered with one guest notification: `submit_batch` requests,
-/// or one at a time after a chunk that moved a large READ or WRITE (at
-/// least [`LARGE`] bytes), so a guest hears of large answers as each is
-/// done rather than after several (a copy of 1 MiB takes about 100 µs).
+/// or one at a time after a chunk that was slow (it took [`CHUNK_TIME`])
+/// or moved a large READ or WRITE (at least [`LARGE`] bytes), so a guest
+/// hears of slow and large answers as each is done rather than after
+/// several (a copy of 1 MiB takes about 100 µs).
 #[derive(Debug)]
 pub(super) struct Chunks {
     size: usize,
-    /// The next chunk is a single request (the last one moved much).
+    /// The next chunk is a single request (the last one was slow).
     single: bool,
 }
 
@@ -114,8 +121,9 @@ impl Chunks {
         }
     }
 
-    /// A chunk was served; `large`: it moved a large READ or WRITE.
-    pub(super) fn served(&mut self, large: bool) {
-        self.single = large;
+    /// A chunk was served; `slow`: it took [`CHUNK_TIME`] or moved a
+    /// large READ or WRITE.
+    pub(super) fn served(&mut self, slow: bool) {
+        self.single = slow;
     }
 }
