@@ -3,11 +3,12 @@
 //! Queue 0 is the hiprio queue (FORGET, BATCH_FORGET, INTERRUPT); queues
 //! 1..=N are request queues, each served by its own vring thread and
 //! mapped to its own engine ring queue (`queue.rs`: an [`RqId`] names one,
-//! and its state is one [`RequestQueue`]). A guest request becomes a
-//! background request of the engine (`Chan::try_send_background`): when
-//! admission is full the queue stops popping, leaves the chain in the
-//! avail ring, and resumes when a request ends (a per-queue eventfd wakes
-//! its vring thread).
+//! and its state is one [`RequestQueue`]). Guest requests become
+//! background requests of the engine, a round at a time (`submit.rs`,
+//! `Chan::try_send_background_batch`): when admission is full the queue
+//! stops popping, leaves the refused chains in the avail ring, and
+//! resumes when a request ends (a per-queue eventfd wakes its vring
+//! thread).
 //!
 //! Request lifecycle (one [`Ticket`], `ticket.rs`, state guarded by its
 //! `state` mutex): `InFlight` → `Answered` by exactly one of: the engine's

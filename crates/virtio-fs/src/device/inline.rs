@@ -8,17 +8,18 @@
 //! disk idle while the guest has many reads queued. So the vring thread
 //! owns entries of its engine ring queue (reserved for it: they take
 //! requests only while it submits, or on their own commit), as many as it
-//! has requests in flight, up to the queue's size. For each request it
-//! submits it fetches what its entry got and either starts it (a READ
-//! into the guest's buffers on a file that can do non-blocking I/O, or a
-//! WRITE from them that the filesystem can start, e.g. O_DIRECT: the
-//! filesystem queues it on the thread's io_uring and answers it later
-//! through a `ReadDone`) or serves it in line and commits it. After the
-//! batch the started I/O is submitted with one system call, what already
-//! completed is committed, and the guest is signalled once. The rest
-//! completes later: the io_uring's eventfd is in the vring thread's epoll
-//! beside the kick, so whichever comes first is served at once. Requests
-//! still pass through the whole engine: admission, tickets, timeouts.
+//! has requests in flight, up to the queue's size. It serves each round
+//! `submit.rs` sent to its entries as one chunk: it fetches each request
+//! and either starts it (a READ into the guest's buffers on a file that
+//! can do non-blocking I/O, or a WRITE from them that the filesystem can
+//! start, e.g. O_DIRECT: queued on the thread's host I/O context and
+//! answered when its completion is taken) or serves it in line and
+//! commits it at once. Every `submit_batch` started requests, and at the
+//! end of the kick, the started I/O is submitted with one system call and
+//! what completed is committed; the rest completes later: the context's
+//! eventfd is in the vring thread's epoll beside the kick, so whichever
+//! comes first is served at once. Requests still pass through the whole
+//! engine: admission, tickets, timeouts.
 //!
 //! A request that may wait (SETLKW) never goes to these entries. A host
 //! call that hangs in line would hold up the vring thread, so the watchdog
