@@ -319,6 +319,13 @@ pub struct VhostArgs {
     /// queue while the rest are served.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub submit_batch: u32,
+    /// How long, in microseconds, a queue thread serves in line before it
+    /// signals the answers given so far (a guest waiting on a slow request
+    /// hears of it without waiting for the rest of its chunk). Raise it
+    /// only to profile fusebox under a tool that slows it many times over
+    /// (valgrind), so chunks are cut as at full speed.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    pub chunk_time_us: u64,
     /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,
     /// log_level, debug; xattr, flock, posix_lock, posix_acl,
     /// readdirplus, writeback, announce_submounts, killpriv_v2 and

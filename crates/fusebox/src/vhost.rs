@@ -378,6 +378,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             congestion_threshold: a.congestion_threshold,
             fixed_guest_memory: a.fixed_guest_memory,
             submit_batch: a.submit_batch as usize,
+            chunk_time: Duration::from_micros(a.chunk_time_us),
             ..DeviceConfig::default()
         },
     )

@@ -156,6 +156,13 @@ pub struct DeviceConfig {
     /// chunk for the whole kick (`usize::MAX`) makes one system call for
     /// it all.
     pub submit_batch: usize,
+    /// How long a vring thread serves in line before it signals the
+    /// answers given so far (and cuts its next chunks to single requests):
+    /// a guest waiting on a slow request hears of it without waiting for
+    /// the rest of its chunk. Raise it only to profile the daemon under a
+    /// tool that slows it many times over (callgrind), so chunks are cut
+    /// as at full speed.
+    pub chunk_time: Duration,
     /// With `zero_copy`: the guest's RAM regions are registered as io_uring
     /// fixed buffers of each serving thread's ring on first use (again when
     /// the memory table changes), so data I/O through the ring goes as
@@ -189,6 +196,7 @@ impl Default for DeviceConfig {
             zero_copy: true,
             inline_per_batch: 0,
             submit_batch: 4,
+            chunk_time: notify::CHUNK_TIME,
             fixed_guest_memory: false,
             ring_stop_drain: stop::RING_STOP_DRAIN,
         }

@@ -25,7 +25,7 @@
 //! call that hangs in line would hold up the vring thread, so the watchdog
 //! ([`watchdog`]) drains the queue in its place while it is stuck.
 
-use super::notify::{notify, Chunks, CHUNK_TIME, LARGE};
+use super::notify::{notify, Chunks, LARGE};
 use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
@@ -257,7 +257,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
     /// Serves the `n` requests of a round just sent to this thread's
     /// entries as one chunk ([`Chunks`]): one guest notification for their
-    /// answers, or one more each time serving took [`CHUNK_TIME`] (slow
+    /// answers, or one more each time serving took the chunk time (slow
     /// requests: the guest hears of each as it is done). Submits the I/O
     /// started once `submit_batch` requests are waiting. Returns how many
     /// it served.
@@ -285,7 +285,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 self.complete_inline(s, q);
             }
             let now = Instant::now();
-            if now.saturating_duration_since(began) >= CHUNK_TIME {
+            if now.saturating_duration_since(began) >= self.inner.cfg.chunk_time {
                 // Signalled now; the rest of the round in a batch of its own.
                 slow = true;
                 drop(batch);

@@ -83,14 +83,14 @@ impl Drop for SignalBatch<'_> {
 }
 
 /// How long a chunk of answers given in line may wait for its
-/// notification: a slow request (a metadata call on a disk, a large copy)
+/// notification by default (`DeviceConfig::chunk_time`): a slow request (a metadata call on a disk, a large copy)
 /// is signalled once this much has passed, so a guest waiting on it
 /// hears of it without waiting for the rest of its chunk.
 pub(super) const CHUNK_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// How a vring thread cuts the requests it serves in line into chunks,
 /// each answered with one guest notification: `submit_batch` requests,
-/// or one at a time after a chunk that was slow (it took [`CHUNK_TIME`])
+/// or one at a time after a chunk that was slow (it took the chunk time)
 /// or moved a large READ or WRITE (at least [`LARGE`] bytes), so a guest
 /// hears of slow and large answers as each is done rather than after
 /// several (a copy of 1 MiB takes about 100 µs).
@@ -121,7 +121,7 @@ impl Chunks {
         }
     }
 
-    /// A chunk was served; `slow`: it took [`CHUNK_TIME`] or moved a
+    /// A chunk was served; `slow`: it took the chunk time or moved a
     /// large READ or WRITE.
     pub(super) fn served(&mut self, slow: bool) {
         self.single = slow;
