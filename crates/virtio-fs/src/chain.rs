@@ -1,27 +1,70 @@
-//! Descriptor chains: checked once when popped, then read and written by
-//! guest address only.
+//! Descriptor chains: checked and translated to host addresses once, when
+//! popped, then read and written through those addresses only.
 //!
 //! A FUSE request chain is device-readable descriptors (in header,
 //! arguments, WRITE data) followed by device-writable ones (out header,
-//! reply payload). Every descriptor is checked against guest memory before
+//! reply payload). Every descriptor is looked up in guest memory before
 //! anything is read; a chain that breaks the rules is refused with a
 //! [`ChainError`] and never half-served. A bad `next` index or a loop ends
 //! virtio-queue's walk early: what it yielded is judged as the whole chain
 //! (in practice the request then disagrees with its header length and is
-//! refused).
+//! refused). A chain keeps the guest memory it was translated against
+//! mapped (its load guard) for as long as it lives, so its host addresses
+//! stay valid across a memory table update.
 
-use std::ops::Deref;
+use crate::GuestMmap;
+use smallvec::SmallVec;
 use thiserror::Error;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{
+    Address, GuestAddress, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryRegion,
+    MemoryRegionAddress, VolatileSlice,
+};
 
-/// One descriptor: a guest-physical range.
+/// The guest memory a chain's host addresses point into.
+pub type Mem = GuestMemoryLoadGuard<GuestMmap>;
+
+/// One descriptor, or the part of one inside one guest memory region: a
+/// guest-physical range and where it is mapped in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seg {
     /// Start in guest memory.
     pub addr: GuestAddress,
     /// Length in bytes.
     pub len: u32,
+    /// Host address of `addr` in the memory of the chain it came from
+    /// (0 for an empty descriptor).
+    host: usize,
+}
+
+impl Seg {
+    /// Host address of `addr` in the memory its chain keeps mapped.
+    pub fn host(&self) -> usize {
+        self.host
+    }
+
+    /// The seg from byte `skip` on (`skip` at most `len`).
+    pub(crate) fn skip(&self, skip: usize) -> Seg {
+        debug_assert!(skip <= self.len as usize);
+        Seg {
+            addr: self.addr.unchecked_add(skip as u64),
+            len: self.len - skip as u32,
+            host: if self.len == 0 { 0 } else { self.host + skip },
+        }
+    }
+
+    /// Bytes `from..from + n` of the seg as a volatile slice.
+    ///
+    /// # Safety
+    /// The memory of the chain the seg came from must still be mapped
+    /// (the chain, or another holder of that memory, is alive) and
+    /// `from + n <= len`.
+    unsafe fn slice(&self, from: usize, n: usize) -> VolatileSlice<'static> {
+        // SAFETY: by the caller's contract the range lies inside a guest
+        // memory mapping that stays mapped meanwhile; it is no Rust
+        // object, so volatile access from here aliases none.
+        unsafe { VolatileSlice::new((self.host + from) as *mut u8, n) }
+    }
 }
 
 /// Why a chain was refused.
@@ -48,19 +91,18 @@ pub enum ChainError {
         /// Bytes seen.
         bytes: u64,
     },
-    /// Reading or writing guest memory failed after the check.
-    #[error("guest memory access failed")]
-    Memory(#[source] vm_memory::GuestMemoryError),
 }
 
 /// A checked chain: its head and its two halves.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Chain {
     /// Head descriptor index (what goes back in the used ring).
     pub head: u16,
+    /// The memory the segs' host addresses point into, kept mapped.
+    mem: Mem,
     /// Its descriptors in order: the device-readable ones, then from
-    /// `split` on the device-writable ones (one allocation per chain).
-    segs: Vec<Seg>,
+    /// `split` on the device-writable ones (held in place up to
+    /// [`USUAL_DESCS`]).
+    segs: SmallVec<[Seg; USUAL_DESCS]>,
     split: usize,
     /// Bytes of each half.
     readable_len: usize,
@@ -71,29 +113,42 @@ pub struct Chain {
 /// pages plus headers, with room to spare).
 pub const MAX_DESCS: usize = 1024;
 
-/// Descriptors most requests have (headers, arguments, a data buffer or
-/// two): room for them is made at once.
-const USUAL_DESCS: usize = 8;
+/// Descriptors most requests have (in header, arguments, out header, a
+/// data buffer): a chain of up to this many allocates nothing.
+const USUAL_DESCS: usize = 4;
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chain")
+            .field("head", &self.head)
+            .field("segs", &self.segs)
+            .field("split", &self.split)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Chain {
-    /// Walks `chain`, checking every descriptor against `mem`. `max_bytes`
-    /// bounds each half (the largest request or reply the device accepts).
-    pub fn parse<M>(mut chain: DescriptorChain<M>, max_bytes: u64) -> Result<Chain, ChainError>
-    where
-        M: Deref,
-        M::Target: GuestMemory,
-    {
+    /// Walks `chain` (popped with `mem`'s memory), looking every
+    /// descriptor up in `mem`. `max_bytes` bounds each half (the largest
+    /// request or reply the device accepts).
+    pub fn parse(
+        mem: &Mem,
+        chain: DescriptorChain<&GuestMmap>,
+        max_bytes: u64,
+    ) -> Result<Chain, ChainError> {
         let head = chain.head_index();
         let mut out = Chain {
             head,
-            segs: Vec::with_capacity(USUAL_DESCS),
-            ..Chain::default()
+            mem: mem.clone(),
+            segs: SmallVec::new(),
+            split: 0,
+            readable_len: 0,
+            writable_len: 0,
         };
         let (mut rbytes, mut wbytes) = (0u64, 0u64);
         // The iterator ends a chain early on a bad index or a loop (its
         // TTL); what it yields is checked here.
-        let mut index = 0;
-        while let Some(d) = chain.next() {
+        for (index, d) in chain.enumerate() {
             if index == MAX_DESCS {
                 return Err(ChainError::TooLong {
                     descs: MAX_DESCS + 1,
@@ -101,18 +156,6 @@ impl Chain {
                 });
             }
             let (addr, len, write) = (d.addr(), d.len(), d.is_write_only());
-            let access = if write {
-                Permissions::Write
-            } else {
-                Permissions::Read
-            };
-            if len > 0 && !chain.memory().check_range(addr, len as usize, access) {
-                return Err(ChainError::OutsideMemory {
-                    index,
-                    addr: addr.0,
-                    len,
-                });
-            }
             if write {
                 wbytes += u64::from(len);
             } else {
@@ -120,16 +163,24 @@ impl Chain {
                     return Err(ChainError::ReadableAfterWritable(index));
                 }
                 rbytes += u64::from(len);
-                out.split += 1;
             }
-            out.segs.push(Seg { addr, len });
             if rbytes > max_bytes || wbytes > max_bytes {
                 return Err(ChainError::TooLong {
                     descs: index + 1,
                     bytes: rbytes + wbytes,
                 });
             }
-            index += 1;
+            let before = out.segs.len();
+            if !translate(mem, addr, len, &mut out.segs) {
+                return Err(ChainError::OutsideMemory {
+                    index,
+                    addr: addr.0,
+                    len,
+                });
+            }
+            if !write {
+                out.split += out.segs.len() - before;
+            }
         }
         // Both at most `max_bytes`, which the caller keeps well in usize.
         out.readable_len = rbytes as usize;
@@ -157,14 +208,14 @@ impl Chain {
         self.writable_len
     }
 
+    /// The guest memory the chain lives in.
+    pub fn mem(&self) -> &Mem {
+        &self.mem
+    }
+
     /// Copies the readable half, from byte `from` on, into `buf` (which
     /// must not be longer than what is left).
-    pub fn read_at<M: GuestMemory>(
-        &self,
-        mem: &M,
-        mut from: usize,
-        buf: &mut [u8],
-    ) -> Result<(), ChainError> {
+    pub fn read_at(&self, mut from: usize, buf: &mut [u8]) -> Result<(), ChainError> {
         let mut done = 0;
         for s in self.readable() {
             let len = s.len as usize;
@@ -173,9 +224,9 @@ impl Chain {
                 continue;
             }
             let n = (len - from).min(buf.len() - done);
-            let addr = s.addr.unchecked_add(from as u64);
-            mem.read_slice(&mut buf[done..done + n], addr)
-                .map_err(ChainError::Memory)?;
+            // SAFETY: `self.mem` keeps the seg's memory mapped and
+            // `from + n <= len`.
+            unsafe { s.slice(from, n) }.copy_to(&mut buf[done..done + n]);
             done += n;
             from = 0;
             if done == buf.len() {
@@ -194,7 +245,7 @@ impl Chain {
 
     /// Writes `parts` one after another into the writable half; returns
     /// the bytes written. Fails if they do not fit.
-    pub fn write_all<M: GuestMemory>(&self, mem: &M, parts: &[&[u8]]) -> Result<u32, ChainError> {
+    pub fn write_all(&self, parts: &[&[u8]]) -> Result<u32, ChainError> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         if total > self.writable_len() {
             return Err(ChainError::TooLong {
@@ -218,12 +269,147 @@ impl Chain {
                     }
                 };
                 let n = (s.len as usize - off).min(p.len());
-                mem.write_slice(&p[..n], s.addr.unchecked_add(off as u64))
-                    .map_err(ChainError::Memory)?;
+                // SAFETY: `self.mem` keeps the seg's memory mapped and
+                // `off + n <= len`.
+                unsafe { s.slice(off, n) }.copy_from(&p[..n]);
                 off += n;
                 p = &p[n..];
             }
         }
         Ok(total as u32)
+    }
+}
+
+/// Appends the segs of the guest range `addr..addr + len` (one per memory
+/// region it lies in) to `out`. False if part of it is not guest memory.
+fn translate(
+    mem: &GuestMmap,
+    mut addr: GuestAddress,
+    len: u32,
+    out: &mut SmallVec<[Seg; USUAL_DESCS]>,
+) -> bool {
+    if len == 0 {
+        out.push(Seg { addr, len, host: 0 });
+        return true;
+    }
+    let mut left = u64::from(len);
+    while left > 0 {
+        let Some(r) = mem.find_region(addr) else {
+            return false;
+        };
+        let off = addr.unchecked_offset_from(r.start_addr());
+        // `find_region` returned the region holding `addr`: off < len.
+        let n = left.min(r.len() - off);
+        let Ok(host) = r.get_host_address(MemoryRegionAddress(off)) else {
+            return false;
+        };
+        out.push(Seg {
+            addr,
+            // At most `len`, a u32.
+            len: n as u32,
+            host: host as usize,
+        });
+        left -= n;
+        addr = addr.unchecked_add(n);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic};
+
+    /// `VRING_DESC_F_WRITE`.
+    const WRITE: u16 = 2;
+    /// Where the first of two adjacent memory regions ends.
+    const EDGE: u64 = 0x1_0000;
+
+    /// Two adjacent regions (separate host mappings) of 64 KiB each.
+    fn two_regions() -> Mem {
+        let m = GuestMmap::from_ranges(&[
+            (GuestAddress(0), EDGE as usize),
+            (GuestAddress(EDGE), EDGE as usize),
+        ])
+        .unwrap();
+        GuestMemoryAtomic::new(m).memory()
+    }
+
+    fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+    }
+
+    #[test]
+    fn descriptors_across_two_regions_are_split_and_copied_right() {
+        let mem = two_regions();
+        let q = MockSplitQueue::new(&*mem, 16);
+        let into: Vec<u8> = (0..32).collect();
+        mem.write_slice(&into, GuestAddress(EDGE - 16)).unwrap();
+        let chain = q
+            .build_desc_chain(&[
+                desc(EDGE - 16, 32, 0),
+                desc(EDGE - 0x100 - 8, 16, WRITE),
+                desc(EDGE + 0x200, 4, WRITE),
+            ])
+            .unwrap();
+        let c = Chain::parse(&mem, chain, 1 << 20).unwrap();
+        // Each crossing descriptor became one seg per region.
+        assert_eq!(c.readable().len(), 2);
+        assert_eq!(c.readable_len(), 32);
+        assert_eq!(c.writable().len(), 2);
+        assert_eq!(c.writable_len(), 20);
+        let mut buf = [0u8; 20];
+        c.read_at(6, &mut buf).unwrap();
+        assert_eq!(&buf[..], &into[6..26]);
+        let out: Vec<u8> = (100..120).collect();
+        assert_eq!(c.write_all(&[&out[..3], &out[3..]]).unwrap(), 20);
+        let mut back = [0u8; 16];
+        mem.read_slice(&mut back, GuestAddress(EDGE - 0x108))
+            .unwrap();
+        assert_eq!(&back[..], &out[..16]);
+        let mut tail = [0u8; 4];
+        mem.read_slice(&mut tail, GuestAddress(EDGE + 0x200))
+            .unwrap();
+        assert_eq!(&tail[..], &out[16..]);
+    }
+
+    #[test]
+    fn a_straddling_descriptor_is_split_where_the_regions_meet() {
+        let mem = two_regions();
+        let q = MockSplitQueue::new(&*mem, 16);
+        let chain = q
+            .build_desc_chain(&[desc(0x1000, 64, 0), desc(EDGE - 10, 30, WRITE)])
+            .unwrap();
+        let c = Chain::parse(&mem, chain, 1 << 20).unwrap();
+        let w = c.writable();
+        assert_eq!((w[0].addr, w[0].len), (GuestAddress(EDGE - 10), 10));
+        assert_eq!((w[1].addr, w[1].len), (GuestAddress(EDGE), 20));
+        let r0 = mem.find_region(GuestAddress(0)).unwrap();
+        let r1 = mem.find_region(GuestAddress(EDGE)).unwrap();
+        assert_eq!(
+            w[0].host(),
+            r0.get_host_address(MemoryRegionAddress(EDGE - 10)).unwrap() as usize
+        );
+        assert_eq!(
+            w[1].host(),
+            r1.get_host_address(MemoryRegionAddress(0)).unwrap() as usize
+        );
+    }
+
+    #[test]
+    fn a_descriptor_past_guest_memory_is_refused() {
+        let mem = two_regions();
+        let q = MockSplitQueue::new(&*mem, 16);
+        let chain = q
+            .build_desc_chain(&[desc(0x1000, 64, 0), desc(2 * EDGE - 8, 16, WRITE)])
+            .unwrap();
+        let e = Chain::parse(&mem, chain, 1 << 20).unwrap_err();
+        assert!(
+            matches!(e, ChainError::OutsideMemory { index: 1, .. }),
+            "{e:?}"
+        );
     }
 }

@@ -15,17 +15,13 @@
 //! it (the callback that revoke left). The guest never sees a buffer
 //! answered and written afterwards.
 
-use crate::chain::Seg;
+use crate::chain::{Mem, Seg};
 use crate::sync::{lock, read, wait_for, write};
 use crate::GuestMmap;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use smallvec::SmallVec;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use vm_memory::{
-    Bytes, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryRegion, MemoryRegionAddress,
-};
-
-type Mem = GuestMemoryLoadGuard<GuestMmap>;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice};
 
 /// The guest's RAM as a [`ClientMap`], made once per memory table, for
 /// servers that register it with io_uring as fixed buffers
@@ -84,9 +80,9 @@ struct Access {
 
 /// Guest buffers of one request (see the module docs).
 pub(crate) struct GuestSpans {
-    segs: SmallVec<[Seg; 2]>,
     spans: SmallVec<[HostSpan; 2]>,
-    mem: Mem,
+    /// Keeps the spans' memory mapped while they exist (only held).
+    _mem: Mem,
     /// The map of `mem`, when the device registers guest RAM.
     map: Option<Arc<ClientMap>>,
     access: Mutex<Access>,
@@ -97,27 +93,25 @@ pub(crate) struct GuestSpans {
 impl std::fmt::Debug for GuestSpans {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GuestSpans")
-            .field("segs", &self.segs)
+            .field("spans", &self.spans)
             .finish_non_exhaustive()
     }
 }
 
 impl GuestSpans {
-    /// The bytes of `segs` from byte `skip` on, with the map of `mem` from
-    /// `maps` when guest RAM is registered (taken here, so the map is
-    /// always `mem`'s: `ClientMem::map` promises its regions hold every
-    /// span). None if a descriptor does not map to host memory (the chain
-    /// was checked, so only a memory table that changed under it).
+    /// The bytes of `segs` (of a chain in `mem`, `Chain::mem`) from byte
+    /// `skip` on, with the map of `mem` from `maps` when guest RAM is
+    /// registered (taken here, so the map is always `mem`'s:
+    /// `ClientMem::map` promises its regions hold every span).
     pub(crate) fn new(
         mem: &Mem,
         maps: Option<&MapCache>,
         segs: &[Seg],
         mut skip: usize,
-    ) -> Option<GuestSpans> {
+    ) -> GuestSpans {
         let map = maps.and_then(|c| c.get(mem));
         // Most READs and WRITEs have one or two data descriptors: no
         // allocation for them.
-        let mut out_segs = SmallVec::new();
         let mut spans = SmallVec::new();
         for s in segs {
             let len = s.len as usize;
@@ -125,29 +119,22 @@ impl GuestSpans {
                 skip -= len;
                 continue;
             }
-            let seg = Seg {
-                addr: vm_memory::Address::unchecked_add(&s.addr, skip as u64),
-                len: (len - skip) as u32,
-            };
+            let s = s.skip(skip);
             skip = 0;
-            // A descriptor may straddle two memory regions.
-            for slice in GuestMemoryBackend::get_slices(&**mem, seg.addr, seg.len as usize) {
-                let slice = slice.ok()?;
+            if s.len > 0 {
                 spans.push(HostSpan {
-                    addr: slice.ptr_guard_mut().as_ptr() as usize,
-                    len: slice.len(),
+                    addr: s.host(),
+                    len: s.len as usize,
                 });
             }
-            out_segs.push(seg);
         }
-        Some(GuestSpans {
-            segs: out_segs,
+        GuestSpans {
             spans,
-            mem: mem.clone(),
+            _mem: mem.clone(),
             map,
             access: Mutex::new(Access::default()),
             idle: Condvar::new(),
-        })
+        }
     }
 
     /// Takes the buffers back: no host I/O may start on them after this.
@@ -192,30 +179,32 @@ impl GuestSpans {
         true
     }
 
-    /// Walks the segments for bytes `off..off + len`, calling `f` with each
-    /// piece's guest address, its offset in the caller's buffer and length.
+    /// Walks the spans for bytes `off..off + len`, calling `f` with each
+    /// piece as a volatile slice and its offset in the caller's buffer.
+    /// EFAULT if the spans end first.
     fn walk(
         &self,
         mut off: usize,
         len: usize,
-        mut f: impl FnMut(vm_memory::GuestAddress, usize, usize) -> Result<(), Errno>,
+        mut f: impl FnMut(VolatileSlice<'_>, usize),
     ) -> Result<(), Errno> {
         let mut done = 0;
-        for s in &self.segs {
-            let sl = s.len as usize;
-            if off >= sl {
-                off -= sl;
+        for s in &self.spans {
+            if off >= s.len {
+                off -= s.len;
                 continue;
             }
             if done == len {
                 break;
             }
-            let n = (sl - off).min(len - done);
+            let n = (s.len - off).min(len - done);
+            // SAFETY: the span is guest memory that `self._mem` keeps mapped
+            // (no Rust object: volatile access aliases none), and
+            // `off + n <= s.len`.
             f(
-                vm_memory::Address::unchecked_add(&s.addr, off as u64),
+                unsafe { VolatileSlice::new((s.addr + off) as *mut u8, n) },
                 done,
-                n,
-            )?;
+            );
             done += n;
             off = 0;
         }
@@ -229,7 +218,7 @@ impl GuestSpans {
 
 // SAFETY: every span comes from a `VolatileSlice` of `mem`, a mapping of
 // guest RAM (not a Rust object, so no Rust reference aliases it) that
-// `self.mem` keeps mapped for as long as `self` lives: host I/O through the
+// `self._mem` keeps mapped for as long as `self` lives: host I/O through the
 // spans can never touch memory the daemon's own code uses. The guest
 // reuses the buffers once its request is answered. A request the timeout
 // scanner answers is answered only after `revoke_or_when_idle` found no
@@ -285,10 +274,8 @@ unsafe impl ClientMem for GuestSpans {
         if !self.begin_io() {
             return Err(Errno::EIO);
         }
-        let r = self.walk(off, buf.len(), |addr, at, n| {
-            self.mem
-                .read_slice(&mut buf[at..at + n], addr)
-                .map_err(|e| memory_errno(&e))
+        let r = self.walk(off, buf.len(), |s, at| {
+            s.copy_to(&mut buf[at..at + s.len()]);
         });
         self.end_io();
         r
@@ -298,18 +285,10 @@ unsafe impl ClientMem for GuestSpans {
         if !self.begin_io() {
             return Err(Errno::EIO);
         }
-        let r = self.walk(off, buf.len(), |addr, at, n| {
-            self.mem
-                .write_slice(&buf[at..at + n], addr)
-                .map_err(|e| memory_errno(&e))
+        let r = self.walk(off, buf.len(), |s, at| {
+            s.copy_from(&buf[at..at + s.len()]);
         });
         self.end_io();
         r
     }
-}
-
-/// The errno a failed guest memory access becomes (the chain was checked,
-/// so this means the memory table changed under the request).
-fn memory_errno(_e: &vm_memory::GuestMemoryError) -> Errno {
-    Errno::EFAULT
 }

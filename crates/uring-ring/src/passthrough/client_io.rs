@@ -11,11 +11,19 @@ use super::io::{self, IoStats};
 use crate::driver::{preadv_raw, pwritev_raw, MAX_IOVECS};
 use crate::Target;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan, IoGuard};
+use smallvec::SmallVec;
 use std::os::fd::RawFd;
 
-/// The iovecs of bytes `skip..len` of `spans` (at most [`MAX_IOVECS`]).
-pub(super) fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Vec<libc::iovec> {
-    let mut v = Vec::new();
+/// Guest buffers most READs and WRITEs have (one or two pages).
+const USUAL_IOVECS: usize = 2;
+
+/// The iovecs of a request's guest buffers.
+pub(super) type Iovecs = SmallVec<[libc::iovec; USUAL_IOVECS]>;
+
+/// The iovecs of bytes `skip..len` of `spans` (at most [`MAX_IOVECS`];
+/// up to [`USUAL_IOVECS`] in place, no allocation).
+pub(super) fn iovecs(spans: &[HostSpan], skip: usize, len: usize) -> Iovecs {
+    let mut v = Iovecs::new();
     let mut at = 0usize;
     for s in spans {
         if at >= len || v.len() == MAX_IOVECS {

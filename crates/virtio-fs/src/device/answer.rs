@@ -56,7 +56,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return;
         }
         rq.heads.release(t.chain.head);
-        self.publish(&t.vring, &t.mem, t.chain.head, t.chain.writable(), 0);
+        self.publish(&t.vring, t.chain.mem(), t.chain.head, t.chain.writable(), 0);
         notify(&t.vring);
     }
 
@@ -82,7 +82,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             error,
             unique: t.unique,
         };
-        let written = match t.chain.write_all(&*t.mem, &[h.as_bytes(), payload]) {
+        let written = match t.chain.write_all(&[h.as_bytes(), payload]) {
             // The data the server put in the guest's buffers counts too.
             Ok(_) => reply_len as u32,
             Err(_) => 0,
@@ -100,7 +100,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .fetch_add(1, Ordering::Relaxed);
         // The server may have written the chain's pages by host address
         // (a READ by reference): logged here, before the guest has them.
-        self.publish(&t.vring, &t.mem, t.chain.head, t.chain.writable(), written);
+        self.publish(
+            &t.vring,
+            t.chain.mem(),
+            t.chain.head,
+            t.chain.writable(),
+            written,
+        );
         rq.signals.answered(&t.vring);
     }
 }

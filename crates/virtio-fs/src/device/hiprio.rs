@@ -59,7 +59,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             };
             qs.submitted.fetch_add(1, Ordering::Relaxed);
-            self.forget(&mem, &chain);
+            self.forget(&chain);
             qs.completed.fetch_add(1, Ordering::Relaxed);
             self.publish(vring, &mem, chain.head, chain.writable(), 0);
         }
@@ -71,10 +71,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// FORGET and BATCH_FORGET go to the engine; INTERRUPT (which Linux's
     /// virtio-fs does not send today) to the lock call it names; anything
     /// else is dropped and counted as malformed.
-    fn forget(&self, mem: &GuestMmap, chain: &Chain) {
+    fn forget(&self, chain: &Chain) {
         let len = chain.readable_len().min(1 << 20);
         let mut buf = vec![0u8; len];
-        if chain.read_at(mem, 0, &mut buf).is_err() {
+        if chain.read_at(0, &mut buf).is_err() {
             return;
         }
         let Ok((h, rest)) = InHeader::read_from_prefix(&buf) else {

@@ -14,7 +14,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     pub(super) fn prepare(
         &self,
         vring: &Vring,
-        mem: &GuestMemoryLoadGuard<GuestMmap>,
         chain: Chain,
         q: RqId,
         gen: u64,
@@ -22,7 +21,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     ) -> Result<(Args, Arc<Ticket>), Arc<Ticket>> {
         let total = chain.readable_len();
         let mut hb = [0u8; IN_HEADER];
-        let header = if total >= IN_HEADER && chain.read_at(&**mem, 0, &mut hb).is_ok() {
+        let header = if total >= IN_HEADER && chain.read_at(0, &mut hb).is_ok() {
             InHeader::read_from_bytes(&hb).ok()
         } else {
             None
@@ -37,10 +36,18 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .then_some(&self.inner.maps);
         let client = match header.map(|h| Opcode::from_u32(h.opcode)) {
             _ if !self.inner.cfg.zero_copy => None,
-            Some(Some(Opcode::Read)) => GuestSpans::new(mem, maps, chain.writable(), OUT_HEADER),
-            Some(Some(Opcode::Write)) if total >= IN_HEADER + wi => {
-                GuestSpans::new(mem, maps, chain.readable(), IN_HEADER + wi)
-            }
+            Some(Some(Opcode::Read)) => Some(GuestSpans::new(
+                chain.mem(),
+                maps,
+                chain.writable(),
+                OUT_HEADER,
+            )),
+            Some(Some(Opcode::Write)) if total >= IN_HEADER + wi => Some(GuestSpans::new(
+                chain.mem(),
+                maps,
+                chain.readable(),
+                IN_HEADER + wi,
+            )),
             _ => None,
         }
         .map(Arc::new);
@@ -53,7 +60,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             started: popped,
             chain,
             vring: vring.clone(),
-            mem: mem.clone(),
             client: client.clone(),
             orphan: AtomicU8::new(ORPHAN_NO),
             state: Mutex::new(TicketState::InFlight),
@@ -97,17 +103,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return Err(ticket);
         }
         let mut body = vec![0u8; body_len];
-        if ticket.chain.read_at(&**mem, IN_HEADER, &mut body).is_err() {
+        if ticket.chain.read_at(IN_HEADER, &mut body).is_err() {
             return Err(ticket);
         }
         let mut data = Vec::new();
         if opcode == Opcode::Write && client.is_none() && body_len == wi {
             data = vec![0u8; total - IN_HEADER - wi];
-            if ticket
-                .chain
-                .read_at(&**mem, IN_HEADER + wi, &mut data)
-                .is_err()
-            {
+            if ticket.chain.read_at(IN_HEADER + wi, &mut data).is_err() {
                 return Err(ticket);
             }
         }
@@ -116,25 +118,22 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // READ's data goes to the guest's buffers by reference anyway).
         let reply_room = (ticket.chain.writable_len() - OUT_HEADER)
             .min(self.inner.cfg.max_write.max(8192) as usize);
-        let mut args = Args::new(opcode, h.nodeid)
-            .creds(h.uid, h.gid, h.pid)
-            .body(body)
-            .data(data)
-            .out(reply_room, true)
-            .qid(q.ring_queue());
-        if let Some(c) = client {
-            args = args.client(c);
-        }
+        // Set in place (each builder call would move the whole `Args`).
+        let mut args = Args::new(opcode, h.nodeid);
+        (args.uid, args.gid, args.pid) = (h.uid, h.gid, h.pid);
+        args.body = body;
+        args.data = data;
+        (args.out_size, args.out_var) = (reply_room, true);
+        args.qid = q.ring_queue();
+        args.client = client.map(|c| c as Arc<dyn fuse_core::ClientMem>);
         args.total_extlen = h.total_extlen;
         // Never held back by admission, as in the kernel: INIT and DESTROY
         // (the connection's own), RELEASE and FLUSH (FORCE there). Lock
         // calls go synchronously (see `drain_requests`).
-        if matches!(
+        args.force = matches!(
             opcode,
             Opcode::Init | Opcode::Destroy | Opcode::Release | Opcode::Releasedir | Opcode::Flush
-        ) {
-            args = args.force();
-        }
+        );
         Ok((args, ticket))
     }
 

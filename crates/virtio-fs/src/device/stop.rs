@@ -198,7 +198,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     busy += 1;
                 }
                 // Never answered, but a READ may have filled some of it.
-                self.mark_written(&t.mem, t.chain.writable());
+                self.mark_written(t.chain.mem(), t.chain.writable());
             }
         }
         busy

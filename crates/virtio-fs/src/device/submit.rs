@@ -181,7 +181,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     break;
                 }
             };
-            let (args, ticket) = match self.prepare(vring, mem, chain, q, gen, popped_at) {
+            let (args, ticket) = match self.prepare(vring, chain, q, gen, popped_at) {
                 Ok(v) => v,
                 Err(t) => {
                     round.tail = Some(Tail::Refused(t));
@@ -189,10 +189,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             };
             let op = Opcode::from_u32(ticket.opcode);
-            let args = match op {
-                Some(op) if request::changes_host(op) => args.fence(self.fence_of(q, gen)),
-                _ => args,
-            };
+            let mut args = args;
+            if op.is_some_and(request::changes_host) {
+                args.fence = Some(self.fence_of(q, gen));
+            }
             match op {
                 Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw) => {
                     round.tail = Some(Tail::Lock(args, ticket));
@@ -384,10 +384,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let chain = vring
             .get_mut()
             .get_queue_mut()
-            .pop_descriptor_chain(mem.clone())?;
+            .pop_descriptor_chain(&**mem)?;
         let head = chain.head_index();
         let max = u64::from(self.inner.cfg.max_write) + 64 * 1024;
-        Some(Chain::parse(chain, max).map_err(|e| (head, e)))
+        Some(Chain::parse(mem, chain, max).map_err(|e| (head, e)))
     }
 
     /// The fence of request queue `q`'s generation `gen` (a closed one if

@@ -2,14 +2,13 @@
 //! `device.rs`'s module docs and docs/DESIGN.md, "Ticket lifecycle").
 
 use super::queue::RqId;
-use super::{GuestMmap, Vring};
+use super::Vring;
 use crate::chain::Chain;
 use crate::guest_mem::GuestSpans;
 use crate::sync::lock;
 use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use vm_memory::GuestMemoryLoadGuard;
 
 /// `Ticket::orphan` states.
 pub(super) const ORPHAN_NO: u8 = 0;
@@ -33,10 +32,10 @@ pub(super) struct Ticket {
     /// When it was popped (the timeout scanner and the latency counters
     /// measure from here).
     pub(super) started: Instant,
+    /// The chain, which keeps the guest memory its answer goes to mapped.
     pub(super) chain: Chain,
-    /// The vring and the guest memory its answer goes to.
+    /// The vring its answer goes to.
     pub(super) vring: Vring,
-    pub(super) mem: GuestMemoryLoadGuard<GuestMmap>,
     /// A READ's or WRITE's guest data buffers, lent to the engine.
     pub(super) client: Option<Arc<GuestSpans>>,
     /// `ORPHAN_NO` until the timeout scanner answers it while the engine
