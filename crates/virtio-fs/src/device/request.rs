@@ -49,8 +49,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 IN_HEADER + wi,
             )),
             _ => None,
-        }
-        .map(Arc::new);
+        };
+        let lends = client.is_some();
         let ticket = Arc::new(Ticket {
             unique: header.map_or(0, |h| h.unique),
             engine_unique: AtomicU64::new(0),
@@ -60,11 +60,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             started: popped,
             chain,
             vring: vring.clone(),
-            client: client.clone(),
+            client,
             orphan: AtomicU8::new(ORPHAN_NO),
             state: Mutex::new(TicketState::InFlight),
         });
-        if client.is_some() {
+        if lends {
             let mut lent = lock(&self.inner.queue(q).lent);
             if lent.len() >= 64 && lent.len().is_power_of_two() {
                 lent.retain(|t| t.strong_count() > 0);
@@ -107,7 +107,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return Err(ticket);
         }
         let mut data = Vec::new();
-        if opcode == Opcode::Write && client.is_none() && body_len == wi {
+        if opcode == Opcode::Write && !lends && body_len == wi {
             data = vec![0u8; total - IN_HEADER - wi];
             if ticket.chain.read_at(IN_HEADER + wi, &mut data).is_err() {
                 return Err(ticket);
@@ -125,7 +125,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         args.data = data;
         (args.out_size, args.out_var) = (reply_room, true);
         args.qid = q.ring_queue();
-        args.client = client.map(|c| c as Arc<dyn fuse_core::ClientMem>);
+        if lends {
+            args.client = Some(ticket.clone() as Arc<dyn fuse_core::ClientMem>);
+        }
         args.total_extlen = h.total_extlen;
         // Never held back by admission, as in the kernel: INIT and DESTROY
         // (the connection's own), RELEASE and FLUSH (FORCE there). Lock

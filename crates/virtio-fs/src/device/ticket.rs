@@ -6,6 +6,7 @@ use super::Vring;
 use crate::chain::Chain;
 use crate::guest_mem::GuestSpans;
 use crate::sync::lock;
+use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -36,8 +37,9 @@ pub(super) struct Ticket {
     pub(super) chain: Chain,
     /// The vring its answer goes to.
     pub(super) vring: Vring,
-    /// A READ's or WRITE's guest data buffers, lent to the engine.
-    pub(super) client: Option<Arc<GuestSpans>>,
+    /// A READ's or WRITE's guest data buffers, lent to the engine as the
+    /// ticket itself (its `ClientMem`, below).
+    pub(super) client: Option<GuestSpans>,
     /// `ORPHAN_NO` until the timeout scanner answers it while the engine
     /// still holds it (`ORPHAN_YES`, counted in its queue's `orphans`) or the
     /// engine ends it (`ORPHAN_ENDED`): whichever comes first decides.
@@ -57,6 +59,55 @@ pub(super) enum TicketState {
     Deferred,
     /// Answered (or given up): nobody else may.
     Answered,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("unique", &self.unique)
+            .field("opcode", &self.opcode)
+            .field("queue", &self.queue)
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: a ticket is lent to the engine as memory only with its guest
+// buffers (`client` is Some), and every call goes to them: `GuestSpans`'
+// contract holds (its spans lie in the memory the ticket's chain keeps
+// mapped while the ticket lives). Without them it has no spans and
+// refuses I/O.
+#[allow(unsafe_code)]
+unsafe impl ClientMem for Ticket {
+    fn spans(&self) -> &[HostSpan] {
+        self.client.as_ref().map_or(&[], |c| c.spans())
+    }
+
+    fn map(&self) -> Option<Arc<ClientMap>> {
+        self.client.as_ref()?.map()
+    }
+
+    fn begin_io(&self) -> bool {
+        self.client.as_ref().is_some_and(|c| c.begin_io())
+    }
+
+    fn end_io(&self) {
+        if let Some(c) = &self.client {
+            c.end_io();
+        }
+    }
+
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
+        self.client
+            .as_ref()
+            .map_or(Err(Errno::EIO), |c| c.read_at(off, buf))
+    }
+
+    fn write_at(&self, off: usize, buf: &[u8]) -> Result<(), Errno> {
+        self.client
+            .as_ref()
+            .map_or(Err(Errno::EIO), |c| c.write_at(off, buf))
+    }
 }
 
 impl Ticket {
