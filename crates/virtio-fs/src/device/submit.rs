@@ -381,13 +381,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         vring: &Vring,
         mem: &GuestMemoryLoadGuard<GuestMmap>,
     ) -> Option<Result<Chain, (u16, ChainError)>> {
-        let chain = vring
-            .get_mut()
-            .get_queue_mut()
-            .pop_descriptor_chain(&**mem)?;
-        let head = chain.head_index();
+        let (head, table, size) = {
+            let mut v = vring.get_mut();
+            let queue = v.get_queue_mut();
+            let chain = queue.pop_descriptor_chain(&**mem)?;
+            (chain.head_index(), queue.desc_table(), queue.size())
+        };
         let max = u64::from(self.inner.cfg.max_write) + 64 * 1024;
-        Some(Chain::parse(mem, chain, max).map_err(|e| (head, e)))
+        Some(
+            Chain::parse(mem, vm_memory::GuestAddress(table), size, head, max)
+                .map_err(|e| (head, e)),
+        )
     }
 
     /// The fence of request queue `q`'s generation `gen` (a closed one if
