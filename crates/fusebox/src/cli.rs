@@ -324,7 +324,7 @@ pub struct VhostArgs {
     /// hears of it without waiting for the rest of its chunk). Raise it
     /// only to profile fusebox under a tool that slows it many times over
     /// (valgrind), so chunks are cut as at full speed.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub chunk_time_us: u64,
     /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,
     /// log_level, debug; xattr, flock, posix_lock, posix_acl,

@@ -249,7 +249,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         s.prefer(false);
         {
             let _signals = self.inner.queue(q).signals.open(vring);
-            self.serve_inline(s, q, usize::MAX, Instant::now());
+            self.serve_inline(s, q, usize::MAX, self.busy_mark(Instant::now()));
         }
         self.complete_inline(s, q);
         stalled
@@ -272,12 +272,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let signals = &self.inner.queue(q).signals;
         let per_submit = self.inner.cfg.submit_batch.max(1);
         let mut batch = signals.open(vring);
-        let mut began = Instant::now();
+        let chunk_time = self.inner.cfg.chunk_time;
+        let began = Instant::now();
+        // (None: a chunk time too long to add is never reached.)
+        let (mut mark, mut due) = (self.busy_mark(began), began.checked_add(chunk_time));
         let mut slow = false;
         s.take_large();
         let mut served = 0;
         while served < n {
-            if self.serve_inline(s, q, 1, began) == 0 {
+            if self.serve_inline(s, q, 1, mark) == 0 {
                 break;
             }
             served += 1;
@@ -285,12 +288,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 self.complete_inline(s, q);
             }
             let now = Instant::now();
-            if now.saturating_duration_since(began) >= self.inner.cfg.chunk_time {
+            if due.is_some_and(|d| now >= d) {
                 // Signalled now; the rest of the round in a batch of its own.
                 slow = true;
                 drop(batch);
                 batch = signals.open(vring);
-                began = now;
+                (mark, due) = (self.busy_mark(now), now.checked_add(chunk_time));
             }
         }
         drop(batch);
@@ -311,7 +314,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let _batch = rq.vring.get().map(|v| rq.signals.open(v));
             s.complete(disp)
         } > 0
-            && self.serve_inline(s, q, usize::MAX, Instant::now()) > 0
+            && self.serve_inline(s, q, usize::MAX, self.busy_mark(Instant::now())) > 0
         {}
         if s.fd_registered.is_none() {
             if let Some(fd) = s.async_fd(disp) {
@@ -341,18 +344,24 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         self.complete_inline(s, q);
     }
 
+    /// `at` as the watchdog's busy mark: milliseconds since the device
+    /// started, at least 1 (0 is "not busy").
+    fn busy_mark(&self, at: Instant) -> u64 {
+        (at.saturating_duration_since(self.inner.epoch).as_millis() as u64).max(1)
+    }
+
     /// Serves up to `budget` requests on this thread's entries, marking the
-    /// queue busy for the watchdog meanwhile (since `now`).
+    /// queue busy for the watchdog meanwhile (since `mark`, a
+    /// [`FsDevice::busy_mark`]).
     pub(super) fn serve_inline(
         &self,
         s: &mut QueueServer,
         q: RqId,
         budget: usize,
-        now: Instant,
+        mark: u64,
     ) -> usize {
         let busy_since = &self.inner.queue(q).busy_since;
-        let now = now.saturating_duration_since(self.inner.epoch).as_millis() as u64;
-        busy_since.store(now.max(1), Ordering::SeqCst);
+        busy_since.store(mark, Ordering::SeqCst);
         let n = s.serve(self.inner.engine.dispatcher(), budget);
         busy_since.store(0, Ordering::SeqCst);
         self.inner.stats.queues[q.vq()]
