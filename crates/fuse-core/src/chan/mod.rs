@@ -103,9 +103,9 @@ pub(crate) struct Core {
     /// the engine itself knows them only as [`Transport`]s.
     parts: Vec<Arc<dyn Any + Send + Sync>>,
     scan: Arc<timeout::ScanCtl>,
-    /// Ended requests nobody holds, kept for the batch send to reuse
+    /// Ended requests nobody holds, kept for background sends to reuse
     /// (`Request::recycle`, `Request::renew`): the allocation per request
-    /// a batch would otherwise make and free. At most [`SPARES`]. A leaf
+    /// a send would otherwise make and free. At most [`SPARES`]. A leaf
     /// lock.
     spares: Mutex<Vec<Arc<Request>>>,
 }
@@ -275,7 +275,16 @@ impl Core {
         refused
     }
 
+    /// Ends the requests a transport refused (none, mostly: checked
+    /// before any call).
+    #[inline]
     fn end_refused(&self, refused: Vec<InFlight>) {
+        if !refused.is_empty() {
+            self.end_refused_all(refused);
+        }
+    }
+
+    fn end_refused_all(&self, refused: Vec<InFlight>) {
         for InFlight(r) in refused {
             r.set_error(self.abort_errno().0);
             self.request_end(&r);

@@ -1,7 +1,7 @@
 //! Background sends: the blocking form, the form that never waits, and
 //! its batch form, which admits and queues several requests per
-//! acquisition of `bg_lock` (and of the ring queue's lock), reusing the
-//! allocations of requests that ended (`Core::spares`).
+//! acquisition of `bg_lock` (and of the ring queue's lock); each reuses
+//! the allocations of requests that ended (`Core::spares`).
 
 use super::req::{flag, Args, EndFn, Request};
 use super::{call::SigState, Chan, Core, Errno, InFlight, Transport};
@@ -35,6 +35,29 @@ impl Core {
             slot.take();
         }
         self.drop_waiting_n(waiting);
+    }
+
+    /// Lets go of one ended request as [`Core::recycle`] does.
+    pub(crate) fn recycle_one(&self, req: Arc<Request>) {
+        let Some((r, waiting)) = Request::recycle(req) else {
+            return;
+        };
+        let over = {
+            let mut spares = lock(&self.spares);
+            if spares.len() < SPARES {
+                spares.push(r);
+                None
+            } else {
+                Some(r)
+            }
+        };
+        drop(over);
+        self.drop_waiting_n(usize::from(waiting));
+    }
+
+    /// A spare request, if one is kept.
+    fn take_spare(&self) -> Option<Arc<Request>> {
+        lock(&self.spares).pop()
     }
 
     /// Moves up to `n` spare requests to `into`.
@@ -275,7 +298,14 @@ impl Chan {
         let core = self.core();
         let unique = core.next_unique();
         let flags = bg_flags(args.force);
-        let req = Request::new(core, unique, args, flags, core.clock.now(), Some(end));
+        let now = core.clock.now();
+        let req = match core.take_spare() {
+            Some(mut r) => {
+                Request::renew(&mut r, unique, args, flags, now, Some(end));
+                r
+            }
+            None => Request::new(core, unique, args, flags, now, Some(end)),
+        };
         let (ring, mut refused) = self.send_admitted(std::slice::from_ref(&req))?;
         if let Some(ring) = ring {
             ring.send_background(&mut std::iter::once(InFlight(req)), &mut refused);

@@ -24,7 +24,7 @@
 use super::copy::CopiedIn;
 use super::fetched::Held;
 use super::*;
-use crate::sync::wait;
+use crate::sync::{wait, MutexGuard};
 
 /// Most entries a batch fetches or commits per acquisition of their
 /// queue's lock (the batch forms' working storage is this many slots on
@@ -310,56 +310,77 @@ impl Ring {
                     _ => return Err(Errno::EINVAL),
                 }
             }
-            let zq = q.zero_copy;
-            let mut one = None;
-            let req = self
-                .take(&mut q, h, |f| one = Some(f))
-                .ok_or(Errno::EINVAL)?;
-            let mut f = one.ok_or(Errno::EINVAL)?;
-            drop(q);
-            let mut spare = Payload::None;
-            let c = self.copy_in(&req, &mut f.header, &mut f.held.payload, zq, &mut spare);
-            let landing = {
-                let mut q = lock(&self.queues[qi]);
-                let l = self.land(&mut q, qi, h.ent, &req, c, spare);
-                match l {
-                    Landing::Aborted => self.unland(&mut q, qi, f, &req, true),
-                    Landing::Failed(_) => self.unland(&mut q, qi, f, &req, false),
-                    Landing::Ready => {
-                        drop(q);
-                        self.hand_over(&mut f, &req);
-                        return Ok(Some(f));
-                    }
-                    Landing::Invalid => {}
-                }
-                l
-            };
-            match landing {
-                Landing::Aborted => {
-                    self.end(&req, Some(Errno::ECONNABORTED));
-                    return Err(Errno::ENOTCONN);
-                }
-                Landing::Failed(e) => self.end(&req, Some(e)),
-                Landing::Ready | Landing::Invalid => return Err(Errno::EINVAL),
+            if let Some(f) = self.fetch_locked(q, qi, h)? {
+                return Ok(Some(f));
             }
         }
     }
 
+    /// Fetch steps 1 to 4 for entry `h`, which is in FuseReq and not being
+    /// copied, from its queue's lock `q` on (released for the copy).
+    /// Ok(None): its request did not fit the entry and ended (EIO); the
+    /// entry is available again, or already holds the next request.
+    fn fetch_locked(
+        self: &Arc<Self>,
+        mut q: MutexGuard<'_, Queue>,
+        qi: usize,
+        h: EntHandle,
+    ) -> Result<Option<Fetched>, Errno> {
+        let zq = q.zero_copy;
+        let mut one = None;
+        let req = self
+            .take(&mut q, h, |f| one = Some(f))
+            .ok_or(Errno::EINVAL)?;
+        let mut f = one.ok_or(Errno::EINVAL)?;
+        drop(q);
+        let mut spare = Payload::None;
+        let c = self.copy_in(&req, &mut f.header, &mut f.held.payload, zq, &mut spare);
+        let landing = {
+            let mut q = lock(&self.queues[qi]);
+            let l = self.land(&mut q, qi, h.ent, &req, c, spare);
+            match l {
+                Landing::Aborted => self.unland(&mut q, qi, f, &req, true),
+                Landing::Failed(_) => self.unland(&mut q, qi, f, &req, false),
+                Landing::Ready => {
+                    drop(q);
+                    self.hand_over(&mut f, &req);
+                    return Ok(Some(f));
+                }
+                Landing::Invalid => {}
+            }
+            l
+        };
+        match landing {
+            Landing::Aborted => {
+                self.end(&req, Some(Errno::ECONNABORTED));
+                Err(Errno::ENOTCONN)
+            }
+            Landing::Failed(e) => {
+                self.end(&req, Some(e));
+                Ok(None)
+            }
+            Landing::Ready | Landing::Invalid => Err(Errno::EINVAL),
+        }
+    }
+
     /// Hands over the request of one of queue `qid`'s reserved entries
-    /// that holds one, if any (without blocking).
+    /// that holds one, if any (without blocking): the entry is found and
+    /// taken under one acquisition of the queue's lock.
     pub(super) fn fetch_own(self: &Arc<Self>, qid: u16) -> Result<Option<Fetched>, Errno> {
         let qi = self.qidx(qid)?;
-        let found = {
-            let q = lock(&self.queues[qi]);
-            if q.stopped {
-                return Err(Errno::ENOTCONN);
-            }
-            q.own_with_request()
+        let q = lock(&self.queues[qi]);
+        if q.stopped {
+            return Err(Errno::ENOTCONN);
+        }
+        let Some(ent) = q.own_with_request() else {
+            return Ok(None);
         };
-        match found {
-            // Only the owner fetches its entries, so it is still there.
-            Some(ent) => self.fetch(EntHandle { qid, ent }, false),
-            None => Ok(None),
+        let h = EntHandle { qid, ent };
+        match self.fetch_locked(q, qi, h)? {
+            Some(f) => Ok(Some(f)),
+            // Its request did not fit: what the entry holds now, if
+            // anything (as a non-blocking fetch of it looks again).
+            None => self.fetch(h, false),
         }
     }
 
@@ -673,6 +694,8 @@ impl Ring {
         };
         if let Some(core) = self.core.upgrade() {
             core.request_end(&req);
+            // Its allocation serves a later send.
+            core.recycle_one(req);
         }
         match r {
             Ok(()) => Ok(h),
