@@ -179,6 +179,7 @@ pub struct Args {
 
 impl Args {
     /// A request with no body and no reply payload.
+    #[inline]
     pub fn new(opcode: Opcode, nodeid: u64) -> Self {
         Args {
             opcode,
@@ -201,38 +202,45 @@ impl Args {
         }
     }
     /// Sets the body.
+    #[inline]
     pub fn body(mut self, body: Vec<u8>) -> Self {
         self.body = body;
         self
     }
     /// Sets the client's data pages (sent after the body).
+    #[inline]
     pub fn data(mut self, data: Vec<u8>) -> Self {
         self.data = data;
         self
     }
     /// Sets the expected reply payload: exactly `size` bytes, or at most
     /// `size` when `var`.
+    #[inline]
     pub fn out(mut self, size: usize, var: bool) -> Self {
         self.out_size = size;
         self.out_var = var;
         self
     }
     /// Gives a buffer to receive the reply in (see `Args::out_buf`).
+    #[inline]
     pub fn out_buf(mut self, buf: Vec<u8>) -> Self {
         self.out_buf = buf;
         self
     }
     /// Marks the request FORCE.
+    #[inline]
     pub fn force(mut self) -> Self {
         self.force = true;
         self
     }
     /// Marks the request abort-on-kill.
+    #[inline]
     pub fn abort_on_kill(mut self) -> Self {
         self.abort_on_kill = true;
         self
     }
     /// Sets the caller's credentials.
+    #[inline]
     pub fn creds(mut self, uid: u32, gid: u32, pid: u32) -> Self {
         self.uid = uid;
         self.gid = gid;
@@ -241,11 +249,13 @@ impl Args {
     }
     /// Sends it over the device even when the ring is up (see
     /// `Args::over_device`).
+    #[inline]
     pub fn over_device(mut self) -> Self {
         self.over_device = true;
         self
     }
     /// Sets the transport queue hint.
+    #[inline]
     pub fn qid(mut self, qid: u16) -> Self {
         self.qid = qid;
         self
@@ -253,11 +263,13 @@ impl Args {
     /// Attaches the client's memory: a READ's destination (its length is
     /// the most the READ returns) or a WRITE's data (its length must be the
     /// WRITE's size). Other requests ignore it.
+    #[inline]
     pub fn client(mut self, mem: std::sync::Arc<dyn ClientMem>) -> Self {
         self.client = Some(mem);
         self
     }
     /// Puts the request under `fence` (see [`Args::fence`]).
+    #[inline]
     pub fn fence(mut self, fence: std::sync::Arc<Fence>) -> Self {
         self.fence = Some(fence);
         self
@@ -372,17 +384,64 @@ impl Request {
         end: Option<EndFn>,
     ) {
         match Arc::get_mut(slot) {
-            Some(r) => {
-                let core = std::mem::take(&mut r.core);
-                // Drops what the recycled request still held (nothing
-                // counted: it is no longer WAITING).
-                *r = Request::build(core, unique, args, flags, create_time, end);
-            }
+            Some(r) => r.reset(unique, args, flags, create_time, end),
             None => {
                 let core = slot.core.clone();
                 *slot = Arc::new(Request::build(core, unique, args, flags, create_time, end));
             }
         }
+    }
+
+    /// [`Request::build`] in place, in a request nobody else holds: each
+    /// field set anew (what it still held is dropped; its handle on the
+    /// connection is kept).
+    fn reset(
+        &mut self,
+        unique: u64,
+        mut args: Args,
+        flags: u32,
+        create_time: Duration,
+        end: Option<EndFn>,
+    ) {
+        if self.flags.test(flag::WAITING) {
+            // What dropping it would do (a recycled request no longer is).
+            if let Some(core) = self.core.upgrade() {
+                core.drop_waiting();
+            }
+        }
+        let (out, pages, data_len) = Request::take_bufs(&mut args);
+        self.unique = AtomicU64::new(unique);
+        self.flags = Flags::new(flags);
+        self.loc = AtomicU8::new(Location::New as u8);
+        self.data_len = data_len;
+        self.args = args;
+        self.create_time = create_time;
+        *self.data.get_mut().unwrap_or_else(|e| e.into_inner()) = ReqData {
+            error: 0,
+            out,
+            end,
+            pages,
+            in_client: 0,
+        };
+        // `waitq` has no waiter: nobody else holds the request.
+        self.intr_queued = AtomicBool::new(false);
+    }
+
+    /// Moves the reply buffer (with room for the reply reserved) and the
+    /// data pages out of `args`; returns them and the data's length.
+    fn take_bufs(args: &mut Args) -> (Vec<u8>, Vec<u8>, usize) {
+        let mut out = std::mem::take(&mut args.out_buf);
+        // A READ into client memory replies there: nothing to reserve.
+        let in_client = args.client.is_some() && args.opcode == Opcode::Read;
+        if !in_client && out.capacity() < args.out_size {
+            out.reserve(args.out_size.min(1 << 20));
+        }
+        let pages = std::mem::take(&mut args.data);
+        let data_len = match &args.client {
+            Some(c) if args.opcode == Opcode::Write => c.len(),
+            _ => pages.len(),
+        };
+        (out, pages, data_len)
     }
 
     fn build(
@@ -393,21 +452,12 @@ impl Request {
         create_time: Duration,
         end: Option<EndFn>,
     ) -> Request {
-        let mut out = std::mem::take(&mut args.out_buf);
-        // A READ into client memory replies there: nothing to reserve.
-        let in_client = args.client.is_some() && args.opcode == Opcode::Read;
-        if !in_client && out.capacity() < args.out_size {
-            out.reserve(args.out_size.min(1 << 20));
-        }
-        let pages = std::mem::take(&mut args.data);
+        let (out, pages, data_len) = Request::take_bufs(&mut args);
         Request {
             unique: AtomicU64::new(unique),
             flags: Flags::new(flags),
             loc: AtomicU8::new(Location::New as u8),
-            data_len: match &args.client {
-                Some(c) if args.opcode == Opcode::Write => c.len(),
-                _ => pages.len(),
-            },
+            data_len,
             args,
             create_time,
             data: Mutex::new(ReqData {
