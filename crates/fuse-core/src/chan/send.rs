@@ -123,6 +123,7 @@ impl Chan {
     /// transport can leave it where it came from (a virtqueue leaves the
     /// descriptors in its avail ring) and retry once a slot frees. Returns
     /// the unique the server will see (to interrupt it by).
+    #[inline]
     pub fn try_send_background(&self, args: Args, end: EndFn) -> Result<u64, TrySendError> {
         let core = self.core();
         core.add_waiting();
@@ -294,6 +295,7 @@ impl Chan {
     }
 
     /// Builds and sends one admitted background request.
+    #[inline]
     fn send_admitted_one(&self, args: Args, end: EndFn) -> Result<u64, Errno> {
         let core = self.core();
         let unique = core.next_unique();
