@@ -375,6 +375,7 @@ impl Request {
     /// recycled with [`Request::recycle`]: its allocation and its handle
     /// on the connection) when nobody else holds it, which is always
     /// unless a `Weak` was made of it since.
+    #[inline]
     pub(crate) fn renew(
         slot: &mut Arc<Request>,
         unique: u64,
@@ -395,10 +396,11 @@ impl Request {
     /// [`Request::build`] in place, in a request nobody else holds: each
     /// field set anew (what it still held is dropped; its handle on the
     /// connection is kept).
+    #[inline]
     fn reset(
         &mut self,
         unique: u64,
-        mut args: Args,
+        args: Args,
         flags: u32,
         create_time: Duration,
         end: Option<EndFn>,
@@ -409,12 +411,13 @@ impl Request {
                 core.drop_waiting();
             }
         }
-        let (out, pages, data_len) = Request::take_bufs(&mut args);
+        // Moved once, into place; its buffers are taken from there.
+        self.args = args;
+        let (out, pages, data_len) = Request::take_bufs(&mut self.args);
         self.unique = AtomicU64::new(unique);
         self.flags = Flags::new(flags);
         self.loc = AtomicU8::new(Location::New as u8);
         self.data_len = data_len;
-        self.args = args;
         self.create_time = create_time;
         *self.data.get_mut().unwrap_or_else(|e| e.into_inner()) = ReqData {
             error: 0,
