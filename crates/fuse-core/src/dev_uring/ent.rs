@@ -40,6 +40,7 @@ pub enum EntState {
 
 impl EntState {
     /// Whether `self -> to` is a transition of the lifecycle.
+    #[inline]
     pub fn can_move_to(self, to: EntState) -> bool {
         MOVES[self as usize] & (1 << to as u8) != 0
     }
@@ -160,6 +161,7 @@ const LISTS: usize = 6;
 impl ListId {
     /// The list of an entry in state `s` (none for Invalid, Commit and
     /// Released).
+    #[inline]
     fn of(s: EntState, reserved: bool) -> Option<ListId> {
         Some(match (s, reserved) {
             (EntState::Available, false) => ListId::Avail,
@@ -304,6 +306,7 @@ impl Lists {
         Ok(())
     }
 
+    #[inline]
     fn unlink(&mut self, ents: &mut [Ent], id: u32) {
         let Link { list, prev, next } = ents[id as usize].link;
         let Some(l) = list else { return };
@@ -322,6 +325,7 @@ impl Lists {
         ents[id as usize].link = Link::default();
     }
 
+    #[inline]
     fn push_back(&mut self, ents: &mut [Ent], id: u32, l: ListId) {
         let h = &mut self.heads[l as usize];
         let last = h.last;
@@ -342,6 +346,7 @@ impl Lists {
     /// Moves entry `id` of `ents` to state `to`: off its old list, onto the
     /// tail of the new one. An invalid transition changes nothing and is
     /// reported.
+    #[inline]
     pub fn move_ent(
         &mut self,
         ents: &mut [Ent],
