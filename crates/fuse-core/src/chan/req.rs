@@ -405,14 +405,14 @@ impl Request {
         create_time: Duration,
         end: Option<EndFn>,
     ) {
+        // Moved once, into place; its buffers are taken from there.
+        self.args = args;
         if self.flags.test(flag::WAITING) {
             // What dropping it would do (a recycled request no longer is).
             if let Some(core) = self.core.upgrade() {
                 core.drop_waiting();
             }
         }
-        // Moved once, into place; its buffers are taken from there.
-        self.args = args;
         let (out, pages, data_len) = Request::take_bufs(&mut self.args);
         self.unique = AtomicU64::new(unique);
         self.flags = Flags::new(flags);
@@ -432,6 +432,7 @@ impl Request {
 
     /// Moves the reply buffer (with room for the reply reserved) and the
     /// data pages out of `args`; returns them and the data's length.
+    #[inline]
     fn take_bufs(args: &mut Args) -> (Vec<u8>, Vec<u8>, usize) {
         let mut out = std::mem::take(&mut args.out_buf);
         // A READ into client memory replies there: nothing to reserve.
