@@ -346,7 +346,7 @@ impl Lists {
     /// Moves entry `id` of `ents` to state `to`: off its old list, onto the
     /// tail of the new one. An invalid transition changes nothing and is
     /// reported.
-    #[inline]
+    #[inline(always)]
     pub fn move_ent(
         &mut self,
         ents: &mut [Ent],
