@@ -105,9 +105,9 @@ pub(crate) struct Core {
     scan: Arc<timeout::ScanCtl>,
     /// Ended requests nobody holds, kept for background sends to reuse
     /// (`Request::recycle`, `Request::renew`): the allocation per request
-    /// a send would otherwise make and free. At most [`SPARES`]. A leaf
-    /// lock.
-    spares: Mutex<Vec<Arc<Request>>>,
+    /// a send would otherwise make and free. At most [`SPARES`]. With them
+    /// the vector a batch send builds its requests in. A leaf lock.
+    spares: Mutex<send::Spares>,
 }
 
 impl Core {
@@ -526,7 +526,7 @@ impl Chan {
                 ring: std::sync::OnceLock::new(),
                 parts: t.parts,
                 scan: Arc::new(timeout::ScanCtl::default()),
-                spares: Mutex::new(Vec::new()),
+                spares: Mutex::new(send::Spares::default()),
             }
         });
         Chan {

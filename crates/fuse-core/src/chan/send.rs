@@ -10,6 +10,15 @@ use crate::sync::{lock, Arc, Ordering};
 /// Most requests kept for reuse (`Core::spares`).
 const SPARES: usize = 256;
 
+/// `Core::spares`: ended requests kept for reuse, and the vector a batch
+/// send builds its requests in (kept empty between sends, for its
+/// capacity: no allocation per batch).
+#[derive(Default)]
+pub(crate) struct Spares {
+    reqs: Vec<Arc<Request>>,
+    room: Vec<Arc<Request>>,
+}
+
 impl Core {
     /// Lets go of ended requests (each slot is emptied): those nobody
     /// else holds are kept for reuse (up to [`SPARES`]), the others
@@ -26,7 +35,7 @@ impl Core {
             }
         }
         {
-            let mut spares = lock(&self.spares);
+            let spares = &mut lock(&self.spares).reqs;
             let room = SPARES.saturating_sub(spares.len());
             spares.extend(reqs.iter_mut().filter_map(Option::take).take(room));
         }
@@ -43,7 +52,7 @@ impl Core {
             return;
         };
         let over = {
-            let mut spares = lock(&self.spares);
+            let spares = &mut lock(&self.spares).reqs;
             if spares.len() < SPARES {
                 spares.push(r);
                 None
@@ -57,15 +66,33 @@ impl Core {
 
     /// A spare request, if one is kept.
     fn take_spare(&self) -> Option<Arc<Request>> {
-        lock(&self.spares).pop()
+        lock(&self.spares).reqs.pop()
     }
 
-    /// Moves up to `n` spare requests to `into`.
-    fn take_spares(&self, n: usize, into: &mut Vec<Arc<Request>>) {
-        let mut spares = lock(&self.spares);
-        let k = n.min(spares.len());
-        let at = spares.len() - k;
-        into.extend(spares.drain(at..));
+    /// The room for a batch send's requests (`Spares::room`, with room
+    /// for `n`), holding up to `n` spare requests.
+    fn take_spares(&self, n: usize) -> Vec<Arc<Request>> {
+        let mut into = {
+            let mut s = lock(&self.spares);
+            let mut into = std::mem::take(&mut s.room);
+            let k = n.min(s.reqs.len());
+            let at = s.reqs.len() - k;
+            into.extend(s.reqs.drain(at..));
+            into
+        };
+        into.reserve(n - into.len());
+        into
+    }
+
+    /// Keeps a batch send's room, emptied, for the next (the larger of it
+    /// and the one kept, when two sends overlapped).
+    fn give_room(&self, mut room: Vec<Arc<Request>>) {
+        // The requests' handles are let go of before the lock.
+        room.clear();
+        let mut s = lock(&self.spares);
+        if s.room.capacity() < room.capacity() {
+            std::mem::swap(&mut s.room, &mut room);
+        }
     }
 }
 
@@ -223,8 +250,7 @@ impl Chan {
         core.drop_waiting_n(n - k);
         let now = core.clock.now();
         let first = sent.len();
-        let mut reqs: Vec<Arc<Request>> = Vec::with_capacity(k);
-        core.take_spares(k, &mut reqs);
+        let mut reqs = core.take_spares(k);
         let reused = reqs.len();
         for (i, (args, end)) in batch.drain(..k).enumerate() {
             let unique = core.next_unique();
@@ -239,7 +265,7 @@ impl Chan {
         match self.send_admitted(&reqs) {
             Ok((ring, mut refused)) => {
                 if let Some(ring) = ring {
-                    ring.send_background(&mut reqs.into_iter().map(InFlight), &mut refused);
+                    ring.send_background(&mut reqs.drain(..).map(InFlight), &mut refused);
                 }
                 core.end_refused(refused);
             }
@@ -249,6 +275,7 @@ impl Chan {
                 }
             }
         }
+        core.give_room(reqs);
         k
     }
 
