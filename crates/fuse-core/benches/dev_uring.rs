@@ -279,7 +279,7 @@ fn read_batch(chan: &Chan, n: usize, depth: usize) {
             .out(64 * 1024, true);
         chan.send_background(
             args,
-            Box::new(move |r| {
+            fuse_core::EndFn::once(move |r| {
                 r.unwrap();
                 let _ = tx.send(());
             }),

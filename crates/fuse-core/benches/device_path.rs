@@ -314,7 +314,7 @@ impl Bench {
         self.next_unique += 2;
         let weak: Weak<Device> = Arc::downgrade(&self.dev);
         let t2 = ticket.clone();
-        let end: EndFn = Box::new(move |r: ReqResult| {
+        let end: EndFn = fuse_core::EndFn::once(move |r: ReqResult| {
             if let Some(dev) = weak.upgrade() {
                 dev.finish(&t2, r);
             }

@@ -89,7 +89,7 @@ fn background_batch(chan: &Chan, n: usize) {
         let tx = tx.clone();
         chan.send_background(
             Args::new(Opcode::Read, 1),
-            Box::new(move |r| {
+            fuse_core::EndFn::once(move |r| {
                 r.unwrap();
                 tx.send(()).unwrap();
             }),
@@ -139,7 +139,7 @@ fn admission_contention(c: &mut Criterion) {
                                     let tx = tx.clone();
                                     chan.send_background(
                                         Args::new(Opcode::Read, 1),
-                                        Box::new(move |_| {
+                                        fuse_core::EndFn::once(move |_| {
                                             tx.send(()).unwrap();
                                         }),
                                     )

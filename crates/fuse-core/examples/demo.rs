@@ -91,7 +91,7 @@ fn main() {
         let tx = tx.clone();
         chan.send_background(
             Args::new(Opcode::Read, 10 + i).out(4096, true),
-            Box::new(move |r| {
+            fuse_core::EndFn::once(move |r| {
                 tx.send(r.is_ok()).unwrap();
             }),
         )

@@ -41,5 +41,5 @@ pub mod testing;
 pub use chan::{
     Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, EndFn, Errno, Fence,
     FenceGuard, HostSpan, InFlight, IoGuard, ManualClock, MonotonicClock, Negotiated, ReplyPayload,
-    ReqResult, Sent, Signal, Stats, Transport, TrySendError,
+    ReqResult, RequestEnd, Sent, Signal, Stats, Transport, TrySendError,
 };

@@ -16,12 +16,16 @@ fn abort_ends_everything_and_releases_waiters() {
     let (tx, rx) = mpsc::channel();
     for i in 0..2 {
         let tx = tx.clone();
-        chan.send_background(noop(i), Box::new(move |r| tx.send(r).unwrap()))
-            .unwrap();
+        chan.send_background(
+            noop(i),
+            fuse_core::EndFn::once(move |r| tx.send(r).unwrap()),
+        )
+        .unwrap();
     }
     read(&dev);
     let c = chan.clone();
-    let parked = std::thread::spawn(move || c.send_background(noop(5), Box::new(|_| {})));
+    let parked =
+        std::thread::spawn(move || c.send_background(noop(5), fuse_core::EndFn::once(|_| {})));
     until("parked", || chan.stats().parked == 1);
     let c = chan.clone();
     let sync = std::thread::spawn(move || c.send(noop(6)));
@@ -47,7 +51,7 @@ fn abort_ends_everything_and_releases_waiters() {
     // Later sends fail at once; the device reports the abort.
     assert_eq!(chan.send(noop(7)), Err(Errno::ENOTCONN));
     assert_eq!(
-        chan.send_background(noop(8), Box::new(|_| {})),
+        chan.send_background(noop(8), fuse_core::EndFn::once(|_| {})),
         Err(Errno::ENOTCONN)
     );
     let mut b = buf(&dev);
@@ -148,14 +152,15 @@ fn f_hung_server_is_aborted_within_timeout_plus_one_period() {
         out.max_background = 1;
         chan.process_init_reply(&out).unwrap();
         let dev = chan.device().unwrap();
-        chan.send_background(noop(1), Box::new(|_| {})).unwrap();
+        chan.send_background(noop(1), fuse_core::EndFn::once(|_| {}))
+            .unwrap();
         match list {
             "processing" => {
                 read(&dev);
             }
             "background-queue" => {
                 // FORCE bypasses admission, so this one waits on the queue.
-                chan.send_background(noop(2).force(), Box::new(|_| {}))
+                chan.send_background(noop(2).force(), fuse_core::EndFn::once(|_| {}))
                     .unwrap();
                 assert_eq!(chan.stats().bg_queued, 1);
                 read(&dev);
@@ -191,8 +196,11 @@ fn f_answering_server_is_never_aborted() {
     let (tx, rx) = mpsc::channel();
     for step in 0..200 {
         let tx = tx.clone();
-        chan.send_background(noop(step), Box::new(move |r| tx.send(r).unwrap()))
-            .unwrap();
+        chan.send_background(
+            noop(step),
+            fuse_core::EndFn::once(move |r| tx.send(r).unwrap()),
+        )
+        .unwrap();
         clock.advance(Duration::from_secs(1));
         assert!(!chan.scan_timeouts());
         let (h, _) = read(&dev);

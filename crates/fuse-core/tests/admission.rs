@@ -21,7 +21,7 @@ fn park_waiters(
         let parked_before = chan.stats().parked;
         let (c, a) = (chan.clone(), admitted.clone());
         hs.push(std::thread::spawn(move || {
-            c.send_background(noop(i as u64 + 100), Box::new(|_| {}))
+            c.send_background(noop(i as u64 + 100), fuse_core::EndFn::once(|_| {}))
                 .unwrap();
             a.lock().unwrap().push(i);
         }));
@@ -32,7 +32,7 @@ fn park_waiters(
 
 fn fill_to_limit(chan: &Chan, n: usize) {
     for i in 0..n {
-        chan.send_background(noop(i as u64 + 1), Box::new(|_| {}))
+        chan.send_background(noop(i as u64 + 1), fuse_core::EndFn::once(|_| {}))
             .unwrap();
     }
     assert!(chan.stats().blocked);
@@ -68,7 +68,7 @@ fn a_raise_admits_all_90_waiters_without_completion() {
     let late = Arc::new(AtomicBool::new(false));
     let (c, l) = (chan.clone(), late.clone());
     let h = std::thread::spawn(move || {
-        let r = c.send_background(noop(999), Box::new(|_| {}));
+        let r = c.send_background(noop(999), fuse_core::EndFn::once(|_| {}));
         l.store(true, Ordering::SeqCst);
         r
     });
@@ -102,7 +102,8 @@ fn a_admission_is_fifo_and_late_callers_do_not_overtake() {
     let late_done = Arc::new(AtomicBool::new(false));
     let (c, l) = (chan.clone(), late_done.clone());
     let late = std::thread::spawn(move || {
-        c.send_background(noop(999), Box::new(|_| {})).unwrap();
+        c.send_background(noop(999), fuse_core::EndFn::once(|_| {}))
+            .unwrap();
         l.store(true, Ordering::SeqCst);
     });
     until("late caller parked", || chan.stats().parked == 6);
@@ -144,7 +145,7 @@ fn pool_in_flight(n: usize, from: u32, to: u32, completions: usize, legacy: bool
                 let b = between.clone();
                 let sent = c.send_background(
                     noop(i as u64 + 1),
-                    Box::new(move |_| {
+                    fuse_core::EndFn::once(move |_| {
                         b.fetch_add(1, Ordering::SeqCst);
                         let _ = tx.send(());
                     }),
@@ -214,7 +215,8 @@ fn e_nothing_admitted_before_init() {
     let c = chan.clone();
     let sync = std::thread::spawn(move || c.send(noop(1)));
     let c = chan.clone();
-    let bgr = std::thread::spawn(move || c.send_background(noop(2), Box::new(|_| {})));
+    let bgr =
+        std::thread::spawn(move || c.send_background(noop(2), fuse_core::EndFn::once(|_| {})));
     until("both parked", || chan.stats().parked == 2);
     assert!(
         try_read(&dev).is_none(),

@@ -58,7 +58,7 @@ type Log = Arc<Mutex<Vec<(u64, Result<u64, Errno>)>>>;
 /// An end callback recording the reply's inode (or the error) under `tag`.
 fn logged(log: &Log, tag: u64) -> EndFn {
     let log = log.clone();
-    Box::new(move |r: ReqResult| {
+    fuse_core::EndFn::once(move |r: ReqResult| {
         let r = r.map(|reply| reply.read::<AttrOut>().map_or(0, |a| a.attr.ino));
         log.lock().unwrap().push((tag, r));
     })
@@ -428,7 +428,7 @@ fn an_abort_during_a_batch_fetch_leaves_nothing_waiting() {
         let mut batch: Vec<(Args, EndFn)> = (0..16)
             .map(|_| {
                 let e = ended.clone();
-                let f: EndFn = Box::new(move |_| {
+                let f: EndFn = fuse_core::EndFn::once(move |_| {
                     e.fetch_add(1, Ordering::SeqCst);
                 });
                 let args = Args::new(Opcode::Write, 1)

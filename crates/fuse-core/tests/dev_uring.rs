@@ -581,7 +581,7 @@ fn each_queue_runs_one_background_request_past_the_limit() {
         let tx = tx.clone();
         chan.send_background(
             getattr(q).force(),
-            Box::new(move |r| tx.send(r.is_ok()).unwrap()),
+            fuse_core::EndFn::once(move |r| tx.send(r.is_ok()).unwrap()),
         )
         .unwrap();
     }
@@ -589,7 +589,7 @@ fn each_queue_runs_one_background_request_past_the_limit() {
     let tx2 = tx.clone();
     chan.send_background(
         getattr(0).force(),
-        Box::new(move |r| tx2.send(r.is_ok()).unwrap()),
+        fuse_core::EndFn::once(move |r| tx2.send(r.is_ok()).unwrap()),
     )
     .unwrap();
     until("both queues busy", || {

@@ -121,7 +121,7 @@ impl World {
                 // FORCE: never blocks in this single-threaded driver.
                 let sent = self.chan.send_background(
                     args.qid(qid).force(),
-                    Box::new(move |_| {
+                    fuse_core::EndFn::once(move |_| {
                         c.fetch_add(1, Ordering::SeqCst);
                     }),
                 );
@@ -166,7 +166,7 @@ impl World {
                     .iter()
                     .map(|c| {
                         let c = c.clone();
-                        let end: EndFn = Box::new(move |_| {
+                        let end: EndFn = fuse_core::EndFn::once(move |_| {
                             c.fetch_add(1, Ordering::SeqCst);
                         });
                         (Self::args(payload).qid(qid), end)

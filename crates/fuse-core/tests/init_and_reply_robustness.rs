@@ -78,7 +78,7 @@ fn end_callback_that_aborts_does_not_deadlock() {
     let c = chan.clone();
     chan.send_background(
         noop(1),
-        Box::new(move |r| {
+        fuse_core::EndFn::once(move |r| {
             c.abort();
             drop(c);
             tx.send(r).unwrap();

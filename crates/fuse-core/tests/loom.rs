@@ -48,11 +48,15 @@ fn raise_admits_every_waiter(legacy: bool) {
     model(move || {
         let chan = chan(1);
         chan.set_legacy_single_wake(legacy);
-        chan.send_background(noop(), Box::new(|_| {})).unwrap();
+        chan.send_background(noop(), fuse_core::EndFn::once(|_| {}))
+            .unwrap();
         let hs: Vec<_> = (0..2)
             .map(|_| {
                 let c = chan.clone();
-                thread::spawn(move || c.send_background(noop(), Box::new(|_| {})).unwrap())
+                thread::spawn(move || {
+                    c.send_background(noop(), fuse_core::EndFn::once(|_| {}))
+                        .unwrap()
+                })
             })
             .collect();
         chan.set_max_background(3);
@@ -83,10 +87,14 @@ fn completion_hands_slot_to_waiter() {
     model(|| {
         let chan = chan(1);
         let dev = chan.device().unwrap();
-        chan.send_background(noop(), Box::new(|_| {})).unwrap();
+        chan.send_background(noop(), fuse_core::EndFn::once(|_| {}))
+            .unwrap();
         let u = read_unique(&dev);
         let c = chan.clone();
-        let waiter = thread::spawn(move || c.send_background(noop(), Box::new(|_| {})).unwrap());
+        let waiter = thread::spawn(move || {
+            c.send_background(noop(), fuse_core::EndFn::once(|_| {}))
+                .unwrap()
+        });
         dev.write(&abi::encode::reply(u, 0, &[])).unwrap();
         waiter.join().unwrap();
         assert_eq!(chan.stats().background, 1);
@@ -104,7 +112,7 @@ fn abort_vs_completion_ends_exactly_once() {
         let e = ends.clone();
         chan.send_background(
             noop(),
-            Box::new(move |r| {
+            fuse_core::EndFn::once(move |r| {
                 assert!(matches!(r, Ok(_) | Err(Errno::ENOTCONN)), "{r:?}");
                 e.fetch_add(1, Ordering::SeqCst);
             }),
@@ -158,7 +166,8 @@ fn batch_admission_vs_completion() {
     model(|| {
         let chan = chan(2);
         let dev = chan.device().unwrap();
-        chan.send_background(noop(), Box::new(|_| {})).unwrap();
+        chan.send_background(noop(), fuse_core::EndFn::once(|_| {}))
+            .unwrap();
         let first = read_unique(&dev);
         let ends = Arc::new(AtomicUsize::new(0));
         let c = chan.clone();
@@ -167,7 +176,7 @@ fn batch_admission_vs_completion() {
             let mut batch: Vec<(Args, fuse_core::EndFn)> = (0..2)
                 .map(|_| {
                     let e = e.clone();
-                    let end: fuse_core::EndFn = Box::new(move |r| {
+                    let end: fuse_core::EndFn = fuse_core::EndFn::once(move |r| {
                         assert!(r.is_ok(), "{r:?}");
                         e.fetch_add(1, Ordering::SeqCst);
                     });
@@ -209,7 +218,7 @@ fn batch_send_vs_abort() {
                 .iter()
                 .map(|n| {
                     let n = n.clone();
-                    let end: fuse_core::EndFn = Box::new(move |r| {
+                    let end: fuse_core::EndFn = fuse_core::EndFn::once(move |r| {
                         assert_eq!(r.unwrap_err(), Errno::ENOTCONN);
                         n.fetch_add(1, Ordering::SeqCst);
                     });
@@ -266,7 +275,7 @@ fn ring_chan() -> (Chan, RingEnd, EntHandle) {
 /// or the abort's.
 fn counted(ends: &Arc<AtomicUsize>) -> fuse_core::EndFn {
     let e = ends.clone();
-    Box::new(move |r| {
+    fuse_core::EndFn::once(move |r| {
         assert!(
             matches!(r, Ok(_) | Err(Errno::ECONNABORTED) | Err(Errno::ENOTCONN)),
             "{r:?}"

@@ -31,7 +31,7 @@ use crate::guest_mem::{GuestSpans, MapCache};
 use inline::QueueServer;
 use notify::{notify, Chunks};
 use queue::{RequestQueue, RqId, Vq, HIPRIO};
-use ticket::{Ticket, TicketState, ORPHAN_ENDED, ORPHAN_NO, ORPHAN_YES};
+use ticket::{Finish, Ticket, TicketState, ORPHAN_ENDED, ORPHAN_NO, ORPHAN_YES};
 
 mod answer;
 mod backend;

@@ -131,7 +131,7 @@ impl Core {
                     (d.end.take(), result)
                 };
                 if let Some(end) = end {
-                    end(result);
+                    end.call(result);
                 }
             } else {
                 let _d = lock(&req.data);

@@ -298,8 +298,46 @@ impl ReplyPayload {
 /// Outcome of a request.
 pub type ReqResult = Result<ReplyPayload, Errno>;
 
-/// End callback of a background request.
-pub type EndFn = Box<dyn FnOnce(ReqResult) + Send>;
+/// What runs when a background request ends, once, with its result: a
+/// boxed closure, or a handler the caller holds anyway (no allocation per
+/// request).
+pub enum EndFn {
+    /// A closure ([`EndFn::once`]).
+    Once(Box<dyn FnOnce(ReqResult) + Send>),
+    /// A shared handler, told the result ([`RequestEnd`]).
+    Shared(std::sync::Arc<dyn RequestEnd>),
+}
+
+/// A request's end handler for [`EndFn::Shared`]: typically the caller's
+/// own record of the request.
+pub trait RequestEnd: Send + Sync {
+    /// The request ended with `r`.
+    fn end(self: std::sync::Arc<Self>, r: ReqResult);
+}
+
+impl EndFn {
+    /// `f`, boxed.
+    pub fn once(f: impl FnOnce(ReqResult) + Send + 'static) -> EndFn {
+        EndFn::Once(Box::new(f))
+    }
+
+    /// Runs it with the request's result.
+    pub fn call(self, r: ReqResult) {
+        match self {
+            EndFn::Once(f) => f(r),
+            EndFn::Shared(h) => h.end(r),
+        }
+    }
+}
+
+impl std::fmt::Debug for EndFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EndFn::Once(_) => "EndFn::Once",
+            EndFn::Shared(_) => "EndFn::Shared",
+        })
+    }
+}
 
 /// Mutable per-request data, guarded by `Request::data` (the kernel's
 /// `req->waitq.lock`).

@@ -4,6 +4,12 @@
 
 use super::*;
 
+impl<F: Filesystem + 'static> Finish for Inner<F> {
+    fn finish(self: Arc<Self>, t: &Arc<Ticket>, r: ReqResult) {
+        FsDevice { inner: self }.finish(t, r);
+    }
+}
+
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// The engine's answer to a request.
     pub(super) fn finish(&self, t: &Arc<Ticket>, r: ReqResult) {

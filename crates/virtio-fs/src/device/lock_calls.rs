@@ -17,7 +17,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     pub(super) fn send_lock_call(&self, args: Args, ticket: &Arc<Ticket>) {
         let weak = Arc::downgrade(&self.inner);
         let mine = ticket.clone();
-        let end = Box::new(move |r: ReqResult| {
+        let end = fuse_core::EndFn::once(move |r: ReqResult| {
             if let Some(inner) = weak.upgrade() {
                 let dev = FsDevice { inner };
                 dev.forget_waiter(&mine);

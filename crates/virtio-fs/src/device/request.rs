@@ -60,6 +60,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             started: popped,
             chain,
             vring: vring.clone(),
+            dev: Arc::downgrade(&self.inner) as Weak<dyn Finish>,
             client,
             orphan: AtomicU8::new(ORPHAN_NO),
             state: Mutex::new(TicketState::InFlight),

@@ -203,14 +203,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     break;
                 }
                 _ => {
-                    let weak = Arc::downgrade(&self.inner);
-                    let t = ticket.clone();
-                    let end: EndFn = Box::new(move |r: ReqResult| {
-                        if let Some(inner) = weak.upgrade() {
-                            FsDevice { inner }.finish(&t, r);
-                        }
-                    });
-                    round.sends.push((args, end));
+                    round.sends.push((args, EndFn::Shared(ticket.clone())));
                     round.tickets.push(ticket);
                 }
             }
@@ -322,13 +315,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         self.end_session("a new INIT");
         // Kept for a live migration: the destination replays it.
         self.inner.migration.note_init(ticket.unique, &args.body);
-        let weak = Arc::downgrade(&self.inner);
-        let t = ticket.clone();
-        let end: EndFn = Box::new(move |r: ReqResult| {
-            if let Some(inner) = weak.upgrade() {
-                FsDevice { inner }.finish(&t, r);
-            }
-        });
+        let end = EndFn::Shared(ticket.clone());
         self.inner.stats.queues[q.vq()]
             .submitted
             .fetch_add(1, Ordering::Relaxed);

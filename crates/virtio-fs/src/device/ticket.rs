@@ -6,9 +6,9 @@ use super::Vring;
 use crate::chain::Chain;
 use crate::guest_mem::GuestSpans;
 use crate::sync::lock;
-use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
+use fuse_core::{ClientMap, ClientMem, Errno, HostSpan, ReqResult, RequestEnd};
 use std::sync::atomic::{AtomicU64, AtomicU8};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 /// `Ticket::orphan` states.
@@ -37,6 +37,9 @@ pub(super) struct Ticket {
     pub(super) chain: Chain,
     /// The vring its answer goes to.
     pub(super) vring: Vring,
+    /// The device that answers it when the engine ends its request (the
+    /// ticket is the request's end handler, `RequestEnd` below).
+    pub(super) dev: Weak<dyn Finish>,
     /// A READ's or WRITE's guest data buffers, lent to the engine as the
     /// ticket itself (its `ClientMem`, below).
     pub(super) client: Option<GuestSpans>,
@@ -107,6 +110,22 @@ unsafe impl ClientMem for Ticket {
         self.client
             .as_ref()
             .map_or(Err(Errno::EIO), |c| c.write_at(off, buf))
+    }
+}
+
+/// A device as its tickets see it: what answers a ticket's request when
+/// the engine ends it (`FsDevice::finish`).
+pub(super) trait Finish: Send + Sync {
+    /// The engine ended `t`'s request with `r`.
+    fn finish(self: Arc<Self>, t: &Arc<Ticket>, r: ReqResult);
+}
+
+/// The ticket ends its own request: no closure is boxed per request.
+impl RequestEnd for Ticket {
+    fn end(self: Arc<Self>, r: ReqResult) {
+        if let Some(dev) = self.dev.upgrade() {
+            dev.finish(&self, r);
+        }
     }
 }
 
