@@ -15,9 +15,9 @@ use virtio_fs::DeviceConfig;
 use zerocopy::{FromZeros, IntoBytes};
 
 /// How long each GETATTR takes: well under the watchdog's 20 ms.
-const EACH: Duration = Duration::from_millis(5);
+const EACH: Duration = Duration::from_millis(3);
 /// Requests in the one kick (one chunk: `submit_batch` is as large).
-const N: u16 = 8;
+const N: u16 = 16;
 
 /// GETATTR that takes [`EACH`].
 #[derive(Clone, Default)]

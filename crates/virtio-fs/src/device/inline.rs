@@ -276,6 +276,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let began = Instant::now();
         // (None: a chunk time too long to add is never reached.)
         let (mut mark, mut due) = (self.busy_mark(began), began.checked_add(chunk_time));
+        // The watchdog's mark moves on at least every MARK_AGE while
+        // requests are done, however long the chunk may last.
+        let mut mark_due = began + MARK_AGE;
         let mut slow = false;
         s.take_large();
         let mut served = 0;
@@ -293,7 +296,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 slow = true;
                 drop(batch);
                 batch = signals.open(vring);
-                (mark, due) = (self.busy_mark(now), now.checked_add(chunk_time));
+                due = now.checked_add(chunk_time);
+            }
+            if now >= mark_due {
+                (mark, mark_due) = (self.busy_mark(now), now + MARK_AGE);
             }
         }
         drop(batch);
@@ -388,6 +394,10 @@ fn moves_much(f: &mut Fetched) -> bool {
 /// A vring thread serving in line for longer than this is taken to be
 /// stuck in a host call.
 const STUCK: Duration = Duration::from_millis(20);
+
+/// How old the watchdog's busy mark of a thread that is serving a chunk
+/// and getting requests done may grow (well under [`STUCK`]).
+const MARK_AGE: Duration = Duration::from_millis(1);
 
 /// Keeps queues moving while their vring thread is stuck serving in line:
 /// every few milliseconds it pops what the guest added to such a queue and
