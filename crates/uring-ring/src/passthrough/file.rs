@@ -8,12 +8,12 @@ use super::label::{same_inode, Fresh};
 use super::{component, io, sys, PassthroughFs};
 use crate::sync::{lock, read_lock, write_lock};
 use fuse_core::abi::flags as wflags;
-use fuse_core::fasthash::IdMap;
 use fuse_core::server::{
     Created, Ctx, DirPlusSink, DirSink, FsResult, Opened, ReadSink, WriteSource,
 };
 use fuse_core::Errno;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -49,10 +49,12 @@ impl HandleData {
     }
 }
 
-/// The handle table (keyed by the ids it hands out: see `fasthash`).
+/// The handle table. Keyed with the standard (randomly keyed) hasher, not
+/// `fuse_core::fasthash`: a migration's state stream, which is not
+/// trusted, gives the ids of the handles it brings.
 #[derive(Debug, Default)]
 pub struct Handles {
-    map: RwLock<IdMap<u64, Arc<HandleData>>>,
+    map: RwLock<HashMap<u64, Arc<HandleData>>>,
     /// Handles a migration could not take up (`--migration-on-error
     /// guest-error`): EIO until released.
     lost: RwLock<std::collections::HashSet<u64>>,
