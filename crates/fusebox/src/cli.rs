@@ -321,7 +321,8 @@ pub struct VhostArgs {
     pub submit_batch: u32,
     /// How long, in microseconds, a queue thread serves in line before it
     /// signals the answers given so far (a guest waiting on a slow request
-    /// hears of it without waiting for the rest of its chunk). Raise it
+    /// hears of it without waiting for the rest of its chunk); a request
+    /// that takes a tenth of it is signalled as soon as it is done. Raise it
     /// only to profile fusebox under a tool that slows it many times over
     /// (valgrind), so chunks are cut as at full speed.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
