@@ -159,9 +159,10 @@ pub struct DeviceConfig {
     /// How long a vring thread serves in line before it signals the
     /// answers given so far (and cuts its next chunks to single requests):
     /// a guest waiting on a slow request hears of it without waiting for
-    /// the rest of its chunk. Raise it only to profile the daemon under a
-    /// tool that slows it many times over (callgrind), so chunks are cut
-    /// as at full speed.
+    /// the rest of its chunk. A single request that takes a tenth of it is
+    /// signalled as soon as it is done. Raise it only to profile the daemon
+    /// under a tool that slows it many times over (callgrind), so chunks
+    /// are cut as at full speed.
     pub chunk_time: Duration,
     /// With `zero_copy`: the guest's RAM regions are registered as io_uring
     /// fixed buffers of each serving thread's ring on first use (again when
@@ -215,17 +216,20 @@ struct Inner<F: Filesystem + 'static> {
     /// Each request queue's own state, by [`RqId`] (the hiprio queue has
     /// none: see `queue.rs`).
     queues: Vec<RequestQueue>,
-    /// The daemon's vring threads' event loops, by thread (= virtqueue)
-    /// index (to add a request queue's completion eventfd once its thread
+    /// The daemon's vring threads' event loops, by thread index
+    /// (`RqId::thread`; to add a request queue's completion eventfd once its thread
     /// has one).
     handlers: Mutex<Vec<Weak<VringEpollHandler<FsDevice<F>>>>>,
     /// What `RequestQueue::busy_since` counts from.
     epoch: Instant,
     /// Timed-out tickets whose answer waits for I/O on their buffers.
     deferred: Mutex<Vec<Arc<Ticket>>>,
+    /// The hiprio thread is serving forgets (set before it pops): a stop
+    /// of the hiprio queue waits for it, bounded (`hiprio.rs`).
+    hiprio_busy: AtomicBool,
     /// Exit-event fds vhost-user-backend leaks (see `exit_event`), each
     /// with a duplicate that identifies it.
-    exit_fds: Mutex<Vec<(usize, exit_fds::Leaked)>>,
+    exit_fds: Mutex<Vec<exit_fds::Leaked>>,
     /// The counters; per queue by virtqueue index (hiprio first,
     /// `RqId::vq` for a request queue).
     stats: DeviceStats,
@@ -331,6 +335,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             queues: request_queues,
             handlers: Mutex::new(Vec::new()),
             epoch: Instant::now(),
+            hiprio_busy: AtomicBool::new(false),
             exit_fds: Mutex::new(Vec::new()),
             deferred: Mutex::new(Vec::new()),
             // The hiprio queue's counters and the request queues'.
@@ -400,9 +405,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Self>>]) -> io::Result<()> {
         *lock(&self.inner.handlers) = handlers.iter().map(Arc::downgrade).collect();
         for q in RqId::all(self.inner.queues.len()) {
-            // A request queue's vring runs on the thread of its index.
+            // A request queue's vring runs on its thread (`RqId::thread`).
             let h = handlers
-                .get(q.vq())
+                .get(q.thread())
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
             h.register_listener(
                 std::os::fd::AsRawFd::as_raw_fd(&self.inner.queue(q).resume),
@@ -464,7 +469,7 @@ impl<F: Filesystem + 'static> Drop for Inner<F> {
         self.stop.store(true, Ordering::Relaxed);
         // The device outlives the daemon's vring threads (each holds a
         // clone): their exit eventfds are unused now.
-        for (_, leaked) in lock(&self.exit_fds).drain(..) {
+        for leaked in lock(&self.exit_fds).drain(..) {
             // SAFETY: each vring thread holds a clone of the device, so
             // the last one is gone when its inner part is dropped.
             unsafe { leaked.close() };

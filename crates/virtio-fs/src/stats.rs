@@ -74,8 +74,6 @@ pub struct DeviceStats {
     pub timeouts: AtomicU64,
     /// Requests that ended because the engine connection was aborted.
     pub aborted: AtomicU64,
-    /// Times the hiprio queue waited for the server to take forgets.
-    pub forget_waits: AtomicU64,
     /// Requests a ring stop gave up on: still unanswered when its wait
     /// for them ended (`DeviceConfig::ring_stop_drain`).
     pub lost_on_stop: AtomicU64,
@@ -93,7 +91,6 @@ impl DeviceStats {
             queues: (0..queues).map(|_| QueueStats::default()).collect(),
             timeouts: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
-            forget_waits: AtomicU64::new(0),
             lost_on_stop: AtomicU64::new(0),
             stuck_on_stop: AtomicU64::new(0),
             sessions_ended: AtomicU64::new(0),
@@ -155,10 +152,9 @@ impl DeviceStats {
         }
         let _ = writeln!(
             s,
-            "timeouts {} aborted {} forget-waits {} lost-on-stop {} stuck-on-stop {} sessions-ended {}",
+            "timeouts {} aborted {} lost-on-stop {} stuck-on-stop {} sessions-ended {}",
             self.timeouts.load(Ordering::Relaxed),
             self.aborted.load(Ordering::Relaxed),
-            self.forget_waits.load(Ordering::Relaxed),
             self.lost_on_stop.load(Ordering::Relaxed),
             self.stuck_on_stop.load(Ordering::Relaxed),
             self.sessions_ended.load(Ordering::Relaxed)

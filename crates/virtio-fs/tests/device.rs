@@ -196,14 +196,7 @@ fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
     let dev = h.dev.clone();
     let v2 = vring.clone();
     std::thread::spawn(move || {
-        vhost_user_backend::VhostUserBackend::handle_event(
-            &dev,
-            0,
-            vmm_sys_util::epoll::EventSet::IN,
-            std::slice::from_ref(&v2),
-            1,
-        )
-        .unwrap();
+        kick(&dev, &v2, 1);
         tx.send(()).unwrap();
     });
     rx.recv_timeout(Duration::from_secs(5))

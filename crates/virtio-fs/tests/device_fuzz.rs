@@ -13,10 +13,9 @@ use common::*;
 use fuse_core::abi::{CreateIn, ForgetIn, GetattrIn, MkdirIn, Opcode, OutHeader, ReadIn, WriteIn};
 use fuse_core::testing::memfs::MemFs;
 use std::time::{Duration, Instant};
-use vhost_user_backend::{VhostUserBackend, VringT};
+use vhost_user_backend::VringT;
 use virtio_fs::DeviceConfig;
 use vm_memory::{Bytes, GuestAddress};
-use vmm_sys_util::epoll::EventSet;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 struct Rng(u64);
@@ -197,10 +196,7 @@ fn round(h: &Harness<MemFs>, rng: &mut Rng, unique: &mut u64) -> (usize, usize) 
     h.publish(&heads);
     let vring = h.vring();
     let queue = if hiprio { 0 } else { 1 };
-    // The event loop hands each thread its one vring as device event 0.
-    h.dev
-        .handle_event(0, EventSet::IN, std::slice::from_ref(&vring), queue)
-        .unwrap();
+    kick(&h.dev, &vring, queue);
     // Replies come from engine workers: wait for them (or for the queue
     // to stall), bounded.
     let t = Instant::now();

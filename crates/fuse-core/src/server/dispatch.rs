@@ -5,8 +5,9 @@ use super::{
     Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, ReadDone, Start, Xattr,
 };
 use crate::abi::{
-    self, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, GetxattrOut, InHeader, InitIn,
-    InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, Request, StatfsOut, StatxOut, WriteOut,
+    self, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, ForgetOne, GetxattrOut,
+    InHeader, InitIn, InitOut, LkIn, LkOut, LseekOut, OpenOut, Operation, Request, StatfsOut,
+    StatxOut, WriteOut,
 };
 use crate::chan::{ClientMem, Errno, Fence};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -230,6 +231,15 @@ impl<F: Filesystem> Dispatcher<F> {
             minor: self.minor.load(Ordering::Relaxed),
             flags: self.flags.load(Ordering::Relaxed),
             write_data_elsewhere: false,
+        }
+    }
+
+    /// Drops the lookups `forgets` name (FORGET and BATCH_FORGET, which get
+    /// no reply). A transport that carries forgets apart from requests (the
+    /// virtio-fs hiprio queue) calls this on its own thread.
+    pub fn forget(&self, forgets: &[ForgetOne]) {
+        for f in forgets {
+            self.fs.forget(f.nodeid.into(), f.nlookup);
         }
     }
 
@@ -469,13 +479,14 @@ impl<F: Filesystem> Dispatcher<F> {
         };
         let result = match &req.op {
             Operation::Forget { arg } => {
-                self.fs.forget(h.nodeid.into(), arg.nlookup);
+                self.forget(&[ForgetOne {
+                    nodeid: h.nodeid,
+                    nlookup: arg.nlookup,
+                }]);
                 return Handled::NoReply;
             }
             Operation::BatchForget { nodes, .. } => {
-                for n in nodes {
-                    self.fs.forget(n.nodeid.into(), n.nlookup);
-                }
+                self.forget(nodes);
                 return Handled::NoReply;
             }
             // Interrupts are advisory: the filesystem may cancel the work;

@@ -65,9 +65,12 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // than hold the stop. What is still unanswered after the bound is
         // given up (`give_up`): its late reply never reaches the guest,
         // and it never acts on the host afterwards.
-        // The hiprio queue has nothing in flight: each of its chains went
-        // back as it was taken.
+        // The hiprio queue has nothing in flight once the forgets it took
+        // are served (each of its chains goes back once served).
         let Some(q) = self.inner.request_queue(queue_index as usize) else {
+            if queue_index as usize == HIPRIO {
+                self.stop_hiprio();
+            }
             return Ok(());
         };
         self.interrupt_waiters(Some(q));
@@ -105,15 +108,11 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         file: std::fs::File,
     ) -> io::Result<Option<std::fs::File>> {
         if direction == VhostTransferStateDirection::SAVE {
-            // FORGETs the guest sent before the stop go to the filesystem
+            // FORGETs the guest sent before the stop reach the filesystem
             // first: the state then carries the lookup counts the guest
             // holds, and no inode it let go of (a file it deleted, which
             // find-paths could not name).
-            let chan = self.inner.engine.chan();
-            let t = Instant::now();
-            while chan.forgets_queued() > 0 && t.elapsed() < Duration::from_secs(1) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            self.stop_hiprio();
         }
         let upgrade = |weak: &Weak<Inner<F>>| {
             weak.upgrade()
@@ -143,11 +142,12 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
-        // One vring thread per queue: request queues run in parallel.
-        (0..self.num_queues()).map(|q| 1u64 << q).collect()
+        // One vring thread per request queue (they run in parallel); the
+        // first also serves hiprio.
+        Vq::threads(self.inner.queues.len())
     }
 
-    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         let (consumer, notifier) =
             new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
         // vhost-user-backend 0.24 registers the consumer with `into_raw_fd`
@@ -155,7 +155,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // Remember it (with a duplicate, so that only that very file is
         // ever closed) and close it when the device goes.
         if let Some(leaked) = exit_fds::Leaked::record(&consumer) {
-            lock(&self.inner.exit_fds).push((thread_index, leaked));
+            lock(&self.inner.exit_fds).push(leaked);
         }
         Some((consumer, notifier))
     }
@@ -170,34 +170,39 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         if !evset.contains(EventSet::IN) {
             return Ok(());
         }
-        // Each thread owns exactly one vring (`queues_per_thread`): queue
-        // `thread_id`, which the event loop hands over as `vrings[0]` with
-        // device_event 0. The events past num_queues are the device's own
+        // A thread's vrings (`queues_per_thread`) come numbered from 0 as
+        // device events; the events past num_queues are the device's own
         // (`queue.rs`: `Event`).
-        let Some(vring) = vrings.first() else {
-            return Ok(());
-        };
         let count = self.inner.queues.len();
-        match Event::decode(device_event, count) {
-            Event::Kick => {}
+        let (vring, q) = match Event::decode(device_event, count) {
+            Event::Kick(ev) => {
+                let Some(q) = Vq::of_kick(thread_id, ev, count) else {
+                    return Ok(());
+                };
+                let Some(vring) = vrings.get(ev) else {
+                    return Ok(());
+                };
+                (vring, q)
+            }
             Event::Other => return Ok(()),
             Event::Completions(q) => {
                 // Its thread's io_uring completions (`complete_inline`).
-                if q.vq() == thread_id {
+                if q.thread() == thread_id {
                     self.on_completions(q);
                 }
                 return Ok(());
             }
             Event::Resume(q) => {
                 let _ = self.inner.queue(q).resume.read();
+                let Some(vring) = vrings.get(Vq::Request(q).kick_event()) else {
+                    return Ok(());
+                };
                 // The event loop checks a ring's state for kicks only.
-                if !vring.get_ref().is_enabled() {
+                if q.thread() != thread_id || !vring.get_ref().is_enabled() {
                     return Ok(());
                 }
+                (vring, Vq::Request(q))
             }
-        }
-        let Some(q) = Vq::from_index(thread_id, count) else {
-            return Ok(());
         };
         if let Vq::Request(q) = q {
             let _ = self.inner.queue(q).vring.get_or_init(|| vring.clone());

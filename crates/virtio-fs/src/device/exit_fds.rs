@@ -40,20 +40,6 @@ impl Leaked {
         })
     }
 
-    /// Waits up to `ms` milliseconds for the exit event to be raised
-    /// (without consuming it: the vring thread's event loop still sees
-    /// it). True once it is.
-    pub(super) fn raised(&self, ms: i32) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.witness.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        n > 0 && p.revents & libc::POLLIN != 0
-    }
-
     /// Closes the leaked fd if it still is the same open file as the
     /// witness (which is closed either way).
     ///

@@ -1,51 +1,50 @@
-//! The hiprio queue (virtqueue 0): FORGET and BATCH_FORGET go to the
-//! engine, the guest's INTERRUPT to the lock call it names. Nothing on it
-//! gets a reply, so each chain is given back as it is taken.
+//! The hiprio queue (virtqueue 0): FORGET and BATCH_FORGET are served on
+//! this queue's thread (the dispatcher drops the lookups), the guest's
+//! INTERRUPT goes to the lock call it names. Nothing on it gets a reply,
+//! so each chain is given back once served: a guest that forgets faster
+//! than the filesystem does waits for free slots.
 
 use super::*;
 
-/// Most forgets the engine holds for the server: past it the hiprio
-/// thread takes no more chains until the server has taken half of them
-/// (FORGET has no reply, so nothing else would slow a guest that sends
-/// them faster than the server takes them). 64 Ki forgets, 1 MiB.
-const FORGETS_HIGH: usize = 1 << 16;
+/// How long a stop of the hiprio queue waits for the forgets being served.
+const HIPRIO_STOP_WAIT: Duration = Duration::from_secs(1);
+
+/// Clears `Inner::hiprio_busy` when the drain ends, however it ends.
+struct Busy<'a>(&'a AtomicBool);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
 
 impl<F: Filesystem + 'static> FsDevice<F> {
-    /// Waits while the engine holds more than [`FORGETS_HIGH`] forgets
-    /// for the server, until it holds half as many. False if the device is
-    /// going away meanwhile (the hiprio thread's exit event was raised).
-    fn wait_for_forget_room(&self) -> bool {
-        let chan = self.inner.engine.chan();
-        if chan.forgets_queued() <= FORGETS_HIGH {
-            return true;
-        }
-        self.inner
-            .stats
-            .forget_waits
-            .fetch_add(1, Ordering::Relaxed);
-        while chan.forgets_queued() > FORGETS_HIGH / 2 {
-            if self.inner.stop.load(Ordering::Relaxed) || !chan.is_connected() {
-                return false;
+    /// GET_VRING_BASE of the hiprio queue (it is no longer ready, so no
+    /// chain is popped after this): waits, at most [`HIPRIO_STOP_WAIT`],
+    /// for the forgets already taken to reach the filesystem, so that a
+    /// device state saved next carries no lookup the guest let go of.
+    pub(super) fn stop_hiprio(&self) {
+        let t = Instant::now();
+        while self.inner.hiprio_busy.load(Ordering::SeqCst) {
+            if t.elapsed() > HIPRIO_STOP_WAIT {
+                fuse_core::warn_limited!(
+                    "the hiprio queue stopped while forgets were still served"
+                );
+                return;
             }
-            let exit = lock(&self.inner.exit_fds)
-                .iter()
-                .rev()
-                .find(|(t, _)| *t == 0)
-                .map(|(_, l)| l.raised(1));
-            match exit {
-                Some(true) => return false,
-                Some(false) => {}
-                None => std::thread::sleep(Duration::from_millis(1)),
-            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        true
     }
 
     pub(super) fn drain_hiprio(&self, vring: &Vring) {
         let Some(mem) = self.memory() else { return };
+        // Set before the first pop: a stop that made the queue not ready
+        // after that pop sees it (the vring lock orders the two).
+        self.inner.hiprio_busy.store(true, Ordering::SeqCst);
+        let _busy = Busy(&self.inner.hiprio_busy);
         let qs = &self.inner.stats.queues[HIPRIO];
         let mut used = false;
-        while self.wait_for_forget_room() {
+        loop {
             let Some(popped) = self.pop(vring, &mem) else {
                 break;
             };
@@ -68,9 +67,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// FORGET and BATCH_FORGET go to the engine; INTERRUPT (which Linux's
-    /// virtio-fs does not send today) to the lock call it names; anything
-    /// else is dropped and counted as malformed.
+    /// FORGET and BATCH_FORGET are served here, unless the connection was
+    /// aborted (then dropped, as the engine drops queued ones); INTERRUPT
+    /// (which Linux's virtio-fs does not send today) goes to the lock call
+    /// it names; anything else is dropped and counted as malformed.
     fn forget(&self, chain: &Chain) {
         let len = chain.readable_len().min(1 << 20);
         let mut buf = vec![0u8; len];
@@ -80,11 +80,19 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let Ok((h, rest)) = InHeader::read_from_prefix(&buf) else {
             return;
         };
-        let chan = self.inner.engine.chan();
+        let engine = &self.inner.engine;
+        let serve = |list: &[ForgetOne]| {
+            if engine.chan().is_connected() {
+                engine.dispatcher().forget(list);
+            }
+        };
         match Opcode::from_u32(h.opcode) {
             Some(Opcode::Forget) => {
                 if let Ok((f, _)) = ForgetIn::read_from_prefix(rest) {
-                    chan.send_forget(h.nodeid, f.nlookup);
+                    serve(&[ForgetOne {
+                        nodeid: h.nodeid,
+                        nlookup: f.nlookup,
+                    }]);
                 }
             }
             Some(Opcode::BatchForget) => {
@@ -93,7 +101,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 };
                 let n = (b.count as usize).min(rest.len() / std::mem::size_of::<ForgetOne>());
                 if let Ok((list, _)) = <[ForgetOne]>::ref_from_prefix_with_elems(rest, n) {
-                    chan.send_forgets(list);
+                    serve(list);
                 }
             }
             Some(Opcode::Interrupt) => {

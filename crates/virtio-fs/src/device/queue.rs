@@ -3,9 +3,11 @@
 //!
 //! Virtqueue 0 is the hiprio queue; virtqueues 1..=N are the request
 //! queues. Request queue `i` (0-based, an [`RqId`]) is virtqueue `i + 1`,
-//! served by vring thread `i + 1` (one vring per thread), and maps to the
-//! engine's ring queue `i`. [`RqId`] is the one place that offset is
-//! written. The hiprio queue keeps no state of its own besides its
+//! served by vring thread `i`, and maps to the engine's ring queue `i`;
+//! vring thread 0 serves the hiprio queue too (its vrings: hiprio, then
+//! request queue 0), so a guest's FORGET and the requests of the same kick
+//! cost one wake-up. [`RqId`] and [`Vq::of_kick`] are the one place those
+//! offsets are written. The hiprio queue keeps no state of its own besides its
 //! counters (`DeviceStats::queues[0]`): each of its chains is given back as
 //! it is taken, so it has nothing in flight, no generation to bump, nothing
 //! lent.
@@ -19,8 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-/// Virtqueue index of the hiprio queue (also its vring thread, and its
-/// counters in `DeviceStats::queues`).
+/// Virtqueue index of the hiprio queue (also its counters in
+/// `DeviceStats::queues`); vring thread 0 serves it.
 pub(super) const HIPRIO: usize = 0;
 
 /// A request queue, by its 0-based number among the request queues. Made
@@ -54,10 +56,14 @@ impl RqId {
         usize::from(self.0)
     }
 
-    /// Its virtqueue index: also its vring thread, and its counters in
-    /// `DeviceStats::queues`.
+    /// Its virtqueue index: also its counters in `DeviceStats::queues`.
     pub(super) fn vq(self) -> usize {
         self.index() + 1
+    }
+
+    /// Its vring thread (vhost-user-backend's thread index).
+    pub(super) fn thread(self) -> usize {
+        self.index()
     }
 
     /// The engine ring queue it maps to.
@@ -90,6 +96,7 @@ pub(super) enum Vq {
 
 impl Vq {
     /// Virtqueue `vq` of a device with `count` request queues.
+    #[cfg(test)]
     pub(super) fn from_index(vq: usize, count: usize) -> Option<Vq> {
         if vq == HIPRIO {
             Some(Vq::Hiprio)
@@ -105,6 +112,35 @@ impl Vq {
             Vq::Request(id) => id.vq(),
         }
     }
+
+    /// The virtqueue whose kick is device event `ev` of vring thread
+    /// `thread` (its vrings are numbered from 0 in virtqueue order).
+    pub(super) fn of_kick(thread: usize, ev: usize, count: usize) -> Option<Vq> {
+        match (thread, ev) {
+            (0, 0) => Some(Vq::Hiprio),
+            (0, 1) => RqId::from_index(0, count).map(Vq::Request),
+            (t, 0) => RqId::from_index(t, count).map(Vq::Request),
+            _ => None,
+        }
+    }
+
+    /// Its kick's device event (its place among its thread's vrings):
+    /// [`Vq::of_kick`] backwards.
+    pub(super) fn kick_event(self) -> usize {
+        match self {
+            Vq::Request(id) if id.index() == 0 => 1,
+            _ => 0,
+        }
+    }
+
+    /// What each vring thread serves, as virtqueue bit masks
+    /// (`VhostUserBackend::queues_per_thread`); [`Vq::of_kick`] reads
+    /// them back.
+    pub(super) fn threads(count: usize) -> Vec<u64> {
+        (0..count.max(1))
+            .map(|t| if t == 0 { 0b11 } else { 1u64 << (t + 1) })
+            .collect()
+    }
 }
 
 /// What a device event handed to a vring thread is, beside the kicks of its
@@ -112,8 +148,8 @@ impl Vq {
 /// leaves the events past `num_queues` to the backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Event {
-    /// The thread's vring was kicked.
-    Kick,
+    /// The thread's vring number `.0` (among its own) was kicked.
+    Kick(usize),
     /// A stalled request queue may go on ([`RqId::resume_event`]).
     Resume(RqId),
     /// A request queue's thread has io_uring completions
@@ -127,10 +163,10 @@ impl Event {
     /// The event `ev` of a device with `count` request queues.
     pub(super) fn decode(ev: u16, count: usize) -> Event {
         let ev = usize::from(ev);
-        if ev == 0 {
-            return Event::Kick;
-        }
         let num_queues = count + 1;
+        if ev < num_queues {
+            return Event::Kick(ev);
+        }
         let Some(i) = ev.checked_sub(num_queues + 1) else {
             return Event::Other;
         };
@@ -259,10 +295,33 @@ mod tests {
             assert_eq!(ev(id.resume_event(num_queues)), Event::Resume(id));
             assert_eq!(ev(id.completion_event(num_queues)), Event::Completions(id));
         }
-        assert_eq!(Event::decode(0, count), Event::Kick);
-        for vq in 1..=num_queues {
-            assert_eq!(Event::decode(vq as u16, count), Event::Other);
+        for ev in 0..num_queues {
+            assert_eq!(Event::decode(ev as u16, count), Event::Kick(ev));
         }
+        assert_eq!(Event::decode(num_queues as u16, count), Event::Other);
         assert_eq!(Event::decode((3 * num_queues) as u16, count), Event::Other);
+    }
+
+    #[test]
+    fn each_virtqueue_is_served_by_one_thread_in_the_order_its_kicks_come() {
+        for count in 1..=8 {
+            let mut seen = Vec::new();
+            for (t, mask) in Vq::threads(count).into_iter().enumerate() {
+                // vhost-user-backend numbers a thread's vrings (and their
+                // kick events) by ascending virtqueue index.
+                let vqs: Vec<usize> = (0..64).filter(|b| mask & (1 << b) != 0).collect();
+                for (ev, &vq) in vqs.iter().enumerate() {
+                    assert_eq!(Vq::of_kick(t, ev, count).map(Vq::index), Some(vq));
+                    assert_eq!(Vq::from_index(vq, count).map(Vq::kick_event), Some(ev));
+                    if let Some(Vq::Request(id)) = Vq::from_index(vq, count) {
+                        assert_eq!(id.thread(), t);
+                    }
+                    seen.push(vq);
+                }
+                assert_eq!(Vq::of_kick(t, vqs.len(), count), None);
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, (0..=count).collect::<Vec<_>>(), "{count} queues");
+        }
     }
 }

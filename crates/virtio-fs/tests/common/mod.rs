@@ -130,15 +130,40 @@ impl<F: Filesystem + 'static> Harness<F> {
 
     /// Serves queue `queue` as its vring thread would on a kick.
     pub fn kick(&self, vring: &VringRwLock<GuestMem>, queue: usize) {
-        self.dev
-            .handle_event(
-                0,
-                vmm_sys_util::epoll::EventSet::IN,
-                std::slice::from_ref(vring),
-                queue,
-            )
-            .unwrap();
+        kick(&self.dev, vring, queue);
     }
+}
+
+/// Where the vring thread of virtqueue `vq` finds it, as
+/// vhost-user-backend reads `queues_per_thread`: (thread index, the
+/// queue's place among that thread's vrings, which is also its kick's
+/// device event).
+pub fn thread_of<F: Filesystem + 'static>(dev: &FsDevice<F>, vq: usize) -> (usize, usize) {
+    let masks = dev.queues_per_thread();
+    let t = masks
+        .iter()
+        .position(|m| m & (1 << vq) != 0)
+        .expect("every queue has a thread");
+    (t, (masks[t] & ((1 << vq) - 1)).count_ones() as usize)
+}
+
+/// Hands device event `ev` of virtqueue `vq`'s thread to the device, with
+/// `vring` in that queue's place among the thread's vrings.
+pub fn thread_event<F: Filesystem + 'static>(
+    dev: &FsDevice<F>,
+    ev: u16,
+    vring: &VringRwLock<GuestMem>,
+    vq: usize,
+) -> std::io::Result<()> {
+    let (t, place) = thread_of(dev, vq);
+    let vrings = vec![vring.clone(); place + 1];
+    dev.handle_event(ev, vmm_sys_util::epoll::EventSet::IN, &vrings, t)
+}
+
+/// Serves virtqueue `vq` of `dev` as its vring thread would on a kick.
+pub fn kick<F: Filesystem + 'static>(dev: &FsDevice<F>, vring: &VringRwLock<GuestMem>, vq: usize) {
+    let (_, place) = thread_of(dev, vq);
+    thread_event(dev, place as u16, vring, vq).unwrap();
 }
 
 impl<F: Filesystem + 'static> Harness<F> {
@@ -155,14 +180,7 @@ impl<F: Filesystem + 'static> Harness<F> {
         let ready = unsafe { libc::poll(&mut p, 1, 0) };
         assert_eq!(ready, 1, "no resume signalled");
         let ev = (self.dev.num_queues() + queue) as u16;
-        self.dev
-            .handle_event(
-                ev,
-                vmm_sys_util::epoll::EventSet::IN,
-                std::slice::from_ref(vring),
-                queue,
-            )
-            .unwrap();
+        thread_event(&self.dev, ev, vring, queue).unwrap();
     }
 }
 
