@@ -1,19 +1,23 @@
 //! The hiprio queue serves FORGETs on its own thread: a stop of the queue
 //! (GET_VRING_BASE, before a device state is saved) returns only once the
 //! forgets its thread took have reached the filesystem; a forget is served
-//! in the kick that takes it, not queued for an engine worker.
+//! in the kick that takes it, not queued for an engine worker; while
+//! request queue 0's thread (which serves hiprio too) hangs in a host
+//! call, the watchdog serves the hiprio queue in its place.
 
 mod common;
 
 use common::*;
-use fuse_core::abi::{ForgetIn, Opcode};
-use fuse_core::server::{Filesystem, Wake};
-use std::sync::atomic::{AtomicU64, Ordering};
+use fuse_core::abi::{Attr, ForgetIn, GetattrIn, Opcode};
+use fuse_core::server::{Ctx, Filesystem, FsResult, Wake};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vhost_user_backend::{VhostUserBackend, VringT};
-use virtio_fs::DeviceConfig;
-use zerocopy::IntoBytes;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_fs::{DeviceConfig, GuestMem};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::epoll::EventSet;
+use zerocopy::{FromZeros, IntoBytes};
 
 /// How long each forget takes.
 const SLOW: Duration = Duration::from_millis(300);
@@ -82,4 +86,116 @@ fn a_forget_is_served_in_the_kick_that_takes_it() {
     h.kick(&hv, 0);
     assert_eq!(fs.dropped.load(Ordering::SeqCst), 2, "served in the kick");
     assert_eq!(h.dev.engine().chan().forgets_queued(), 0);
+}
+
+/// A filesystem whose GETATTR from uid 4242 hangs until released; counts
+/// the lookups its forgets drop.
+#[derive(Clone, Default)]
+struct HangGetattr {
+    hung: Arc<AtomicBool>,
+    release: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Filesystem for HangGetattr {
+    type Inode = u64;
+    type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: Wake) {}
+    fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
+        if ctx.uid == 4242 {
+            self.hung.store(true, Ordering::SeqCst);
+            while !self.release.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        Ok((
+            Attr {
+                ino,
+                mode: libc::S_IFDIR | 0o755,
+                nlink: 2,
+                ..Attr::new_zeroed()
+            },
+            Duration::ZERO,
+        ))
+    }
+    fn forget(&self, _ino: u64, nlookup: u64) {
+        self.dropped.fetch_add(nlookup, Ordering::SeqCst);
+    }
+}
+
+/// Releases the hang when dropped (before the harness).
+struct Release(Arc<AtomicBool>);
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The hiprio ring, at its own addresses (request queue 0 has the
+/// harness's).
+const HP_DESC: u64 = 0x60000;
+const HP_AVAIL: u64 = 0x61000;
+const HP_USED: u64 = 0x62000;
+const HP_DATA: u64 = 0x64000;
+
+fn hiprio_ring<F: Filesystem>(h: &Harness<F>) -> VringRwLock<GuestMem> {
+    let v = VringRwLock::new(h.atomic.clone(), QSIZE).unwrap();
+    v.set_queue_size(QSIZE);
+    v.set_queue_info(HP_DESC, HP_AVAIL, HP_USED).unwrap();
+    v.set_queue_ready(true);
+    v.set_enabled(true);
+    v
+}
+
+#[test]
+fn forgets_are_served_while_request_queue_0s_thread_hangs_in_line() {
+    let fs = HangGetattr::default();
+    let h = Arc::new(Harness::new(
+        fs.clone(),
+        DeviceConfig {
+            inline_per_batch: usize::MAX,
+            workers_per_queue: 2,
+            ..DeviceConfig::default()
+        },
+    ));
+    let _release = Release(fs.release.clone());
+    // Vring thread 0's vrings, as the event loop hands them over: hiprio,
+    // then request queue 0.
+    let vrings = vec![hiprio_ring(&h), h.vring()];
+    let getattr = request_as(Opcode::Getattr, 1, 4242, GetattrIn::new_zeroed().as_bytes());
+    let (a, _, _, _) = h.chain(0, DATA, &getattr, 4096);
+    h.publish(&[a]);
+    let (dev, v2) = (h.dev.clone(), vrings.clone());
+    // Request queue 0's kick (device event 1 of thread 0): the thread
+    // serves the GETATTR in line and hangs in it.
+    let thread0 = std::thread::spawn(move || dev.handle_event(1, EventSet::IN, &v2, 0).unwrap());
+    wait_for("the GETATTR to hang in line", || {
+        fs.hung.load(Ordering::SeqCst)
+    });
+    // The guest forgets 3 lookups on hiprio; the thread that would take
+    // the kick hangs.
+    let msg = request(Opcode::Forget, 2, ForgetIn { nlookup: 3 }.as_bytes());
+    h.mem.write_slice(&msg, GuestAddress(HP_DATA)).unwrap();
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&HP_DATA.to_le_bytes());
+    d[8..12].copy_from_slice(&(msg.len() as u32).to_le_bytes());
+    h.mem.write_slice(&d, GuestAddress(HP_DESC)).unwrap();
+    h.mem.write_obj(0u16, GuestAddress(HP_AVAIL + 4)).unwrap();
+    h.mem.write_obj(1u16, GuestAddress(HP_AVAIL + 2)).unwrap();
+    let t = Instant::now();
+    while fs.dropped.load(Ordering::SeqCst) < 3 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let used: u16 = h.mem.read_obj(GuestAddress(HP_USED + 2)).unwrap();
+    assert_eq!(
+        (fs.dropped.load(Ordering::SeqCst), used),
+        (3, 1),
+        "(lookups dropped, hiprio chains given back) 2 s after the FORGET, \
+         while request queue 0's thread hangs"
+    );
+    assert!(!thread0.is_finished(), "the GETATTR should still hang");
+    fs.release.store(true, Ordering::SeqCst);
+    thread0.join().unwrap();
 }
