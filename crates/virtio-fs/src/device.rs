@@ -61,7 +61,7 @@ use fuse_core::{Args, Errno, ReqResult, TrySendError};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -224,9 +224,14 @@ struct Inner<F: Filesystem + 'static> {
     epoch: Instant,
     /// Timed-out tickets whose answer waits for I/O on their buffers.
     deferred: Mutex<Vec<Arc<Ticket>>>,
-    /// The hiprio thread is serving forgets (set before it pops): a stop
-    /// of the hiprio queue waits for it, bounded (`hiprio.rs`).
-    hiprio_busy: AtomicBool,
+    /// How many threads are draining the hiprio queue (its vring thread,
+    /// the watchdog standing in for it; counted before they pop): a stop
+    /// of the hiprio queue waits for them, bounded (`hiprio.rs`).
+    hiprio_busy: AtomicUsize,
+    /// The hiprio vring as vring thread 0 first saw it (its first vring),
+    /// for the watchdog: that thread serves request queue 0 too, and while
+    /// it is stuck there the watchdog drains hiprio in its place.
+    hiprio_vring: std::sync::OnceLock<Vring>,
     /// Exit-event fds vhost-user-backend leaks (see `exit_event`), each
     /// with a duplicate that identifies it.
     exit_fds: Mutex<Vec<exit_fds::Leaked>>,
@@ -335,7 +340,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             queues: request_queues,
             handlers: Mutex::new(Vec::new()),
             epoch: Instant::now(),
-            hiprio_busy: AtomicBool::new(false),
+            hiprio_busy: AtomicUsize::new(0),
+            hiprio_vring: std::sync::OnceLock::new(),
             exit_fds: Mutex::new(Vec::new()),
             deferred: Mutex::new(Vec::new()),
             // The hiprio queue's counters and the request queues'.
@@ -441,7 +447,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let before = vring.queue_next_avail();
             let stalled = match q {
                 Vq::Hiprio => {
-                    self.drain_hiprio(vring);
+                    self.drain_hiprio(vring, hiprio::ForgetsBy::Here);
                     false
                 }
                 Vq::Request(q) => self.drain_requests(vring, q),

@@ -174,6 +174,13 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // device events; the events past num_queues are the device's own
         // (`queue.rs`: `Event`).
         let count = self.inner.queues.len();
+        if thread_id == 0 {
+            // Thread 0's first vring is hiprio (`Vq::threads`): kept for
+            // the watchdog, which serves it while this thread is stuck.
+            if let Some(hiprio) = vrings.first() {
+                let _ = self.inner.hiprio_vring.get_or_init(|| hiprio.clone());
+            }
+        }
         let (vring, q) = match Event::decode(device_event, count) {
             Event::Kick(ev) => {
                 let Some(q) = Vq::of_kick(thread_id, ev, count) else {

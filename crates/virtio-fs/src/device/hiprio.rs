@@ -2,30 +2,51 @@
 //! this queue's thread (the dispatcher drops the lookups), the guest's
 //! INTERRUPT goes to the lock call it names. Nothing on it gets a reply,
 //! so each chain is given back once served: a guest that forgets faster
-//! than the filesystem does waits for free slots.
+//! than the filesystem does waits for free slots. While that thread is
+//! stuck in request queue 0 (a host call that hangs in line), the
+//! watchdog drains this queue in its place and hands the forgets to the
+//! engine's workers (it makes no host call itself).
 
 use super::*;
 
 /// How long a stop of the hiprio queue waits for the forgets being served.
 const HIPRIO_STOP_WAIT: Duration = Duration::from_secs(1);
 
-/// Clears `Inner::hiprio_busy` when the drain ends, however it ends.
-struct Busy<'a>(&'a AtomicBool);
+/// Most forgets the watchdog leaves queued in the engine for its workers:
+/// past it, it takes no more hiprio chains until they are served (FORGET
+/// has no reply, so nothing else would bound them). 64 Ki forgets, 1 MiB.
+const FORGETS_HIGH: usize = 1 << 16;
+
+/// Who serves the forgets a drain of the hiprio queue takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ForgetsBy {
+    /// The draining thread (the hiprio queue's vring thread).
+    Here,
+    /// The engine's workers: the watchdog, draining for a stuck vring
+    /// thread, queues them there (a host call that hangs must not hold
+    /// it).
+    Engine,
+}
+
+/// Counts a drain in `Inner::hiprio_busy` until it ends, however it ends.
+struct Busy<'a>(&'a AtomicUsize);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// GET_VRING_BASE of the hiprio queue (it is no longer ready, so no
     /// chain is popped after this): waits, at most [`HIPRIO_STOP_WAIT`],
-    /// for the forgets already taken to reach the filesystem, so that a
-    /// device state saved next carries no lookup the guest let go of.
+    /// for the forgets already taken to reach the filesystem (those the
+    /// watchdog queued in the engine too), so that a device state saved
+    /// next carries no lookup the guest let go of.
     pub(super) fn stop_hiprio(&self) {
         let t = Instant::now();
-        while self.inner.hiprio_busy.load(Ordering::SeqCst) {
+        let chan = self.inner.engine.chan();
+        while self.inner.hiprio_busy.load(Ordering::SeqCst) > 0 || chan.forgets_queued() > 0 {
             if t.elapsed() > HIPRIO_STOP_WAIT {
                 fuse_core::warn_limited!(
                     "the hiprio queue stopped while forgets were still served"
@@ -36,15 +57,22 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    pub(super) fn drain_hiprio(&self, vring: &Vring) {
+    /// Pops and serves the hiprio queue until it is empty (with
+    /// [`ForgetsBy::Engine`], or until the engine holds [`FORGETS_HIGH`]
+    /// forgets).
+    pub(super) fn drain_hiprio(&self, vring: &Vring, by: ForgetsBy) {
         let Some(mem) = self.memory() else { return };
-        // Set before the first pop: a stop that made the queue not ready
-        // after that pop sees it (the vring lock orders the two).
-        self.inner.hiprio_busy.store(true, Ordering::SeqCst);
+        // Counted before the first pop: a stop that made the queue not
+        // ready after that pop sees it (the vring lock orders the two).
+        self.inner.hiprio_busy.fetch_add(1, Ordering::SeqCst);
         let _busy = Busy(&self.inner.hiprio_busy);
         let qs = &self.inner.stats.queues[HIPRIO];
+        let chan = self.inner.engine.chan();
         let mut used = false;
         loop {
+            if by == ForgetsBy::Engine && chan.forgets_queued() >= FORGETS_HIGH {
+                break;
+            }
             let Some(popped) = self.pop(vring, &mem) else {
                 break;
             };
@@ -58,7 +86,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             };
             qs.submitted.fetch_add(1, Ordering::Relaxed);
-            self.forget(&chain);
+            self.forget(&chain, by);
             qs.completed.fetch_add(1, Ordering::Relaxed);
             self.publish(vring, &mem, chain.head, chain.writable(), 0);
         }
@@ -67,11 +95,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// FORGET and BATCH_FORGET are served here, unless the connection was
-    /// aborted (then dropped, as the engine drops queued ones); INTERRUPT
+    /// FORGET and BATCH_FORGET are served here (or queued for the engine's
+    /// workers: `by`), unless the connection was aborted (then dropped, as
+    /// the engine drops queued ones); INTERRUPT
     /// (which Linux's virtio-fs does not send today) goes to the lock call
     /// it names; anything else is dropped and counted as malformed.
-    fn forget(&self, chain: &Chain) {
+    fn forget(&self, chain: &Chain, by: ForgetsBy) {
         let len = chain.readable_len().min(1 << 20);
         let mut buf = vec![0u8; len];
         if chain.read_at(0, &mut buf).is_err() {
@@ -81,10 +110,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return;
         };
         let engine = &self.inner.engine;
-        let serve = |list: &[ForgetOne]| {
-            if engine.chan().is_connected() {
-                engine.dispatcher().forget(list);
-            }
+        let serve = |list: &[ForgetOne]| match by {
+            ForgetsBy::Here if engine.chan().is_connected() => engine.dispatcher().forget(list),
+            ForgetsBy::Here => {}
+            // (Dropped by the engine once aborted.)
+            ForgetsBy::Engine => engine.chan().send_forgets(list),
         };
         match Opcode::from_u32(h.opcode) {
             Some(Opcode::Forget) => {

@@ -25,6 +25,7 @@
 //! call that hangs in line would hold up the vring thread, so the watchdog
 //! ([`watchdog`]) drains the queue in its place while it is stuck.
 
+use super::hiprio::ForgetsBy;
 use super::notify::{notify, Chunks, LARGE, SLOW_REQUEST_PART};
 use super::queue::RqId;
 use super::{FsDevice, Inner, Vring};
@@ -455,6 +456,15 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 // The stuck thread may hold answers it gave in line,
                 // their signal waiting for the end of its chunk.
                 notify(vring);
+            }
+            // Request queue 0's thread serves hiprio too (`Vq::threads`):
+            // stuck, it takes no FORGET or INTERRUPT either.
+            if q.thread() == 0 {
+                if let Some(hv) = dev.inner.hiprio_vring.get() {
+                    if hv.get_ref().is_enabled() {
+                        dev.drain_hiprio(hv, ForgetsBy::Engine);
+                    }
+                }
             }
         }
         drop(dev);

@@ -8,9 +8,9 @@
 //! request queue 0), so a guest's FORGET and the requests of the same kick
 //! cost one wake-up. [`RqId`] and [`Vq::of_kick`] are the one place those
 //! offsets are written. The hiprio queue keeps no state of its own besides its
-//! counters (`DeviceStats::queues[0]`): each of its chains is given back as
-//! it is taken, so it has nothing in flight, no generation to bump, nothing
-//! lent.
+//! counters (`DeviceStats::queues[0]`), a busy count and its vring for the
+//! watchdog (`Inner`): each of its chains is given back once served, so it
+//! has nothing in flight, no generation to bump, nothing lent.
 
 use super::heads::Heads;
 use super::inline::QueueServer;

@@ -148,7 +148,9 @@ pub fn thread_of<F: Filesystem + 'static>(dev: &FsDevice<F>, vq: usize) -> (usiz
 }
 
 /// Hands device event `ev` of virtqueue `vq`'s thread to the device, with
-/// `vring` in that queue's place among the thread's vrings.
+/// `vring` in that queue's place among the thread's vrings (the places
+/// before it hold vrings the guest never set up: thread 0's first is
+/// hiprio, which the device keeps for its watchdog).
 pub fn thread_event<F: Filesystem + 'static>(
     dev: &FsDevice<F>,
     ev: u16,
@@ -156,7 +158,13 @@ pub fn thread_event<F: Filesystem + 'static>(
     vq: usize,
 ) -> std::io::Result<()> {
     let (t, place) = thread_of(dev, vq);
-    let vrings = vec![vring.clone(); place + 1];
+    let mut vrings: Vec<_> = (0..place)
+        .map(|_| {
+            let mem = GuestMmap::from_ranges(&[(GuestAddress(0), 4096)]).unwrap();
+            VringRwLock::new(GuestMemoryAtomic::new(mem), QSIZE).unwrap()
+        })
+        .collect();
+    vrings.push(vring.clone());
     dev.handle_event(ev, vmm_sys_util::epoll::EventSet::IN, &vrings, t)
 }
 
