@@ -58,8 +58,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Pops and serves the hiprio queue until it is empty (with
-    /// [`ForgetsBy::Engine`], or until the engine holds [`FORGETS_HIGH`]
-    /// forgets).
+    /// [`ForgetsBy::Engine`]: at most a ring's worth, and only while the
+    /// engine holds fewer than [`FORGETS_HIGH`] forgets).
     pub(super) fn drain_hiprio(&self, vring: &Vring, by: ForgetsBy) {
         let Some(mem) = self.memory() else { return };
         // Counted before the first pop: a stop that made the queue not
@@ -68,15 +68,23 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let _busy = Busy(&self.inner.hiprio_busy);
         let qs = &self.inner.stats.queues[HIPRIO];
         let chan = self.inner.engine.chan();
-        let mut used = false;
+        // The watchdog takes one ring's worth at a time: a guest that
+        // refills hiprio as fast must not keep it from other queues.
+        let most = match by {
+            ForgetsBy::Here => usize::MAX,
+            ForgetsBy::Engine => usize::from(self.inner.cfg.queue_size),
+        };
+        let mut popped_n = 0;
         loop {
-            if by == ForgetsBy::Engine && chan.forgets_queued() >= FORGETS_HIGH {
+            if popped_n >= most
+                || (by == ForgetsBy::Engine && chan.forgets_queued() >= FORGETS_HIGH)
+            {
                 break;
             }
             let Some(popped) = self.pop(vring, &mem) else {
                 break;
             };
-            used = true;
+            popped_n += 1;
             let chain = match popped {
                 Ok(c) => c,
                 Err((head, _)) => {
@@ -90,7 +98,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             qs.completed.fetch_add(1, Ordering::Relaxed);
             self.publish(vring, &mem, chain.head, chain.writable(), 0);
         }
-        if used {
+        if popped_n > 0 {
             notify(vring);
         }
     }
