@@ -40,6 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_queue::QueueT;
 use vmm_sys_util::epoll::EventSet;
 use zerocopy::FromBytes;
 
@@ -461,7 +462,13 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             // stuck, it takes no FORGET or INTERRUPT either.
             if q.thread() == 0 {
                 if let Some(hv) = dev.inner.hiprio_vring.get() {
-                    if hv.get_ref().is_enabled() {
+                    // (Not once stopped: nothing to pop, and each try
+                    // would log a not-ready queue.)
+                    let live = {
+                        let v = hv.get_ref();
+                        v.is_enabled() && v.get_queue().ready()
+                    };
+                    if live {
                         dev.drain_hiprio(hv, ForgetsBy::Engine);
                     }
                 }
