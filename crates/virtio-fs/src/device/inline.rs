@@ -292,12 +292,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 break;
             }
             served += 1;
-            if s.unsubmitted() >= per_submit {
-                self.complete_inline(s, q);
-            }
             let now = Instant::now();
+            // What the request took, not the submit of the batch of I/O
+            // it completed (its own clock read, once per batch).
             let took = now.saturating_duration_since(last);
             last = now;
+            if s.unsubmitted() >= per_submit {
+                self.complete_inline(s, q);
+                last = Instant::now();
+            }
             if took >= slow_request || due.is_some_and(|d| now >= d) {
                 // Signalled now; the rest of the round in a batch of its own.
                 slow = true;

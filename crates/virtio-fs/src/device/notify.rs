@@ -96,8 +96,9 @@ pub(super) const SLOW_REQUEST_PART: u32 = 10;
 
 /// How a vring thread cuts the requests it serves in line into chunks,
 /// each answered with one guest notification: `submit_batch` requests,
-/// or one at a time after a chunk that was slow (it took the chunk time)
-/// or moved a large READ or WRITE (at least [`LARGE`] bytes), so a guest
+/// or one at a time after a chunk that was slow (it took the chunk time,
+/// or one of its requests took [`SLOW_REQUEST_PART`] of it) or moved a
+/// large READ or WRITE (at least [`LARGE`] bytes), so a guest
 /// hears of slow and large answers as each is done rather than after
 /// several (a copy of 1 MiB takes about 100 µs).
 #[derive(Debug)]
