@@ -28,14 +28,18 @@
 #                           '^(qd16-randread4k)$'; unanchored, qd16-randread4k
 #                           also matches the cold row);
 #                           by default all but qd1-seqread1m and qd64-seqread1m
-#                           (the 1 MiB read at other depths)
+#                           (the 1 MiB read at other depths) and
+#                           warm-qd16-randread4k (buffered reads of the warm
+#                           file: the host's page cache)
 #   FIO_SHARES="tmpfs ext4" which shares the depth rows use
 #   FIO_EXT4_DIR=/var/tmp   an ext4 directory for the ext4 share (its own
 #                           filesystem is checked)
 #   FIO_COLD_SIZE=4g        the cold row's file size
 #   FIO_CONTENDERS="raw fusebox-iouring libfuse-master-iouring"
 #                           (also: fusebox-devfuse, libfuse-master-devfuse:
-#                           the same daemons over /dev/fuse)
+#                           the same daemons over /dev/fuse;
+#                           fusebox-iouring-nocache, the mount with --cache
+#                           never, for the warm- row)
 #   FUSEBOX_RING_DEPTH=16   fusebox mount --ring-depth
 #   FUSEBOX_BIN=PATH        the fusebox binary the depth rows mount with
 #                           (default target/release/fusebox)
@@ -234,10 +238,15 @@ declare -A drows=(
   # whether the disk's bandwidth, not the depth, bounds that row.
   [qd1-seqread1m]="--iodepth=1 --numjobs=1 --rw=read --bs=1m"
   [qd64-seqread1m]="--iodepth=64 --numjobs=1 --rw=read --bs=1m"
+  # Not in the default set: buffered 4 KiB reads of the warm file (the
+  # host's page cache, not the disk). Run it against raw and
+  # fusebox-iouring-nocache, whose every read reaches the daemon; a
+  # caching mount would answer from its own page cache.
+  [warm-qd16-randread4k]="--iodepth=16 --numjobs=1 --rw=randread --bs=4k --direct=0"
 )
 drow_order=(qd16-randread4k qd16-randwrite4k qd16-seqread1m qd16-seqwrite1m
   nj4-randread4k nj4-randwrite4k nj4-seqread1m nj4-seqwrite1m qd1-randread4k
-  qd1-seqread1m qd64-seqread1m)
+  qd1-seqread1m qd64-seqread1m warm-qd16-randread4k)
 
 fio_depth() { # dir file size extra-args... -> "iops bw_mib"
   local dir=$1 file=$2 size=$3; shift 3
@@ -259,6 +268,9 @@ mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
     raw) cdir=$dir; return ;;
     fusebox-iouring)
       "$fusebox_bin" mount --io-uring --ring-depth "$ring_depth" \
+        --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
+    fusebox-iouring-nocache)
+      "$fusebox_bin" mount --io-uring --cache never --ring-depth "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     fusebox-b-iouring)
       "$FUSEBOX_BIN_B" mount --io-uring \
@@ -324,7 +336,7 @@ done
 median() { sort -g | awk '{ v[NR]=$1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR+1)/2]; else printf "%.2f\n", (v[NR/2]+v[NR/2+1])/2 }'; }
 dratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f\n", a / b }'; }
 
-printf '\nfio io_uring O_DIRECT, %ss per job, medians of %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"
+printf '\nfio io_uring O_DIRECT (warm- rows buffered), %ss per job, medians of %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"
 printf '%-6s %-22s' share row
 for c in $contenders; do printf ' %22s' "$c"; done
 # fusebox over each transport against libfuse over the same one, and raw.
