@@ -294,14 +294,7 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
 /// guard goes.
 fn serving_in_line() -> (Hang, Arc<Harness<Hang>>, ReleaseOnDrop) {
     let fs = Hang::default();
-    let h = Arc::new(Harness::new(
-        fs.clone(),
-        DeviceConfig {
-            inline_per_batch: usize::MAX,
-            workers_per_queue: 2,
-            ..DeviceConfig::default()
-        },
-    ));
+    let h = Arc::new(Harness::new(fs.clone(), in_line_with_standby()));
     let release = ReleaseOnDrop(fs.release.clone());
     (fs, h, release)
 }

@@ -11,7 +11,7 @@ use fuse_core::server::faults::{FaultPlan, Faulty};
 use fuse_core::testing::memfs::MemFs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vhost_user_backend::{VringRwLock, VringT};
+use vhost_user_backend::VringRwLock;
 use virtio_fs::{DeviceConfig, GuestMem};
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::{FromZeros, IntoBytes};
@@ -81,12 +81,7 @@ fn device(spec: &str, queues: u16) -> Arc<Harness<Faulty<MemFs>>> {
 
 /// Queue 2 of `h`: its own rings in the same guest memory.
 fn vring2(h: &Harness<Faulty<MemFs>>) -> VringRwLock<GuestMem> {
-    let v = VringRwLock::new(h.atomic.clone(), QSIZE).unwrap();
-    v.set_queue_size(QSIZE);
-    v.set_queue_info(DESC2, AVAIL2, USED2).unwrap();
-    v.set_queue_ready(true);
-    v.set_enabled(true);
-    v
+    ring_at(h, DESC2, AVAIL2, USED2)
 }
 
 /// Queue 1's worker, hung in a GETATTR (head 0).
@@ -336,21 +331,6 @@ fn a_forget_flood_is_served_on_the_hiprio_thread_while_the_workers_hang() {
         64,
         "every BATCH_FORGET chain was given back"
     );
-}
-
-/// A split virtqueue at its own addresses in `h`'s guest memory.
-fn ring_at<F: fuse_core::server::Filesystem>(
-    h: &Harness<F>,
-    desc: u64,
-    avail: u64,
-    used: u64,
-) -> VringRwLock<GuestMem> {
-    let v = VringRwLock::new(h.atomic.clone(), QSIZE).unwrap();
-    v.set_queue_size(QSIZE);
-    v.set_queue_info(desc, avail, used).unwrap();
-    v.set_queue_ready(true);
-    v.set_enabled(true);
-    v
 }
 
 /// The passthrough of a directory holding file `f`, behind the device,

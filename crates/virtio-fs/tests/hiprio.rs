@@ -13,8 +13,8 @@ use fuse_core::server::{Ctx, Filesystem, FsResult, Wake};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_fs::{DeviceConfig, GuestMem};
+use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_fs::DeviceConfig;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
 use zerocopy::{FromZeros, IntoBytes};
@@ -110,15 +110,7 @@ impl Filesystem for HangGetattr {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
-        Ok((
-            Attr {
-                ino,
-                mode: libc::S_IFDIR | 0o755,
-                nlink: 2,
-                ..Attr::new_zeroed()
-            },
-            Duration::ZERO,
-        ))
+        dir_attr(ino)
     }
     fn forget(&self, _ino: u64, nlookup: u64) {
         self.dropped.fetch_add(nlookup, Ordering::SeqCst);
@@ -140,30 +132,14 @@ const HP_AVAIL: u64 = 0x61000;
 const HP_USED: u64 = 0x62000;
 const HP_DATA: u64 = 0x64000;
 
-fn hiprio_ring<F: Filesystem>(h: &Harness<F>) -> VringRwLock<GuestMem> {
-    let v = VringRwLock::new(h.atomic.clone(), QSIZE).unwrap();
-    v.set_queue_size(QSIZE);
-    v.set_queue_info(HP_DESC, HP_AVAIL, HP_USED).unwrap();
-    v.set_queue_ready(true);
-    v.set_enabled(true);
-    v
-}
-
 #[test]
 fn forgets_are_served_while_request_queue_0s_thread_hangs_in_line() {
     let fs = HangGetattr::default();
-    let h = Arc::new(Harness::new(
-        fs.clone(),
-        DeviceConfig {
-            inline_per_batch: usize::MAX,
-            workers_per_queue: 2,
-            ..DeviceConfig::default()
-        },
-    ));
+    let h = Arc::new(Harness::new(fs.clone(), in_line_with_standby()));
     let _release = Release(fs.release.clone());
     // Vring thread 0's vrings, as the event loop hands them over: hiprio,
     // then request queue 0.
-    let vrings = vec![hiprio_ring(&h), h.vring()];
+    let vrings = vec![ring_at(&h, HP_DESC, HP_AVAIL, HP_USED), h.vring()];
     let getattr = request_as(Opcode::Getattr, 1, 4242, GetattrIn::new_zeroed().as_bytes());
     let (a, _, _, _) = h.chain(0, DATA, &getattr, 4096);
     h.publish(&[a]);

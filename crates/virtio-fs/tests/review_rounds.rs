@@ -41,15 +41,7 @@ impl Filesystem for Hang {
     fn new_io(&self, _: fuse_core::server::Wake) {}
     fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
         self.maybe_hang(ctx);
-        Ok((
-            Attr {
-                ino,
-                mode: libc::S_IFDIR | 0o755,
-                nlink: 2,
-                ..Attr::new_zeroed()
-            },
-            Duration::ZERO,
-        ))
+        dir_attr(ino)
     }
     fn read(&self, ctx: &Ctx, _: u64, _: u64, _: u64, _: &mut dyn ReadSink) -> FsResult<usize> {
         self.maybe_hang(ctx);

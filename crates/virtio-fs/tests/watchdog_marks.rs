@@ -39,15 +39,7 @@ impl Filesystem for Slowish {
     fn getattr(&self, _ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
         std::thread::sleep(EACH);
         self.served.fetch_add(1, Ordering::SeqCst);
-        Ok((
-            Attr {
-                ino,
-                mode: libc::S_IFDIR | 0o755,
-                nlink: 2,
-                ..Attr::new_zeroed()
-            },
-            Duration::ZERO,
-        ))
+        dir_attr(ino)
     }
 }
 

@@ -384,3 +384,45 @@ pub fn lk(fh: u64, owner: u64, typ: i32) -> fuse_core::abi::LkIn {
         ..fuse_core::abi::LkIn::new_zeroed()
     }
 }
+
+/// A split virtqueue at its own addresses in `h`'s guest memory.
+pub fn ring_at<F: Filesystem + 'static>(
+    h: &Harness<F>,
+    desc: u64,
+    avail: u64,
+    used: u64,
+) -> VringRwLock<GuestMem> {
+    let v = VringRwLock::new(h.atomic.clone(), QSIZE).unwrap();
+    v.set_queue_size(QSIZE);
+    v.set_queue_info(desc, avail, used).unwrap();
+    v.set_queue_ready(true);
+    v.set_enabled(true);
+    v
+}
+
+/// A directory's attributes for node `ino`, not to be cached: what the
+/// tests' own filesystems answer GETATTR with.
+pub fn dir_attr(
+    ino: u64,
+) -> fuse_core::server::FsResult<(fuse_core::abi::Attr, std::time::Duration)> {
+    use zerocopy::FromZeros;
+    Ok((
+        fuse_core::abi::Attr {
+            ino,
+            mode: libc::S_IFDIR | 0o755,
+            nlink: 2,
+            ..fuse_core::abi::Attr::new_zeroed()
+        },
+        std::time::Duration::ZERO,
+    ))
+}
+
+/// A device whose vring threads serve every request themselves, with
+/// two standby workers per queue for the watchdog.
+pub fn in_line_with_standby() -> DeviceConfig {
+    DeviceConfig {
+        inline_per_batch: usize::MAX,
+        workers_per_queue: 2,
+        ..DeviceConfig::default()
+    }
+}
