@@ -195,10 +195,16 @@ impl<F: Filesystem + 'static> Drop for Engine<F> {
     /// Aborts the connection and joins the server threads: a filesystem
     /// operation that never returns (a deliberately hung backend) makes
     /// this wait forever; leak such an instance (`std::mem::forget`).
+    /// Dropped on one of its own server threads (a request's end held the
+    /// last owner), that thread is not joined: it ends once it returns to
+    /// its loop and finds the connection gone.
     fn drop(&mut self) {
         self.chan.abort();
+        let me = std::thread::current().id();
         for w in self.workers.drain(..) {
-            let _ = w.join();
+            if w.thread().id() != me {
+                let _ = w.join();
+            }
         }
     }
 }
