@@ -326,7 +326,7 @@ impl Bench {
     /// preferred, then served and committed here.
     fn batch(&mut self, kind: Kind, n: usize) {
         let before = self.dev.answered.load(Ordering::Relaxed);
-        // drain_requests: s.prefer(true)
+        // drain_requests: s.prefer()
         self.ring
             .prefer(self.qid, self.ents.first().copied())
             .unwrap();
@@ -353,8 +353,8 @@ impl Bench {
             let area = f.commit_cmd();
             let _ = self.ring.commit(&area, f, None);
         }
-        // drain_requests: s.prefer(false)
-        self.ring.prefer(self.qid, None).unwrap();
+        // drain_requests: s.unprefer(), nothing left on its entries
+        assert!(!self.ring.unprefer(self.qid).unwrap());
         assert_eq!(served, n, "a request went elsewhere");
         assert_eq!(self.dev.answered.load(Ordering::Relaxed) - before, n as u64);
     }
@@ -407,7 +407,7 @@ impl Bench {
             let committed = self.ring.commit_batch(&mut self.fetched, None);
             assert_eq!(committed, got);
         }
-        self.ring.prefer(self.qid, None).unwrap();
+        assert!(!self.ring.unprefer(self.qid).unwrap());
         assert_eq!(served, n, "a request went elsewhere");
         assert_eq!(self.dev.answered.load(Ordering::Relaxed) - before, n as u64);
     }

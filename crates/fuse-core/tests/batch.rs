@@ -468,3 +468,37 @@ fn an_abort_during_a_batch_fetch_leaves_nothing_waiting() {
         end.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn unprefer_says_whether_reserved_entries_hold_requests_their_owner_has_not_fetched() {
+    // Two reserved entries, no other: a third request waits in the queue.
+    let (chan, end, hs) = ring(64, 8, 2);
+    end.prefer(0, hs.first().copied()).unwrap();
+    let log: Log = Arc::default();
+    let mut batch = batch_of(&log, 1..=3);
+    let mut sent = Vec::new();
+    assert_eq!(chan.try_send_background_batch(&mut batch, &mut sent), 3);
+    assert_eq!(end.unprefer(0), Ok(true), "two entries hold requests");
+    let mut f = end.fetch_own(0).unwrap().unwrap();
+    let g = end.fetch_own(0).unwrap().unwrap();
+    assert_eq!(end.unprefer(0), Ok(false), "both fetched, the third waits");
+    // The owner's own commit hands its entry the waiting request, even
+    // while the queue does not prefer reserved entries.
+    answer(&mut f);
+    let area = f.commit_cmd();
+    end.commit(&area, f, None).unwrap();
+    assert_eq!(end.unprefer(0), Ok(true), "a commit took the next request");
+    let h = end.fetch_own(0).unwrap().unwrap();
+    assert_eq!(h.in_header().nodeid, 3);
+    assert_eq!(end.unprefer(0), Ok(false));
+    for mut x in [g, h] {
+        answer(&mut x);
+        let area = x.commit_cmd();
+        end.commit(&area, x, None).unwrap();
+    }
+    assert!(end.fetch_own(0).unwrap().is_none());
+    assert_eq!(end.unprefer(0), Ok(false));
+    let tags: Vec<u64> = log_of(&log).iter().map(|(t, _)| *t).collect();
+    assert_eq!(tags, [1, 2, 3]);
+    end.check_invariants().unwrap();
+}

@@ -383,6 +383,14 @@ impl RingEnd {
     }
 
     /// Stops queue `qid` preferring reserved entries (as `prefer(qid,
+    /// None)`) and says whether one of them holds a request its owner has
+    /// not fetched (from then on, only the owner's own commits give its
+    /// entries requests: false means it has nothing to fetch).
+    pub fn unprefer(&self, qid: u16) -> Result<bool, Errno> {
+        self.ring()?.unprefer(qid)
+    }
+
+    /// Stops queue `qid` preferring reserved entries (as `prefer(qid,
     /// None)`) and hands the requests its reserved entries hold, but whose
     /// owner has not begun to fetch, to other entries: for a submitter
     /// that cannot serve them now (stuck in a host call). Returns how many

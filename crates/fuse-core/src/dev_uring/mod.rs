@@ -350,6 +350,16 @@ impl Ring {
         Ok(())
     }
 
+    /// Stops queue `qid` preferring its reserved entries (as
+    /// `prefer(qid, None)`); says, under the same acquisition of its lock,
+    /// whether one of them holds a request its owner has not fetched.
+    pub(crate) fn unprefer(&self, qid: u16) -> Result<bool, Errno> {
+        let qi = self.qidx(qid)?;
+        let mut q = lock(&self.queues[qi]);
+        q.preferring = false;
+        Ok(q.own_with_request().is_some())
+    }
+
     fn max_background(&self) -> u32 {
         self.max_bg.load(Ordering::SeqCst)
     }
