@@ -28,6 +28,7 @@
 use super::hiprio::ForgetsBy;
 use super::notify::{notify, Chunks, LARGE, SLOW_REQUEST_PART};
 use super::queue::RqId;
+use super::submit::Round;
 use super::{FsDevice, Inner, Vring};
 use crate::sync::lock;
 use fuse_core::abi::{Opcode, ReadIn};
@@ -75,6 +76,8 @@ pub(crate) struct QueueServer {
     /// A READ or WRITE of at least [`LARGE`] bytes was served since the
     /// last [`QueueServer::take_large`].
     large: bool,
+    /// The pop rounds' storage, kept from kick to kick.
+    pub(super) round: Round,
 }
 
 impl QueueServer {
@@ -94,6 +97,7 @@ impl QueueServer {
             scratch: vec![0u8; 64 * 1024],
             commits: Vec::with_capacity(16),
             large: false,
+            round: Round::default(),
         };
         s.add_entry()?;
         Ok(s)
@@ -109,10 +113,15 @@ impl QueueServer {
     }
 
     /// Makes this thread's entries the queue's preferred ones (while a
-    /// batch is submitted) or not.
-    pub(crate) fn prefer(&self, on: bool) {
-        let first = self.ents.first().copied();
-        let _ = self.ring.prefer(self.qid, if on { first } else { None });
+    /// batch is submitted).
+    pub(crate) fn prefer(&self) {
+        let _ = self.ring.prefer(self.qid, self.ents.first().copied());
+    }
+
+    /// Ends [`QueueServer::prefer`]; says whether this thread's entries
+    /// hold requests it has not fetched (true if the ring cannot say).
+    pub(crate) fn unprefer(&self) -> bool {
+        self.ring.unprefer(self.qid).unwrap_or(true)
     }
 
     /// Makes sure `want` entries of this thread are free for the next
@@ -246,10 +255,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // Each request goes to this thread's entries and is served in the
         // round it was sent in, up to `k`; then the rest go to the workers
         // and this thread serves what its entries got once all are in.
-        s.prefer(true);
+        s.prefer();
         let stalled = self.submit_requests(vring, q, Some((s, k)));
-        s.prefer(false);
-        {
+        if s.unprefer() {
             let _signals = self.inner.queue(q).signals.open(vring);
             self.serve_inline(s, q, usize::MAX, self.busy_mark(Instant::now()));
         }

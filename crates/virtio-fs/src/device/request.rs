@@ -3,14 +3,17 @@
 //! reference (see `guest_mem.rs`), malformed chains refused.
 
 use super::*;
+use fuse_core::EndFn;
 use std::sync::atomic::AtomicU8;
 
 impl<F: Filesystem + 'static> FsDevice<F> {
-    /// Reads a request chain into engine arguments, or refuses it (Err:
-    /// its ticket, for [`FsDevice::refuse`]; nothing was answered yet).
-    /// `gen` is the queue's generation read before the chain was popped (a
-    /// ring stopped after that makes it stale); `popped` is when its round
-    /// was popped.
+    /// Reads a request chain into engine arguments, pushed onto `sends`
+    /// with the ticket as their end (built in place there: `Args` is too
+    /// large to move around per request), or refuses it (Err: its ticket,
+    /// for [`FsDevice::refuse`]; nothing was answered or pushed). `gen` is
+    /// the queue's generation read before the chain was popped (a ring
+    /// stopped after that makes it stale); `popped` is when its round was
+    /// popped.
     pub(super) fn prepare(
         &self,
         vring: &Vring,
@@ -18,7 +21,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         q: RqId,
         gen: u64,
         popped: Instant,
-    ) -> Result<(Args, Arc<Ticket>), Arc<Ticket>> {
+        sends: &mut Vec<(Args, EndFn)>,
+    ) -> Result<Arc<Ticket>, Arc<Ticket>> {
         let total = chain.readable_len();
         let mut hb = [0u8; IN_HEADER];
         let header = if total >= IN_HEADER && chain.read_at(0, &mut hb).is_ok() {
@@ -103,7 +107,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // and the device would keep it until the request ends.
             return Err(ticket);
         }
-        let mut body = vec![0u8; body_len];
+        // Not `vec![0; n]`: glibc serves a zeroed allocation (calloc) past
+        // its per-thread cache, by its slow path.
+        #[allow(clippy::slow_vector_initialization)]
+        let mut body = Vec::with_capacity(body_len);
+        body.resize(body_len, 0);
         if ticket.chain.read_at(IN_HEADER, &mut body).is_err() {
             return Err(ticket);
         }
@@ -120,7 +128,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let reply_room = (ticket.chain.writable_len() - OUT_HEADER)
             .min(self.inner.cfg.max_write.max(8192) as usize);
         // Set in place (each builder call would move the whole `Args`).
-        let mut args = Args::new(opcode, h.nodeid);
+        sends.push((Args::new(opcode, h.nodeid), EndFn::Shared(ticket.clone())));
+        let Some((args, _)) = sends.last_mut() else {
+            return Err(ticket);
+        };
         (args.uid, args.gid, args.pid) = (h.uid, h.gid, h.pid);
         args.body = body;
         args.data = data;
@@ -137,7 +148,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             opcode,
             Opcode::Init | Opcode::Destroy | Opcode::Release | Opcode::Releasedir | Opcode::Flush
         );
-        Ok((args, ticket))
+        Ok(ticket)
     }
 
     /// Answers a request [`FsDevice::prepare`] refused: EIO, or the chain

@@ -40,8 +40,10 @@ enum Tail {
 }
 
 /// One round: the requests for the engine's batch, in the order popped,
-/// and what ended it. Reused from round to round.
-struct Round {
+/// and what ended it. Reused from round to round, and by a vring thread
+/// that serves in line from kick to kick (kept in its `QueueServer`).
+#[derive(Default)]
+pub(super) struct Round {
     sends: Vec<(Args, EndFn)>,
     tickets: Vec<Arc<Ticket>>,
     results: Vec<Result<u64, Errno>>,
@@ -49,13 +51,12 @@ struct Round {
 }
 
 impl Round {
-    fn new() -> Round {
-        Round {
-            sends: Vec::with_capacity(ROUND),
-            tickets: Vec::with_capacity(ROUND),
-            results: Vec::with_capacity(ROUND),
-            tail: None,
-        }
+    /// Whether nothing is left in it (true between rounds).
+    fn is_empty(&self) -> bool {
+        self.sends.is_empty()
+            && self.tickets.is_empty()
+            && self.results.is_empty()
+            && self.tail.is_none()
     }
 }
 
@@ -72,26 +73,56 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// full (true: the refused chains went back to the avail ring). With
     /// `inline`, this thread serves what its entries get, until it served
     /// `k` requests (see [`FsDevice::drain_requests`]).
+    ///
+    /// It pops the chains the avail ring announced when it began and
+    /// returns once they are all popped and served: what the guest adds
+    /// meanwhile is found by the caller's re-enabling of notifications
+    /// (`serve_queue`), or by its kick.
     pub(super) fn submit_requests(
         &self,
         vring: &Vring,
         q: RqId,
         mut inline: Option<(&mut QueueServer, usize)>,
     ) -> bool {
+        let mut round = match inline.as_mut() {
+            Some((s, _)) => std::mem::take(&mut s.round),
+            None => Round::default(),
+        };
+        debug_assert!(round.is_empty());
+        let stalled = self.submit_rounds(vring, q, &mut inline, &mut round);
+        if let Some((s, _)) = inline {
+            s.round = round;
+        }
+        stalled
+    }
+
+    /// [`FsDevice::submit_requests`]'s rounds, with `round` to reuse.
+    fn submit_rounds(
+        &self,
+        vring: &Vring,
+        q: RqId,
+        inline: &mut Option<(&mut QueueServer, usize)>,
+        round: &mut Round,
+    ) -> bool {
         let rq = self.inner.queue(q);
-        let mut round = Round::new();
         let mut chunks = Chunks::new(self.inner.cfg.submit_batch);
         let mut served = 0;
+        // Chains announced and not popped yet (read once, below).
+        let mut left = None;
         loop {
             // Each round: serving may have taken long, and the memory
             // table may have changed meanwhile.
             let Some(mem) = self.memory() else {
                 return false;
             };
+            let left = left.get_or_insert_with(|| available(vring, &mem));
+            if *left == 0 {
+                return false;
+            }
             if self.too_many_orphans(q) {
                 return true;
             }
-            let mut want = ROUND;
+            let mut want = ROUND.min(*left);
             if let Some((s, k)) = inline.as_mut() {
                 if served < *k {
                     want = want.min(*k - served).min(chunks.next_len());
@@ -105,10 +136,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // chains with the old generation, so their answers never
                 // reach the new ring.
                 let gen = read(&rq.gen).n;
-                if self.pop_round(vring, &mem, q, gen, want, &mut round) == 0 {
+                let popped = self.pop_round(vring, &mem, q, gen, want, round);
+                if popped == 0 {
                     return false;
                 }
-                let sent = self.send_round(vring, q, &mut round);
+                *left -= popped;
+                let sent = self.send_round(vring, q, round);
                 let tail = match round.tail.take() {
                     Some(Tail::Refused(t)) => {
                         self.refuse(&t);
@@ -181,32 +214,33 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     break;
                 }
             };
-            let (args, ticket) = match self.prepare(vring, chain, q, gen, popped_at) {
-                Ok(v) => v,
+            // Its arguments go onto `round.sends` in place.
+            let ticket = match self.prepare(vring, chain, q, gen, popped_at, &mut round.sends) {
+                Ok(t) => t,
                 Err(t) => {
                     round.tail = Some(Tail::Refused(t));
                     break;
                 }
             };
             let op = Opcode::from_u32(ticket.opcode);
-            let mut args = args;
             if op.is_some_and(request::changes_host) {
-                args.fence = Some(self.fence_of(q, gen));
-            }
-            match op {
-                Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw) => {
-                    round.tail = Some(Tail::Lock(args, ticket));
-                    break;
-                }
-                Some(Opcode::Init) => {
-                    round.tail = Some(Tail::Init(args, ticket));
-                    break;
-                }
-                _ => {
-                    round.sends.push((args, EndFn::Shared(ticket.clone())));
-                    round.tickets.push(ticket);
+                if let Some((args, _)) = round.sends.last_mut() {
+                    args.fence = Some(self.fence_of(q, gen));
                 }
             }
+            let lock_call = matches!(op, Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw));
+            if lock_call || op == Some(Opcode::Init) {
+                // Not for the batch: taken back off it, as the tail.
+                if let Some((args, _)) = round.sends.pop() {
+                    round.tail = Some(if lock_call {
+                        Tail::Lock(args, ticket)
+                    } else {
+                        Tail::Init(args, ticket)
+                    });
+                }
+                break;
+            }
+            round.tickets.push(ticket);
         }
         n
     }
@@ -414,4 +448,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         true
     }
+}
+
+/// Chains `vring`'s avail ring announces that are not popped yet (0 when
+/// its index cannot be read; an index more than a ring ahead counts as
+/// is: `pop` then finds nothing).
+fn available(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) -> usize {
+    let v = vring.get_ref();
+    let queue = v.get_queue();
+    queue
+        .avail_idx(&**mem, Ordering::Acquire)
+        .map_or(0, |idx| usize::from(idx.0.wrapping_sub(queue.next_avail())))
 }
