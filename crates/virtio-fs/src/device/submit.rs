@@ -107,22 +107,26 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let rq = self.inner.queue(q);
         let mut chunks = Chunks::new(self.inner.cfg.submit_batch);
         let mut served = 0;
-        // Chains announced and not popped yet (read once, below).
-        let mut left = None;
+        // The avail index when the drain began (read once, below).
+        let mut end = None;
         loop {
             // Each round: serving may have taken long, and the memory
             // table may have changed meanwhile.
             let Some(mem) = self.memory() else {
                 return false;
             };
-            let left = left.get_or_insert_with(|| available(vring, &mem));
-            if *left == 0 {
+            let end = *end.get_or_insert_with(|| avail_index(vring, &mem));
+            // Counted from the queue's next index each round: chains put
+            // back (admission full) count again, those the watchdog popped
+            // meanwhile do not.
+            let left = left_before(vring, end);
+            if left == 0 {
                 return false;
             }
             if self.too_many_orphans(q) {
                 return true;
             }
-            let mut want = ROUND.min(*left);
+            let mut want = ROUND.min(left);
             if let Some((s, k)) = inline.as_mut() {
                 if served < *k {
                     want = want.min(*k - served).min(chunks.next_len());
@@ -136,11 +140,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // chains with the old generation, so their answers never
                 // reach the new ring.
                 let gen = read(&rq.gen).n;
-                let popped = self.pop_round(vring, &mem, q, gen, want, round);
-                if popped == 0 {
+                if self.pop_round(vring, &mem, q, gen, want, round) == 0 {
                     return false;
                 }
-                *left -= popped;
                 let sent = self.send_round(vring, q, round);
                 let tail = match round.tail.take() {
                     Some(Tail::Refused(t)) => {
@@ -450,13 +452,26 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 }
 
-/// Chains `vring`'s avail ring announces that are not popped yet (0 when
-/// its index cannot be read; an index more than a ring ahead counts as
-/// is: `pop` then finds nothing).
-fn available(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) -> usize {
+/// `vring`'s avail index (its next index when the index cannot be read:
+/// nothing to pop).
+fn avail_index(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) -> u16 {
     let v = vring.get_ref();
     let queue = v.get_queue();
     queue
         .avail_idx(&**mem, Ordering::Acquire)
-        .map_or(0, |idx| usize::from(idx.0.wrapping_sub(queue.next_avail())))
+        .map_or(queue.next_avail(), |idx| idx.0)
+}
+
+/// Chains announced up to avail index `end` that are not popped yet (0
+/// when the queue's next index is past `end`, or `end` is more than a
+/// ring ahead of it: a pop would find nothing there).
+fn left_before(vring: &Vring, end: u16) -> usize {
+    let v = vring.get_ref();
+    let queue = v.get_queue();
+    let n = end.wrapping_sub(queue.next_avail());
+    if n > queue.size() {
+        0
+    } else {
+        usize::from(n)
+    }
 }
