@@ -502,3 +502,28 @@ fn unprefer_says_whether_reserved_entries_hold_requests_their_owner_has_not_fetc
     assert_eq!(tags, [1, 2, 3]);
     end.check_invariants().unwrap();
 }
+
+#[test]
+fn review_unprefer_stops_reserved_entries_taking_requests() {
+    // One reserved entry and one other: after unprefer, a new request
+    // goes to the other one (the added test above passes even when
+    // unprefer leaves the queue preferring).
+    let (chan, end, hs) = ring(64, 8, 1);
+    let other = end
+        .register(&cmd_area(0, 0, 0), EntryBufs::pooled(), None)
+        .unwrap();
+    end.prefer(0, hs.first().copied()).unwrap();
+    assert_eq!(end.unprefer(0), Ok(false));
+    let log: Log = Arc::default();
+    let mut batch = batch_of(&log, [1]);
+    let mut sent = Vec::new();
+    assert_eq!(chan.try_send_background_batch(&mut batch, &mut sent), 1);
+    assert_eq!(end.unprefer(0), Ok(false), "no longer preferred");
+    assert!(end.fetch_own(0).unwrap().is_none());
+    let mut f = end.fetch(other, false).unwrap().unwrap();
+    answer(&mut f);
+    let area = f.commit_cmd();
+    end.commit(&area, f, None).unwrap();
+    assert_eq!(log_of(&log).len(), 1);
+    end.check_invariants().unwrap();
+}
