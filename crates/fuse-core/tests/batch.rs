@@ -504,10 +504,9 @@ fn unprefer_says_whether_reserved_entries_hold_requests_their_owner_has_not_fetc
 }
 
 #[test]
-fn review_unprefer_stops_reserved_entries_taking_requests() {
+fn unprefer_stops_reserved_entries_taking_requests() {
     // One reserved entry and one other: after unprefer, a new request
-    // goes to the other one (the added test above passes even when
-    // unprefer leaves the queue preferring).
+    // goes to the other one.
     let (chan, end, hs) = ring(64, 8, 1);
     let other = end
         .register(&cmd_area(0, 0, 0), EntryBufs::pooled(), None)
