@@ -440,6 +440,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Serves queue `q` until it is empty or stalls.
     fn serve_queue(&self, vring: &Vring, q: Vq) -> Result<(), DeviceError> {
         let event_idx = self.inner.event_idx.load(Ordering::Relaxed);
+        // Passes in a row that popped nothing although more was announced.
+        let mut idle = 0;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(DeviceError::Vring)?;
@@ -455,11 +457,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             if stalled || !event_idx || !vring.enable_notification().map_err(DeviceError::Vring)? {
                 break;
             }
-            if vring.queue_next_avail() == before {
-                // More is announced but nothing could be popped: an avail
-                // index the queue refuses (more than a ring ahead) or an
-                // unreadable head. Stop rather than spin; the next kick
-                // retries.
+            if vring.queue_next_avail() != before {
+                idle = 0;
+                continue;
+            }
+            // More is announced but nothing was popped. Once, that is a
+            // chain published after the drain read the avail index: one
+            // more pass pops it. Twice in a row, an avail index the queue
+            // refuses (more than a ring ahead) or an unreadable head:
+            // stop rather than spin; the next kick retries.
+            idle += 1;
+            if idle == 2 {
                 self.inner.stats.queues[q.index()]
                     .malformed
                     .fetch_add(1, Ordering::Relaxed);

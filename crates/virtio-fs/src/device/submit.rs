@@ -118,7 +118,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let end = *end.get_or_insert_with(|| avail_index(vring, &mem));
             // Counted from the queue's next index each round: chains put
             // back (admission full) count again, those the watchdog popped
-            // meanwhile do not.
+            // meanwhile do not (counted again under `pop_lock` below).
             let left = left_before(vring, end);
             if left == 0 {
                 return false;
@@ -140,7 +140,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // chains with the old generation, so their answers never
                 // reach the new ring.
                 let gen = read(&rq.gen).n;
-                if self.pop_round(vring, &mem, q, gen, want, round) == 0 {
+                let want = want.min(left_before(vring, end));
+                if want == 0 || self.pop_round(vring, &mem, q, gen, want, round) == 0 {
                     return false;
                 }
                 let sent = self.send_round(vring, q, round);
