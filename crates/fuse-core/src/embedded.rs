@@ -15,6 +15,7 @@
 //! assert_eq!(c.lookup(1, b"dir").unwrap().nodeid, d.nodeid);
 //! ```
 
+use crate::locks::lock;
 use crate::abi::{InHeader, Opcode};
 use crate::chan::{Chan, Device, Errno};
 use crate::client::Client;
@@ -64,7 +65,7 @@ struct TracedEnd {
 impl TracedEnd {
     fn record(&self, e: TraceEvent) {
         if let Some(l) = &self.log {
-            l.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+            lock(l).push(e);
         }
     }
 }
@@ -93,7 +94,7 @@ impl DeviceEnd for TracedEnd {
         let r = DeviceEnd::write_reply(&self.dev, unique, error, payload);
         if r.is_err() {
             if let Some(l) = &self.log {
-                let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
+                let mut l = lock(l);
                 let mine = |e: &&mut TraceEvent| matches!(e, TraceEvent::Reply { unique: u, .. } if *u == unique);
                 if let Some(TraceEvent::Reply { accepted, .. }) = l.iter_mut().rev().find(mine) {
                     *accepted = false;
@@ -175,7 +176,7 @@ impl<F: Filesystem + 'static> Embedded<F> {
     pub fn trace(&self) -> Vec<TraceEvent> {
         self.log
             .as_ref()
-            .map(|l| l.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .map(|l| lock(l).clone())
             .unwrap_or_default()
     }
 

@@ -31,6 +31,7 @@ pub mod client;
 pub mod dev_uring;
 pub mod embedded;
 pub mod fasthash;
+pub mod locks;
 pub mod ratelimit;
 pub mod server;
 mod sync;

@@ -10,7 +10,8 @@
 //! It reads a clock and takes a std mutex of its own (not one of the
 //! engine's, which loom models): no host I/O.
 
-use std::sync::{Mutex, OnceLock, PoisonError};
+use crate::locks::lock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 #[doc(hidden)]
@@ -56,7 +57,7 @@ impl Limiter {
     }
 
     fn admit_in(&self, window: u32) -> Option<u64> {
-        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut c = lock(&self.0);
         // A caller that read the clock before another moved the window on
         // counts in the newer window (never moves it back).
         if c.window < window {

@@ -16,15 +16,17 @@ pub(crate) use std::sync::atomic::Ordering;
 // models check the locks, condvars and atomics, not reference counts.
 pub(crate) use std::sync::{Arc, Weak};
 
-/// Locks `m`. A panic while holding an engine lock is a bug in the engine;
-/// the state it protects is kept consistent by construction (every update is
-/// a single assignment or list move), so a poisoned lock is entered anyway
-/// rather than turning one panic into a cascade.
+/// Locks `m` (poisoned or not, see [`crate::locks`]).
+#[cfg(loom)]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Waits on `cv`, releasing and re-taking the guard (see [`lock`] on poisoning).
+/// Waits on `cv`, releasing and re-taking the guard (poisoned or not).
+#[cfg(loom)]
 pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     cv.wait(g).unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(not(loom))]
+pub(crate) use crate::locks::{lock, wait};

@@ -2,6 +2,7 @@
 //! /dev/fuse, by the same dispatcher and device workers that serve the
 //! in-process engine.
 
+use fuse_core::locks::lock;
 use crate::cli::{Cache, FaultArgs};
 use crate::signals;
 use fuse_core::abi::init;
@@ -280,9 +281,7 @@ fn start_ring(
                     Ok(q) => q,
                     Err(e) => return worker_failed(&dev, format_args!("ring queue {qid}"), e),
                 };
-                queues
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                lock(&queues)
                     .push(q.clone());
                 match kernel_uring::serve::serve_queue(&q, &d, depth) {
                     Err(fuse_core::Errno::EAGAIN) => {
@@ -568,7 +567,7 @@ fn serve_until_gone(
     // Ring threads whose every entry holds a READ that has not completed
     // see no command fail: tell them. Their READs' payload slots stay
     // mapped until those READs complete (see kernel_uring's arena).
-    for q in queues.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+    for q in lock(&queues).iter() {
         q.shutdown();
     }
     let t = Instant::now();

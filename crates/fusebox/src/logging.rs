@@ -3,6 +3,7 @@
 //! filtered by --log-level. The libraries log through the facade too, so
 //! their messages follow --syslog and --log-level.
 
+use fuse_core::locks::lock;
 use crate::cli::LogLevel;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,7 +85,7 @@ impl log::Log for Syslog {
         if !self.enabled(rec.metadata()) {
             return;
         }
-        let mut l = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = lock(&self.0);
         for line in rec.args().to_string().lines() {
             // A lost log line has nowhere to be reported.
             let _ = match rec.level() {

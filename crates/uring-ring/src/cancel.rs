@@ -9,7 +9,7 @@
 //! leaves the registry (under that lock) before its driver can drop the
 //! ring, so the fd named is always that live ring.
 
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use std::collections::BTreeSet;
 use std::os::fd::RawFd;
 use std::sync::Mutex;

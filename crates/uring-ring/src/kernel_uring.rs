@@ -48,7 +48,7 @@ pub mod serve;
 
 use crate::devfuse::DevFuse;
 use crate::passthrough::sys;
-use crate::sync::{get_mut, lock};
+use fuse_core::locks::{get_mut, lock};
 use fuse_core::abi::{
     notify, uring, InHeader, NotifyRetrieveOut, Opcode, OutHeader, UringCmdReq, UringReqHeader,
 };

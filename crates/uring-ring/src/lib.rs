@@ -11,7 +11,6 @@ pub mod devfuse;
 mod driver;
 pub mod kernel_uring;
 pub mod passthrough;
-mod sync;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 

@@ -51,7 +51,7 @@ mod ticket;
 mod timeouts;
 use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
-use crate::sync::{lock, read, write};
+use fuse_core::locks::{lock, read, write};
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
 };

@@ -16,7 +16,7 @@
 //! answered and written afterwards.
 
 use crate::chain::{Mem, Seg};
-use crate::sync::{lock, read, wait_for, write};
+use fuse_core::locks::{lock, read, wait_for, write};
 use crate::GuestMmap;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use smallvec::SmallVec;

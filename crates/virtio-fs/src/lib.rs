@@ -11,7 +11,6 @@ mod device;
 mod dirty_log;
 mod guest_mem;
 pub mod stats;
-mod sync;
 pub mod testing;
 
 pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, GuestMmap, Vring, TAG_LEN};

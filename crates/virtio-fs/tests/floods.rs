@@ -29,7 +29,7 @@ const BIG: u64 = 0x90000;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    fuse_core::locks::lock(&SERIAL)
 }
 
 fn status(field: &str) -> u64 {

@@ -23,7 +23,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    fuse_core::locks::lock(&SERIAL)
 }
 
 /// How long a stop waits for what it gives up, in these tests.

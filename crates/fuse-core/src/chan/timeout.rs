@@ -1,5 +1,6 @@
 //! Clocks and the per-connection timeout scanner.
 
+use crate::locks::{lock, wait_for};
 #[cfg(not(loom))]
 use crate::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,14 +45,14 @@ impl ManualClock {
     }
     /// Moves the clock forward.
     pub fn advance(&self, d: Duration) {
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = lock(&self.0);
         *t += d;
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Duration {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.0)
     }
 }
 
@@ -65,22 +66,18 @@ pub(crate) struct ScanCtl {
 
 impl ScanCtl {
     pub(crate) fn stop(&self) {
-        *self.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *lock(&self.stop) = true;
         self.cv.notify_all();
     }
 
     /// Sleeps one period; returns false once stopped.
     #[cfg_attr(loom, allow(dead_code))]
     fn sleep(&self, period: Duration) -> bool {
-        let g = self.stop.lock().unwrap_or_else(|e| e.into_inner());
+        let g = lock(&self.stop);
         if *g {
             return false;
         }
-        let (g, _) = self
-            .cv
-            .wait_timeout(g, period)
-            .unwrap_or_else(|e| e.into_inner());
-        !*g
+        !*wait_for(&self.cv, g, period)
     }
 }
 

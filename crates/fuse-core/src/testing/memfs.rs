@@ -1,6 +1,7 @@
 //! An in-memory filesystem for tests. Node ids are
 //! inode numbers; a node is freed when it has no links and no lookups.
 
+use crate::locks::lock;
 use crate::abi::{fattr, Attr, Kstatfs, SetattrIn};
 use crate::server::{
     Created, Ctx, DirSink, Entry, Filesystem, FsResult, Opened, ReadSink, WriteSource, Xattr,
@@ -82,7 +83,7 @@ impl MemFs {
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// Number of live inodes (root included): shows that forgets free nodes.

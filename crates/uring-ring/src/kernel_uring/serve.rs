@@ -59,7 +59,7 @@
 //! daemon's grace period at exit.
 
 use super::{EntState, KernelQueue, KernelSlot};
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use fuse_core::abi::Opcode;
 use fuse_core::server::RingSlot;
 use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, InFlight, Served, Start};

@@ -59,7 +59,7 @@
 use super::creds::as_io_delegate;
 use super::sys;
 use crate::devfuse::DevFuse;
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use fuse_core::Errno;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};

@@ -5,7 +5,7 @@ use super::creds::{private_umask, Caps, Cred, Groups};
 use super::idmap::{acl_to_guest, acl_to_host};
 use super::label::{same_inode, Fresh};
 use super::{component, sys, PassthroughFs, STATX_MASK};
-use crate::sync::write_lock;
+use fuse_core::locks::write;
 use fuse_core::abi::{fattr, Attr, Kstatfs, SetattrIn, Statx, SxTime, ROOT_ID};
 use fuse_core::server::{Ctx, Entry, FsResult, Xattr};
 use fuse_core::Errno;
@@ -230,7 +230,7 @@ impl PassthroughFs {
                 libc::S_IFDIR => return Err(Errno::EISDIR),
                 _ => return Err(Errno::EINVAL),
             }
-            let _io = write_lock(&data.io_lock);
+            let _io = write(&data.io_lock);
             match &handle {
                 Some(h) => sys::ftruncate(h.fd.raw(), a.size)?,
                 None => {

@@ -6,7 +6,7 @@ use super::creds::{private_umask, Caps, Cred};
 use super::inode::{CountedFd, InodeData};
 use super::label::{same_inode, Fresh};
 use super::{component, io, sys, PassthroughFs};
-use crate::sync::{lock, read_lock, write_lock};
+use fuse_core::locks::{lock, read, write};
 use fuse_core::abi::flags as wflags;
 use fuse_core::server::{
     Created, Ctx, DirPlusSink, DirSink, FsResult, Opened, ReadSink, WriteSource,
@@ -66,7 +66,7 @@ impl Handles {
     /// Enters `h` under a new id, or under `at` (a migration taking up the
     /// source's handles: EEXIST if it is taken).
     fn insert(&self, h: HandleData, at: Option<u64>) -> Result<u64, Errno> {
-        let mut map = write_lock(&self.map);
+        let mut map = write(&self.map);
         let id = match at {
             None => self.next.fetch_add(1, Ordering::Relaxed) + 1,
             Some(id) => {
@@ -85,15 +85,15 @@ impl Handles {
         Ok(id)
     }
     fn is_lost(&self, fh: u64) -> bool {
-        read_lock(&self.lost).contains(&fh)
+        read(&self.lost).contains(&fh)
     }
     /// Records `fh` as lost in a migration (EIO until released).
     pub(super) fn restore_lost(&self, fh: u64) -> Result<(), Errno> {
-        let map = read_lock(&self.map);
+        let map = read(&self.map);
         if fh == 0 || fh > super::inode::MAX_RESTORED_ID || map.contains_key(&fh) {
             return Err(Errno(libc::EEXIST));
         }
-        if !write_lock(&self.lost).insert(fh) {
+        if !write(&self.lost).insert(fh) {
             return Err(Errno(libc::EEXIST));
         }
         self.next.fetch_max(fh, Ordering::Relaxed);
@@ -101,34 +101,34 @@ impl Handles {
     }
     /// Every open handle, by id, and the lost ones.
     pub(super) fn snapshot(&self) -> (Vec<(u64, Arc<HandleData>)>, Vec<u64>) {
-        let mut v: Vec<_> = read_lock(&self.map)
+        let mut v: Vec<_> = read(&self.map)
             .iter()
             .map(|(&k, h)| (k, h.clone()))
             .collect();
         v.sort_by_key(|(k, _)| *k);
-        let mut lost: Vec<u64> = read_lock(&self.lost).iter().copied().collect();
+        let mut lost: Vec<u64> = read(&self.lost).iter().copied().collect();
         lost.sort_unstable();
         (v, lost)
     }
     /// The handle `fh`, or EBADF (EIO for one lost in a migration).
     pub fn get(&self, fh: u64) -> Result<Arc<HandleData>, Errno> {
-        match read_lock(&self.map).get(&fh) {
+        match read(&self.map).get(&fh) {
             Some(h) => Ok(h.clone()),
             None if self.is_lost(fh) => Err(Errno::EIO),
             None => Err(Errno::EBADF),
         }
     }
     fn remove(&self, fh: u64) -> Option<Arc<HandleData>> {
-        let h = write_lock(&self.map).remove(&fh);
+        let h = write(&self.map).remove(&fh);
         if h.is_none() {
-            write_lock(&self.lost).remove(&fh);
+            write(&self.lost).remove(&fh);
         }
         h
     }
     #[cfg(feature = "test-utils")]
     /// Open handles.
     pub fn len(&self) -> usize {
-        read_lock(&self.map).len()
+        read(&self.map).len()
     }
     #[cfg(feature = "test-utils")]
     /// The most writers seen in one inode's lock at once.
@@ -136,8 +136,8 @@ impl Handles {
         self.max_parallel.load(Ordering::Relaxed)
     }
     pub(super) fn clear(&self) {
-        write_lock(&self.map).clear();
-        write_lock(&self.lost).clear();
+        write(&self.map).clear();
+        write(&self.lost).clear();
     }
     /// Counts a writer of `inode` (in its `writers`, and in the most seen
     /// at once) until the result is dropped.
@@ -559,9 +559,9 @@ impl PassthroughFs {
         let (cred, caps) = self.write_creds(ctx, &h, flags)?;
         let (_r, _w);
         if self.parallel_write(&h) {
-            _r = read_lock(&h.inode.io_lock);
+            _r = read(&h.inode.io_lock);
         } else {
-            _w = write_lock(&h.inode.io_lock);
+            _w = write(&h.inode.io_lock);
         }
         let writer = self.handles.writer(&h.inode);
         let r = (|| {
@@ -721,7 +721,7 @@ impl PassthroughFs {
         off: u64,
         len: u64,
     ) -> FsResult<()> {
-        let _w = write_lock(&h.inode.io_lock);
+        let _w = write(&h.inode.io_lock);
         {
             // Allocates: as the caller, without CAP_SYS_RESOURCE.
             let _c = self.creds_as(cred, Caps::ALLOCATE)?;

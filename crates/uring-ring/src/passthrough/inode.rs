@@ -10,7 +10,7 @@
 
 use super::backing::BackingState;
 use super::sys;
-use crate::sync::{lock, read_lock, write_lock};
+use fuse_core::locks::{lock, read, write};
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -295,10 +295,10 @@ impl InodeTable {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Maps> {
-        read_lock(&self.maps)
+        read(&self.maps)
     }
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Maps> {
-        write_lock(&self.maps)
+        write(&self.maps)
     }
 
     /// The inode with node id `id`, or EBADF (the client names an inode it

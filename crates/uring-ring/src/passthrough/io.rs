@@ -9,7 +9,7 @@
 //! 4 KiB read (docs/BENCHMARKS.md). Buffered writes are punted even on
 //! ext4 (0.32x of pwrite at 4 KiB), so only O_DIRECT writes use the ring.
 
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use crate::{Driver, Target};
 use fuse_core::Errno;
 use std::os::fd::RawFd;

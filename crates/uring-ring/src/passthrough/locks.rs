@@ -45,7 +45,7 @@ pub use handover::SavedOwner;
 use super::file::HandleData;
 use super::sys::{self, wake};
 use super::PassthroughFs;
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use fuse_core::abi::FileLock;
 use fuse_core::server::{Ctx, Deferred, FsResult, LockReq};
 use fuse_core::Errno;

@@ -13,7 +13,7 @@
 //! ring stop, which clears the set under the write lock, never races an
 //! answer of the old ring).
 
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use std::sync::Mutex;
 
 /// One bit per possible head index (a u16).

@@ -30,7 +30,7 @@ use super::notify::{notify, Chunks, LARGE, SLOW_REQUEST_PART};
 use super::queue::RqId;
 use super::submit::Round;
 use super::{FsDevice, Inner, Vring};
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use fuse_core::abi::{Opcode, ReadIn};
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::server::{serve_slot, Dispatcher, Filesystem, InFlight, Served, Start};

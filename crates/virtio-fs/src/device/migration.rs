@@ -21,7 +21,7 @@
 //! is taken at once, while the device is stopped. CHECK_DEVICE_STATE
 //! waits for that thread.
 
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use fuse_core::abi::InHeader;
 use fuse_core::abi::Opcode;
 use fuse_core::server::state::{StateError, StateReader, StateWriter};

@@ -5,7 +5,7 @@ use super::queue::RqId;
 use super::Vring;
 use crate::chain::Chain;
 use crate::guest_mem::GuestSpans;
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan, ReqResult, RequestEnd};
 use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex, Weak};

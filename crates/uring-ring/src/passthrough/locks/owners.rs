@@ -9,7 +9,7 @@
 use super::super::inode::CountedFd;
 use super::super::sys;
 use super::range::{RangeSet, Span, OFFSET_MAX};
-use crate::sync::lock;
+use fuse_core::locks::lock;
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

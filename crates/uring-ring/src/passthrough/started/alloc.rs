@@ -27,7 +27,7 @@ use super::write::WriteCreds;
 use super::{NoData, PassthroughFs, PassthroughIo};
 use crate::passthrough::creds::Caps;
 use crate::passthrough::file::HandleData;
-use crate::sync::write_lock;
+use fuse_core::locks::write;
 use crate::Target;
 use fuse_core::server::{Ctx, ReadDone};
 use fuse_core::Errno;
@@ -120,7 +120,7 @@ impl PassthroughFs {
     ) -> Result<usize, Errno> {
         match r {
             Err(Errno(libc::EACCES) | Errno::EPERM) => {
-                let _w = write_lock(&h.inode.io_lock);
+                let _w = write(&h.inode.io_lock);
                 let _c = a.creds.enter()?;
                 crate::passthrough::sys::fallocate(h.fd.raw(), a.mode as i32, a.off, a.len)?;
                 Ok(0)
