@@ -9,7 +9,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use fuse_core::abi::{encode::Body, fopen, init, uring, Attr, GetattrIn, Opcode, ReadIn, WriteIn};
 use fuse_core::dev_uring::{bufpool_area, cmd_area, EntryBufs, RingEnd};
 use fuse_core::server::{
-    answer_ring, run_ring_worker, serve_device, Ctx, Dispatcher, Filesystem, FsResult, Opened,
+    answer_slot, run_ring_worker, serve_device, Ctx, Dispatcher, Filesystem, FsResult, Opened,
     ReadSink, ServerConfig, WriteSource,
 };
 use fuse_core::{Args, Chan, ChanConfig, Negotiated};
@@ -250,7 +250,7 @@ fn poll_server(
             match end.fetch(*h, false) {
                 Ok(Some(mut f)) => {
                     idle = false;
-                    answer_ring(d, &mut f, &mut scratch);
+                    answer_slot(d, &mut f, &mut scratch);
                     let area = f.commit_cmd();
                     if end.commit(&area, f, None).is_err() {
                         return;

@@ -32,15 +32,6 @@ pub struct DirEntryPlus {
     pub dirent: DirEntry,
 }
 
-/// What GETXATTR/LISTXATTR answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum XattrReply {
-    /// The size of the value (asked with size 0).
-    Size(u32),
-    /// The value.
-    Data(Vec<u8>),
-}
-
 /// A client of one connection, with the credentials it sends.
 #[derive(Clone)]
 pub struct Client {
@@ -68,7 +59,7 @@ fn read<T: FromBytes>(r: ReplyPayload) -> Result<T, Errno> {
     r.read().ok_or(Errno::EPROTO)
 }
 
-fn own_dirent(d: &abi::DirEntry<'_>) -> DirEntry {
+fn own_dirent(d: &abi::DecodedDirent<'_>) -> DirEntry {
     DirEntry {
         ino: d.dirent.ino,
         off: d.dirent.off,
@@ -505,15 +496,15 @@ impl Client {
         };
         self.unit(Opcode::Setxattr, node, body.cstr(name).bytes(value))
     }
-    fn xattr_reply(r: ReplyPayload, size: u32) -> Result<XattrReply, Errno> {
+    fn xattr_reply(r: ReplyPayload, size: u32) -> Result<Xattr, Errno> {
         if size == 0 {
-            read::<GetxattrOut>(r).map(|o| XattrReply::Size(o.size))
+            read::<GetxattrOut>(r).map(|o| Xattr::Size(o.size))
         } else {
-            Ok(XattrReply::Data(r.data))
+            Ok(Xattr::Data(r.data))
         }
     }
     /// GETXATTR (`size` 0 asks for the size).
-    pub fn getxattr(&self, node: u64, name: &[u8], size: u32) -> Result<XattrReply, Errno> {
+    pub fn getxattr(&self, node: u64, name: &[u8], size: u32) -> Result<Xattr, Errno> {
         let arg = GetxattrIn { size, padding: 0 };
         let out = if size == 0 {
             sz::<GetxattrOut>()
@@ -530,7 +521,7 @@ impl Client {
         Self::xattr_reply(r, size)
     }
     /// LISTXATTR (`size` 0 asks for the size).
-    pub fn listxattr(&self, node: u64, size: u32) -> Result<XattrReply, Errno> {
+    pub fn listxattr(&self, node: u64, size: u32) -> Result<Xattr, Errno> {
         let arg = GetxattrIn { size, padding: 0 };
         let out = if size == 0 {
             sz::<GetxattrOut>()

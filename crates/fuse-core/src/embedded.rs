@@ -15,10 +15,10 @@
 //! assert_eq!(c.lookup(1, b"dir").unwrap().nodeid, d.nodeid);
 //! ```
 
-use crate::locks::lock;
 use crate::abi::{InHeader, Opcode};
 use crate::chan::{Chan, Device, Errno};
 use crate::client::Client;
+use crate::locks::lock;
 use crate::server::{DeviceEnd, Dispatcher, Engine, EngineConfig, Filesystem};
 use std::sync::{Arc, Mutex};
 use zerocopy::FromBytes;

@@ -2,10 +2,10 @@
 //! /dev/fuse, by the same dispatcher and device workers that serve the
 //! in-process engine.
 
-use fuse_core::locks::lock;
 use crate::cli::{Cache, FaultArgs};
 use crate::signals;
 use fuse_core::abi::init;
+use fuse_core::locks::lock;
 use fuse_core::server::faults::{Faulty, PlanError};
 use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
 use std::path::{Path, PathBuf};
@@ -281,8 +281,7 @@ fn start_ring(
                     Ok(q) => q,
                     Err(e) => return worker_failed(&dev, format_args!("ring queue {qid}"), e),
                 };
-                lock(&queues)
-                    .push(q.clone());
+                lock(&queues).push(q.clone());
                 match kernel_uring::serve::serve_queue(&q, &d, depth) {
                     Err(fuse_core::Errno::EAGAIN) => {
                         std::thread::sleep(std::time::Duration::from_millis(5))

@@ -3,8 +3,8 @@
 //! filtered by --log-level. The libraries log through the facade too, so
 //! their messages follow --syslog and --log-level.
 
-use fuse_core::locks::lock;
 use crate::cli::LogLevel;
+use fuse_core::locks::lock;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;

@@ -12,8 +12,9 @@
 //! (`fuse-core/tests/secctx.rs` has the decoder's and the dispatcher's
 //! tests, `src/compat_tests.rs` the options'.)
 
+use fuse_core::abi::Xattr;
 use fuse_core::abi::{encode, encode::Body, *};
-use fuse_core::client::{Client, XattrReply};
+use fuse_core::client::Client;
 use fuse_core::{Args, Errno};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -119,8 +120,8 @@ fn make(
 
 fn guest_label(cl: &Client, node: u64) -> Vec<u8> {
     match cl.getxattr(node, NAME, 256).unwrap() {
-        XattrReply::Data(v) => v,
-        XattrReply::Size(_) => panic!("a size"),
+        Xattr::Data(v) => v,
+        Xattr::Size(_) => panic!("a size"),
     }
 }
 

@@ -9,8 +9,8 @@
 //! kernel drops its own. (`uring-ring/src/passthrough/xattrmap.rs` has the
 //! rule language's unit tests; `src/compat_tests.rs` the option's.)
 
+use fuse_core::abi::Xattr;
 use fuse_core::abi::ROOT_ID;
-use fuse_core::client::XattrReply;
 use fuse_core::Errno;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -70,10 +70,8 @@ fn host_get(p: &Path, name: &str) -> Option<Vec<u8>> {
     })
 }
 
-fn names(r: XattrReply) -> Vec<String> {
-    let XattrReply::Data(d) = r else {
-        panic!("a size")
-    };
+fn names(r: Xattr) -> Vec<String> {
+    let Xattr::Data(d) = r else { panic!("a size") };
     let mut v: Vec<String> = d
         .split(|&b| b == 0)
         .filter(|n| !n.is_empty())
@@ -100,14 +98,14 @@ fn a_guests_security_label_lives_under_a_user_prefix_on_the_host() {
         Some(&label[..])
     );
     match cl.getxattr(f, b"security.selinux", 256).unwrap() {
-        XattrReply::Data(v) => assert_eq!(v, label),
-        XattrReply::Size(_) => panic!("a size"),
+        Xattr::Data(v) => assert_eq!(v, label),
+        Xattr::Size(_) => panic!("a size"),
     }
     // The guest lists its own names only: the host's user.host is hidden.
     let listed = names(cl.listxattr(f, 4096).unwrap());
     assert_eq!(listed, ["security.selinux"]);
     // A size query agrees with the list.
-    let XattrReply::Size(n) = cl.listxattr(f, 0).unwrap() else {
+    let Xattr::Size(n) = cl.listxattr(f, 0).unwrap() else {
         panic!("data")
     };
     assert_eq!(n as usize, "security.selinux\0".len());

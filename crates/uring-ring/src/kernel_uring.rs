@@ -48,10 +48,10 @@ pub mod serve;
 
 use crate::devfuse::DevFuse;
 use crate::passthrough::sys;
-use fuse_core::locks::{get_mut, lock};
 use fuse_core::abi::{
     notify, uring, InHeader, NotifyRetrieveOut, Opcode, OutHeader, UringCmdReq, UringReqHeader,
 };
+use fuse_core::locks::{get_mut, lock};
 use fuse_core::server::{RingSlot, RingTransport};
 use fuse_core::Errno;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};

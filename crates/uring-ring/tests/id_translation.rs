@@ -7,8 +7,9 @@
 mod common;
 
 use common::{chmod, chown, set_ids, HostDir, Kind, Mount, Via};
+use fuse_core::abi::Xattr;
 use fuse_core::abi::{fattr, init, SetattrIn, ROOT_ID};
-use fuse_core::client::{Client, XattrReply};
+use fuse_core::client::Client;
 use fuse_core::Errno;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -294,10 +295,10 @@ fn acl_share() -> Mount {
 }
 
 fn guest_xattr(c: &Client, node: u64, name: &[u8]) -> Vec<u8> {
-    let XattrReply::Size(n) = c.getxattr(node, name, 0).unwrap() else {
+    let Xattr::Size(n) = c.getxattr(node, name, 0).unwrap() else {
         panic!("no size")
     };
-    let XattrReply::Data(d) = c.getxattr(node, name, 4096).unwrap() else {
+    let Xattr::Data(d) = c.getxattr(node, name, 4096).unwrap() else {
         panic!("no data")
     };
     assert_eq!(n as usize, d.len());

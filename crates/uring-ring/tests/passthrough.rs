@@ -5,8 +5,8 @@
 mod common;
 
 use common::{Kind, Mount, Via};
+use fuse_core::abi::Xattr;
 use fuse_core::abi::{fattr, FileLock, SetattrIn, ROOT_ID};
-use fuse_core::client::XattrReply;
 use fuse_core::Errno;
 use std::os::unix::fs::MetadataExt;
 use uring_ring::passthrough::Config;
@@ -208,13 +208,10 @@ fn every_op(kind: Kind, via: Via) {
 
     // XATTRS.
     c.setxattr(w.nodeid, b"user.k", b"value", 0).unwrap();
-    assert_eq!(
-        c.getxattr(w.nodeid, b"user.k", 0).unwrap(),
-        XattrReply::Size(5)
-    );
+    assert_eq!(c.getxattr(w.nodeid, b"user.k", 0).unwrap(), Xattr::Size(5));
     assert_eq!(
         c.getxattr(w.nodeid, b"user.k", 64).unwrap(),
-        XattrReply::Data(b"value".to_vec())
+        Xattr::Data(b"value".to_vec())
     );
     assert_eq!(
         c.getxattr(w.nodeid, b"user.k", 2).unwrap_err(),
@@ -230,7 +227,7 @@ fn every_op(kind: Kind, via: Via) {
         "XATTR_CREATE"
     );
     match c.listxattr(w.nodeid, 256).unwrap() {
-        XattrReply::Data(l) => assert!(l.split(|&b| b == 0).any(|n| n == b"user.k")),
+        Xattr::Data(l) => assert!(l.split(|&b| b == 0).any(|n| n == b"user.k")),
         other => panic!("{other:?}"),
     }
     c.removexattr(w.nodeid, b"user.k").unwrap();

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{HostDir, Kind, Mount, Via};
+use fuse_core::abi::Xattr;
 use fuse_core::abi::{flags, init, ROOT_ID};
-use fuse_core::client::XattrReply;
 use fuse_core::Errno;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use uring_ring::passthrough::Config;
@@ -36,10 +36,10 @@ fn acl_mount_without(add: u64, drop: u64) -> Result<Mount, Errno> {
 
 /// The names of a listxattr reply, and that its size query agrees.
 fn names(c: &fuse_core::client::Client, node: u64) -> Vec<Vec<u8>> {
-    let XattrReply::Size(n) = c.listxattr(node, 0).unwrap() else {
+    let Xattr::Size(n) = c.listxattr(node, 0).unwrap() else {
         panic!("no size")
     };
-    let XattrReply::Data(d) = c.listxattr(node, 4096).unwrap() else {
+    let Xattr::Data(d) = c.listxattr(node, 4096).unwrap() else {
         panic!("no data")
     };
     assert_eq!(n as usize, d.len());
@@ -165,7 +165,7 @@ fn an_acl_is_stored_on_the_host_and_sets_the_mode() {
     assert_eq!(mode & 0o777, 0o640);
     assert_eq!(c.getattr(e.nodeid, None).unwrap().attr.mode & 0o777, 0o640);
     match c.getxattr(e.nodeid, ACCESS, 4096).unwrap() {
-        XattrReply::Data(d) => assert_eq!(d, a),
+        Xattr::Data(d) => assert_eq!(d, a),
         other => panic!("{other:?}"),
     }
     // The user named in the ACL reads through the host's own check.

@@ -51,10 +51,10 @@ mod ticket;
 mod timeouts;
 use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
-use fuse_core::locks::{lock, read, write};
 use fuse_core::abi::{
     BatchForgetIn, ForgetIn, ForgetOne, InHeader, InterruptIn, Opcode, OutHeader, WriteIn,
 };
+use fuse_core::locks::{lock, read, write};
 use fuse_core::server::{Engine, EngineConfig, Filesystem, ServerConfig};
 use fuse_core::Sent;
 use fuse_core::{Args, Errno, ReqResult, TrySendError};

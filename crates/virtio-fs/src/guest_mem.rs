@@ -16,8 +16,8 @@
 //! answered and written afterwards.
 
 use crate::chain::{Mem, Seg};
-use fuse_core::locks::{lock, read, wait_for, write};
 use crate::GuestMmap;
+use fuse_core::locks::{lock, read, wait_for, write};
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use smallvec::SmallVec;
 use std::sync::{Arc, Condvar, Mutex, RwLock};

@@ -508,7 +508,7 @@ pub fn validate_extensions(ext: &[u8]) -> Result<(), DecodeError> {
 /// NUL) and the value, as the client's LSM made it (SELinux counts the
 /// context's own trailing NUL in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SecCtx<'a> {
+pub struct SecurityContext<'a> {
     /// The xattr name.
     pub name: &'a [u8],
     /// The label.
@@ -536,13 +536,13 @@ const XATTR_NAME_MAX: usize = 255;
 /// refuses more, so does this), an empty or overlong name, an empty value
 /// or one that runs past the extension, or trailing bytes beyond the
 /// padding: an error (the request gets EINVAL).
-pub fn security_context(ext: &[u8]) -> Result<Option<SecCtx<'_>>, DecodeError> {
+pub fn security_context(ext: &[u8]) -> Result<Option<SecurityContext<'_>>, DecodeError> {
     Ok(secctx_block(ext)?.flatten())
 }
 
 /// The label block among `ext`: None when there is none at all,
 /// Some(None) for one with `nr_secctx` 0 (see [`security_context`]).
-fn secctx_block(ext: &[u8]) -> Result<Option<Option<SecCtx<'_>>>, DecodeError> {
+fn secctx_block(ext: &[u8]) -> Result<Option<Option<SecurityContext<'_>>>, DecodeError> {
     only_extension(
         ext,
         |typ| typ <= super::consts::MAX_NR_SECCTX,
@@ -607,7 +607,7 @@ pub const FIRST_EXTENSION_MINOR: u32 = 38;
 pub fn creation_security_context<'a>(
     req: &Request<'a>,
     minor: u32,
-) -> Result<Option<SecCtx<'a>>, DecodeError> {
+) -> Result<Option<SecurityContext<'a>>, DecodeError> {
     let block = if minor < FIRST_EXTENSION_MINOR && req.header.total_extlen == 0 {
         validate_extensions(req.trailing)?;
         req.trailing
@@ -618,7 +618,7 @@ pub fn creation_security_context<'a>(
 }
 
 /// The one `fuse_secctx` record of a label extension's body.
-fn one_label(body: &[u8]) -> Result<SecCtx<'_>, DecodeError> {
+fn one_label(body: &[u8]) -> Result<SecurityContext<'_>, DecodeError> {
     let mut c = Cursor::new(body);
     let rec: Secctx = c.read("fuse_secctx")?;
     let name = c.cstr("security context name")?;
@@ -630,7 +630,7 @@ fn one_label(body: &[u8]) -> Result<SecCtx<'_>, DecodeError> {
     if value.is_empty() || c.len() >= 8 {
         return Err(DecodeError::BadExtension);
     }
-    Ok(SecCtx { name, value })
+    Ok(SecurityContext { name, value })
 }
 
 fn decode_op<'a>(
@@ -862,7 +862,7 @@ pub struct DecodedReply<'a> {
 
 /// One directory entry of a READDIR reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirEntry<'a> {
+pub struct DecodedDirent<'a> {
     /// The entry's fixed fields.
     pub dirent: Dirent,
     /// The entry's name.
@@ -897,8 +897,8 @@ pub enum ReplyBody<'a> {
     Lseek(LseekOut),
     Statx(StatxOut),
     CopyFileRange64(CopyFileRangeOut),
-    Dir(Vec<DirEntry<'a>>),
-    DirPlus(Vec<(EntryOut, DirEntry<'a>)>),
+    Dir(Vec<DecodedDirent<'a>>),
+    DirPlus(Vec<(EntryOut, DecodedDirent<'a>)>),
     /// READ, READLINK, GETXATTR/LISTXATTR with a size: raw data.
     Data(&'a [u8]),
     /// A notification (unique 0): code and raw body.
@@ -993,19 +993,19 @@ fn dirent_name<'a>(c: &mut Cursor<'a>, d: &Dirent) -> Result<&'a [u8], DecodeErr
 }
 
 /// Decodes a READDIR reply body.
-pub fn decode_dirents(buf: &[u8]) -> Result<Vec<DirEntry<'_>>, DecodeError> {
+pub fn decode_dirents(buf: &[u8]) -> Result<Vec<DecodedDirent<'_>>, DecodeError> {
     let mut c = Cursor::new(buf);
     let mut out = Vec::new();
     while !c.is_empty() {
         let dirent: Dirent = c.read("fuse_dirent")?;
         let name = dirent_name(&mut c, &dirent)?;
-        out.push(DirEntry { dirent, name });
+        out.push(DecodedDirent { dirent, name });
     }
     Ok(out)
 }
 
 /// Decodes a READDIRPLUS reply body.
-pub fn decode_direntplus(buf: &[u8]) -> Result<Vec<(EntryOut, DirEntry<'_>)>, DecodeError> {
+pub fn decode_direntplus(buf: &[u8]) -> Result<Vec<(EntryOut, DecodedDirent<'_>)>, DecodeError> {
     let mut c = Cursor::new(buf);
     let mut out = Vec::new();
     while !c.is_empty() {
@@ -1022,7 +1022,7 @@ pub fn decode_direntplus(buf: &[u8]) -> Result<Vec<(EntryOut, DirEntry<'_>)>, De
         };
         out.push((
             plus.entry_out,
-            DirEntry {
+            DecodedDirent {
                 dirent: plus.dirent,
                 name,
             },

@@ -24,8 +24,8 @@ pub use consts::{
 pub use decode::{
     creation_security_context, decode_direntplus, decode_dirents, decode_out_header, decode_reply,
     decode_request, decode_split, op_in_size, security_context, validate_extensions, Cursor,
-    DecodeError, DecodeOptions, DecodedReply, DirEntry, Operation, ReplyBody, Request, SecCtx,
-    FIRST_EXTENSION_MINOR,
+    DecodeError, DecodeOptions, DecodedDirent, DecodedReply, Operation, ReplyBody, Request,
+    SecurityContext, FIRST_EXTENSION_MINOR,
 };
 pub use groups::{supplementary_groups, SuppGids, MAX_SUPP_GROUPS};
 pub use structs::{
@@ -43,3 +43,14 @@ pub use structs::{
 pub use uring_structs::{
     UringBufpool, UringCmdReq, UringEntInOut, UringReqHeader, SQE128_CMD_AREA,
 };
+
+/// A GETXATTR or LISTXATTR answer: the value's size (asked with size 0)
+/// or the value (the names, for LISTXATTR). What a filesystem returns and
+/// what a client receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Xattr {
+    /// The size of the value (the request asked with size 0).
+    Size(u32),
+    /// The value.
+    Data(Vec<u8>),
+}

@@ -27,12 +27,11 @@ pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
 pub use engine::{Engine, EngineConfig};
 pub use started::{Completions, InFlight, Start, Wake};
 pub use uring_worker::{
-    answer as answer_ring, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport,
-    Served,
+    answer_slot, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport, Served,
 };
 pub use worker::{run_device_worker, serve_device, DeviceEnd};
 
-use crate::abi::{Attr, FileLock, Kstatfs, SecCtx, SetattrIn, Statx, SuppGids};
+use crate::abi::{Attr, FileLock, Kstatfs, SecurityContext, SetattrIn, Statx, SuppGids, Xattr};
 use crate::chan::{ClientMem, Errno, Fence, FenceGuard};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +56,7 @@ pub struct Ctx<'a> {
     /// agreed, and only when the client's LSM made one. A label extension
     /// that does not parse fails the request with EINVAL before the
     /// filesystem sees it.
-    pub secctx: Option<SecCtx<'a>>,
+    pub secctx: Option<SecurityContext<'a>>,
     /// Supplementary groups the client says the caller has (the
     /// FUSE_EXT_GROUPS extension: Linux sends the parent directory's group
     /// when the caller belongs to it and it is not its gid): only on
@@ -114,15 +113,6 @@ pub struct Opened<H> {
 
 /// What CREATE returns: the new entry and its open handle.
 pub type Created<I, H> = (Entry<I>, Opened<H>);
-
-/// Reply of GETXATTR/LISTXATTR.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Xattr {
-    /// The size of the value (the request asked with size 0).
-    Size(u32),
-    /// The value.
-    Data(Vec<u8>),
-}
 
 /// Where READDIR entries go. `add` returns false once the buffer is full;
 /// the filesystem stops and the kernel asks again from the last offset.

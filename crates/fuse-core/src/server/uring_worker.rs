@@ -134,7 +134,7 @@ impl RingTransport for RingEnd {
 /// Answers the request in `f` with `disp`, writing the reply into the
 /// entry (payload buffer, or `op_in` for a zero-copy WRITE). A request
 /// that waits is answered on this thread.
-pub fn answer<F: Filesystem, S: RingSlot + ?Sized>(
+pub fn answer_slot<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
     scratch: &mut [u8],
@@ -142,7 +142,7 @@ pub fn answer<F: Filesystem, S: RingSlot + ?Sized>(
     answer_with(disp, f, scratch, None);
 }
 
-/// [`answer`], parking a request that waits when `defer` is given: then
+/// [`answer_slot`], parking a request that waits when `defer` is given: then
 /// nothing is written to the entry and it returns true.
 pub fn answer_with<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,

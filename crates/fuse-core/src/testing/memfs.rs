@@ -1,10 +1,10 @@
 //! An in-memory filesystem for tests. Node ids are
 //! inode numbers; a node is freed when it has no links and no lookups.
 
+use crate::abi::{fattr, Attr, Kstatfs, SetattrIn, Xattr};
 use crate::locks::lock;
-use crate::abi::{fattr, Attr, Kstatfs, SetattrIn};
 use crate::server::{
-    Created, Ctx, DirSink, Entry, Filesystem, FsResult, Opened, ReadSink, WriteSource, Xattr,
+    Created, Ctx, DirSink, Entry, Filesystem, FsResult, Opened, ReadSink, WriteSource,
 };
 use crate::Errno;
 use std::collections::{BTreeMap, HashMap};

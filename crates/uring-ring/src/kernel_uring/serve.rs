@@ -59,8 +59,8 @@
 //! daemon's grace period at exit.
 
 use super::{EntState, KernelQueue, KernelSlot};
-use fuse_core::locks::lock;
 use fuse_core::abi::Opcode;
+use fuse_core::locks::lock;
 use fuse_core::server::RingSlot;
 use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, InFlight, Served, Start};
 use fuse_core::Errno;

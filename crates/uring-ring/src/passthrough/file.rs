@@ -6,8 +6,8 @@ use super::creds::{private_umask, Caps, Cred};
 use super::inode::{CountedFd, InodeData};
 use super::label::{same_inode, Fresh};
 use super::{component, io, sys, PassthroughFs};
-use fuse_core::locks::{lock, read, write};
 use fuse_core::abi::flags as wflags;
+use fuse_core::locks::{lock, read, write};
 use fuse_core::server::{
     Created, Ctx, DirPlusSink, DirSink, FsResult, Opened, ReadSink, WriteSource,
 };

@@ -5,11 +5,11 @@
 //! and one already acting is counted until it returns.
 
 use super::{PassthroughFs, PassthroughIo};
-use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx};
+use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx, Xattr};
 use fuse_core::server::state::StateError;
 use fuse_core::server::{
     Completions, Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult,
-    LockReq, Opened, ReadDone, ReadSink, Wake, WriteSource, Xattr,
+    LockReq, Opened, ReadDone, ReadSink, Wake, WriteSource,
 };
 use std::time::Duration;
 

@@ -9,8 +9,8 @@
 //! 4 KiB read (docs/BENCHMARKS.md). Buffered writes are punted even on
 //! ext4 (0.32x of pwrite at 4 KiB), so only O_DIRECT writes use the ring.
 
-use fuse_core::locks::lock;
 use crate::{Driver, Target};
+use fuse_core::locks::lock;
 use fuse_core::Errno;
 use std::os::fd::RawFd;
 use std::sync::atomic::AtomicBool;

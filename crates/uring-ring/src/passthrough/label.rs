@@ -53,7 +53,7 @@
 
 use super::creds::{Caps, Cred};
 use super::{sys, PassthroughFs};
-use fuse_core::abi::SecCtx;
+use fuse_core::abi::SecurityContext;
 use fuse_core::Errno;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -251,7 +251,10 @@ impl PassthroughFs {
     /// its name mapped before anything is made, so a refused label makes
     /// nothing. With the fscreate route, the thread's create context is
     /// set from here until [`Plan::created`].
-    pub(super) fn label_plan<'a>(&self, secctx: Option<SecCtx<'a>>) -> Result<Plan<'a>, Errno> {
+    pub(super) fn label_plan<'a>(
+        &self,
+        secctx: Option<SecurityContext<'a>>,
+    ) -> Result<Plan<'a>, Errno> {
         let Some(l) = secctx else {
             return Ok(Plan::none());
         };
@@ -439,7 +442,7 @@ mod tests {
             uid: 0,
             gid: 0,
             pid: std::process::id(),
-            secctx: Some(SecCtx { name, value: LABEL }),
+            secctx: Some(SecurityContext { name, value: LABEL }),
             ..Ctx::default()
         }
     }

@@ -21,9 +21,9 @@
 //! is taken at once, while the device is stopped. CHECK_DEVICE_STATE
 //! waits for that thread.
 
-use fuse_core::locks::lock;
 use fuse_core::abi::InHeader;
 use fuse_core::abi::Opcode;
+use fuse_core::locks::lock;
 use fuse_core::server::state::{StateError, StateReader, StateWriter};
 use fuse_core::server::Filesystem;
 use std::io::{Read, Write};

@@ -15,9 +15,9 @@
 //! mutex; a slot is `Free` or `InFlight` (the submitter claims it, the
 //! completer frees it).
 
-use fuse_core::locks::{lock, wait};
 use fuse_core::abi::{InHeader, Opcode, OutHeader};
 use fuse_core::client::Client;
+use fuse_core::locks::{lock, wait};
 use fuse_core::{Chan, ChanConfig, Device, Errno};
 use std::fs::File;
 use std::os::fd::AsRawFd;

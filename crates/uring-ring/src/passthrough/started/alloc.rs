@@ -27,8 +27,8 @@ use super::write::WriteCreds;
 use super::{NoData, PassthroughFs, PassthroughIo};
 use crate::passthrough::creds::Caps;
 use crate::passthrough::file::HandleData;
-use fuse_core::locks::write;
 use crate::Target;
+use fuse_core::locks::write;
 use fuse_core::server::{Ctx, ReadDone};
 use fuse_core::Errno;
 
