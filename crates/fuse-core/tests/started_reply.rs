@@ -118,18 +118,18 @@ fn write_slot(unique: u64, size: u32) -> Slot {
 /// back; a completion of a request it does not hold is dropped.
 #[test]
 fn in_flight_answers_by_the_reply_rule_when_its_completions_are_taken() {
-    use fuse_core::server::{InFlight, ReadDone};
+    use fuse_core::server::{InFlight, IoDone};
     use fuse_core::Fence;
     let mut f: InFlight<Slot> = InFlight::new();
     // Handed back before it is held.
-    f.completions().complete(ReadDone::new(2), Ok(100));
+    f.completions().complete(IoDone::new(2), Ok(100));
     let s = f.hold(2, write_slot(2, 4096)).expect("answered at once");
     assert_eq!(s.reply, Some((0, 8)));
     assert_eq!(WriteOut::read_from_prefix(&s.payload).unwrap().0.size, 100);
     assert!(f.is_empty());
     // Held, then handed back with its fence guard.
     let fence = Fence::new();
-    let mut done = ReadDone::new(4);
+    let mut done = IoDone::new(4);
     done.hold(fence.enter().unwrap());
     assert!(f.hold(4, write_slot(4, 4096)).is_none());
     assert_eq!(f.len(), 1);
@@ -145,6 +145,6 @@ fn in_flight_answers_by_the_reply_rule_when_its_completions_are_taken() {
     );
     assert!(f.is_empty());
     // A completion of a request it never held.
-    f.completions().complete(ReadDone::new(6), Ok(1));
+    f.completions().complete(IoDone::new(6), Ok(1));
     assert_eq!(f.take_completed(|_| panic!("not held")), 0);
 }

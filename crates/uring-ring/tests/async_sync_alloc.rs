@@ -11,7 +11,7 @@ mod common;
 
 use common::{Kind, Mount, Via};
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, ReadDone};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -68,7 +68,7 @@ impl Loop {
 /// started, None if declined (then it is served in line).
 fn start(m: &Mount, lp: &mut Loop, node: u64, fh: u64, datasync: bool) -> Option<u64> {
     let ctx = ctx();
-    let done = ReadDone::new(ctx.unique);
+    let done = IoDone::new(ctx.unique);
     m.fs()
         .fsync_async(
             &mut lp.io,
@@ -97,7 +97,7 @@ fn start_alloc(
     off: u64,
     len: u64,
 ) -> Option<u64> {
-    let done = ReadDone::new(ctx.unique);
+    let done = IoDone::new(ctx.unique);
     m.fs()
         .fallocate_async(
             &mut lp.io,
@@ -316,7 +316,7 @@ fn an_ext4_directory_sync_is_started() {
     let o = m.client.opendir(d.nodeid).unwrap();
     let c = ctx();
     let rx = c.unique;
-    let done = ReadDone::new(rx);
+    let done = IoDone::new(rx);
     let started = m.fs().fsync_async(
         &mut lp.io,
         &mut lp.done,

@@ -11,7 +11,7 @@ mod common;
 use common::{Kind, Mount, Via};
 use fuse_core::abi::flags::WRITE_KILL_SUIDGID;
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, ReadDone};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone};
 use fuse_core::{ClientMem, Errno, HostSpan};
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -173,7 +173,7 @@ fn start(
     mem: &Arc<Mem>,
     flags: u32,
 ) -> Option<u64> {
-    let done = ReadDone::new(ctx.unique);
+    let done = IoDone::new(ctx.unique);
     let m: Arc<dyn ClientMem> = mem.clone();
     fs.write_async(&mut lp.io, &mut lp.done, ctx, node, fh, off, m, flags, done)
         .ok()

@@ -8,7 +8,7 @@
 
 use fuse_core::abi::{fopen, init, Attr};
 use fuse_core::server::{
-    serve_device, Ctx, Dispatcher, Entry, Filesystem, FsResult, Opened, ReadDone, ServerConfig,
+    serve_device, Ctx, Dispatcher, Entry, Filesystem, FsResult, IoDone, Opened, ServerConfig,
 };
 use fuse_core::{ClientMem, Errno};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -115,8 +115,8 @@ impl Filesystem for Keeper {
         offset: u64,
         len: usize,
         mem: Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         let r = {
             let data = self.data.lock().unwrap();
             let from = (offset as usize).min(data.len());
@@ -138,8 +138,8 @@ impl Filesystem for Keeper {
         offset: u64,
         mem: Arc<dyn ClientMem>,
         _: u32,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         let mut buf = vec![0u8; mem.len()];
         let r = mem.read_at(0, &mut buf).map(|()| {
             let mut data = self.data.lock().unwrap();

@@ -6,7 +6,7 @@ mod common;
 
 use common::{Kind, Mount, Via};
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Completions, Ctx, Filesystem, ReadDone};
+use fuse_core::server::{Completions, Ctx, Filesystem, IoDone};
 use fuse_core::{ClientMem, Errno, HostSpan};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
@@ -120,7 +120,7 @@ fn a_started_write_is_completed_by_the_loop_that_owns_its_context_only() {
         0,
         mem,
         0,
-        ReadDone::new(unique),
+        IoDone::new(unique),
     )
     .expect("an O_DIRECT write to ext4 is started");
     assert_eq!(fs.async_in_flight(&a), 1);

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use fuse_core::abi::{Opcode, ReadIn};
-use fuse_core::server::{Ctx, Filesystem, FsResult, ReadDone, ReadSink};
+use fuse_core::server::{Ctx, Filesystem, FsResult, IoDone, ReadSink};
 use fuse_core::{ClientMem, Errno};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
@@ -19,7 +19,7 @@ struct Held {
     off: u64,
     len: usize,
     mem: Arc<dyn ClientMem>,
-    done: ReadDone,
+    done: IoDone,
 }
 
 /// Starts every READ and completes none until `submit_async` saw them all
@@ -60,8 +60,8 @@ impl Filesystem for Gate {
         off: u64,
         len: usize,
         mem: Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         if !mem.begin_io() {
             return Err(done);
         }

@@ -21,12 +21,12 @@
 //! test releases it from its own thread, or (if it is interruptible) until
 //! `interrupt` names it; either then signals its eventfd, and the vring
 //! thread's next `complete_async` writes the data into guest memory as the
-//! kernel would and calls the READ's `ReadDone`.
+//! kernel would and calls the READ's `IoDone`.
 
 mod common;
 
 use fuse_core::abi::{AttrOut, GetattrIn, Opcode, ReadIn};
-use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, ReadDone, ReadSink};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone, ReadSink};
 use fuse_core::{ClientMem, Errno};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -70,7 +70,7 @@ struct Started {
     unique: u64,
     off: u64,
     mem: Arc<dyn ClientMem>,
-    done: ReadDone,
+    done: IoDone,
     /// Set when it is to complete (at the next `complete_async`).
     result: Option<FsResult<usize>>,
 }
@@ -228,8 +228,8 @@ impl Filesystem for Hold {
         off: u64,
         len: usize,
         mem: Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         if len != LEN || !mem.begin_io() {
             return Err(done);
         }

@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use fuse_core::abi::{Attr, GetattrIn, Opcode, ReadIn};
-use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, ReadDone, ReadSink};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone, ReadSink};
 use fuse_core::{ClientMem, Errno};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -133,7 +133,7 @@ struct QuickReads {
 }
 
 /// A started READ: the guest's buffers and its end.
-type Held = (Arc<dyn ClientMem>, ReadDone);
+type Held = (Arc<dyn ClientMem>, IoDone);
 
 /// Inodes whose GETATTR takes [`EACH`].
 const SLOW: u64 = 100;
@@ -175,8 +175,8 @@ impl Filesystem for QuickReads {
         _: u64,
         len: usize,
         mem: Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         if len != LEN || !mem.begin_io() {
             return Err(done);
         }

@@ -2,7 +2,7 @@
 //! into a buffer the transport provides. No transport types appear here.
 
 use super::{
-    Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, LockReq, Opened, ReadDone, Start, Xattr,
+    Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, IoDone, LockReq, Opened, Start, Xattr,
 };
 use crate::abi::{
     self, init, AttrOut, CopyFileRangeOut, DecodeOptions, EntryOut, ForgetOne, GetxattrOut,
@@ -320,8 +320,8 @@ impl<F: Filesystem> Dispatcher<F> {
         start: Start<'_, F::Io>,
         req: &Request<'_>,
         mem: &std::sync::Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         let Operation::Read { arg } = &req.op else {
             return Err(done);
         };
@@ -351,8 +351,8 @@ impl<F: Filesystem> Dispatcher<F> {
         start: Start<'_, F::Io>,
         req: &Request<'_>,
         mem: &std::sync::Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         let Operation::Write { arg, .. } = &req.op else {
             return Err(done);
         };
@@ -384,8 +384,8 @@ impl<F: Filesystem> Dispatcher<F> {
         &self,
         start: Start<'_, F::Io>,
         req: &Request<'_>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         let h = &req.header;
         let ctx = ctx_of(h);
         let ino = F::Inode::from(h.nodeid);

@@ -141,7 +141,7 @@ pub struct FaultCounts {
 struct Hung {
     interrupted: HashSet<u64>,
     released: bool,
-    parked: Vec<(u64, super::ReadDone, Back)>,
+    parked: Vec<(u64, super::IoDone, Back)>,
 }
 
 /// `inner` with the faults of a plan (see the module docs).
@@ -490,8 +490,8 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         offset: u64,
         len: usize,
         mem: Arc<dyn crate::chan::ClientMem>,
-        done: super::ReadDone,
-    ) -> Result<(), super::ReadDone> {
+        done: super::IoDone,
+    ) -> Result<(), super::IoDone> {
         if self.plan.rules.is_empty() {
             return self.inner.read_async(
                 &mut io.inner,
@@ -531,8 +531,8 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         offset: u64,
         mem: Arc<dyn crate::chan::ClientMem>,
         flags: u32,
-        done: super::ReadDone,
-    ) -> Result<(), super::ReadDone> {
+        done: super::IoDone,
+    ) -> Result<(), super::IoDone> {
         // With a plan, WRITEs go the usual way, where it applies.
         if !self.plan.rules.is_empty() {
             return Err(done);
@@ -558,8 +558,8 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         handle: F::Handle,
         datasync: bool,
         dir: bool,
-        done: super::ReadDone,
-    ) -> Result<(), super::ReadDone> {
+        done: super::IoDone,
+    ) -> Result<(), super::IoDone> {
         // With a plan, syncs go the usual way, where it applies.
         if !self.plan.rules.is_empty() {
             return Err(done);
@@ -577,8 +577,8 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         mode: u32,
         offset: u64,
         length: u64,
-        done: super::ReadDone,
-    ) -> Result<(), super::ReadDone> {
+        done: super::IoDone,
+    ) -> Result<(), super::IoDone> {
         // With a plan, FALLOCATEs go the usual way, where it applies.
         if !self.plan.rules.is_empty() {
             return Err(done);

@@ -179,31 +179,31 @@ impl Drop for Deferred {
 /// I/O a filesystem started without waiting ([`Filesystem::read_async`]
 /// and the others): the request's unique, and the fence guard that keeps
 /// started host I/O that changes something counted under its request's
-/// fence until it is handed back (its host I/O is over by then). The filesystem hands it back with the
-/// result into the serving loop's [`Completions`] (from
+/// fence until it is handed back (its host I/O is over by then). The
+/// filesystem hands it back with the result into the serving loop's [`Completions`] (from
 /// [`Filesystem::complete_async`] on that loop's thread, or before the
 /// start returns); one that declines gives it back unused. A token dropped
 /// instead answers nothing: its request stays held until its loop ends
 /// (then the transport fails it).
-pub struct ReadDone {
+pub struct IoDone {
     unique: u64,
     /// Keeps the started host I/O counted under its request's fence
     /// until it is handed back.
     fence: Option<FenceGuard>,
 }
 
-impl std::fmt::Debug for ReadDone {
+impl std::fmt::Debug for IoDone {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadDone")
+        f.debug_struct("IoDone")
             .field("unique", &self.unique)
             .finish_non_exhaustive()
     }
 }
 
-impl ReadDone {
+impl IoDone {
     /// The token of request `unique`.
     pub fn new(unique: u64) -> Self {
-        ReadDone {
+        IoDone {
             unique,
             fence: None,
         }
@@ -636,8 +636,8 @@ pub trait Filesystem: Send + Sync {
         offset: u64,
         len: usize,
         mem: std::sync::Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         Err(done)
     }
     /// Starts a WRITE of all of the client's memory `mem` (the request's
@@ -661,8 +661,8 @@ pub trait Filesystem: Send + Sync {
         offset: u64,
         mem: std::sync::Arc<dyn ClientMem>,
         flags: u32,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         Err(done)
     }
     /// Starts an FSYNC (or, with `dir`, an FSYNCDIR) of `handle` without
@@ -683,8 +683,8 @@ pub trait Filesystem: Send + Sync {
         handle: Self::Handle,
         datasync: bool,
         dir: bool,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         Err(done)
     }
     /// Starts a FALLOCATE of `handle` without waiting, as
@@ -703,8 +703,8 @@ pub trait Filesystem: Send + Sync {
         mode: u32,
         offset: u64,
         length: u64,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         Err(done)
     }
     /// Submits the I/O started on `io` since the last call (one system

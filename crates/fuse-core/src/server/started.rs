@@ -9,7 +9,7 @@
 //! and alone touches them: the loop that owns the context is the one that
 //! completes what was started on it. It lends both to
 //! [`super::serve_slot`] as a [`Start`]; the filesystem hands each
-//! started request's [`ReadDone`] back with its result into the
+//! started request's [`IoDone`] back with its result into the
 //! [`Completions`] (before the start returns, or from
 //! [`Filesystem::complete_async`] on that loop); the loop holds the
 //! request with [`InFlight::hold`] (answered at once if its completion is
@@ -22,7 +22,7 @@
 //! [`Filesystem::complete_async`]: super::Filesystem::complete_async
 
 use super::uring_worker::complete_started;
-use super::{FsResult, ReadDone, RingSlot};
+use super::{FsResult, IoDone, RingSlot};
 use crate::fasthash::IdMap;
 use std::sync::Arc;
 
@@ -40,7 +40,7 @@ pub struct Completions {
 impl Completions {
     /// Hands `done` back with the request's result (the bytes read or
     /// written, or 0; or the error); its fence guard goes with it.
-    pub fn complete(&mut self, done: ReadDone, r: FsResult<usize>) {
+    pub fn complete(&mut self, done: IoDone, r: FsResult<usize>) {
         self.list.push((done.unique(), r));
     }
 

@@ -5,7 +5,7 @@
 //! same code serves the emulated ring ([`RingEnd`]) and the host kernel's
 //! (uring-ring's `KernelQueue`).
 
-use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, ReadDone, Start};
+use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, IoDone, Start};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};
 use crate::chan::{runs_when_given_up, ClientMem, Errno, Fence};
 use crate::dev_uring::{EntHandle, EntryBufs, Fetched, RingEnd};
@@ -163,7 +163,7 @@ pub enum Served {
     Parked,
     /// A READ into client memory, a WRITE from its
     /// [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE, whose
-    /// host I/O was started and runs on: the [`ReadDone`] made for it
+    /// host I/O was started and runs on: the [`IoDone`] made for it
     /// says when, and how many bytes; then a READ's reply is `(0, bytes)`
     /// (or the error), a WRITE's a `fuse_write_out` of the bytes written,
     /// the others' empty, and the entry is committed.
@@ -172,7 +172,7 @@ pub enum Served {
 
 /// Sets the reply of a request [`serve_slot`] started
 /// ([`Served::Started`]) once its I/O is over, with the result its
-/// [`ReadDone`] got: a READ's `(0, bytes)` (the data is in client memory
+/// [`IoDone`] got: a READ's `(0, bytes)` (the data is in client memory
 /// already), a WRITE's `fuse_write_out` where `serve_slot` puts any
 /// WRITE's reply (the header's `op_in` for a WRITE by reference or
 /// zero-copy, the payload buffer otherwise), an FSYNC's, FSYNCDIR's or
@@ -227,7 +227,7 @@ fn no_data(opcode: u32) -> bool {
 /// or an FSYNC, FSYNCDIR or FALLOCATE, is started without waiting where
 /// the filesystem can ([`Dispatcher::start_read`],
 /// [`Dispatcher::start_write`], [`Dispatcher::start_no_data`]): its
-/// [`ReadDone`] comes back into `start.done`.
+/// [`IoDone`] comes back into `start.done`.
 pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
@@ -247,12 +247,12 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     }
     // Started host I/O that changes something stays counted under the
     // fence until its token is handed back (a READ's buffers have their own guard).
-    let started = |unique: u64| -> Option<ReadDone> {
+    let started = |unique: u64| -> Option<IoDone> {
         let guard = match &fence {
             Some(x) => Some(x.enter()?),
             None => None,
         };
-        let mut done = ReadDone::new(unique);
+        let mut done = IoDone::new(unique);
         if let Some(g) = guard {
             done.hold(g);
         }
@@ -311,7 +311,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                 hdr.opcode == Opcode::Read as u32,
             ) {
                 if disp
-                    .start_read(st, &req, mem, ReadDone::new(hdr.unique))
+                    .start_read(st, &req, mem, IoDone::new(hdr.unique))
                     .is_ok()
                 {
                     return Served::Started;
@@ -329,7 +329,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                     started(hdr.unique)
                 } else {
                     // An FSYNC changes nothing: not counted under the fence.
-                    Some(ReadDone::new(hdr.unique))
+                    Some(IoDone::new(hdr.unique))
                 };
                 if let Some(done) = done {
                     if disp.start_no_data(st, &req, done).is_ok() {

@@ -39,7 +39,7 @@ use crate::kernel_uring::arena::{Arena, Payload, PAGE};
 use crate::passthrough::sys;
 use fuse_core::abi::{self, InHeader, Opcode, Operation, UringReqHeader, WriteIn};
 use fuse_core::server::{
-    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, InFlight, ReadDone, RingSlot, Start,
+    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, InFlight, IoDone, RingSlot, Start,
 };
 use fuse_core::{ClientMem, Errno};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -283,7 +283,7 @@ impl DevWorker {
                     done: self.started.completions(),
                 },
                 &req,
-                ReadDone::new(unique),
+                IoDone::new(unique),
             )
             .is_ok()
         {
@@ -377,7 +377,7 @@ impl DevWorker {
             _ => return None,
         };
         let m: Arc<dyn ClientMem> = Arc::new(slot.client_mem_at(PAGE, size as usize));
-        let done = ReadDone::new(unique);
+        let done = IoDone::new(unique);
         let start = Start {
             io,
             done: self.started.completions(),

@@ -8,8 +8,8 @@ use super::{PassthroughFs, PassthroughIo};
 use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx, Xattr};
 use fuse_core::server::state::StateError;
 use fuse_core::server::{
-    Completions, Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult,
-    LockReq, Opened, ReadDone, ReadSink, Wake, WriteSource,
+    Completions, Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult, IoDone,
+    LockReq, Opened, ReadSink, Wake, WriteSource,
 };
 use std::time::Duration;
 
@@ -127,8 +127,8 @@ impl Filesystem for PassthroughFs {
         offset: u64,
         len: usize,
         mem: std::sync::Arc<dyn fuse_core::ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         self.op_read_async(io, out, ctx.unique, handle, offset, len, mem, done)
     }
     fn write_async(
@@ -141,8 +141,8 @@ impl Filesystem for PassthroughFs {
         offset: u64,
         mem: std::sync::Arc<dyn fuse_core::ClientMem>,
         flags: u32,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         self.op_write_async(io, ctx, handle, offset, mem, flags, done)
     }
     fn fsync_async(
@@ -154,8 +154,8 @@ impl Filesystem for PassthroughFs {
         handle: u64,
         datasync: bool,
         _dir: bool,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         self.op_fsync_async(io, ctx.unique, handle, datasync, done)
     }
     fn fallocate_async(
@@ -168,8 +168,8 @@ impl Filesystem for PassthroughFs {
         mode: u32,
         offset: u64,
         length: u64,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         self.op_fallocate_async(io, ctx, handle, mode, offset, length, done)
     }
     fn submit_async(&self, io: &mut PassthroughIo) {

@@ -44,7 +44,7 @@ use super::file::HandleData;
 use super::io::{self, IoStats};
 use super::PassthroughFs;
 use crate::{OpId, Target};
-use fuse_core::server::{Completions, ReadDone};
+use fuse_core::server::{Completions, IoDone};
 use fuse_core::{ClientMem, Errno};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -54,7 +54,7 @@ mod write;
 
 /// A READ or WRITE in flight on a serving loop's ring.
 struct Pending {
-    done: ReadDone,
+    done: IoDone,
     /// Held for I/O since the start (`begin_io`).
     mem: Arc<dyn ClientMem>,
     /// Keeps the file open for a continuation.
@@ -81,7 +81,7 @@ const PARALLEL_READ: usize = 256 * 1024;
 /// An FSYNC, FSYNCDIR or FALLOCATE in flight on a serving loop's ring: no
 /// memory, only an answer.
 struct NoData {
-    done: ReadDone,
+    done: IoDone,
     /// Keeps the file open until the op is over.
     h: Arc<HandleData>,
     /// A FALLOCATE's arguments and credentials.
@@ -231,8 +231,8 @@ impl PassthroughFs {
         off: u64,
         len: usize,
         mem: Arc<dyn ClientMem>,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         if !self.cfg.io_uring || off > i64::MAX as u64 || len == 0 {
             return Err(done);
         }
@@ -309,7 +309,7 @@ impl PassthroughFs {
     /// Starts `p` (memory held for I/O) on `io` and records it there, or
     /// gives its `done` back, the memory released, if it cannot be
     /// started.
-    fn start_pending(&self, io: &mut PassthroughIo, p: Pending) -> Result<(), ReadDone> {
+    fn start_pending(&self, io: &mut PassthroughIo, p: Pending) -> Result<(), IoDone> {
         let id = io.ring(&self.io_stats).and_then(|(d, personas)| {
             let personality = personas.of(d, &p).ok()?;
             // SAFETY: `p`'s memory is held for I/O (start_pending's
@@ -344,8 +344,8 @@ impl PassthroughFs {
         unique: u64,
         fh: u64,
         datasync: bool,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         if !self.cfg.io_uring {
             return Err(done);
         }

@@ -4,7 +4,7 @@
 use super::{cut, Fault, Faulty};
 use crate::abi::Opcode;
 use crate::chan::{ClientMem, Errno};
-use crate::server::{Completions, Ctx, Filesystem, FsResult, ReadDone, ReadSink, Wake};
+use crate::server::{Completions, Ctx, Filesystem, FsResult, IoDone, ReadSink, Wake};
 use crate::sync::{lock, wait, Arc, Mutex, Ordering};
 
 /// [`Faulty`]'s host I/O context of a serving loop: the wrapped
@@ -17,7 +17,7 @@ pub struct FaultyIo<I> {
 }
 
 /// A READ's token and its answer.
-type Answer = (ReadDone, FsResult<usize>);
+type Answer = (IoDone, FsResult<usize>);
 
 /// Answers of a serving loop's READs given on another thread (an
 /// interrupt, a release, a gather closed elsewhere), taken by its next
@@ -43,7 +43,7 @@ impl Back {
     }
 
     /// Answers `done` with `r` for its loop, and wakes it.
-    pub(super) fn give(&self, done: ReadDone, r: FsResult<usize>) {
+    pub(super) fn give(&self, done: IoDone, r: FsResult<usize>) {
         lock(&self.list).push((done, r));
         (self.wake)();
     }
@@ -69,7 +69,7 @@ pub(super) struct Gather {
 struct Held {
     unique: u64,
     round: u64,
-    done: ReadDone,
+    done: IoDone,
     back: Back,
     result: Option<FsResult<usize>>,
 }
@@ -91,7 +91,7 @@ impl Gather {
     }
 
     /// Takes the held READs that may be answered now.
-    fn ready(&mut self) -> Vec<(ReadDone, Back, FsResult<usize>)> {
+    fn ready(&mut self) -> Vec<(IoDone, Back, FsResult<usize>)> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < self.held.len() {
@@ -157,7 +157,7 @@ impl<F: Filesystem> Faulty<F> {
         io: &mut FaultyIo<F::Io>,
         out: &mut Completions,
         read: Read<'_, F>,
-        done: ReadDone,
+        done: IoDone,
     ) {
         let unique = read.ctx.unique;
         match self.draw(Opcode::Read) {
@@ -227,7 +227,7 @@ impl<F: Filesystem> Faulty<F> {
                     h.result = Some(r);
                     gathered = true;
                 }
-                None => out.complete(ReadDone::new(unique), r),
+                None => out.complete(IoDone::new(unique), r),
             }
         }
         if gathered {
@@ -242,7 +242,7 @@ impl<F: Filesystem> Faulty<F> {
         io: &mut FaultyIo<F::Io>,
         out: &mut Completions,
         read: Read<'_, F>,
-        done: ReadDone,
+        done: IoDone,
         n: u32,
     ) {
         self.counts.gathers.fetch_add(1, Ordering::Relaxed);
@@ -266,14 +266,14 @@ impl<F: Filesystem> Faulty<F> {
         // The READ's answer goes to its held place; whichever event comes
         // last (its data in, or its round closing) answers it.
         let mut inner = Completions::default();
-        self.start(&mut io.inner, &mut inner, read, ReadDone::new(unique));
+        self.start(&mut io.inner, &mut inner, read, IoDone::new(unique));
         self.inner_done(&mut inner, out);
         self.answer_gathered();
     }
 
     /// Starts the READ on the filesystem, or reads it in line when the
     /// filesystem serves it the usual way; `done` answers it either way.
-    fn start(&self, io: &mut F::Io, out: &mut Completions, read: Read<'_, F>, done: ReadDone) {
+    fn start(&self, io: &mut F::Io, out: &mut Completions, read: Read<'_, F>, done: IoDone) {
         let Read {
             ctx,
             inode,

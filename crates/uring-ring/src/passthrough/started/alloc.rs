@@ -29,7 +29,7 @@ use crate::passthrough::creds::Caps;
 use crate::passthrough::file::HandleData;
 use crate::Target;
 use fuse_core::locks::write;
-use fuse_core::server::{Ctx, ReadDone};
+use fuse_core::server::{Ctx, IoDone};
 use fuse_core::Errno;
 
 /// What a started FALLOCATE asked, and as whom it runs.
@@ -54,8 +54,8 @@ impl PassthroughFs {
         mode: u32,
         off: u64,
         len: u64,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         // A read-only share or bad arguments: the usual path gives the
         // errno.
         if !self.cfg.io_uring

@@ -51,7 +51,7 @@ use crate::passthrough::client_io::{aligned, iovecs};
 use crate::passthrough::creds::{Caps, Cred, CredGuard};
 use crate::passthrough::file::Writer;
 use crate::passthrough::io;
-use fuse_core::server::{Ctx, ReadDone};
+use fuse_core::server::{Ctx, IoDone};
 use fuse_core::{ClientMem, Errno};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -157,8 +157,8 @@ impl PassthroughFs {
         off: u64,
         mem: Arc<dyn ClientMem>,
         flags: u32,
-        done: ReadDone,
-    ) -> Result<(), ReadDone> {
+        done: IoDone,
+    ) -> Result<(), IoDone> {
         let len = mem.len();
         // A read-only share: the usual path says EROFS.
         if !self.cfg.io_uring || off > i64::MAX as u64 || len == 0 || self.writable().is_err() {
