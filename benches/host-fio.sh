@@ -40,7 +40,7 @@
 #                           the same daemons over /dev/fuse;
 #                           fusebox-iouring-nocache, the mount with --cache
 #                           never, for the warm- row)
-#   FUSEBOX_RING_DEPTH=16   fusebox mount --ring-depth
+#   FUSEBOX_RING_DEPTH=16   fusebox mount --in-flight
 #   FUSEBOX_BIN=PATH        the fusebox binary the depth rows mount with
 #                           (default target/release/fusebox)
 #   FUSEBOX_BIN_B=PATH      a second build (or a wrapper that execs one with
@@ -267,19 +267,19 @@ mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
   case $c in
     raw) cdir=$dir; return ;;
     fusebox-iouring)
-      "$fusebox_bin" mount --io-uring --ring-depth "$ring_depth" \
+      "$fusebox_bin" mount --io-uring --in-flight "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     fusebox-iouring-nocache)
-      "$fusebox_bin" mount --io-uring --cache never --ring-depth "$ring_depth" \
+      "$fusebox_bin" mount --io-uring --cache never --in-flight "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     fusebox-b-iouring)
       "$FUSEBOX_BIN_B" mount --io-uring \
-        --ring-depth "$ring_depth" --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
+        --in-flight "$ring_depth" --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
     fusebox-devfuse)
-      "$fusebox_bin" mount --ring-depth "$ring_depth" \
+      "$fusebox_bin" mount --in-flight "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     fusebox-b-devfuse)
-      "$FUSEBOX_BIN_B" mount --ring-depth "$ring_depth" \
+      "$FUSEBOX_BIN_B" mount --in-flight "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
     libfuse-master-iouring)
       "$hpm" --foreground --nopassthrough -o io_uring -o "io_uring_q_depth=$ring_depth" \

@@ -790,3 +790,28 @@ fn xattrmap_rules_are_taken_from_the_option_and_from_o() {
         assert!(e.contains("-o xattrmap"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn mounts_in_flight_has_its_old_name_ring_depth() {
+    use crate::cli::Cmd;
+    let depth = |flag: &str| match parse(
+        [
+            "fusebox",
+            "mount",
+            "--shared-dir",
+            "/src",
+            flag,
+            "7",
+            "/mnt",
+        ],
+        true,
+    ) {
+        Ok(Cli {
+            cmd: Some(Cmd::Mount(m)),
+            ..
+        }) => m.in_flight,
+        _ => panic!("{flag} refused"),
+    };
+    assert_eq!(depth("--in-flight"), 7);
+    assert_eq!(depth("--ring-depth"), 7);
+}

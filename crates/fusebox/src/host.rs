@@ -97,12 +97,12 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 65536)]
     rlimit_nofile: usize,
     /// max_background to negotiate (0: the kernel's default; with
-    /// --io-uring or a --ring-depth above 1, that times the serving
+    /// --io-uring or an --in-flight above 1, that times the serving
     /// threads: the ring's queues, or the /dev/fuse workers).
     #[arg(long, default_value_t = 0)]
     max_background: u16,
     /// congestion_threshold to negotiate (0: the kernel's default; 3/4 of
-    /// max_background when --ring-depth raised that).
+    /// max_background when --in-flight raised that).
     #[arg(long, default_value_t = 0)]
     congestion_threshold: u16,
     /// FUSE_REQUEST_TIMEOUT in seconds (0: none).
@@ -121,8 +121,9 @@ pub struct MountArgs {
     /// with --io-uring, ring entries per queue (one per request a CPU's
     /// callers keep in flight, e.g. fio's iodepth); without, requests per
     /// /dev/fuse worker (1: each worker serves one request at a time).
-    #[arg(long, default_value_t = kernel_uring::serve::DEFAULT_DEPTH as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    ring_depth: u16,
+    /// `--ring-depth` is its old name.
+    #[arg(long, alias = "ring-depth", default_value_t = kernel_uring::serve::DEFAULT_DEPTH as u16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub(crate) in_flight: u16,
     /// Translate UIDs between the mount's users (the "guest" side) and
     /// the shared directory (the host side), as the vhost-user device's
     /// --translate-uid: `guest`, `host`, `map`, `squash-guest`,
@@ -437,8 +438,8 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         ..ServerConfig::default()
     };
     // Requests each serving thread keeps in flight: a ring queue's, or a
-    // /dev/fuse worker's (one, the old way, with --ring-depth 1).
-    let depth = usize::from(a.ring_depth);
+    // /dev/fuse worker's (one, the old way, with --in-flight 1).
+    let depth = usize::from(a.in_flight);
     let dev_depth = (!a.io_uring && depth > 1).then_some(depth);
     if a.io_uring {
         // Before the mount: the kernel offers the flag in INIT only then.
@@ -547,7 +548,7 @@ fn serve_until_gone(
             dev,
             disp,
             max_payload,
-            usize::from(a.ring_depth),
+            usize::from(a.in_flight),
             &queues,
         )?);
     }

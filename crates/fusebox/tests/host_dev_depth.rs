@@ -1,4 +1,4 @@
-//! `fusebox mount` over /dev/fuse keeps `--ring-depth` requests in flight
+//! `fusebox mount` over /dev/fuse keeps `--in-flight` requests in flight
 //! per worker thread: READs, O_DIRECT WRITEs, syncs and FALLOCATEs start
 //! on the worker's io_uring and it goes on reading requests. The daemon
 //! runs one worker (`--thread-pool-size 1`), so what the tests see in

@@ -185,7 +185,7 @@ fn a_hung_backend_ends_in_the_kernels_connection_abort() {
 
 #[test]
 fn an_aborted_connection_leaves_no_dead_mount_behind() {
-    for extra in [&[][..], &["--io-uring"], &["--ring-depth", "4"]] {
+    for extra in [&[][..], &["--io-uring"], &["--in-flight", "4"]] {
         let d = Dirs::new(&format!("aborted{}", extra.len()));
         let child = start_with(&d, extra);
         std::fs::write(d.mnt().join("f"), b"x").unwrap();

@@ -362,7 +362,7 @@ pub fn an_abort_with_every_entry_holding_a_hung_read_ends_cleanly(mode: Mode) {
         &[
             "--cache",
             "never",
-            "--ring-depth",
+            "--in-flight",
             "4",
             "--inject-faults",
             "read:hang",
@@ -526,7 +526,7 @@ pub fn more_lock_waits_than_entries_do_not_stall_the_unlock(mode: Mode) {
         Mode::Ring => "1",
         Mode::Dev => "2",
     };
-    let child = mode.start(&d, &log, &["--ring-depth", depth]);
+    let child = mode.start(&d, &log, &["--in-flight", depth]);
     let conn = fusectl_connection(&d.mnt());
     const PROGRAM: &str = r#"
 import fcntl, os, sys, time
