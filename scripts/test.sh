@@ -66,7 +66,7 @@ step "ring command fuzz: hostile FUSE-over-io_uring command areas (${FUSEBOX_RIN
 FUSEBOX_RING_FUZZ_ITERS="$FUSEBOX_RING_FUZZ_ITERS" cargo test -p fuse-core --profile fuzz --test dev_uring_cmd_fuzz -- --nocapture
 
 step "state load fuzz: hostile migration states taken up by the passthrough on a tmpfs share, no panic, memory bounded by the stream (${FUSEBOX_STATE_FUZZ_ITERS:=500000} states)"
-FUSEBOX_STATE_FUZZ_ITERS="$FUSEBOX_STATE_FUZZ_ITERS" cargo test -p uring-ring --profile fuzz --test state_fuzz -- --nocapture
+FUSEBOX_STATE_FUZZ_ITERS="$FUSEBOX_STATE_FUZZ_ITERS" cargo test -p passthrough --profile fuzz --test state_fuzz -- --nocapture
 
 step "guest: QEMU TCG guest suite over vhost-user-fs (Debian bookworm kernel, 1 request queue; default --sandbox namespace --seccomp kill)"
 tests/guest/run.sh

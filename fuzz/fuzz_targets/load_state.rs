@@ -7,7 +7,7 @@ use fuse_core::server::Filesystem;
 use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use uring_ring::passthrough::{
+use passthrough::{
     Config, MigrationConfig, MigrationMode, MigrationOnError, PassthroughFs,
 };
 

@@ -15,7 +15,7 @@
 //!
 //! Without --modcaps fusebox keeps the capabilities it was started with
 //! (virtiofsd drops to its default set): requests still run with the
-//! caller's credentials (`uring-ring/src/passthrough/creds.rs`), which
+//! caller's credentials (`passthrough/src/creds.rs`), which
 //! take the file-system capabilities away from every caller but root.
 
 use std::str::FromStr;

@@ -4,10 +4,10 @@
 use crate::host::MountArgs;
 use clap::{Parser, Subcommand, ValueEnum};
 use fuse_core::server::faults::{FaultPlan, PlanError};
+use passthrough::CachePolicy;
+use passthrough::{IdMap, IdMapping};
 use std::ffi::OsString;
 use std::path::PathBuf;
-use uring_ring::passthrough::CachePolicy;
-use uring_ring::passthrough::{IdMap, IdMapping};
 
 const QEMU_EXAMPLE: &str = "\
 Example (QEMU; guest memory must be shared):
@@ -398,7 +398,7 @@ pub struct VirtiofsdArgs {
     /// guest xattr under `user.virtiofs.` on the host); the rules must end
     /// with catch-alls for both directions. Implies --xattr.
     #[arg(long, value_name = "RULES")]
-    pub xattrmap: Option<uring_ring::passthrough::XattrMap>,
+    pub xattrmap: Option<passthrough::XattrMap>,
     /// Started unprivileged with --sandbox namespace: map these uids into
     /// its user namespace, `:inside:outside:count:` (repeatable; written
     /// by newuidmap(1) from the user's /etc/subuid ranges unless it is the

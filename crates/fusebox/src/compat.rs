@@ -14,11 +14,11 @@
 use crate::cli::{AclMode, Cache, Cli, LogLevel, Sandbox, VhostArgs};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
+use passthrough::{IdMap, IdMapError, XattrMap, XattrMapError};
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use uring_ring::passthrough::{IdMap, IdMapError, XattrMap, XattrMapError};
 
 /// The command line could not be turned into options.
 #[derive(Debug, thiserror::Error)]

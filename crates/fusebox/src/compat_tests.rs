@@ -763,7 +763,7 @@ fn xattrmap_rules_are_taken_from_the_option_and_from_o() {
         let argv = std::iter::once("fusebox").chain(args.iter().copied());
         parse(argv, true).map(|c| c.vhost.virtiofsd.xattrmap)
     };
-    let want: uring_ring::passthrough::XattrMap = ":map::user.virtiofs.:".parse().unwrap();
+    let want: passthrough::XattrMap = ":map::user.virtiofs.:".parse().unwrap();
     let a = rules(&[
         "--socket-path=/s",
         "--shared-dir=/a",

@@ -1,5 +1,5 @@
 //! Unit tests of `--translate-uid` / `--translate-gid` on the command
-//! line (the mappings' own syntax and checks are tested in uring-ring's
+//! line (the mappings' own syntax and checks are tested in the passthrough's
 //! `passthrough/idmap/tests.rs`).
 
 use super::tests::{err, ok, ROOT};
@@ -17,7 +17,7 @@ fn translate_err(args: &[&str]) -> (&'static str, IdMapError) {
 
 #[test]
 fn translate_options_take_virtiofsds_mappings() {
-    use uring_ring::passthrough::{Forbidden, IdMapping};
+    use passthrough::{Forbidden, IdMapping};
     let a = ok(&[
         "--socket-path=/s",
         "--shared-dir=/a",

@@ -8,13 +8,13 @@ use fuse_core::abi::init;
 use fuse_core::locks::lock;
 use fuse_core::server::faults::{Faulty, PlanError};
 use fuse_core::server::{serve_device, Dispatcher, ServerConfig};
+use host_mount::devfuse::{self, DevFuse, MountError, MountOptions};
+use host_mount::kernel_uring::{self, KernelQueue};
+use passthrough::{Config, PassthroughError, PassthroughFs};
+use passthrough::{Groups, IdMap, IdMapError, IdMapping};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uring_ring::devfuse::{self, DevFuse, MountError, MountOptions};
-use uring_ring::kernel_uring::{self, KernelQueue};
-use uring_ring::passthrough::{Config, PassthroughError, PassthroughFs};
-use uring_ring::passthrough::{Groups, IdMap, IdMapError, IdMapping};
 
 /// Errors of the host mount.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +30,7 @@ pub enum HostError {
     Mount(#[source] MountError),
     /// FUSE-over-io_uring.
     #[error("FUSE-over-io_uring")]
-    Ring(#[source] uring_ring::kernel_uring::KernelUringError),
+    Ring(#[source] host_mount::kernel_uring::KernelUringError),
     /// A /dev/fuse worker could not be made (its fd, its slots).
     #[error("starting a /dev/fuse worker")]
     Worker(#[source] fuse_core::Errno),

@@ -9,11 +9,11 @@ use crate::sandbox;
 use crate::seccomp;
 use crate::signals;
 use fuse_core::server::faults::{Faulty, PlanError};
+use passthrough::Groups;
+use passthrough::{Config, PassthroughError, PassthroughFs};
 use std::os::fd::FromRawFd;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use uring_ring::passthrough::Groups;
-use uring_ring::passthrough::{Config, PassthroughError, PassthroughFs};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use virtio_fs::{DeviceConfig, DeviceError, FsDevice};
@@ -298,21 +298,15 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         direct_io: !a.no_direct_io,
         translate_uid: a.uids.clone(),
         translate_gid: a.gids.clone(),
-        migration: uring_ring::passthrough::MigrationConfig {
+        migration: passthrough::MigrationConfig {
             mode: match a.virtiofsd.migration_mode {
-                crate::cli::MigrationMode::FindPaths => {
-                    uring_ring::passthrough::MigrationMode::FindPaths
-                }
-                crate::cli::MigrationMode::FileHandles => {
-                    uring_ring::passthrough::MigrationMode::FileHandles
-                }
+                crate::cli::MigrationMode::FindPaths => passthrough::MigrationMode::FindPaths,
+                crate::cli::MigrationMode::FileHandles => passthrough::MigrationMode::FileHandles,
             },
             on_error: match a.virtiofsd.migration_on_error {
-                crate::cli::MigrationOnError::Abort => {
-                    uring_ring::passthrough::MigrationOnError::Abort
-                }
+                crate::cli::MigrationOnError::Abort => passthrough::MigrationOnError::Abort,
                 crate::cli::MigrationOnError::GuestError => {
-                    uring_ring::passthrough::MigrationOnError::GuestError
+                    passthrough::MigrationOnError::GuestError
                 }
             },
             verify_handles: a.virtiofsd.migration_verify_handles,
@@ -322,10 +316,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         creds: ids != sandbox::Ids::OwnOnly && Config::default().creds,
         ..Config::default()
     };
-    if a.sandbox != crate::cli::Sandbox::None
-        && cfg.xattr
-        && !uring_ring::passthrough::xattrat_supported()
-    {
+    if a.sandbox != crate::cli::Sandbox::None && cfg.xattr && !host_io::sys::xattrat_supported() {
         // Before 6.13 the xattr calls name fds by absolute /proc paths,
         // which inside the sandbox would resolve in the shared directory.
         return Err(VhostError::Unsupported(

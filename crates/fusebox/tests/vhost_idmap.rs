@@ -8,7 +8,7 @@
 //! the host uid: the guest's root as host 1000 (or squashed onto 65534)
 //! keeps none, so it gives no file away and makes no device node; a
 //! guest user translated to host root has root's.
-//! (`uring-ring/tests/id_translation.rs` has every mapping type, reply,
+//! (`passthrough/tests/id_translation.rs` has every mapping type, reply,
 //! ACLs and each capability; `src/compat_tests.rs` the option syntax.)
 
 use fuse_core::abi::{fattr, SetattrIn, ROOT_ID};

@@ -6,7 +6,7 @@
 //! name; the host's own unmapped xattrs stay hidden from the guest; a
 //! guest may not reach the mapped names directly; a renamed
 //! `security.capability` goes when the file is written, as the host
-//! kernel drops its own. (`uring-ring/src/passthrough/xattrmap.rs` has the
+//! kernel drops its own. (`passthrough/src/xattrmap.rs` has the
 //! rule language's unit tests; `src/compat_tests.rs` the option's.)
 
 use fuse_core::abi::Xattr;

@@ -74,7 +74,7 @@ impl Migrating {
         let (_dev, daemon) = common::serve_passthrough(
             &base.join("share"),
             &sock,
-            uring_ring::passthrough::Config::default(),
+            passthrough::Config::default(),
             cfg,
         );
         let mut g = GuestDriver::connect(

@@ -8,7 +8,7 @@
 
 mod common;
 
-use uring_ring::passthrough::Config;
+use passthrough::Config;
 use virtio_fs::DeviceConfig;
 
 use fuse_core::abi::ROOT_ID;

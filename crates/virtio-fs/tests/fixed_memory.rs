@@ -8,9 +8,9 @@
 mod common;
 
 use fuse_core::abi::ROOT_ID;
+use passthrough::Config;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use uring_ring::passthrough::Config;
 use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::DeviceConfig;
 
@@ -56,7 +56,7 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 /// Writes and reads a file through the device; returns the passthrough's
 /// I/O counts.
-fn traffic(share: &Path, sock: &Path, fixed: bool) -> uring_ring::passthrough::IoCounts {
+fn traffic(share: &Path, sock: &Path, fixed: bool) -> passthrough::IoCounts {
     let (dev, served) = common::serve_passthrough(
         share,
         sock,

@@ -8,8 +8,8 @@
 mod common;
 
 use fuse_core::abi::ROOT_ID;
+use passthrough::Config;
 use std::time::{Duration, Instant};
-use uring_ring::passthrough::Config;
 use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::DeviceConfig;
 

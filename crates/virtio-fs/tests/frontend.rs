@@ -5,8 +5,8 @@
 mod common;
 
 use fuse_core::abi::{Opcode, ROOT_ID};
+use passthrough::{Config, PassthroughFs};
 use std::path::PathBuf;
-use uring_ring::passthrough::{Config, PassthroughFs};
 use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};
 use virtio_fs::{DeviceConfig, FsDevice};
 

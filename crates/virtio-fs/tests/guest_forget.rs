@@ -8,8 +8,8 @@
 mod common;
 
 use fuse_core::abi::{CreateIn, EntryOut, Opcode, ReleaseIn, ROOT_ID};
+use passthrough::Config;
 use std::time::{Duration, Instant};
-use uring_ring::passthrough::Config;
 use virtio_fs::testing::guest::{GuestConfig, GuestDriver, Req};
 use virtio_fs::DeviceConfig;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};

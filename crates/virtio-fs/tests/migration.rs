@@ -7,10 +7,10 @@
 mod common;
 
 use fuse_core::abi::ROOT_ID;
+use passthrough::{Config, PassthroughFs};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use uring_ring::passthrough::{Config, PassthroughFs};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 use vhost_user_backend::VhostUserBackend;
 use virtio_fs::testing::frontend::{FrontendConfig, VhostFrontend};

@@ -3,7 +3,7 @@
 //!
 //! The dispatcher depends on the ABI only, never on engine internals, so the
 //! same code serves the in-process device, the emulated ring, and (through
-//! uring-ring) the host kernel's `/dev/fuse` and FUSE-over-io_uring.
+//! host-mount) the host kernel's `/dev/fuse` and FUSE-over-io_uring.
 //!
 //! # Lookup counts
 //!

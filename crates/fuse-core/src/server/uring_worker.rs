@@ -3,7 +3,7 @@
 //! [`RingSlot`] and [`RingTransport`] (the kernel's ring
 //! ABI: the 288-byte header, split arguments, a payload buffer), so the
 //! same code serves the emulated ring ([`RingEnd`]) and the host kernel's
-//! (uring-ring's `KernelQueue`).
+//! (host-mount's `KernelQueue`).
 
 use super::{DeferFn, Deferred, Dispatcher, Filesystem, Handled, IoDone, Start};
 use crate::abi::{self, InHeader, Opcode, UringReqHeader, URING_OP_IN_OUT_SZ};

@@ -207,17 +207,13 @@ pub fn request_as(op: Opcode, unique: u64, uid: u32, body: &[u8]) -> Vec<u8> {
 pub fn serve_passthrough(
     dir: &std::path::Path,
     sock: &std::path::Path,
-    fs_cfg: uring_ring::passthrough::Config,
+    fs_cfg: passthrough::Config,
     cfg: DeviceConfig,
 ) -> (
-    FsDevice<uring_ring::passthrough::PassthroughFs>,
+    FsDevice<passthrough::PassthroughFs>,
     std::thread::JoinHandle<()>,
 ) {
-    let dev = FsDevice::new(
-        uring_ring::passthrough::PassthroughFs::new(dir, fs_cfg).unwrap(),
-        cfg,
-    )
-    .unwrap();
+    let dev = FsDevice::new(passthrough::PassthroughFs::new(dir, fs_cfg).unwrap(), cfg).unwrap();
     let served = serve_device(&dev, sock);
     (dev, served)
 }
@@ -259,7 +255,7 @@ pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 /// A guest on request queue 1 of a device in this process, over a fresh
 /// directory holding the file `f` ("locked"), removed when dropped.
-pub struct Guest<F: Filesystem + 'static = uring_ring::passthrough::PassthroughFs> {
+pub struct Guest<F: Filesystem + 'static = passthrough::PassthroughFs> {
     pub h: Harness<F>,
     pub vring: VringRwLock<GuestMem>,
     /// The avail index after the last request sent.
@@ -281,13 +277,7 @@ impl Guest {
     pub fn new(tag: &str) -> Guest {
         Guest::with(
             tag,
-            |dir| {
-                uring_ring::passthrough::PassthroughFs::new(
-                    dir,
-                    uring_ring::passthrough::Config::default(),
-                )
-                .unwrap()
-            },
+            |dir| passthrough::PassthroughFs::new(dir, passthrough::Config::default()).unwrap(),
             DeviceConfig {
                 queue_size: QSIZE,
                 ..DeviceConfig::default()
