@@ -38,7 +38,7 @@
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/lib.sh"
+. "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() daemon=fusebox daemon_args="" tmo=600
 all_groups="chmod chown ftruncate link mkdir mkfifo mknod open posix_fallocate rename rmdir symlink truncate unlink utimensat"

@@ -1,9 +1,14 @@
-# Shared by the guest scripts (tests/guest/run.sh, labels.sh, pjdfstest.sh,
-# reboot.sh; sourced). Each keeps the run's files in $work (the daemon's
-# stderr in $work/fusebox.log, whichever daemon it is), the daemon's
-# socket in $sock, QEMU's pid in $qpid and the daemon's in $fpid, the
-# test guest's directory (tests/guest/setup.sh) in $gdir and its QEMU in
-# $qemu, and defines `boot`, which starts the daemon and QEMU.
+# The shell library of the tests, benches and scripts: sourced, never run,
+# from the sourcing script's own directory (`. "$here/../../scripts/lib.sh"`
+# and the like), so it works from any cwd. It sets no shell options: each
+# script keeps its own `set -euo pipefail`.
+
+# ---- The test guest's host scripts (tests/guest/run.sh, labels.sh,
+# pjdfstest.sh, reboot.sh). Each keeps the run's files in $work (the
+# daemon's stderr in $work/fusebox.log, whichever daemon it is), the
+# daemon's socket in $sock, QEMU's pid in $qpid and the daemon's in $fpid,
+# the test guest's directory (tests/guest/setup.sh) in $gdir and its QEMU
+# in $qemu, and defines `boot`, which starts the daemon and QEMU.
 
 # Waits for fusebox's socket; ends the script if it never comes.
 wait_listening() {
