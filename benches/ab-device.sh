@@ -15,6 +15,8 @@
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-6} secs=${4:-5} wl=${5:-randread} depth=${6:-16}
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 load=$root/target/release/fusebox-load
 share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
 [ -x "$load" ] || (cd "$root" && cargo build --release -q -p fusebox)
@@ -43,7 +45,7 @@ for ((r = 1; r <= rounds; r++)); do
 		"$bin" --socket-path "$sock" --shared-dir "$share" --cache never \
 			--sandbox none --seccomp none --log-level error 2>/dev/null &
 		pid=$!
-		for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.025; done
+		wait_socket "$sock" 200 0.025 || true
 		line=$("$load" --socket-path "$sock" --workload "$wl" --depth "$depth" \
 			--seconds "$secs" "${file[@]}" --daemon-pid "$pid" --terse) || line="failed"
 		kill "$pid" 2>/dev/null || true

@@ -12,6 +12,8 @@
 # each and their ratio (fixed / plain).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 secs=${1:-5}
 rounds=${2:-3}
 (cd "$root" && cargo build --release -q -p fusebox)
@@ -32,7 +34,7 @@ one() {
 	"$fb" --socket-path "$work/sock" --shared-dir "$work/share" --cache auto --sandbox none \
 		--seccomp none --log-level warn "${extra[@]}" 2>>"$work/fusebox.log" &
 	local pid=$!
-	for _ in $(seq 100); do [ -S "$work/sock" ] && break; sleep 0.05; done
+	wait_socket "$work/sock" 100 0.05 || true
 	"$load" --socket-path "$work/sock" --workload "$2" --depth "$3" --seconds "$secs" \
 		--file-mib 256 --direct --terse | awk '{print $3}'
 	wait "$pid" 2>/dev/null || true

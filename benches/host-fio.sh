@@ -54,6 +54,8 @@
 #                           clone or mirror on a machine without GitHub)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=../scripts/lib.sh
+source scripts/lib.sh
 secs=${1:-10}
 parts=${FIO_PARTS:-psync depth}
 export DEBIAN_FRONTEND=noninteractive
@@ -102,10 +104,7 @@ cleanup() {
 trap cleanup EXIT
 
 wait_mount() {
-  for _ in $(seq 200); do
-    grep -q " $work/mnt fuse" /proc/mounts && return 0
-    sleep 0.05
-  done
+  wait_until 200 0.05 grep -q " $work/mnt fuse" /proc/mounts && return 0
   echo "mount did not appear" >&2
   return 1
 }

@@ -92,6 +92,8 @@ case $which_sets in
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 ext4_dir=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
 out=${OUT:-$root/target/bench/vhost-load-$(date +%Y%m%d-%H%M%S)}
 vfsd=${VIRTIOFSD:-$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")}
@@ -230,11 +232,7 @@ start_daemon() {
 			"${vfsd_extra[@]}" 2>>"$work/$name.err" & ;;
 	esac
 	dpid=$!
-	for _ in $(seq 200); do
-		[ -S "$sock" ] && return 0
-		kill -0 "$dpid" 2>/dev/null || break
-		sleep 0.025
-	done
+	wait_socket "$sock" 200 0.025 "$dpid" && return 0
 	echo "$name did not listen:" >&2
 	tail -n 5 "$work/$name.err" >&2 || true
 	return 1
@@ -243,10 +241,7 @@ start_daemon() {
 # stop_daemon: wait for $dpid to exit on its own (client gone), else kill it.
 stop_daemon() {
 	[ -n "$dpid" ] || return 0
-	for _ in $(seq 100); do
-		kill -0 "$dpid" 2>/dev/null || break
-		sleep 0.05
-	done
+	wait_until 100 0.05 gone "$dpid" || true
 	kill "$dpid" 2>/dev/null || true
 	wait "$dpid" 2>/dev/null || true
 	dpid=

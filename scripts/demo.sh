@@ -10,6 +10,8 @@
 # vhost-user socket and boots QEMU (TCG) with the directory as virtiofs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 run=demo queues=1 setup_args=()
 while [ $# -gt 1 ]; do
 	case $1 in
@@ -30,7 +32,7 @@ trap 'kill $fpid 2>/dev/null || true; rm -rf "$work"' EXIT
 "$root/target/release/fusebox" --socket-path "$work/vfs.sock" --shared-dir "$dir" \
 	--queues "$queues" --xattr 2> "$work/fusebox.log" &
 fpid=$!
-for _ in $(seq 100); do [ -S "$work/vfs.sock" ] && break; sleep 0.1; done
+wait_socket "$work/vfs.sock" || true
 echo "demo: fusebox shares $dir on $work/vfs.sock; booting the guest (QEMU TCG, ~10 s)"
 "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
 	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \

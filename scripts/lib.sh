@@ -3,6 +3,37 @@
 # and the like), so it works from any cwd. It sets no shell options: each
 # script keeps its own `set -euo pipefail`.
 
+# ---- For any script.
+
+# Runs "$@" until it succeeds, at most $1 times, $2 seconds apart; fails
+# if it never did.
+wait_until() {
+	local tries=$1 secs=$2 i
+	shift 2
+	for ((i = 1; i <= tries; i++)); do
+		"$@" && return 0
+		[ "$i" = "$tries" ] || sleep "$secs"
+	done
+	return 1
+}
+
+# Waits for a socket at $1: at most $2 looks (default 100), $3 seconds
+# apart (default 0.1); fails if none came, or at once when process $4 (if
+# given) has exited.
+wait_socket() {
+	local i
+	for ((i = 1; i <= ${2:-100}; i++)); do
+		[ -S "$1" ] && return 0
+		[ -z "${4:-}" ] || kill -0 "$4" 2>/dev/null || return 1
+		[ "$i" = "${2:-100}" ] || sleep "${3:-0.1}"
+	done
+	return 1
+}
+
+# Whether process $1 is gone: no such process, or a zombie (exited, not
+# yet waited for).
+gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+
 # ---- The test guest's host scripts (tests/guest/run.sh, labels.sh,
 # pjdfstest.sh, reboot.sh). Each keeps the run's files in $work (the
 # daemon's stderr in $work/fusebox.log, whichever daemon it is), the
@@ -12,17 +43,15 @@
 
 # Waits for fusebox's socket; ends the script if it never comes.
 wait_listening() {
-	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-	[ -S "$sock" ] || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
+	wait_socket "$sock" || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
 }
 
 # Waits up to 10 s for fusebox to exit, as it does when its VMM has gone;
 # sets status (1 with a FAIL line if it did not, or failed). $1 names the
 # script in messages.
 wait_fusebox_exit() {
-	for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
 	status=0
-	if kill -0 "$fpid" 2>/dev/null; then
+	if ! wait_until 100 0.1 gone "$fpid"; then
 		echo "$1: FAIL fusebox still running after the VMM left"
 		kill "$fpid" 2>/dev/null || true
 		status=1
@@ -50,7 +79,7 @@ wait_qemu() {
 boot_again_on_tcg_assertion() {
 	if [ "$qrc" = 134 ] && grep -q "Assertion" "$work/qemu.err" && ! grep -aq "^GUEST\|^PASS\|^FAIL" "$work/console.log"; then
 		echo "$1: QEMU aborted on its own assertion before the guest ran; booting again (once)"
-		for _ in $(seq 100); do kill -0 "$fpid" 2>/dev/null || break; sleep 0.1; done
+		wait_until 100 0.1 gone "$fpid" || true
 		kill "$fpid" 2>/dev/null || true
 		wait "$fpid" 2>/dev/null || true
 		boot

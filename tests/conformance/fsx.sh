@@ -5,6 +5,8 @@
 # Usage: tests/conformance/fsx.sh OPS SEED [extra fusebox mount options...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=../../scripts/lib.sh
+source scripts/lib.sh
 ops=${1:-100000}
 seed=${2:-1}
 shift 2 || true

@@ -4,6 +4,8 @@
 # Prints the pass/fail counts; exits non-zero if any test failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=../../scripts/lib.sh
+source scripts/lib.sh
 command -v pjdfstest >/dev/null || cargo install --quiet --locked pjdfstest
 # The suite switches to these users (see pjdfstest.toml).
 id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests

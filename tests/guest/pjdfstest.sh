@@ -38,6 +38,7 @@
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../../scripts/lib.sh
 . "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() daemon=fusebox daemon_args="" tmo=600

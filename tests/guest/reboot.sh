@@ -20,6 +20,7 @@
 # (seconds, default 180) bounds each wait for the guest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../../scripts/lib.sh
 . "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 orig_args=("$@")

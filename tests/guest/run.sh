@@ -23,6 +23,7 @@
 # qemu64: TCG runs this guest's kernel 20-25% faster than with -cpu max.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../../scripts/lib.sh
 . "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par= as_user=

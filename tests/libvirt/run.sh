@@ -23,6 +23,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib.sh
+. "$root/scripts/lib.sh"
 log() { echo "libvirt-run: $*"; }
 [ "$(id -u)" = 0 ] || { log "needs root (the qemu:///system daemon starts fusebox)"; exit 1; }
 boot_timeout=${FUSEBOX_LIBVIRT_BOOT_TIMEOUT:-150}
@@ -243,7 +245,6 @@ sys.exit(1)" "$share/held"'
 t0=$(date +%s)
 virsh_ destroy "$name" >/dev/null || { log "FAIL virsh destroy"; exit 1; }
 log "virsh destroy took $(( $(date +%s) - t0 )) s"
-gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 for _ in $(seq 50); do
 	left=
 	for p in $fbpids; do gone "$p" || left="$left $p"; done

@@ -69,6 +69,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib.sh
+. "$root/scripts/lib.sh"
 orig_args=("$@")
 daemon=virtiofsd daemon_args="" mig_mode="" daemon_bin="" keep=0 trace=0 scenario=normal expect=""
 while [ $# -gt 0 ]; do
@@ -155,7 +157,6 @@ if [ "$scenario" = missing ]; then
 	mkdir "$dshare"
 fi
 pa='' pb='' qa='' qb='' px='' status=1
-gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 stop() { # pid: TERM, then KILL after 5 s
 	[ -n "$1" ] || return 0
 	kill "$1" 2>/dev/null || true
@@ -201,7 +202,7 @@ start_daemon() { # name socket directory
 	# shellcheck disable=SC2086 # the daemon's arguments are split on purpose
 	${MIGRATION_DAEMON_WRAP:-} "$bin" --socket-path "$2" --shared-dir "$3" --cache never $daemon_args 2> "$work/daemon-$1.log" &
 	eval "p$1=$!"
-	for _ in $(seq 100); do [ -S "$2" ] && return 0; sleep 0.1; done
+	wait_socket "$2" && return 0
 	cat "$work/daemon-$1.log"
 	die "daemon $1 did not listen on $2"
 }
@@ -321,8 +322,7 @@ mig_uri=unix:$work/mig.sock
 if [ "$scenario" = corrupt ]; then
 	python3 "$here/corrupt-proxy.py" "$work/proxy.sock" "$work/mig.sock" 2> "$work/proxy.log" &
 	px=$!
-	for _ in $(seq 50); do [ -S "$work/proxy.sock" ] && break; sleep 0.1; done
-	[ -S "$work/proxy.sock" ] || die "corrupt-proxy.py did not listen ($(cat "$work/proxy.log"))"
+	wait_socket "$work/proxy.sock" 50 || die "corrupt-proxy.py did not listen ($(cat "$work/proxy.log"))"
 	mig_uri=unix:$work/proxy.sock
 fi
 
@@ -370,8 +370,7 @@ print("total %s ms, downtime %s ms, setup %s ms, %s MiB transferred" % (m.get("t
 	timeout 30 tail --pid="$qa" -f /dev/null || die "the source QEMU did not quit"
 	wait "$qa" 2>/dev/null || true
 	qa=
-	for _ in $(seq 100); do gone "$pa" && break; sleep 0.1; done
-	gone "$pa" || die "daemon A still running 10 s after the source QEMU quit"
+	wait_until 100 0.1 gone "$pa" || die "daemon A still running 10 s after the source QEMU quit"
 	arc=0
 	wait "$pa" 2>/dev/null || arc=$?
 	pa=
@@ -421,8 +420,7 @@ print("total %s ms, downtime %s ms, setup %s ms, %s MiB transferred" % (m.get("t
 	wait "$qb" 2>/dev/null || qrc=$?
 	qb=
 	[ "$qrc" = 0 ] || { log "FAIL the destination QEMU exited with $qrc"; fail=1; }
-	for _ in $(seq 100); do gone "$pb" && break; sleep 0.1; done
-	if gone "$pb"; then
+	if wait_until 100 0.1 gone "$pb"; then
 		brc=0
 		wait "$pb" 2>/dev/null || brc=$?
 		pb=
@@ -442,8 +440,7 @@ else # outcome source: the migration failed, the guest goes on where it was.
 	log "the source is running again"
 	gone "$pa" && die "daemon A exited after the failed migration"
 	# The destination's load failed: its QEMU exits (or at least does not run).
-	for _ in $(seq 100); do gone "$qb" && break; sleep 0.1; done
-	if gone "$qb"; then
+	if wait_until 100 0.1 gone "$qb"; then
 		qrc=0
 		wait "$qb" 2>/dev/null || qrc=$?
 		qb=
@@ -457,8 +454,7 @@ else # outcome source: the migration failed, the guest goes on where it was.
 		wait "$qb" 2>/dev/null || true
 		qb=
 	fi
-	for _ in $(seq 100); do gone "$pb" && break; sleep 0.1; done
-	gone "$pb" || die "daemon B still running 10 s after the destination QEMU went"
+	wait_until 100 0.1 gone "$pb" || die "daemon B still running 10 s after the destination QEMU went"
 	brc=0
 	wait "$pb" 2>/dev/null || brc=$?
 	pb=
@@ -518,8 +514,7 @@ else # outcome source: the migration failed, the guest goes on where it was.
 	wait "$qa" 2>/dev/null || qrc=$?
 	qa=
 	[ "$qrc" = 0 ] || { log "FAIL the source QEMU exited with $qrc"; fail=1; }
-	for _ in $(seq 100); do gone "$pa" && break; sleep 0.1; done
-	if gone "$pa"; then
+	if wait_until 100 0.1 gone "$pa"; then
 		arc=0
 		wait "$pa" 2>/dev/null || arc=$?
 		pa=

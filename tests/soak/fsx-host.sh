@@ -6,6 +6,8 @@
 # Usage: tests/soak/fsx-host.sh [OPS] [extra fusebox mount options...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=../../scripts/lib.sh
+source scripts/lib.sh
 if [ -n "${FUSEBOX_SOAK:-}" ]; then default=1000000; else default=40000; fi
 ops=${1:-$default}
 shift || true
