@@ -34,6 +34,25 @@ wait_socket() {
 # yet waited for).
 gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 
+# Stops process $1 (none if empty): SIGTERM, SIGKILL if it is still there
+# after $2 seconds (default 5), then waits for it if it is this shell's.
+stop_pid() {
+	[ -n "$1" ] || return 0
+	kill "$1" 2>/dev/null || true
+	timeout "${2:-5}" tail --pid="$1" -f /dev/null 2>/dev/null || kill -9 "$1" 2>/dev/null || true
+	wait "$1" 2>/dev/null || true
+}
+
+# apt-get "$@", not asking, quiet (-q), its output on stderr (stdout is
+# left to the script's own results).
+apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
+
+# A host-side check: prints "HOST PASS $1" when the shell expression $2
+# holds, else "HOST FAIL $1", counting the failures in hfail.
+hcheck() {
+	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; hfail=$((${hfail:-0} + 1)); fi
+}
+
 # ---- The test guest's host scripts (tests/guest/run.sh, labels.sh,
 # pjdfstest.sh, reboot.sh). Each keeps the run's files in $work (the
 # daemon's stderr in $work/fusebox.log, whichever daemon it is), the

@@ -114,9 +114,6 @@ esac
 
 # The host's half: what the guest left in the shared directory.
 hfail=0
-hcheck() {
-	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; hfail=$((hfail + 1)); fi
-}
 w=$share/work
 hcheck content '[ "$(cat "$w/a")" = hello ] && [ "$(cat "$w/w")" = 012XY56789 ]'
 hcheck append '[ "$(cat "$w/ap")" = "$(printf "one\ntwo")" ]'

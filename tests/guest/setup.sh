@@ -14,14 +14,14 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib.sh
+. "$root/scripts/lib.sh"
 backports=0
 if [ "${1:-}" = --backports ]; then backports=1; shift; fi
 flavour=$([ $backports = 1 ] && echo backports || echo stable)
 out=${1:-$root/target/guest/$flavour}
 mkdir -p "$out"
 log() { echo "guest-setup: $*" >&2; }
-
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
 
 if [ $backports = 1 ]; then
 	src=/etc/apt/sources.list.d/bookworm-backports.sources

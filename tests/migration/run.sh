@@ -117,7 +117,6 @@ case $outcome in dest | source) ;; *) log "--expect must start with dest or sour
 tmo=${MIGRATION_TIMEOUT:-120}
 begin=$(date +%s)
 
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
 if ! command -v python3 >/dev/null; then
 	log "installing python3 (the QMP client)"
 	apt_get update
@@ -157,12 +156,6 @@ if [ "$scenario" = missing ]; then
 	mkdir "$dshare"
 fi
 pa='' pb='' qa='' qb='' px='' status=1
-stop() { # pid: TERM, then KILL after 5 s
-	[ -n "$1" ] || return 0
-	kill "$1" 2>/dev/null || true
-	timeout 5 tail --pid="$1" -f /dev/null 2>/dev/null || kill -9 "$1" 2>/dev/null || true
-	wait "$1" 2>/dev/null || true
-}
 show_logs() {
 	local f
 	for f in "$work"/console-*.log "$work"/qemu-*.err "$work"/daemon-*.log "$work"/proxy.log; do
@@ -173,7 +166,7 @@ show_logs() {
 }
 cleanup() {
 	local rc=$?
-	stop "$qa"; stop "$qb"; stop "$pa"; stop "$pb"; stop "$px"
+	stop_pid "$qa"; stop_pid "$qb"; stop_pid "$pa"; stop_pid "$pb"; stop_pid "$px"
 	[ "$rc" = 0 ] && [ "$status" = 0 ] || show_logs
 	if [ $keep = 1 ]; then log "kept $work"; else rm -rf "$work"; fi
 	exit "$rc"
@@ -188,8 +181,7 @@ mkdir "$work/extra"
 cp "$here/migrate.sh" "$work/extra/migrate.sh"
 chmod +x "$work/extra/migrate.sh"
 gcc -static -O2 -Wall -o "$work/extra/migcheck" "$here/migcheck.c"
-(cd "$work/extra" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
-cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
+add_to_initrd "$work/extra"
 
 # The share: the guest's cwd (mig), a file it reads, a directory it lists.
 mkdir -p "$share/mig/dir"
@@ -221,7 +213,7 @@ start_qemu() { # name socket extra-args...
 		-trace vhost_dev_start -trace vhost_dev_stop -trace migrate_set_state -trace vhost_user_event)
 	"$qemu" "${tr[@]}" -name "mig-$n" -accel tcg,thread=multi -cpu qemu64 -smp 1 -m 256M \
 		-object memory-backend-memfd,id=mem,size=256M,share=on -numa node,memdev=mem \
-		-kernel "$gdir/vmlinuz" -initrd "$work/initrd.gz" \
+		-kernel "$gdir/vmlinuz" -initrd "$initrd" \
 		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=migrate migcheck.scenario=$scenario" \
 		-chardev socket,id=vfs,path="$sock" \
 		-device vhost-user-fs-pci,chardev=vfs,tag=share \
@@ -283,7 +275,7 @@ if ! grep -aq '^MIGRATE-READY' "$work/console-a.log"; then
 		log "the source QEMU aborted on its own assertion during boot; running again (once)"
 		cat "$work/qemu-a.err"
 		trap - EXIT
-		stop "$qb"; stop "$pa"; stop "$pb"
+		stop_pid "$qb"; stop_pid "$pa"; stop_pid "$pb"
 		rm -rf "$work"
 		MIGRATION_RETRIED=1 exec "$0" "${orig_args[@]}"
 	fi
@@ -531,9 +523,7 @@ fi
 
 # The host's half: what the guest wrote before and after, in the
 # directory of the daemon it ended on.
-hcheck() {
-	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; fail=1; fi
-}
+hfail=0
 if [ "$outcome" = dest ]; then ended=$dshare other=$share; else ended=$share other=$dshare; fi
 # shellcheck disable=SC2034 # used in hcheck's expressions
 m=$ended/mig
@@ -553,6 +543,7 @@ if [ "$other" != "$ended" ]; then
 	hcheck other-dir-phase1-only '[ "$(cat "$other/mig/w")" = w-phase1 ] && [ "$(cat "$other/mig/lk")" = lk-phase1 ]'
 	hcheck other-dir-untouched '[ "$(cd "$other" && find . | sort | tr "\n" " ")" = "$ofiles" ]'
 fi
+[ $hfail = 0 ] || fail=1
 
 # The vhost-user messages each QEMU sent (write) and got back (read),
 # named as in the vhost-user specification.
