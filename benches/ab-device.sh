@@ -19,7 +19,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
 load=$root/target/release/fusebox-load
 share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
-[ -x "$load" ] || (cd "$root" && cargo build --release -q -p fusebox)
+[ -x "$load" ] || build_fusebox
 mkdir -p "$share"
 cold=${COLD:-0}
 if [ "$cold" = 1 ]; then

@@ -18,7 +18,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
 load=$root/target/release/fusebox-load
 share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
-[ -x "$load" ] || (cd "$root" && cargo build --release -q -p fusebox)
+[ -x "$load" ] || build_fusebox
 [ -f "$share/data" ] || head -c $((256 << 20)) /dev/urandom >"$share/data"
 # Warm: every read is served from the page cache.
 cat "$share/data" >/dev/null

@@ -16,7 +16,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
 secs=${1:-5}
 rounds=${2:-3}
-(cd "$root" && cargo build --release -q -p fusebox)
+build_fusebox
 fb=$root/target/release/fusebox
 load=$root/target/release/fusebox-load
 work=$(mktemp -d /tmp/fusebox-fixed-bench.XXXXXX)

@@ -68,8 +68,7 @@ dpkg -s libfuse3-dev >/dev/null 2>&1 || need+=(libfuse3-dev)
 dpkg -s fuse3 >/dev/null 2>&1 || need+=(fuse3)
 dpkg -s dpkg-dev >/dev/null 2>&1 || need+=(dpkg-dev)
 if [ ${#need[@]} -gt 0 ]; then
-  apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  apt_install "${need[@]}" >/dev/null
 fi
 
 # passthrough_hp is not among the examples Debian ships in libfuse3-dev:
@@ -87,7 +86,7 @@ if [[ " $parts " == *" psync "* ]] && [ ! -x "$hp" ]; then
   g++ -O2 -std=c++17 -o "$hp" target/bench/src/fuse3/example/passthrough_hp.cc \
     $(pkg-config fuse3 --cflags --libs) -lpthread
 fi
-cargo build -q --release -p fusebox
+build_fusebox
 
 work=$(mktemp -d /tmp/fusebox-fio.XXXXXX)
 chmod 755 "$work"
@@ -203,8 +202,7 @@ if [[ " $contenders " == *" libfuse-master-"* ]] && [ ! -x "$hpm" ]; then
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
-    apt-get update -qq
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    apt_install "${need[@]}" >/dev/null
   fi
   rm -rf target/bench/libfuse-master
   git clone -q --depth 1 "${LIBFUSE_GIT:-https://github.com/libfuse/libfuse}" target/bench/libfuse-master

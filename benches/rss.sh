@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../scripts/lib.sh
 . "$root/scripts/lib.sh"
 secs=${1:-5}
-(cd "$root" && cargo build --release -q -p fusebox)
+build_fusebox
 fb=$root/target/release/fusebox
 load=$root/target/release/fusebox-load
 work=$(mktemp -d /tmp/fusebox-rss.XXXXXX)

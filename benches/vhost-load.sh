@@ -96,7 +96,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
 ext4_dir=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
 out=${OUT:-$root/target/bench/vhost-load-$(date +%Y%m%d-%H%M%S)}
-vfsd=${VIRTIOFSD:-$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")}
+vfsd=${VIRTIOFSD:-$(cargo_bin virtiofsd)}
 read -r -a vfsd_extra <<<"${VIRTIOFSD_ARGS:-}"
 data_file=fusebox-bench.dat
 data_mib=256
@@ -168,7 +168,7 @@ if [ "$sweep" = 1 ]; then
 	command -v gnuplot >/dev/null || { echo "gnuplot not found (apt-get install gnuplot-nox)" >&2; exit 1; }
 fi
 if [ "${BUILD:-1}" != 0 ]; then
-	(cd "$root" && cargo build --release -q -p fusebox)
+	build_fusebox
 fi
 fb=$root/target/release/fusebox
 load=$root/target/release/fusebox-load

@@ -24,9 +24,8 @@ while [ $# -gt 1 ]; do
 done
 dir=${1:?usage: scripts/demo.sh [--shell] [--queues N] [--backports] DIR}
 dir=$(cd "$dir" && pwd)
-gdir=$("$root/tests/guest/setup.sh" "${setup_args[@]}" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+setup_guest "${setup_args[@]}"
+build_fusebox
 work=$(mktemp -d /tmp/fusebox-demo.XXXXXX)
 trap 'kill $fpid 2>/dev/null || true; rm -rf "$work"' EXIT
 "$root/target/release/fusebox" --socket-path "$work/vfs.sock" --shared-dir "$dir" \

@@ -5,6 +5,12 @@
 
 # ---- For any script.
 
+# The checkout this library is in.
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Builds fusebox and fusebox-load (release) in this checkout, quietly.
+build_fusebox() { (cd "$repo_root" && cargo build --release -q -p fusebox); }
+
 # Runs "$@" until it succeeds, at most $1 times, $2 seconds apart; fails
 # if it never did.
 wait_until() {
@@ -43,6 +49,22 @@ stop_pid() {
 	wait "$1" 2>/dev/null || true
 }
 
+# Makes the unprivileged user tests (no home, no login), unless it exists.
+add_tests_user() { id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests; }
+
+# Installs the crates.io tool $1 (cargo install --locked) unless it is on PATH.
+cargo_install_missing() { command -v "$1" >/dev/null 2>&1 || cargo install --quiet --locked "$1"; }
+
+# Prints where the cargo-installed tool $1 is: on PATH, else ~/.cargo/bin.
+cargo_bin() { command -v "$1" || echo "$HOME/.cargo/bin/$1"; }
+
+# Updates apt's lists, then installs the packages "$@" not asking; both
+# very quiet (-qq).
+apt_install() {
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
+
 # apt-get "$@", not asking, quiet (-q), its output on stderr (stdout is
 # left to the script's own results).
 apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
@@ -51,6 +73,24 @@ apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@"
 # holds, else "HOST FAIL $1", counting the failures in hfail.
 hcheck() {
 	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; hfail=$((${hfail:-0} + 1)); fi
+}
+
+# Copies the shared libraries that the binaries $2... link (as ldd lists
+# them) under the directory $1, each at its own path.
+copy_libs() {
+	local dest=$1 lib
+	shift
+	for lib in $(ldd "$@" | awk '/=> \// {print $3} /^\t\/lib64/ {print $1}' | sort -u); do
+		mkdir -p "$dest$(dirname "$lib")"
+		cp -L "$lib" "$dest$lib"
+	done
+}
+
+# Gets the test guest ready (tests/guest/setup.sh "$@"): sets gdir to its
+# directory and qemu to the QEMU binary it runs on.
+setup_guest() {
+	gdir=$("$repo_root/tests/guest/setup.sh" "$@" | tail -1)
+	qemu=$(cat "$gdir/qemu")
 }
 
 # ---- The test guest's host scripts (tests/guest/run.sh, labels.sh,

@@ -10,7 +10,7 @@ source scripts/lib.sh
 ops=${1:-100000}
 seed=${2:-1}
 shift 2 || true
-command -v fsx >/dev/null || cargo install --quiet --locked fsx
+cargo_install_missing fsx
 
 source tests/conformance/mount.sh
 

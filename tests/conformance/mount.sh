@@ -2,7 +2,7 @@
 # and serves it with `fusebox mount "$@"` on "$work/mnt"; cleans up on exit.
 # Sets: work (a directory readable by the suite's users), daemon (pid).
 # Needs scripts/lib.sh, which the scripts source first.
-cargo build -q --release -p fusebox
+build_fusebox
 work=$(mktemp -d /tmp/fusebox-conf.XXXXXX)
 chmod 755 "$work"
 mkdir -p "$work/share" "$work/mnt" "$work/artifacts"

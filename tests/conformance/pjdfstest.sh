@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=../../scripts/lib.sh
 source scripts/lib.sh
-command -v pjdfstest >/dev/null || cargo install --quiet --locked pjdfstest
+cargo_install_missing pjdfstest
 # The suite switches to these users (see pjdfstest.toml).
-id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
+add_tests_user
 
 source tests/conformance/mount.sh
 

@@ -36,13 +36,12 @@ while [ $# -gt 0 ]; do
 done
 case $map in user|trusted) ;; *) echo "--map user|trusted" >&2; exit 2 ;; esac
 prefix=$map.virtiofs.
-gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
+setup_guest "${setup_args[@]}"
 if ! command -v checkpolicy >/dev/null; then
 	apt_get update
 	apt_get install checkpolicy
 fi
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+build_fusebox
 fusebox=$root/target/release/fusebox
 
 new_work labels

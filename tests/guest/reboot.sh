@@ -37,9 +37,8 @@ log() { echo "guest-reboot: $*"; }
 [ "$(id -u)" = 0 ] || { log "needs root"; exit 1; }
 tmo=${REBOOT_TIMEOUT:-180}
 begin=$(date +%s)
-gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+setup_guest "${setup_args[@]}"
+build_fusebox
 fusebox=${CARGO_TARGET_DIR:-$root/target}/release/fusebox
 
 new_work reboot

@@ -42,9 +42,8 @@ while [ $# -gt 0 ]; do
 	esac
 	shift
 done
-gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+setup_guest "${setup_args[@]}"
+build_fusebox
 fusebox=$root/target/release/fusebox
 
 new_work guest

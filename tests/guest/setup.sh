@@ -87,14 +87,11 @@ cp "$here/init" "$ird/init"
 chmod +x "$ird/init" "$ird/suite.sh" "$ird/demo.sh"
 
 # fsx (the Rust port) for the soak check, with the libraries it links.
-fsx=$(command -v fsx || echo "$HOME/.cargo/bin/fsx")
+fsx=$(cargo_bin fsx)
 if [ -x "$fsx" ]; then
 	cp "$fsx" "$ird/bin/fsx"
 	cp "$here/../conformance/fsx.toml" "$ird/fsx.toml"
-	for lib in $(ldd "$fsx" | awk '/=> \// {print $3} /^\t\/lib64/ {print $1}'); do
-		mkdir -p "$ird$(dirname "$lib")"
-		cp -L "$lib" "$ird$lib"
-	done
+	copy_libs "$ird" "$fsx"
 else
 	log "no fsx (cargo install fsx): the guest suite's fsx check will fail"
 fi

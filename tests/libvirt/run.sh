@@ -40,9 +40,9 @@ if [ -n "$need" ]; then
 	apt_get install --no-install-recommends $need
 fi
 
-gdir=$("$root/tests/guest/setup.sh" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+# shellcheck disable=SC2119 # the stable guest: setup.sh with no arguments
+setup_guest
+build_fusebox
 fusebox=$root/target/release/fusebox
 
 name=fusebox-test-$$

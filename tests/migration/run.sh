@@ -124,17 +124,16 @@ if ! command -v python3 >/dev/null; then
 fi
 
 target=${CARGO_TARGET_DIR:-$root/target}
-gdir=$("$root/tests/guest/setup.sh" --backports "$target/guest/backports" | tail -1)
-qemu=$(cat "$gdir/qemu")
+setup_guest --backports "$target/guest/backports"
 case $daemon in
 	virtiofsd)
-		bin=${daemon_bin:-$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")}
+		bin=${daemon_bin:-$(cargo_bin virtiofsd)}
 		[ -n "$mig_mode" ] && daemon_args="--migration-mode $mig_mode $daemon_args"
 		[ "$mig_mode" = file-handles ] && daemon_args="--modcaps=+dac_read_search $daemon_args"
 		;;
 	fusebox)
 		if [ -z "$daemon_bin" ]; then
-			(cd "$root" && cargo build --release -q -p fusebox)
+			build_fusebox
 			bin=$target/release/fusebox
 		else
 			bin=$daemon_bin

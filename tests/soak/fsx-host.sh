@@ -11,7 +11,7 @@ source scripts/lib.sh
 if [ -n "${FUSEBOX_SOAK:-}" ]; then default=1000000; else default=40000; fi
 ops=${1:-$default}
 shift || true
-command -v fsx >/dev/null || cargo install --quiet --locked fsx
+cargo_install_missing fsx
 source tests/conformance/mount.sh
 
 # fsx 0.3.2 never unmaps what its mapread maps (domapread has no munmap):
