@@ -23,11 +23,8 @@ share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
 mkdir -p "$share"
 cold=${COLD:-0}
 if [ "$cold" = 1 ]; then
-	# Made whole or made again (an interrupted write leaves it short), as
-	# vhost-load.sh's ensure_file does.
-	big=$share/fusebox-bench-4g.dat
-	[ "$(stat -c %s "$big" 2>/dev/null)" = $((4096 << 20)) ] ||
-		head -c $((4096 << 20)) /dev/urandom >"$big"
+	# Made whole or made again (an interrupted write leaves it short).
+	ensure_file "$share/fusebox-bench-4g.dat" 4096
 	file=(--file fusebox-bench-4g.dat --file-mib 4096 --cold --host-dir "$share")
 else
 	[ -f "$share/data" ] || head -c $((256 << 20)) /dev/urandom >"$share/data"

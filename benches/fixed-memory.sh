@@ -40,8 +40,6 @@ one() {
 	wait "$pid" 2>/dev/null || true
 }
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-
 printf 'O_DIRECT on ext4, %ss per run, %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"
 printf '%-10s %5s %14s %14s %8s\n' workload depth fixed plain ratio
 for row in "randread 1" "randread 16" "randwrite 1" "randwrite 16" "seqread 4" "seqwrite 4"; do

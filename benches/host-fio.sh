@@ -330,7 +330,6 @@ for round in $(seq "$rounds"); do
   done
 done
 
-median() { sort -g | awk '{ v[NR]=$1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR+1)/2]; else printf "%.2f\n", (v[NR/2]+v[NR/2+1])/2 }'; }
 dratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f\n", a / b }'; }
 
 printf '\nfio io_uring O_DIRECT (warm- rows buffered), %ss per job, medians of %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"

@@ -197,14 +197,6 @@ for s in "${sets[@]}"; do
 	if [ "$s" = tmpfs ]; then mount -t tmpfs -o size=2g fusebox-bench "$tmpfs_dir"; fi
 done
 
-# ensure_file PATH MIB: make PATH MIB MiB of random data unless it is so.
-ensure_file() {
-	local size
-	size=$(stat -c %s "$1" 2>/dev/null || echo 0)
-	[ "$size" = $(($2 << 20)) ] && return
-	echo "making $1 ($2 MiB from /dev/urandom)" >&2
-	dd if=/dev/urandom of="$1" bs=1M count="$2" conv=fsync status=none
-}
 for s in "${sets[@]}"; do
 	mapfile -t rs < <(set_rows "$s")
 	[ ${#rs[@]} -gt 0 ] || continue
@@ -326,19 +318,12 @@ for ((round = 1; round <= rounds; round++)); do
 	done
 done
 
-# median FORMAT: the median of the numbers on stdin, or "–" if none.
-median() {
-	sort -g | awk -v f="$1" '{a[NR] = $1}
-		END {if (!NR) {printf "–"; exit}
-			m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-			printf f, m}'
-}
-# med FIELD SET ROW CONTENDER FORMAT: median over rounds of FIELD.
+# med FIELD SET ROW CONTENDER FORMAT: median over rounds of FIELD, or "–".
 med() {
 	local r
 	for ((r = 1; r <= rounds; r++)); do
 		if [ -n "${val[$2|$3|$4|$r|$1]+x}" ]; then echo "${val[$2|$3|$4|$r|$1]}"; fi
-	done | median "$5"
+	done | median "$5" –
 }
 # ratio SET ROW OTHER: median over rounds of fusebox ops / OTHER ops.
 ratio() {
@@ -346,7 +331,7 @@ ratio() {
 	for ((r = 1; r <= rounds; r++)); do
 		[[ -n ${val[$k|fusebox|$r|ops]+x} && -n ${val[$k|$3|$r|ops]+x} ]] || continue
 		awk -v a="${val[$k|fusebox|$r|ops]}" -v b="${val[$k|$3|$r|ops]}" 'BEGIN {if (b > 0) print a / b}'
-	done | median '%.2f'
+	done | median '%.2f' –
 }
 
 {

@@ -75,6 +75,30 @@ hcheck() {
 	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; hfail=$((${hfail:-0} + 1)); fi
 }
 
+# Prints the median of the numbers on stdin (the mean of the middle two
+# for an even count) with printf format $1 (default: as read, a mean as
+# %.2f), or $2 (default n/a) when there are none.
+median() {
+	sort -g | awk -v f="${1:-}" -v none="${2:-n/a}" '{a[NR] = $1}
+		END {
+			if (!NR) {print none; exit}
+			m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+			if (f != "") printf f "\n", m
+			else if (NR % 2) print m
+			else printf "%.2f\n", m
+		}'
+}
+
+# Makes $1 hold $2 MiB of random data unless it is that size already (an
+# interrupted write leaves it short, so it is made again).
+ensure_file() {
+	local size
+	size=$(stat -c %s "$1" 2>/dev/null || echo 0)
+	[ "$size" = $(($2 << 20)) ] && return
+	echo "making $1 ($2 MiB from /dev/urandom)" >&2
+	dd if=/dev/urandom of="$1" bs=1M count="$2" conv=fsync status=none
+}
+
 # Copies the shared libraries that the binaries $2... link (as ldd lists
 # them) under the directory $1, each at its own path.
 copy_libs() {

@@ -40,7 +40,6 @@ if [ -n "$need" ]; then
 	apt_get install --no-install-recommends $need
 fi
 
-# shellcheck disable=SC2119 # the stable guest: setup.sh with no arguments
 setup_guest
 build_fusebox
 fusebox=$root/target/release/fusebox
