@@ -210,8 +210,8 @@ done
 	echo "# set row round contender ops_per_s mb_per_s p50_us p99_us daemon_cpu_us_per_op load_cpu_us_per_op"
 } >"$log"
 
-# start_daemon NAME SHARE SOCK: start it in the background, as $dpid.
-start_daemon() {
+# start_contender NAME SHARE SOCK: start it in the background, as $dpid.
+start_contender() {
 	local name=$1 share=$2 sock=$3
 	rm -f "$sock"
 	case $name in
@@ -230,8 +230,8 @@ start_daemon() {
 	return 1
 }
 
-# stop_daemon: wait for $dpid to exit on its own (client gone), else kill it.
-stop_daemon() {
+# stop_contender: wait for $dpid to exit on its own (client gone), else kill it.
+stop_contender() {
 	[ -n "$dpid" ] || return 0
 	wait_until 100 0.05 gone "$dpid" || true
 	kill "$dpid" 2>/dev/null || true
@@ -272,11 +272,11 @@ print("%.0f %.1f %.0f %.0f -1 %.2f" % (n / sec, r["bw_bytes"] / 1e6,
 		cold) extra=(--cold --host-dir "$share") ;;
 		cold-direct) extra=(--cold --host-dir "$share" --direct) ;;
 	esac
-	start_daemon "$who" "$share" "$sock" || { stop_daemon; return 1; }
+	start_contender "$who" "$share" "$sock" || { stop_contender; return 1; }
 	line=$(timeout $((secs + 120)) "$load" --socket-path "$sock" --workload "$wl" --depth "$depth" \
 		--seconds "$secs" --file "$file" --file-mib "$mib" --daemon-pid "$dpid" \
 		"${extra[@]}" --terse 2>>"$work/load.err") || rc=$?
-	stop_daemon
+	stop_contender
 	# meta leaves the files of its last, unfinished ops behind.
 	if [ "$wl" = meta ]; then find "$share" -maxdepth 1 -type f -name 'm-[0-9]*-[0-9]*' -delete; fi
 	if [ "$rc" != 0 ]; then

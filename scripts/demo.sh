@@ -33,13 +33,8 @@ trap 'kill $fpid 2>/dev/null || true; rm -rf "$work"' EXIT
 fpid=$!
 wait_socket "$work/vfs.sock" || true
 echo "demo: fusebox shares $dir on $work/vfs.sock; booting the guest (QEMU TCG, ~10 s)"
-"$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
-	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-	-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
-	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=$run" \
-	-chardev socket,id=vfs,path="$work/vfs.sock" \
-	-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues" \
-	-nographic -no-reboot
+vhost_user_fs_vm "$work/vfs.sock" "$gdir/initramfs.gz" "fusebox.run=$run" 2 1G ",num-request-queues=$queues"
+"$qemu" "${vm_args[@]}" -nographic -no-reboot
 wait "$fpid" || true
 fpid=
 echo "demo: fusebox's counters when the guest left:"

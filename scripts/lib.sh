@@ -110,6 +110,22 @@ copy_libs() {
 	done
 }
 
+# Sets the array vm_args to QEMU's arguments for the test guest of $gdir
+# with a vhost-user-fs share: TCG, a qemu64 CPU (TCG runs this guest's
+# kernel 20-25% faster than with -cpu max), $4 CPUs, $5 of memory (memfd,
+# shared: the daemon maps it), the kernel with the initramfs $2 and the
+# kernel arguments $3 after the console's and fusebox.tag=share, and the
+# daemon's socket $1 as vhost-user-fs-pci tag "share" with the device
+# options $6 (such as ",num-request-queues=4").
+vhost_user_fs_vm() {
+	vm_args=(-accel "tcg,thread=multi" -cpu qemu64 -smp "$4" -m "$5"
+		-object "memory-backend-memfd,id=mem,size=$5,share=on" -numa "node,memdev=mem"
+		-kernel "$gdir/vmlinuz" -initrd "$2"
+		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share $3"
+		-chardev "socket,id=vfs,path=$1"
+		-device "vhost-user-fs-pci,chardev=vfs,tag=share${6:-}")
+}
+
 # Gets the test guest ready (tests/guest/setup.sh "$@"): sets gdir to its
 # directory and qemu to the QEMU binary it runs on.
 setup_guest() {
@@ -196,23 +212,16 @@ add_to_initrd() {
 }
 
 # Boots the test guest in the background ($qpid), bounded by timeout $1
-# seconds: QEMU TCG, qemu64 CPU (TCG runs this guest's kernel 20-25%
-# faster than with -cpu max), $smp CPUs (default 2), 1 GiB of memfd shared
-# memory, the kernel of $gdir with $initrd (default $gdir's initramfs) and
-# the kernel arguments $2 after the console's and fusebox.tag=share, the
-# share on $sock as vhost-user-fs-pci tag "share" (with $vfs_opts, such
-# as ",num-request-queues=4"), the serial console in $work/console.log,
-# QEMU's stderr in $work/qemu.err. The remaining arguments go to QEMU
-# (-no-reboot, -qmp ...).
+# seconds, as vhost_user_fs_vm has it: $smp CPUs (default 2), 1 GiB, the
+# initramfs $initrd (default $gdir's), the kernel arguments $2, the share
+# on $sock with the device options $vfs_opts; the serial console in
+# $work/console.log, QEMU's stderr in $work/qemu.err. The remaining
+# arguments go to QEMU (-no-reboot, -qmp ...).
 start_qemu() {
 	local tmo=$1 append=$2
 	shift 2
-	timeout "$tmo" "$qemu" -accel tcg,thread=multi -cpu qemu64 -smp "${smp:-2}" -m 1G \
-		-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-		-kernel "$gdir/vmlinuz" -initrd "${initrd:-$gdir/initramfs.gz}" \
-		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share $append" \
-		-chardev socket,id=vfs,path="$sock" \
-		-device vhost-user-fs-pci,chardev=vfs,tag=share${vfs_opts:-} \
+	vhost_user_fs_vm "$sock" "${initrd:-$gdir/initramfs.gz}" "$append" "${smp:-2}" 1G "${vfs_opts:-}"
+	timeout "$tmo" "$qemu" "${vm_args[@]}" \
 		-display none -monitor none -serial file:"$work/console.log" "$@" 2> "$work/qemu.err" &
 	qpid=$!
 }

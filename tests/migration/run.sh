@@ -188,7 +188,7 @@ python3 -c 'import sys; open(sys.argv[1], "wb").write(bytes((i * 13 + 7) & 255 f
 for i in 1 2 3; do echo "entry$i" > "$share/mig/dir/e$i"; done
 
 # The daemons: A serves the source, B the destination, the same directory.
-start_daemon() { # name socket directory
+start_side_daemon() { # name socket directory
 	rm -f "$2"
 	# shellcheck disable=SC2086 # the daemon's arguments are split on purpose
 	${MIGRATION_DAEMON_WRAP:-} "$bin" --socket-path "$2" --shared-dir "$3" --cache never $daemon_args 2> "$work/daemon-$1.log" &
@@ -200,22 +200,18 @@ start_daemon() { # name socket directory
 log "scenario $scenario: expecting \"$want\""
 log "$daemon ($bin) for A and B: --socket-path S --shared-dir $share --cache never $daemon_args"
 [ "$dshare" = "$share" ] || log "B shares $dshare instead (a copy made once the guest is ready)"
-start_daemon a "$work/a.sock" "$share"
-start_daemon b "$work/b.sock" "$dshare"
+start_side_daemon a "$work/a.sock" "$share"
+start_side_daemon b "$work/b.sock" "$dshare"
 
 # QEMU: the same machine on both sides, but for the socket (and -incoming).
-start_qemu() { # name socket extra-args...
+start_side_qemu() { # name socket extra-args...
 	local n=$1 sock=$2
 	shift 2
 	local tr=()
 	[ $trace = 1 ] && tr=(-D "$work/trace-$n.log" -trace vhost_user_write -trace vhost_user_read
 		-trace vhost_dev_start -trace vhost_dev_stop -trace migrate_set_state -trace vhost_user_event)
-	"$qemu" "${tr[@]}" -name "mig-$n" -accel tcg,thread=multi -cpu qemu64 -smp 1 -m 256M \
-		-object memory-backend-memfd,id=mem,size=256M,share=on -numa node,memdev=mem \
-		-kernel "$gdir/vmlinuz" -initrd "$initrd" \
-		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=migrate migcheck.scenario=$scenario" \
-		-chardev socket,id=vfs,path="$sock" \
-		-device vhost-user-fs-pci,chardev=vfs,tag=share \
+	vhost_user_fs_vm "$sock" "$initrd" "fusebox.run=migrate migcheck.scenario=$scenario" 1 256M
+	"$qemu" "${tr[@]}" -name "mig-$n" "${vm_args[@]}" \
 		-display none -monitor none -serial file:"$work/console-$n.log" \
 		-qmp unix:"$work/qmp-$n.sock",server=on,wait=off -no-reboot "$@" 2> "$work/qemu-$n.err" &
 	eval "q$n=$!"
@@ -247,13 +243,13 @@ return_path() { # name
 }
 
 log "starting the destination: $("$qemu" --version | head -1), -incoming unix:$work/mig.sock"
-start_qemu b "$work/b.sock" -incoming "unix:$work/mig.sock"
+start_side_qemu b "$work/b.sock" -incoming "unix:$work/mig.sock"
 wait_qmp b
 return_path b
 log "destination QEMU is $(vm_status b)"
 log "booting the source (TCG, 1 cpu, 256 MiB memfd)"
 t0=$(date +%s)
-start_qemu a "$work/a.sock"
+start_side_qemu a "$work/a.sock"
 wait_qmp a
 return_path a
 
