@@ -1,15 +1,36 @@
 # The shell library of the tests, benches and scripts: sourced, never run,
 # from the sourcing script's own directory (`. "$here/../../scripts/lib.sh"`
 # and the like), so it works from any cwd. It sets no shell options: each
-# script keeps its own `set -euo pipefail`.
+# script keeps its own `set -euo pipefail`. Functions set the globals their
+# comments name.
 
-# ---- For any script.
+# ---- Any script: building, installing, waiting, stopping.
 
 # The checkout this library is in.
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Builds fusebox and fusebox-load (release) in this checkout, quietly.
 build_fusebox() { (cd "$repo_root" && cargo build --release -q -p fusebox); }
+
+# Makes the unprivileged user tests (no home, no login), unless it exists.
+add_tests_user() { id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests; }
+
+# Installs the crates.io tool $1 (cargo install --locked) unless it is on PATH.
+cargo_install_missing() { command -v "$1" >/dev/null 2>&1 || cargo install --quiet --locked "$1"; }
+
+# Prints where the cargo-installed tool $1 is: on PATH, else ~/.cargo/bin.
+cargo_bin() { command -v "$1" || echo "$HOME/.cargo/bin/$1"; }
+
+# Updates apt's lists, then installs the packages "$@" not asking; both
+# very quiet (-qq).
+apt_install() {
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
+
+# apt-get "$@", not asking, quiet (-q), its output on stderr (stdout is
+# left to the script's own results).
+apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
 
 # Runs "$@" until it succeeds, at most $1 times, $2 seconds apart; fails
 # if it never did.
@@ -49,25 +70,7 @@ stop_pid() {
 	wait "$1" 2>/dev/null || true
 }
 
-# Makes the unprivileged user tests (no home, no login), unless it exists.
-add_tests_user() { id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests; }
-
-# Installs the crates.io tool $1 (cargo install --locked) unless it is on PATH.
-cargo_install_missing() { command -v "$1" >/dev/null 2>&1 || cargo install --quiet --locked "$1"; }
-
-# Prints where the cargo-installed tool $1 is: on PATH, else ~/.cargo/bin.
-cargo_bin() { command -v "$1" || echo "$HOME/.cargo/bin/$1"; }
-
-# Updates apt's lists, then installs the packages "$@" not asking; both
-# very quiet (-qq).
-apt_install() {
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
-}
-
-# apt-get "$@", not asking, quiet (-q), its output on stderr (stdout is
-# left to the script's own results).
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
+# ---- Tests and benches: checks and figures.
 
 # A host-side check: prints "HOST PASS $1" when the shell expression $2
 # holds, else "HOST FAIL $1", counting the failures in hfail.
@@ -99,6 +102,16 @@ ensure_file() {
 	dd if=/dev/urandom of="$1" bs=1M count="$2" conv=fsync status=none
 }
 
+# ---- The test guest (tests/guest/setup.sh), for every script that boots it
+# (the guest suites, the libvirt and migration tests, scripts/demo.sh).
+
+# Gets the test guest ready (tests/guest/setup.sh "$@"): sets gdir to its
+# directory and qemu to the QEMU binary it runs on.
+setup_guest() {
+	gdir=$("$repo_root/tests/guest/setup.sh" "$@" | tail -1)
+	qemu=$(cat "$gdir/qemu")
+}
+
 # Copies the shared libraries that the binaries $2... link (as ldd lists
 # them) under the directory $1, each at its own path.
 copy_libs() {
@@ -108,6 +121,14 @@ copy_libs() {
 		mkdir -p "$dest$(dirname "$lib")"
 		cp -L "$lib" "$dest$lib"
 	done
+}
+
+# Appends the files of directory $1 to the test guest's initramfs as a
+# second cpio archive (the kernel unpacks both); sets initrd to the result.
+add_to_initrd() {
+	(cd "$1" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
+	cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
+	initrd=$work/initrd.gz
 }
 
 # Sets the array vm_args to QEMU's arguments for the test guest of $gdir
@@ -126,14 +147,7 @@ vhost_user_fs_vm() {
 		-device "vhost-user-fs-pci,chardev=vfs,tag=share${6:-}")
 }
 
-# Gets the test guest ready (tests/guest/setup.sh "$@"): sets gdir to its
-# directory and qemu to the QEMU binary it runs on.
-setup_guest() {
-	gdir=$("$repo_root/tests/guest/setup.sh" "$@" | tail -1)
-	qemu=$(cat "$gdir/qemu")
-}
-
-# ---- The test guest's host scripts (tests/guest/run.sh, labels.sh,
+# ---- The guest suites' host scripts (tests/guest/run.sh, labels.sh,
 # pjdfstest.sh, reboot.sh). Each keeps the run's files in $work (the
 # daemon's stderr in $work/fusebox.log, whichever daemon it is), the
 # daemon's socket in $sock, QEMU's pid in $qpid and the daemon's in $fpid,
@@ -143,6 +157,15 @@ setup_guest() {
 # Waits for fusebox's socket; ends the script if it never comes.
 wait_listening() {
 	wait_socket "$sock" || { cat "$work/fusebox.log"; echo "fusebox did not listen"; exit 1; }
+}
+
+# Starts the vhost-user daemon "$@" in the background ($fpid), its stderr
+# in $work/fusebox.log, and waits for its socket $sock.
+start_daemon() {
+	rm -f "$sock"
+	"$@" 2> "$work/fusebox.log" &
+	fpid=$!
+	wait_listening
 }
 
 # Waits up to 10 s for fusebox to exit, as it does when its VMM has gone;
@@ -158,6 +181,30 @@ wait_fusebox_exit() {
 		wait "$fpid" || { echo "$1: FAIL fusebox exited with $?"; status=1; }
 	fi
 	fpid=
+}
+
+# The process serving the device: with --sandbox namespace the daemon
+# forks and its child serves (in new pid and mount namespaces), otherwise
+# $fpid itself.
+serving_pid() {
+	local c
+	c=$(cat "/proc/$fpid/task/$fpid/children" 2>/dev/null | awk '{print $1}')
+	echo "${c:-$fpid}"
+}
+
+# Boots the test guest in the background ($qpid), bounded by timeout $1
+# seconds, as vhost_user_fs_vm has it: $smp CPUs (default 2), 1 GiB, the
+# initramfs $initrd (default $gdir's), the kernel arguments $2, the share
+# on $sock with the device options $vfs_opts; the serial console in
+# $work/console.log, QEMU's stderr in $work/qemu.err. The remaining
+# arguments go to QEMU (-no-reboot, -qmp ...).
+start_qemu() {
+	local tmo=$1 append=$2
+	shift 2
+	vhost_user_fs_vm "$sock" "${initrd:-$gdir/initramfs.gz}" "$append" "${smp:-2}" 1G "${vfs_opts:-}"
+	timeout "$tmo" "$qemu" "${vm_args[@]}" \
+		-display none -monitor none -serial file:"$work/console.log" "$@" 2> "$work/qemu.err" &
+	qpid=$!
 }
 
 # Waits for the QEMU started in the background ($qpid); sets qrc to its
@@ -183,47 +230,6 @@ boot_again_on_tcg_assertion() {
 		wait "$fpid" 2>/dev/null || true
 		boot
 	fi
-}
-
-# Starts the vhost-user daemon "$@" in the background ($fpid), its stderr
-# in $work/fusebox.log, and waits for its socket $sock.
-start_daemon() {
-	rm -f "$sock"
-	"$@" 2> "$work/fusebox.log" &
-	fpid=$!
-	wait_listening
-}
-
-# The process serving the device: with --sandbox namespace the daemon
-# forks and its child serves (in new pid and mount namespaces), otherwise
-# $fpid itself.
-serving_pid() {
-	local c
-	c=$(cat "/proc/$fpid/task/$fpid/children" 2>/dev/null | awk '{print $1}')
-	echo "${c:-$fpid}"
-}
-
-# Appends the files of directory $1 to the test guest's initramfs as a
-# second cpio archive (the kernel unpacks both); sets initrd to the result.
-add_to_initrd() {
-	(cd "$1" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
-	cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
-	initrd=$work/initrd.gz
-}
-
-# Boots the test guest in the background ($qpid), bounded by timeout $1
-# seconds, as vhost_user_fs_vm has it: $smp CPUs (default 2), 1 GiB, the
-# initramfs $initrd (default $gdir's), the kernel arguments $2, the share
-# on $sock with the device options $vfs_opts; the serial console in
-# $work/console.log, QEMU's stderr in $work/qemu.err. The remaining
-# arguments go to QEMU (-no-reboot, -qmp ...).
-start_qemu() {
-	local tmo=$1 append=$2
-	shift 2
-	vhost_user_fs_vm "$sock" "${initrd:-$gdir/initramfs.gz}" "$append" "${smp:-2}" 1G "${vfs_opts:-}"
-	timeout "$tmo" "$qemu" "${vm_args[@]}" \
-		-display none -monitor none -serial file:"$work/console.log" "$@" 2> "$work/qemu.err" &
-	qpid=$!
 }
 
 # Waits up to $2 seconds for the console to show $3 lines (default 1)
@@ -252,6 +258,7 @@ new_work() {
 	mkdir -p "$share" "$work/extra"
 	trap end_work EXIT
 }
+# The EXIT trap new_work sets: stops QEMU and the daemon, unmounts, removes $work.
 end_work() {
 	[ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
 	[ -n "${fpid:-}" ] && kill "$fpid" 2>/dev/null || true
