@@ -15,17 +15,16 @@
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-6} secs=${4:-5} wl=${5:-randread} depth=${6:-16}
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 load=$root/target/release/fusebox-load
 share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
-[ -x "$load" ] || (cd "$root" && cargo build --release -q -p fusebox)
+[ -x "$load" ] || build_fusebox
 mkdir -p "$share"
 cold=${COLD:-0}
 if [ "$cold" = 1 ]; then
-	# Made whole or made again (an interrupted write leaves it short), as
-	# vhost-load.sh's ensure_file does.
-	big=$share/fusebox-bench-4g.dat
-	[ "$(stat -c %s "$big" 2>/dev/null)" = $((4096 << 20)) ] ||
-		head -c $((4096 << 20)) /dev/urandom >"$big"
+	# Made whole or made again (an interrupted write leaves it short).
+	ensure_file "$share/fusebox-bench-4g.dat" 4096
 	file=(--file fusebox-bench-4g.dat --file-mib 4096 --cold --host-dir "$share")
 else
 	[ -f "$share/data" ] || head -c $((256 << 20)) /dev/urandom >"$share/data"
@@ -43,7 +42,7 @@ for ((r = 1; r <= rounds; r++)); do
 		"$bin" --socket-path "$sock" --shared-dir "$share" --cache never \
 			--sandbox none --seccomp none --log-level error 2>/dev/null &
 		pid=$!
-		for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.025; done
+		wait_socket "$sock" 200 0.025 || true
 		line=$("$load" --socket-path "$sock" --workload "$wl" --depth "$depth" \
 			--seconds "$secs" "${file[@]}" --daemon-pid "$pid" --terse) || line="failed"
 		kill "$pid" 2>/dev/null || true

@@ -14,9 +14,11 @@
 set -euo pipefail
 bin=$1 wl=${2:-randread} depth=${3:-16}
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 load=$root/target/release/fusebox-load
 share=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
-[ -x "$load" ] || (cd "$root" && cargo build --release -q -p fusebox)
+[ -x "$load" ] || build_fusebox
 [ -f "$share/data" ] || head -c $((256 << 20)) /dev/urandom >"$share/data"
 # Warm: every read is served from the page cache.
 cat "$share/data" >/dev/null
@@ -37,7 +39,7 @@ run() {
 		--shared-dir "$share" --cache never --sandbox none --seccomp none "${extra[@]}" \
 		>"$work/daemon.$secs.log" 2>&1 &
 	pid=$!
-	for _ in $(seq 300); do [ -S "$sock" ] && break; sleep 0.1; done
+	wait_socket "$sock" 300 || true
 	"$load" --socket-path "$sock" --workload "$wl" --depth "$depth" --seconds "$secs" \
 		--file data --file-mib 256 >"$work/load.$secs.txt"
 	sleep 1

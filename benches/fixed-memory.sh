@@ -12,9 +12,11 @@
 # each and their ratio (fixed / plain).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 secs=${1:-5}
 rounds=${2:-3}
-(cd "$root" && cargo build --release -q -p fusebox)
+build_fusebox
 fb=$root/target/release/fusebox
 load=$root/target/release/fusebox-load
 work=$(mktemp -d /tmp/fusebox-fixed-bench.XXXXXX)
@@ -32,13 +34,11 @@ one() {
 	"$fb" --socket-path "$work/sock" --shared-dir "$work/share" --cache auto --sandbox none \
 		--seccomp none --log-level warn "${extra[@]}" 2>>"$work/fusebox.log" &
 	local pid=$!
-	for _ in $(seq 100); do [ -S "$work/sock" ] && break; sleep 0.05; done
+	wait_socket "$work/sock" 100 0.05 || true
 	"$load" --socket-path "$work/sock" --workload "$2" --depth "$3" --seconds "$secs" \
 		--file-mib 256 --direct --terse | awk '{print $3}'
 	wait "$pid" 2>/dev/null || true
 }
-
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 printf 'O_DIRECT on ext4, %ss per run, %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"
 printf '%-10s %5s %14s %14s %8s\n' workload depth fixed plain ratio

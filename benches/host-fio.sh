@@ -54,6 +54,8 @@
 #                           clone or mirror on a machine without GitHub)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=../scripts/lib.sh
+source scripts/lib.sh
 secs=${1:-10}
 parts=${FIO_PARTS:-psync depth}
 export DEBIAN_FRONTEND=noninteractive
@@ -66,8 +68,7 @@ dpkg -s libfuse3-dev >/dev/null 2>&1 || need+=(libfuse3-dev)
 dpkg -s fuse3 >/dev/null 2>&1 || need+=(fuse3)
 dpkg -s dpkg-dev >/dev/null 2>&1 || need+=(dpkg-dev)
 if [ ${#need[@]} -gt 0 ]; then
-  apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  apt_install "${need[@]}" >/dev/null
 fi
 
 # passthrough_hp is not among the examples Debian ships in libfuse3-dev:
@@ -85,7 +86,7 @@ if [[ " $parts " == *" psync "* ]] && [ ! -x "$hp" ]; then
   g++ -O2 -std=c++17 -o "$hp" target/bench/src/fuse3/example/passthrough_hp.cc \
     $(pkg-config fuse3 --cflags --libs) -lpthread
 fi
-cargo build -q --release -p fusebox
+build_fusebox
 
 work=$(mktemp -d /tmp/fusebox-fio.XXXXXX)
 chmod 755 "$work"
@@ -102,10 +103,7 @@ cleanup() {
 trap cleanup EXIT
 
 wait_mount() {
-  for _ in $(seq 200); do
-    grep -q " $work/mnt fuse" /proc/mounts && return 0
-    sleep 0.05
-  done
+  wait_until 200 0.05 grep -q " $work/mnt fuse" /proc/mounts && return 0
   echo "mount did not appear" >&2
   return 1
 }
@@ -204,8 +202,7 @@ if [[ " $contenders " == *" libfuse-master-"* ]] && [ ! -x "$hpm" ]; then
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
-    apt-get update -qq
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    apt_install "${need[@]}" >/dev/null
   fi
   rm -rf target/bench/libfuse-master
   git clone -q --depth 1 "${LIBFUSE_GIT:-https://github.com/libfuse/libfuse}" target/bench/libfuse-master
@@ -333,7 +330,6 @@ for round in $(seq "$rounds"); do
   done
 done
 
-median() { sort -g | awk '{ v[NR]=$1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR+1)/2]; else printf "%.2f\n", (v[NR/2]+v[NR/2+1])/2 }'; }
 dratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f\n", a / b }'; }
 
 printf '\nfio io_uring O_DIRECT (warm- rows buffered), %ss per job, medians of %s rounds (%s)\n' "$secs" "$rounds" "$(date -u +%F)"

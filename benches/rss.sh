@@ -11,8 +11,10 @@
 #   benches/rss.sh [SECONDS]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 secs=${1:-5}
-(cd "$root" && cargo build --release -q -p fusebox)
+build_fusebox
 fb=$root/target/release/fusebox
 load=$root/target/release/fusebox-load
 work=$(mktemp -d /tmp/fusebox-rss.XXXXXX)
@@ -25,7 +27,7 @@ for wl in randread seqwrite; do
 	"$fb" --socket-path "$work/sock" --shared-dir "$work/share" --queues 4 --queue-size 1024 \
 		--sandbox none --seccomp none --log-level info 2>"$work/fusebox.log" &
 	pid=$!
-	for _ in $(seq 100); do [ -S "$work/sock" ] && break; sleep 0.05; done
+	wait_socket "$work/sock" 100 0.05 || true
 	maxthreads=0
 	"$load" --socket-path "$work/sock" --queues 4 --queue-size 1024 --depth 2048 \
 		--workload "$wl" --seconds "$secs" --file-mib 64 --terse > "$work/load.out" &

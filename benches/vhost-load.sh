@@ -92,9 +92,11 @@ case $which_sets in
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 ext4_dir=${EXT4_DIR:-/var/tmp/fusebox-bench/share}
 out=${OUT:-$root/target/bench/vhost-load-$(date +%Y%m%d-%H%M%S)}
-vfsd=${VIRTIOFSD:-$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")}
+vfsd=${VIRTIOFSD:-$(cargo_bin virtiofsd)}
 read -r -a vfsd_extra <<<"${VIRTIOFSD_ARGS:-}"
 data_file=fusebox-bench.dat
 data_mib=256
@@ -166,7 +168,7 @@ if [ "$sweep" = 1 ]; then
 	command -v gnuplot >/dev/null || { echo "gnuplot not found (apt-get install gnuplot-nox)" >&2; exit 1; }
 fi
 if [ "${BUILD:-1}" != 0 ]; then
-	(cd "$root" && cargo build --release -q -p fusebox)
+	build_fusebox
 fi
 fb=$root/target/release/fusebox
 load=$root/target/release/fusebox-load
@@ -195,14 +197,6 @@ for s in "${sets[@]}"; do
 	if [ "$s" = tmpfs ]; then mount -t tmpfs -o size=2g fusebox-bench "$tmpfs_dir"; fi
 done
 
-# ensure_file PATH MIB: make PATH MIB MiB of random data unless it is so.
-ensure_file() {
-	local size
-	size=$(stat -c %s "$1" 2>/dev/null || echo 0)
-	[ "$size" = $(($2 << 20)) ] && return
-	echo "making $1 ($2 MiB from /dev/urandom)" >&2
-	dd if=/dev/urandom of="$1" bs=1M count="$2" conv=fsync status=none
-}
 for s in "${sets[@]}"; do
 	mapfile -t rs < <(set_rows "$s")
 	[ ${#rs[@]} -gt 0 ] || continue
@@ -216,8 +210,8 @@ done
 	echo "# set row round contender ops_per_s mb_per_s p50_us p99_us daemon_cpu_us_per_op load_cpu_us_per_op"
 } >"$log"
 
-# start_daemon NAME SHARE SOCK: start it in the background, as $dpid.
-start_daemon() {
+# start_contender NAME SHARE SOCK: start it in the background, as $dpid.
+start_contender() {
 	local name=$1 share=$2 sock=$3
 	rm -f "$sock"
 	case $name in
@@ -230,23 +224,16 @@ start_daemon() {
 			"${vfsd_extra[@]}" 2>>"$work/$name.err" & ;;
 	esac
 	dpid=$!
-	for _ in $(seq 200); do
-		[ -S "$sock" ] && return 0
-		kill -0 "$dpid" 2>/dev/null || break
-		sleep 0.025
-	done
+	wait_socket "$sock" 200 0.025 "$dpid" && return 0
 	echo "$name did not listen:" >&2
 	tail -n 5 "$work/$name.err" >&2 || true
 	return 1
 }
 
-# stop_daemon: wait for $dpid to exit on its own (client gone), else kill it.
-stop_daemon() {
+# stop_contender: wait for $dpid to exit on its own (client gone), else kill it.
+stop_contender() {
 	[ -n "$dpid" ] || return 0
-	for _ in $(seq 100); do
-		kill -0 "$dpid" 2>/dev/null || break
-		sleep 0.05
-	done
+	wait_until 100 0.05 gone "$dpid" || true
 	kill "$dpid" 2>/dev/null || true
 	wait "$dpid" 2>/dev/null || true
 	dpid=
@@ -285,11 +272,11 @@ print("%.0f %.1f %.0f %.0f -1 %.2f" % (n / sec, r["bw_bytes"] / 1e6,
 		cold) extra=(--cold --host-dir "$share") ;;
 		cold-direct) extra=(--cold --host-dir "$share" --direct) ;;
 	esac
-	start_daemon "$who" "$share" "$sock" || { stop_daemon; return 1; }
+	start_contender "$who" "$share" "$sock" || { stop_contender; return 1; }
 	line=$(timeout $((secs + 120)) "$load" --socket-path "$sock" --workload "$wl" --depth "$depth" \
 		--seconds "$secs" --file "$file" --file-mib "$mib" --daemon-pid "$dpid" \
 		"${extra[@]}" --terse 2>>"$work/load.err") || rc=$?
-	stop_daemon
+	stop_contender
 	# meta leaves the files of its last, unfinished ops behind.
 	if [ "$wl" = meta ]; then find "$share" -maxdepth 1 -type f -name 'm-[0-9]*-[0-9]*' -delete; fi
 	if [ "$rc" != 0 ]; then
@@ -331,19 +318,12 @@ for ((round = 1; round <= rounds; round++)); do
 	done
 done
 
-# median FORMAT: the median of the numbers on stdin, or "–" if none.
-median() {
-	sort -g | awk -v f="$1" '{a[NR] = $1}
-		END {if (!NR) {printf "–"; exit}
-			m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-			printf f, m}'
-}
-# med FIELD SET ROW CONTENDER FORMAT: median over rounds of FIELD.
+# med FIELD SET ROW CONTENDER FORMAT: median over rounds of FIELD, or "–".
 med() {
 	local r
 	for ((r = 1; r <= rounds; r++)); do
 		if [ -n "${val[$2|$3|$4|$r|$1]+x}" ]; then echo "${val[$2|$3|$4|$r|$1]}"; fi
-	done | median "$5"
+	done | median "$5" –
 }
 # ratio SET ROW OTHER: median over rounds of fusebox ops / OTHER ops.
 ratio() {
@@ -351,7 +331,7 @@ ratio() {
 	for ((r = 1; r <= rounds; r++)); do
 		[[ -n ${val[$k|fusebox|$r|ops]+x} && -n ${val[$k|$3|$r|ops]+x} ]] || continue
 		awk -v a="${val[$k|fusebox|$r|ops]}" -v b="${val[$k|$3|$r|ops]}" 'BEGIN {if (b > 0) print a / b}'
-	done | median '%.2f'
+	done | median '%.2f' –
 }
 
 {

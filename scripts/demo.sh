@@ -10,6 +10,8 @@
 # vhost-user socket and boots QEMU (TCG) with the directory as virtiofs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+. "$root/scripts/lib.sh"
 run=demo queues=1 setup_args=()
 while [ $# -gt 1 ]; do
 	case $1 in
@@ -22,23 +24,17 @@ while [ $# -gt 1 ]; do
 done
 dir=${1:?usage: scripts/demo.sh [--shell] [--queues N] [--backports] DIR}
 dir=$(cd "$dir" && pwd)
-gdir=$("$root/tests/guest/setup.sh" "${setup_args[@]}" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+setup_guest "${setup_args[@]}"
+build_fusebox
 work=$(mktemp -d /tmp/fusebox-demo.XXXXXX)
 trap 'kill $fpid 2>/dev/null || true; rm -rf "$work"' EXIT
 "$root/target/release/fusebox" --socket-path "$work/vfs.sock" --shared-dir "$dir" \
 	--queues "$queues" --xattr 2> "$work/fusebox.log" &
 fpid=$!
-for _ in $(seq 100); do [ -S "$work/vfs.sock" ] && break; sleep 0.1; done
+wait_socket "$work/vfs.sock" || true
 echo "demo: fusebox shares $dir on $work/vfs.sock; booting the guest (QEMU TCG, ~10 s)"
-"$qemu" -accel tcg,thread=multi -cpu qemu64 -smp 2 -m 1G \
-	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-	-kernel "$gdir/vmlinuz" -initrd "$gdir/initramfs.gz" \
-	-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=$run" \
-	-chardev socket,id=vfs,path="$work/vfs.sock" \
-	-device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues="$queues" \
-	-nographic -no-reboot
+vhost_user_fs_vm "$work/vfs.sock" "$gdir/initramfs.gz" "fusebox.run=$run" 2 1G ",num-request-queues=$queues"
+"$qemu" "${vm_args[@]}" -nographic -no-reboot
 wait "$fpid" || true
 fpid=
 echo "demo: fusebox's counters when the guest left:"

@@ -7,6 +7,8 @@
 # Everything runs on stable Rust; the tests that mount need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib.sh
+source scripts/lib.sh
 export CARGO_TERM_COLOR=never
 
 step() { printf '\n== %s\n' "$*"; }
@@ -14,12 +16,11 @@ step() { printf '\n== %s\n' "$*"; }
 # Beyond Rust: an unprivileged user with subordinate ids (pjdfstest
 # switches to it; the unprivileged daemon runs as it, in the tests and the
 # guest suite) and newuidmap/newgidmap for its user namespace's ranges.
-id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
+add_tests_user
 grep -q '^tests:' /etc/subuid 2>/dev/null || usermod --add-subuids 100000-165535 tests
 grep -q '^tests:' /etc/subgid 2>/dev/null || usermod --add-subgids 100000-165535 tests
 if ! command -v newuidmap >/dev/null 2>&1; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq uidmap
+  apt_install uidmap
 fi
 
 step "rustfmt"

@@ -5,10 +5,12 @@
 # Usage: tests/conformance/fsx.sh OPS SEED [extra fusebox mount options...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=../../scripts/lib.sh
+source scripts/lib.sh
 ops=${1:-100000}
 seed=${2:-1}
 shift 2 || true
-command -v fsx >/dev/null || cargo install --quiet --locked fsx
+cargo_install_missing fsx
 
 source tests/conformance/mount.sh
 

@@ -1,7 +1,8 @@
 # Sourced by the conformance scripts: builds fusebox, mounts a fresh tmpfs
 # and serves it with `fusebox mount "$@"` on "$work/mnt"; cleans up on exit.
 # Sets: work (a directory readable by the suite's users), daemon (pid).
-cargo build -q --release -p fusebox
+# Needs scripts/lib.sh, which the scripts source first.
+build_fusebox
 work=$(mktemp -d /tmp/fusebox-conf.XXXXXX)
 chmod 755 "$work"
 mkdir -p "$work/share" "$work/mnt" "$work/artifacts"
@@ -17,18 +18,10 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-for _ in $(seq 100); do
-  grep -q " $work/mnt fuse.fusebox " /proc/mounts && break
-  sleep 0.05
-done
-grep -q " $work/mnt fuse.fusebox " /proc/mounts || { cat "$work/log"; exit 1; }
+wait_until 100 0.05 grep -q " $work/mnt fuse.fusebox " /proc/mounts || { cat "$work/log"; exit 1; }
 # With --kernel-passthrough the suite must really run on it: the first
 # access waits for INIT, after which the daemon says whether it took.
 if [[ " $* " == *" --kernel-passthrough "* ]]; then
   stat "$work/mnt" >/dev/null
-  for _ in $(seq 100); do
-    grep -q "kernel passthrough on" "$work/log" && break
-    sleep 0.05
-  done
-  grep -q "kernel passthrough on" "$work/log" || { echo "kernel passthrough is not on:"; cat "$work/log"; exit 1; }
+  wait_until 100 0.05 grep -q "kernel passthrough on" "$work/log" || { echo "kernel passthrough is not on:"; cat "$work/log"; exit 1; }
 fi

@@ -4,9 +4,11 @@
 # Prints the pass/fail counts; exits non-zero if any test failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-command -v pjdfstest >/dev/null || cargo install --quiet --locked pjdfstest
+# shellcheck source=../../scripts/lib.sh
+source scripts/lib.sh
+cargo_install_missing pjdfstest
 # The suite switches to these users (see pjdfstest.toml).
-id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
+add_tests_user
 
 source tests/conformance/mount.sh
 

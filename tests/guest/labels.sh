@@ -22,7 +22,8 @@
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/lib.sh"
+# shellcheck source=../../scripts/lib.sh
+. "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() map=user
 while [ $# -gt 0 ]; do
@@ -35,13 +36,12 @@ while [ $# -gt 0 ]; do
 done
 case $map in user|trusted) ;; *) echo "--map user|trusted" >&2; exit 2 ;; esac
 prefix=$map.virtiofs.
-gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
+setup_guest "${setup_args[@]}"
 if ! command -v checkpolicy >/dev/null; then
-	apt-get -q update >&2
-	DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 install checkpolicy >&2
+	apt_get update
+	apt_get install checkpolicy
 fi
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+build_fusebox
 fusebox=$root/target/release/fusebox
 
 new_work labels
@@ -85,9 +85,7 @@ case $result in
 	*) echo "labels: FAIL guest: ${result:-no result}"; tail -30 "$work/console.log"; status=1 ;;
 esac
 
-hcheck() {
-	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; status=1; fi
-}
+hfail=0
 w=$share/labels
 if [ "$map" = user ]; then kinds=". file dir"; else kinds=". file dir link fifo"; fi
 for n in $kinds; do
@@ -106,5 +104,6 @@ hcheck nothing-else '[ "$(ls -A "$w" | sort | tr "\n" " ")" = "$made " ]'
 hcheck nothing-else-in-share '[ "$(ls -A "$share" | sort | tr "\n" " ")" = "labels pre " ]'
 hcheck relabel '[ "$(getx "$w/relabel" "${prefix}security.selinux")" = system_u:object_r:labels_relabel_t ]'
 hcheck user-xattr '[ "$(getx "$w/file" "${prefix}user.guest")" = g-value ] && [ "$(getx "$w/file" user.guest)" = "errno 61" ]'
+[ $hfail = 0 ] || status=1
 [ $status = 0 ] && echo "labels: OK" || { echo "labels: FAILED"; tail -20 "$work/fusebox.log"; }
 exit $status

@@ -38,7 +38,8 @@
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/lib.sh"
+# shellcheck source=../../scripts/lib.sh
+. "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() daemon=fusebox daemon_args="" tmo=600
 all_groups="chmod chown ftruncate link mkdir mkfifo mknod open posix_fallocate rename rmdir symlink truncate unlink utimensat"
@@ -60,20 +61,19 @@ known=$here/pjdfstest-known-failures
 for g in $groups; do
 	case " $all_groups " in *" $g "*) ;; *) log "no test group $g (one of: $all_groups)"; exit 2 ;; esac
 done
-pjd=$(command -v pjdfstest || echo "$HOME/.cargo/bin/pjdfstest")
+pjd=$(cargo_bin pjdfstest)
 [ -x "$pjd" ] || { log "no pjdfstest (cargo install --locked pjdfstest)"; exit 1; }
 begin=$(date +%s)
 
-gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
-qemu=$(cat "$gdir/qemu")
+setup_guest "${setup_args[@]}"
 case $daemon in
 	fusebox)
 		daemon_bin=${FUSEBOX_BIN:-}
 		if [ -z "$daemon_bin" ]; then
-			(cd "$root" && cargo build --release -q -p fusebox)
+			build_fusebox
 			daemon_bin=${CARGO_TARGET_DIR:-$root/target}/release/fusebox
 		fi ;;
-	virtiofsd) daemon_bin=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd") ;;
+	virtiofsd) daemon_bin=$(cargo_bin virtiofsd) ;;
 	*) log "unknown daemon $daemon (fusebox or virtiofsd)"; exit 2 ;;
 esac
 [ -x "$daemon_bin" ] || { log "no $daemon at $daemon_bin"; exit 1; }
@@ -92,10 +92,7 @@ x=$work/extra
 mkdir -p "$x/bin" "$x/pjd-bin" "$x/etc"
 cp "$pjd" "$x/bin/pjdfstest"
 cp /usr/bin/sleep "$x/pjd-bin/sleep"
-for lib in $(ldd "$pjd" /usr/bin/sleep | awk '/=> \// {print $3} /^\t\/lib64/ {print $1}' | sort -u); do
-	mkdir -p "$x$(dirname "$lib")"
-	cp -L "$lib" "$x$lib"
-done
+copy_libs "$x" "$pjd" /usr/bin/sleep
 cp "$here/pjdfstest.toml" "$x/pjdfstest.toml"
 cp "$here/pjdfstest-guest.sh" "$x/pjdfstest.sh"
 cat > "$x/etc/passwd" <<'EOF'

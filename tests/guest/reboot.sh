@@ -20,7 +20,8 @@
 # (seconds, default 180) bounds each wait for the guest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/lib.sh"
+# shellcheck source=../../scripts/lib.sh
+. "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 orig_args=("$@")
 setup_args=() fb_args=""
@@ -36,9 +37,8 @@ log() { echo "guest-reboot: $*"; }
 [ "$(id -u)" = 0 ] || { log "needs root"; exit 1; }
 tmo=${REBOOT_TIMEOUT:-180}
 begin=$(date +%s)
-gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+setup_guest "${setup_args[@]}"
+build_fusebox
 fusebox=${CARGO_TARGET_DIR:-$root/target}/release/fusebox
 
 new_work reboot
@@ -59,7 +59,7 @@ show() {
 }
 # Ends the run when the guest did not get to $1 ($2 such lines) in time.
 # Multi-threaded TCG now and then aborts on its own assertion (see
-# lib.sh): then the whole run goes again, once, from a fresh daemon.
+# scripts/lib.sh): then the whole run goes again, once, from a fresh daemon.
 await() {
 	wait_console "$1" "$tmo" "${2:-1}" && return 0
 	if ! kill -0 "$qpid" 2>/dev/null; then

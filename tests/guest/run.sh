@@ -23,7 +23,8 @@
 # qemu64: TCG runs this guest's kernel 20-25% faster than with -cpu max.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/lib.sh"
+# shellcheck source=../../scripts/lib.sh
+. "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
 setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par= as_user=
 [ -n "${FUSEBOX_SOAK:-}" ] && fsx_ops=1000000 fsx_par=100000
@@ -41,9 +42,8 @@ while [ $# -gt 0 ]; do
 	esac
 	shift
 done
-gdir=$("$here/setup.sh" "${setup_args[@]}" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+setup_guest "${setup_args[@]}"
+build_fusebox
 fusebox=$root/target/release/fusebox
 
 new_work guest
@@ -113,9 +113,6 @@ esac
 
 # The host's half: what the guest left in the shared directory.
 hfail=0
-hcheck() {
-	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; hfail=$((hfail + 1)); fi
-}
 w=$share/work
 hcheck content '[ "$(cat "$w/a")" = hello ] && [ "$(cat "$w/w")" = 012XY56789 ]'
 hcheck append '[ "$(cat "$w/ap")" = "$(printf "one\ntwo")" ]'

@@ -14,14 +14,14 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib.sh
+. "$root/scripts/lib.sh"
 backports=0
 if [ "${1:-}" = --backports ]; then backports=1; shift; fi
 flavour=$([ $backports = 1 ] && echo backports || echo stable)
 out=${1:-$root/target/guest/$flavour}
 mkdir -p "$out"
 log() { echo "guest-setup: $*" >&2; }
-
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
 
 if [ $backports = 1 ]; then
 	src=/etc/apt/sources.list.d/bookworm-backports.sources
@@ -87,14 +87,11 @@ cp "$here/init" "$ird/init"
 chmod +x "$ird/init" "$ird/suite.sh" "$ird/demo.sh"
 
 # fsx (the Rust port) for the soak check, with the libraries it links.
-fsx=$(command -v fsx || echo "$HOME/.cargo/bin/fsx")
+fsx=$(cargo_bin fsx)
 if [ -x "$fsx" ]; then
 	cp "$fsx" "$ird/bin/fsx"
 	cp "$here/../conformance/fsx.toml" "$ird/fsx.toml"
-	for lib in $(ldd "$fsx" | awk '/=> \// {print $3} /^\t\/lib64/ {print $1}'); do
-		mkdir -p "$ird$(dirname "$lib")"
-		cp -L "$lib" "$ird$lib"
-	done
+	copy_libs "$ird" "$fsx"
 else
 	log "no fsx (cargo install fsx): the guest suite's fsx check will fail"
 fi

@@ -23,12 +23,13 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib.sh
+. "$root/scripts/lib.sh"
 log() { echo "libvirt-run: $*"; }
 [ "$(id -u)" = 0 ] || { log "needs root (the qemu:///system daemon starts fusebox)"; exit 1; }
 boot_timeout=${FUSEBOX_LIBVIRT_BOOT_TIMEOUT:-150}
 begin=$(date +%s)
 
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
 need=
 for p in libvirt-daemon libvirt-clients; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need="$need $p"
@@ -39,9 +40,8 @@ if [ -n "$need" ]; then
 	apt_get install --no-install-recommends $need
 fi
 
-gdir=$("$root/tests/guest/setup.sh" | tail -1)
-qemu=$(cat "$gdir/qemu")
-(cd "$root" && cargo build --release -q -p fusebox)
+setup_guest
+build_fusebox
 fusebox=$root/target/release/fusebox
 
 name=fusebox-test-$$
@@ -82,13 +82,9 @@ cleanup() {
 	done
 	if [ -n "$lvpid" ]; then
 		log "stopping the libvirtd started here"
-		kill "$lvpid" 2>/dev/null || true
-		timeout 15 tail --pid="$lvpid" -f /dev/null || kill -9 "$lvpid" 2>/dev/null || true
+		stop_pid "$lvpid" 15
 	fi
-	if [ -n "$vlpid" ]; then
-		kill "$vlpid" 2>/dev/null || true
-		timeout 15 tail --pid="$vlpid" -f /dev/null || kill -9 "$vlpid" 2>/dev/null || true
-	fi
+	stop_pid "$vlpid" 15
 	rm -f /var/log/libvirt/qemu/"$name".log* /var/log/libvirt/qemu/"$name"-fs*-virtiofsd.log*
 	rm -rf "$work"
 	exit "$rc"
@@ -148,11 +144,10 @@ python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.fusebox.host", sys.ar
 mkdir "$work/extra"
 cp "$here/guest.sh" "$work/extra/libvirt.sh"
 gcc -static -O2 -Wall -o "$work/extra/lvcheck" "$here/lvcheck.c"
-(cd "$work/extra" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
-cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
+add_to_initrd "$work/extra"
 cp "$gdir/vmlinuz" "$work/vmlinuz"
 threads=4
-sed -e "s|@NAME@|$name|; s|@KERNEL@|$work/vmlinuz|; s|@INITRD@|$work/initrd.gz|" \
+sed -e "s|@NAME@|$name|; s|@KERNEL@|$work/vmlinuz|; s|@INITRD@|$initrd|" \
 	-e "s|@CMDLINE@|console=ttyS0 panic=-1 quiet fusebox.tag=$tag fusebox.run=libvirt fusebox.token=$token|" \
 	-e "s|@EMULATOR@|$qemu|; s|@FUSEBOX@|$fusebox|; s|@THREADS@|$threads|" \
 	-e "s|@SHARE@|$share|; s|@TAG@|$tag|; s|@CONSOLE@|$console|" \
@@ -216,9 +211,7 @@ case $result in
 esac
 
 # The host's half: what the guest wrote, and the locks it holds.
-hcheck() {
-	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; fail=1; fi
-}
+hfail=0
 hcheck guest-file '[ "$(cat "$share/from-guest")" = "guest $token" ]'
 hcheck guest-xattr 'python3 -c "import os, sys; sys.exit(os.getxattr(sys.argv[1], \"user.fusebox.guest\") != sys.argv[2].encode())" "$share/from-guest" "guest $token"'
 # <lock posix='on' flock='on'/>: the guest's locks are taken on the host file.
@@ -238,12 +231,12 @@ try:
 except OSError:
     sys.exit(0)
 sys.exit(1)" "$share/held"'
+[ $hfail = 0 ] || fail=1
 
 # virsh destroy: the domain goes, and so does every fusebox process.
 t0=$(date +%s)
 virsh_ destroy "$name" >/dev/null || { log "FAIL virsh destroy"; exit 1; }
 log "virsh destroy took $(( $(date +%s) - t0 )) s"
-gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 for _ in $(seq 50); do
 	left=
 	for p in $fbpids; do gone "$p" || left="$left $p"; done

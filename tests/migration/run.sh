@@ -69,6 +69,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib.sh
+. "$root/scripts/lib.sh"
 orig_args=("$@")
 daemon=virtiofsd daemon_args="" mig_mode="" daemon_bin="" keep=0 trace=0 scenario=normal expect=""
 while [ $# -gt 0 ]; do
@@ -115,7 +117,6 @@ case $outcome in dest | source) ;; *) log "--expect must start with dest or sour
 tmo=${MIGRATION_TIMEOUT:-120}
 begin=$(date +%s)
 
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0 "$@" >&2; }
 if ! command -v python3 >/dev/null; then
 	log "installing python3 (the QMP client)"
 	apt_get update
@@ -123,17 +124,16 @@ if ! command -v python3 >/dev/null; then
 fi
 
 target=${CARGO_TARGET_DIR:-$root/target}
-gdir=$("$root/tests/guest/setup.sh" --backports "$target/guest/backports" | tail -1)
-qemu=$(cat "$gdir/qemu")
+setup_guest --backports "$target/guest/backports"
 case $daemon in
 	virtiofsd)
-		bin=${daemon_bin:-$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")}
+		bin=${daemon_bin:-$(cargo_bin virtiofsd)}
 		[ -n "$mig_mode" ] && daemon_args="--migration-mode $mig_mode $daemon_args"
 		[ "$mig_mode" = file-handles ] && daemon_args="--modcaps=+dac_read_search $daemon_args"
 		;;
 	fusebox)
 		if [ -z "$daemon_bin" ]; then
-			(cd "$root" && cargo build --release -q -p fusebox)
+			build_fusebox
 			bin=$target/release/fusebox
 		else
 			bin=$daemon_bin
@@ -155,13 +155,6 @@ if [ "$scenario" = missing ]; then
 	mkdir "$dshare"
 fi
 pa='' pb='' qa='' qb='' px='' status=1
-gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
-stop() { # pid: TERM, then KILL after 5 s
-	[ -n "$1" ] || return 0
-	kill "$1" 2>/dev/null || true
-	timeout 5 tail --pid="$1" -f /dev/null 2>/dev/null || kill -9 "$1" 2>/dev/null || true
-	wait "$1" 2>/dev/null || true
-}
 show_logs() {
 	local f
 	for f in "$work"/console-*.log "$work"/qemu-*.err "$work"/daemon-*.log "$work"/proxy.log; do
@@ -172,7 +165,7 @@ show_logs() {
 }
 cleanup() {
 	local rc=$?
-	stop "$qa"; stop "$qb"; stop "$pa"; stop "$pb"; stop "$px"
+	stop_pid "$qa"; stop_pid "$qb"; stop_pid "$pa"; stop_pid "$pb"; stop_pid "$px"
 	[ "$rc" = 0 ] && [ "$status" = 0 ] || show_logs
 	if [ $keep = 1 ]; then log "kept $work"; else rm -rf "$work"; fi
 	exit "$rc"
@@ -187,8 +180,7 @@ mkdir "$work/extra"
 cp "$here/migrate.sh" "$work/extra/migrate.sh"
 chmod +x "$work/extra/migrate.sh"
 gcc -static -O2 -Wall -o "$work/extra/migcheck" "$here/migcheck.c"
-(cd "$work/extra" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
-cat "$gdir/initramfs.gz" "$work/extra.cpio.gz" > "$work/initrd.gz"
+add_to_initrd "$work/extra"
 
 # The share: the guest's cwd (mig), a file it reads, a directory it lists.
 mkdir -p "$share/mig/dir"
@@ -196,34 +188,30 @@ python3 -c 'import sys; open(sys.argv[1], "wb").write(bytes((i * 13 + 7) & 255 f
 for i in 1 2 3; do echo "entry$i" > "$share/mig/dir/e$i"; done
 
 # The daemons: A serves the source, B the destination, the same directory.
-start_daemon() { # name socket directory
+start_side_daemon() { # name socket directory
 	rm -f "$2"
 	# shellcheck disable=SC2086 # the daemon's arguments are split on purpose
 	${MIGRATION_DAEMON_WRAP:-} "$bin" --socket-path "$2" --shared-dir "$3" --cache never $daemon_args 2> "$work/daemon-$1.log" &
 	eval "p$1=$!"
-	for _ in $(seq 100); do [ -S "$2" ] && return 0; sleep 0.1; done
+	wait_socket "$2" && return 0
 	cat "$work/daemon-$1.log"
 	die "daemon $1 did not listen on $2"
 }
 log "scenario $scenario: expecting \"$want\""
 log "$daemon ($bin) for A and B: --socket-path S --shared-dir $share --cache never $daemon_args"
 [ "$dshare" = "$share" ] || log "B shares $dshare instead (a copy made once the guest is ready)"
-start_daemon a "$work/a.sock" "$share"
-start_daemon b "$work/b.sock" "$dshare"
+start_side_daemon a "$work/a.sock" "$share"
+start_side_daemon b "$work/b.sock" "$dshare"
 
 # QEMU: the same machine on both sides, but for the socket (and -incoming).
-start_qemu() { # name socket extra-args...
+start_side_qemu() { # name socket extra-args...
 	local n=$1 sock=$2
 	shift 2
 	local tr=()
 	[ $trace = 1 ] && tr=(-D "$work/trace-$n.log" -trace vhost_user_write -trace vhost_user_read
 		-trace vhost_dev_start -trace vhost_dev_stop -trace migrate_set_state -trace vhost_user_event)
-	"$qemu" "${tr[@]}" -name "mig-$n" -accel tcg,thread=multi -cpu qemu64 -smp 1 -m 256M \
-		-object memory-backend-memfd,id=mem,size=256M,share=on -numa node,memdev=mem \
-		-kernel "$gdir/vmlinuz" -initrd "$work/initrd.gz" \
-		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share fusebox.run=migrate migcheck.scenario=$scenario" \
-		-chardev socket,id=vfs,path="$sock" \
-		-device vhost-user-fs-pci,chardev=vfs,tag=share \
+	vhost_user_fs_vm "$sock" "$initrd" "fusebox.run=migrate migcheck.scenario=$scenario" 1 256M
+	"$qemu" "${tr[@]}" -name "mig-$n" "${vm_args[@]}" \
 		-display none -monitor none -serial file:"$work/console-$n.log" \
 		-qmp unix:"$work/qmp-$n.sock",server=on,wait=off -no-reboot "$@" 2> "$work/qemu-$n.err" &
 	eval "q$n=$!"
@@ -255,13 +243,13 @@ return_path() { # name
 }
 
 log "starting the destination: $("$qemu" --version | head -1), -incoming unix:$work/mig.sock"
-start_qemu b "$work/b.sock" -incoming "unix:$work/mig.sock"
+start_side_qemu b "$work/b.sock" -incoming "unix:$work/mig.sock"
 wait_qmp b
 return_path b
 log "destination QEMU is $(vm_status b)"
 log "booting the source (TCG, 1 cpu, 256 MiB memfd)"
 t0=$(date +%s)
-start_qemu a "$work/a.sock"
+start_side_qemu a "$work/a.sock"
 wait_qmp a
 return_path a
 
@@ -282,7 +270,7 @@ if ! grep -aq '^MIGRATE-READY' "$work/console-a.log"; then
 		log "the source QEMU aborted on its own assertion during boot; running again (once)"
 		cat "$work/qemu-a.err"
 		trap - EXIT
-		stop "$qb"; stop "$pa"; stop "$pb"
+		stop_pid "$qb"; stop_pid "$pa"; stop_pid "$pb"
 		rm -rf "$work"
 		MIGRATION_RETRIED=1 exec "$0" "${orig_args[@]}"
 	fi
@@ -321,8 +309,7 @@ mig_uri=unix:$work/mig.sock
 if [ "$scenario" = corrupt ]; then
 	python3 "$here/corrupt-proxy.py" "$work/proxy.sock" "$work/mig.sock" 2> "$work/proxy.log" &
 	px=$!
-	for _ in $(seq 50); do [ -S "$work/proxy.sock" ] && break; sleep 0.1; done
-	[ -S "$work/proxy.sock" ] || die "corrupt-proxy.py did not listen ($(cat "$work/proxy.log"))"
+	wait_socket "$work/proxy.sock" 50 || die "corrupt-proxy.py did not listen ($(cat "$work/proxy.log"))"
 	mig_uri=unix:$work/proxy.sock
 fi
 
@@ -370,8 +357,7 @@ print("total %s ms, downtime %s ms, setup %s ms, %s MiB transferred" % (m.get("t
 	timeout 30 tail --pid="$qa" -f /dev/null || die "the source QEMU did not quit"
 	wait "$qa" 2>/dev/null || true
 	qa=
-	for _ in $(seq 100); do gone "$pa" && break; sleep 0.1; done
-	gone "$pa" || die "daemon A still running 10 s after the source QEMU quit"
+	wait_until 100 0.1 gone "$pa" || die "daemon A still running 10 s after the source QEMU quit"
 	arc=0
 	wait "$pa" 2>/dev/null || arc=$?
 	pa=
@@ -421,8 +407,7 @@ print("total %s ms, downtime %s ms, setup %s ms, %s MiB transferred" % (m.get("t
 	wait "$qb" 2>/dev/null || qrc=$?
 	qb=
 	[ "$qrc" = 0 ] || { log "FAIL the destination QEMU exited with $qrc"; fail=1; }
-	for _ in $(seq 100); do gone "$pb" && break; sleep 0.1; done
-	if gone "$pb"; then
+	if wait_until 100 0.1 gone "$pb"; then
 		brc=0
 		wait "$pb" 2>/dev/null || brc=$?
 		pb=
@@ -442,8 +427,7 @@ else # outcome source: the migration failed, the guest goes on where it was.
 	log "the source is running again"
 	gone "$pa" && die "daemon A exited after the failed migration"
 	# The destination's load failed: its QEMU exits (or at least does not run).
-	for _ in $(seq 100); do gone "$qb" && break; sleep 0.1; done
-	if gone "$qb"; then
+	if wait_until 100 0.1 gone "$qb"; then
 		qrc=0
 		wait "$qb" 2>/dev/null || qrc=$?
 		qb=
@@ -457,8 +441,7 @@ else # outcome source: the migration failed, the guest goes on where it was.
 		wait "$qb" 2>/dev/null || true
 		qb=
 	fi
-	for _ in $(seq 100); do gone "$pb" && break; sleep 0.1; done
-	gone "$pb" || die "daemon B still running 10 s after the destination QEMU went"
+	wait_until 100 0.1 gone "$pb" || die "daemon B still running 10 s after the destination QEMU went"
 	brc=0
 	wait "$pb" 2>/dev/null || brc=$?
 	pb=
@@ -518,8 +501,7 @@ else # outcome source: the migration failed, the guest goes on where it was.
 	wait "$qa" 2>/dev/null || qrc=$?
 	qa=
 	[ "$qrc" = 0 ] || { log "FAIL the source QEMU exited with $qrc"; fail=1; }
-	for _ in $(seq 100); do gone "$pa" && break; sleep 0.1; done
-	if gone "$pa"; then
+	if wait_until 100 0.1 gone "$pa"; then
 		arc=0
 		wait "$pa" 2>/dev/null || arc=$?
 		pa=
@@ -536,9 +518,7 @@ fi
 
 # The host's half: what the guest wrote before and after, in the
 # directory of the daemon it ended on.
-hcheck() {
-	if eval "$2"; then echo "HOST PASS $1"; else echo "HOST FAIL $1"; fail=1; fi
-}
+hfail=0
 if [ "$outcome" = dest ]; then ended=$dshare other=$share; else ended=$share other=$dshare; fi
 # shellcheck disable=SC2034 # used in hcheck's expressions
 m=$ended/mig
@@ -558,6 +538,7 @@ if [ "$other" != "$ended" ]; then
 	hcheck other-dir-phase1-only '[ "$(cat "$other/mig/w")" = w-phase1 ] && [ "$(cat "$other/mig/lk")" = lk-phase1 ]'
 	hcheck other-dir-untouched '[ "$(cd "$other" && find . | sort | tr "\n" " ")" = "$ofiles" ]'
 fi
+[ $hfail = 0 ] || fail=1
 
 # The vhost-user messages each QEMU sent (write) and got back (read),
 # named as in the vhost-user specification.

@@ -6,10 +6,12 @@
 # Usage: tests/soak/fsx-host.sh [OPS] [extra fusebox mount options...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=../../scripts/lib.sh
+source scripts/lib.sh
 if [ -n "${FUSEBOX_SOAK:-}" ]; then default=1000000; else default=40000; fi
 ops=${1:-$default}
 shift || true
-command -v fsx >/dev/null || cargo install --quiet --locked fsx
+cargo_install_missing fsx
 source tests/conformance/mount.sh
 
 # fsx 0.3.2 never unmaps what its mapread maps (domapread has no munmap):
