@@ -11,6 +11,7 @@ mod device;
 mod dirty_log;
 mod guest_mem;
 pub mod stats;
+#[cfg(feature = "test-utils")]
 pub mod testing;
 
 pub use device::{DeviceConfig, DeviceError, FsDevice, GuestMem, GuestMmap, Vring, TAG_LEN};

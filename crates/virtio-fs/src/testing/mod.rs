@@ -3,6 +3,11 @@
 //! acts as the guest ([`frontend`]), and a guest kernel's virtqueue driver
 //! that keeps many chains in flight from one thread ([`guest`], what
 //! `fusebox-load` drives).
+//!
+//! Compiled only with feature `test-utils`: this crate's and fusebox's
+//! tests enable it through their dev-dependencies, and fusebox's
+//! `fusebox-load` feature (the load generator's) through its dependency.
+//! The daemon uses none of it.
 
 pub mod frontend;
 pub mod guest;
