@@ -3,6 +3,7 @@
 //! Nothing may panic. `FUSEBOX_FUZZ_ITERS` sets the count (default 1M).
 
 use fuse_core::abi::{self, encode::Body, *};
+use fuse_core::testing::rng::Rng;
 
 fn seeds() -> Vec<Vec<u8>> {
     let h = |op: Opcode| InHeader {
@@ -184,32 +185,19 @@ fn seeds() -> Vec<Vec<u8>> {
     v
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
     let mut m = seed.to_vec();
-    for _ in 0..=rng.below(4) {
-        match rng.below(6) {
+    for _ in 0..=rng.below_usize(4) {
+        match rng.below_usize(6) {
             0 if !m.is_empty() => {
-                let i = rng.below(m.len());
-                m[i] = rng.next() as u8;
+                let i = rng.below_usize(m.len());
+                m[i] = rng.next_u64() as u8;
             }
             1 if !m.is_empty() => {
-                let i = rng.below(m.len());
+                let i = rng.below_usize(m.len());
                 m.truncate(i);
             }
-            2 => m.extend((0..rng.below(64)).map(|_| rng.next() as u8)),
+            2 => m.extend((0..rng.below_usize(64)).map(|_| rng.next_u64() as u8)),
             3 if m.len() >= 4 => {
                 // Keep the header's len consistent half of the time so the
                 // body decoders are reached.
@@ -217,8 +205,8 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
                 m[..4].copy_from_slice(&l.to_le_bytes());
             }
             4 if m.len() >= 8 => {
-                let i = rng.below(m.len() - 3);
-                let v = [0u32, 1, u32::MAX, 0x8000_0000, rng.next() as u32][rng.below(5)];
+                let i = rng.below_usize(m.len() - 3);
+                let v = [0u32, 1, u32::MAX, 0x8000_0000, rng.next_u64() as u32][rng.below_usize(5)];
                 m[i..i + 4].copy_from_slice(&v.to_le_bytes());
             }
             _ => {
@@ -245,13 +233,15 @@ fn decoders_never_panic() {
             let _ = abi::decode_request(s, DecodeOptions::default());
         }
     }
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let mut ok = 0usize;
     for i in 0..iters {
         let input = if i % 8 == 0 {
-            (0..rng.below(300)).map(|_| rng.next() as u8).collect()
+            (0..rng.below_usize(300))
+                .map(|_| rng.next_u64() as u8)
+                .collect()
         } else {
-            let s = &seeds[rng.below(seeds.len())];
+            let s = &seeds[rng.below_usize(seeds.len())];
             mutate(&mut rng, s)
         };
         if let Ok(req) = abi::decode_request(&input, DecodeOptions::default()) {
@@ -260,8 +250,8 @@ fn decoders_never_panic() {
             let _ = abi::security_context(req.ext);
             let _ = abi::supplementary_groups(req.ext);
         }
-        let op = Opcode::ALL[rng.below(Opcode::ALL.len())];
-        let _ = abi::decode_reply(op, &input, rng.below(2) as u32);
+        let op = Opcode::ALL[rng.below_usize(Opcode::ALL.len())];
+        let _ = abi::decode_reply(op, &input, rng.below_usize(2) as u32);
         let _ = abi::decode_dirents(&input);
         let _ = abi::decode_direntplus(&input);
         let _ = UringCmdReq::from_cmd_area(&input);

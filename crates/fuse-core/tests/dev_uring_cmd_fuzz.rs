@@ -8,21 +8,8 @@
 
 use fuse_core::abi::{encode::Body, init, GetattrIn, Opcode};
 use fuse_core::dev_uring::{bufpool_area, cmd_area, EntryBufs, RingEnd};
+use fuse_core::testing::rng::Rng;
 use fuse_core::{Args, Chan, ChanConfig, Errno, Negotiated};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// A command area: a valid one for a random queue, mutated or not, or
 /// random bytes.
@@ -33,14 +20,14 @@ fn area(r: &mut Rng, commit_id: u64) -> [u8; 80] {
         _ => {
             let mut a = [0u8; 80];
             for b in a.iter_mut() {
-                *b = r.next() as u8;
+                *b = r.next_u64() as u8;
             }
             a
         }
     };
     for _ in 0..r.below(4) {
         let i = r.below(80) as usize;
-        a[i] = r.next() as u8;
+        a[i] = r.next_u64() as u8;
     }
     a
 }
@@ -63,7 +50,7 @@ fn hostile_ring_commands_never_break_the_ring() {
         ..Negotiated::with_max_background(8)
     });
     let end: RingEnd = chan.ring_end(true);
-    let mut r = Rng(0x5eed);
+    let mut r = Rng::new(0x5eed);
     let mut held = Vec::new();
     let mut handles = Vec::new();
     let (mut ok, mut refused) = (0u64, 0u64);
@@ -109,7 +96,7 @@ fn hostile_ring_commands_never_break_the_ring() {
                     let id = if r.below(2) == 0 {
                         f.commit_id()
                     } else {
-                        r.next()
+                        r.next_u64()
                     };
                     f.set_reply(-(r.below(3) as i32), 0);
                     match end.commit(&area(&mut r, id), f, None) {

@@ -17,6 +17,7 @@ use fuse_core::abi::{FileLock, ROOT_ID};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::state::{StateError, StateWriter};
 use fuse_core::server::Filesystem;
+use fuse_core::testing::rng::Rng;
 use passthrough::{Config, PassthroughFs};
 use passthrough::{MigrationConfig, MigrationMode, MigrationOnError};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -207,24 +208,6 @@ fn made_states() -> Vec<Vec<u8>> {
     vec![w.finish()]
 }
 
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// Values that make counts and lengths interesting.
 fn interesting_u32(rng: &mut Rng, len: usize) -> u32 {
     let len = len as u32;
@@ -248,56 +231,56 @@ fn interesting_u32(rng: &mut Rng, len: usize) -> u32 {
         len / 4,
         len / 20,
     ];
-    v[rng.below(v.len())]
+    v[rng.below_usize(v.len())]
 }
 
 fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
-    let mut v = seeds[rng.below(seeds.len())].clone();
-    for _ in 0..1 + rng.below(4) {
-        let at = rng.below(v.len() + 1);
-        match rng.below(10) {
+    let mut v = seeds[rng.below_usize(seeds.len())].clone();
+    for _ in 0..1 + rng.below_usize(4) {
+        let at = rng.below_usize(v.len() + 1);
+        match rng.below_usize(10) {
             0 if !v.is_empty() => {
-                let i = rng.below(v.len());
-                v[i] ^= 1 << rng.below(8);
+                let i = rng.below_usize(v.len());
+                v[i] ^= 1 << rng.below_usize(8);
             }
             1 if !v.is_empty() => {
-                let i = rng.below(v.len());
-                v[i] = rng.next() as u8;
+                let i = rng.below_usize(v.len());
+                v[i] = rng.next_u64() as u8;
             }
             2 if v.len() >= 4 => {
-                let i = rng.below(v.len() - 3);
+                let i = rng.below_usize(v.len() - 3);
                 let x = interesting_u32(rng, v.len() - i);
                 v[i..i + 4].copy_from_slice(&x.to_le_bytes());
             }
             3 if v.len() >= 8 => {
-                let i = rng.below(v.len() - 7);
-                let x = [0, 1, 2, u64::MAX, u64::MAX / 2, 1 << 63][rng.below(6)];
+                let i = rng.below_usize(v.len() - 7);
+                let x = [0, 1, 2, u64::MAX, u64::MAX / 2, 1 << 63][rng.below_usize(6)];
                 v[i..i + 8].copy_from_slice(&x.to_le_bytes());
             }
             4 => v.truncate(at),
             5 => {
-                let n = 1 + rng.below(64);
+                let n = 1 + rng.below_usize(64);
                 let b = rng.bytes(n);
                 v.splice(at..at, b);
             }
             6 => {
-                let end = (at + rng.below(64)).min(v.len());
+                let end = (at + rng.below_usize(64)).min(v.len());
                 v.drain(at..end);
             }
             7 => {
-                let end = (at + rng.below(256)).min(v.len());
+                let end = (at + rng.below_usize(256)).min(v.len());
                 let part = v[at..end].to_vec();
-                let to = rng.below(v.len() + 1);
+                let to = rng.below_usize(v.len() + 1);
                 v.splice(to..to, part);
             }
             8 => {
-                let other = &seeds[rng.below(seeds.len())];
-                let from = rng.below(other.len() + 1);
+                let other = &seeds[rng.below_usize(seeds.len())];
+                let from = rng.below_usize(other.len() + 1);
                 v.truncate(at);
                 v.extend_from_slice(&other[from..]);
             }
             _ => {
-                let n = rng.below(32);
+                let n = rng.below_usize(32);
                 v.extend(rng.bytes(n));
             }
         }
@@ -310,16 +293,16 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
 /// as the smallest records, followed by `fill`: zeros, random bytes, or
 /// smallest inode records carried as lost.
 fn big_count(rng: &mut Rng) -> Vec<u8> {
-    let body = (1 << 20) + rng.below(1 << 20);
+    let body = (1 << 20) + rng.below_usize(1 << 20);
     let mut w = StateWriter::new();
     w.u32(1);
-    let (skip, min) = [(0, INODE_MIN), (1, 33), (2, 28)][rng.below(3)];
+    let (skip, min) = [(0, INODE_MIN), (1, 33), (2, 28)][rng.below_usize(3)];
     for _ in 0..skip {
         w.u32(0);
     }
     w.u32((body / min) as u32);
     let mut v = w.finish();
-    match rng.below(3) {
+    match rng.below_usize(3) {
         0 => v.resize(v.len() + body, 0),
         1 => v.extend(rng.bytes(body)),
         _ => {
@@ -394,22 +377,22 @@ fn hostile_states_never_panic_and_load_in_bounded_memory() {
         }
     }
     seeds.extend(made_states());
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed | 1);
     let mut ends = [0u64; 4];
     for i in 0..iters {
-        let input = match rng.below(100) {
+        let input = match rng.below_usize(100) {
             0 => big_count(&mut rng),
             1..=5 => {
-                let n = rng.below(256);
+                let n = rng.below_usize(256);
                 let mut v = rng.bytes(n);
-                if v.len() >= 4 && rng.below(2) == 0 {
+                if v.len() >= 4 && rng.below_usize(2) == 0 {
                     v[..4].copy_from_slice(&1u32.to_le_bytes());
                 }
                 v
             }
             _ => mutate(&mut rng, &seeds),
         };
-        let cfg = rng.below(CONFIGS.len());
+        let cfg = rng.below_usize(CONFIGS.len());
         ends[load_one(&s.dir, cfg, &input, seed, i)] += 1;
     }
     // Nothing the loads did reached outside the share.

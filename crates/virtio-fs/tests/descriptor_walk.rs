@@ -4,6 +4,7 @@
 //! lengths, across the two memory regions, past memory), chains past
 //! 4 GiB, queue sizes 1 to 32.
 
+use fuse_core::testing::rng::Rng;
 use virtio_fs::chain::Descriptors;
 use virtio_fs::GuestMmap;
 use virtio_queue::desc::split::Descriptor as SplitDescriptor;
@@ -13,19 +14,6 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
 const EDGE: u64 = 0x1_0000;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-}
 
 const INDIRECT_AT: [u64; 8] = [
     0x4000,
@@ -39,7 +27,7 @@ const INDIRECT_AT: [u64; 8] = [
 ];
 
 fn any_desc(r: &mut Rng, size: u16) -> RawDescriptor {
-    let addr = if r.next() % 2 == 0 {
+    let addr = if r.next_u64() % 2 == 0 {
         r.pick(&INDIRECT_AT)
     } else {
         r.pick(&[
@@ -66,22 +54,22 @@ fn any_desc(r: &mut Rng, size: u16) -> RawDescriptor {
         0x10_0000,
     ]);
     let mut flags = 0;
-    if r.next() % 4 != 0 {
+    if r.next_u64() % 4 != 0 {
         flags |= 1;
     }
-    if r.next() % 2 == 0 {
+    if r.next_u64() % 2 == 0 {
         flags |= 2;
     }
-    if r.next() % 4 == 0 {
+    if r.next_u64() % 4 == 0 {
         flags |= 4;
     }
-    let next = (r.next() % u64::from(size + 4)) as u16;
+    let next = (r.next_u64() % u64::from(size + 4)) as u16;
     RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
 }
 
 #[test]
 fn the_walk_matches_virtio_queue_on_more_hostile_tables() {
-    let mut r = Rng(0x1234_5678_9abc_def1);
+    let mut r = Rng::new(0x1234_5678_9abc_def1);
     let (mut yielded, mut long) = (0, 0);
     for round in 0..6000 {
         let size = r.pick(&[1u16, 2, 4, 8, 16, 32]);
@@ -101,7 +89,7 @@ fn the_walk_matches_virtio_queue_on_more_hostile_tables() {
                 let _ = mem.write_obj(d, GuestAddress(at + 16 * i));
             }
         }
-        let head = (r.next() % u64::from(size + 2)) as u16;
+        let head = (r.next_u64() % u64::from(size + 2)) as u16;
         q.avail().ring().ref_at(0).unwrap().store(head);
         q.avail().idx().store(1);
         let mut queue: Queue = q.create_queue().unwrap();

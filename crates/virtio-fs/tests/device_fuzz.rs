@@ -12,24 +12,12 @@ mod common;
 use common::*;
 use fuse_core::abi::{CreateIn, ForgetIn, GetattrIn, MkdirIn, Opcode, OutHeader, ReadIn, WriteIn};
 use fuse_core::testing::memfs::MemFs;
+use fuse_core::testing::rng::Rng;
 use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_fs::DeviceConfig;
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// A field of /proc/self/status (Threads:, VmRSS: in KiB).
 fn status(field: &str) -> u64 {
@@ -115,7 +103,7 @@ fn round(h: &Harness<MemFs>, rng: &mut Rng, unique: &mut u64) -> (usize, usize) 
         if mutate {
             for _ in 0..1 + rng.below(4) {
                 let i = rng.below(msg.len() as u64) as usize;
-                msg[i] = rng.next() as u8;
+                msg[i] = rng.next_u64() as u8;
             }
             if rng.below(4) == 0 {
                 msg.truncate(rng.below(msg.len() as u64 + 1) as usize);
@@ -166,7 +154,7 @@ fn round(h: &Harness<MemFs>, rng: &mut Rng, unique: &mut u64) -> (usize, usize) 
             let addr = match rng.below(4) {
                 0 => MEM - rng.below(64),
                 1 => u64::MAX - rng.below(4096),
-                2 => rng.next(),
+                2 => rng.next_u64(),
                 _ => DATA + rng.below(MEM - DATA),
             };
             let flags =
@@ -174,9 +162,9 @@ fn round(h: &Harness<MemFs>, rng: &mut Rng, unique: &mut u64) -> (usize, usize) 
             let next = match rng.below(3) {
                 0 => i, // a loop
                 1 => head,
-                _ => rng.next() as u16,
+                _ => rng.next_u64() as u16,
             };
-            h.desc(i, addr, rng.next() as u32 % 200_000, flags, next);
+            h.desc(i, addr, rng.next_u64() as u32 % 200_000, flags, next);
         }
         if next_desc + 8 >= QSIZE {
             break;
@@ -185,7 +173,7 @@ fn round(h: &Harness<MemFs>, rng: &mut Rng, unique: &mut u64) -> (usize, usize) 
     if rng.below(10) == 0 {
         // Hostile avail ring: heads out of range or repeated.
         let k = rng.below(heads.len() as u64) as usize;
-        heads[k] = rng.next() as u16;
+        heads[k] = rng.next_u64() as u16;
     }
     if rng.below(50) == 0 {
         // A flood: one head published again and again (a full ring).
@@ -268,7 +256,7 @@ fn hostile_chains_never_crash_the_device() {
             ..DeviceConfig::default()
         },
     );
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let mut unique = 0;
     let (mut published, mut ok) = (0, 0);
     // After a warm-up, what the daemon (this process) holds may not grow

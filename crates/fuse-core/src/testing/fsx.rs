@@ -7,6 +7,7 @@
 //!
 //! A run is reproducible from its seed (one caller per file).
 
+use super::rng::Rng;
 use crate::abi::{fattr, SetattrIn};
 use crate::client::Client;
 use crate::Errno;
@@ -101,20 +102,6 @@ pub enum FsxError {
     },
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// Runs `cfg.ops` operations on a new file `name` in directory `dir`
 /// (O_RDWR, created or truncated), checking every read and size.
 pub fn run(c: &Client, dir: u64, name: &[u8], cfg: FsxConfig) -> Result<FsxReport, FsxError> {
@@ -131,7 +118,7 @@ pub fn run(c: &Client, dir: u64, name: &[u8], cfg: FsxConfig) -> Result<FsxRepor
     let node = e.nodeid;
     let mut fh = o.fh;
     let mut model: Vec<u8> = Vec::new();
-    let mut r = Rng(cfg.seed);
+    let mut r = Rng::new(cfg.seed);
     let mut rep = FsxReport::default();
     for op in 1..=cfg.ops {
         let len = model.len() as u64;
@@ -139,7 +126,7 @@ pub fn run(c: &Client, dir: u64, name: &[u8], cfg: FsxConfig) -> Result<FsxRepor
             0..=29 => {
                 let off = r.below(cfg.max_len);
                 let n = (1 + r.below(cfg.max_op)).min(cfg.max_len - off);
-                let data: Vec<u8> = (0..n).map(|_| r.next() as u8).collect();
+                let data: Vec<u8> = (0..n).map(|_| r.next_u64() as u8).collect();
                 let wrote = c
                     .write(node, fh, off, &data, 0)
                     .map_err(fail(op, "write"))?;
