@@ -7,48 +7,10 @@
 mod common;
 
 use common::*;
-use fuse_core::abi::{Attr, GetattrIn, Opcode};
-use fuse_core::server::{Ctx, Filesystem, FsResult};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_fs::DeviceConfig;
-use zerocopy::IntoBytes;
-
-/// GETATTR from uid 4242 spins until `go`; others answer at once.
-#[derive(Clone, Default)]
-struct Spin {
-    go: Arc<AtomicBool>,
-    hung: Arc<AtomicUsize>,
-}
-
-impl Filesystem for Spin {
-    type Inode = u64;
-    type Handle = u64;
-    type Io = ();
-
-    fn new_io(&self, _: fuse_core::server::Wake) {}
-    fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
-        if ctx.uid == 4242 {
-            self.hung.fetch_add(1, Ordering::SeqCst);
-            while !self.go.load(Ordering::SeqCst) {
-                std::hint::spin_loop();
-            }
-        }
-        dir_attr(ino)
-    }
-}
-
-fn getattr(unique: u64, uid: u32) -> Vec<u8> {
-    use zerocopy::FromZeros;
-    request_as(
-        Opcode::Getattr,
-        unique,
-        uid,
-        GetattrIn::new_zeroed().as_bytes(),
-    )
-}
 
 fn resume_pending(fd: i32) -> bool {
     let mut p = libc::pollfd {
@@ -76,7 +38,10 @@ fn wait(what: &str, mut f: impl FnMut() -> bool) {
 /// B left in the avail ring with neither is stranded (the guest already
 /// kicked for it).
 fn run(event_idx: bool, spread: u64) {
-    let fs = Spin::default();
+    let fs = HangFs {
+        spin: true,
+        ..HangFs::default()
+    };
     let h = Harness::new(
         fs.clone(),
         DeviceConfig {
@@ -103,14 +68,14 @@ fn run(event_idx: bool, spread: u64) {
         if Instant::now() > deadline {
             break;
         }
-        fs.go.store(false, Ordering::SeqCst);
+        fs.release.store(false, Ordering::SeqCst);
         let hung = fs.hung.load(Ordering::SeqCst);
         idx = h.publish_from(idx, &[a]);
         h.kick(&vring, 1);
         wait("A on a worker", || fs.hung.load(Ordering::SeqCst) > hung);
         idx = h.publish_from(idx, &[b]);
         // Let A go somewhere before B's pop and send.
-        fs.go.store(true, Ordering::SeqCst);
+        fs.release.store(true, Ordering::SeqCst);
         for _ in 0..(i * 37) % spread {
             std::hint::spin_loop();
         }
@@ -132,7 +97,7 @@ fn run(event_idx: bool, spread: u64) {
         assert_eq!(h.reply(rb).error, 0);
         assert_eq!(h.reply(ra).error, 0);
     }
-    fs.go.store(true, Ordering::SeqCst);
+    fs.release.store(true, Ordering::SeqCst);
     let s = &h.dev.stats().queues[1];
     eprintln!(
         "stalls {} malformed {} (resumed {stalls_seen}), popped to {}, avail {idx}",

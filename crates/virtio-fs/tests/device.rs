@@ -7,10 +7,10 @@
 mod common;
 
 use common::*;
-use fuse_core::abi::{Attr, GetattrIn, Opcode};
-use fuse_core::server::{Ctx, Filesystem, FsResult};
+use fuse_core::abi::Opcode;
+use fuse_core::server::Filesystem;
 use fuse_core::Errno;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
@@ -18,64 +18,11 @@ use virtio_fs::DeviceConfig;
 use vm_memory::Bytes;
 use zerocopy::{FromZeros, IntoBytes};
 
-/// GETATTR from uid 4242 hangs until released; others answer at once.
-#[derive(Clone, Default)]
-struct Hang {
-    release: Arc<AtomicBool>,
-    hung: Arc<AtomicUsize>,
-    finished: Arc<AtomicUsize>,
-    /// Uniques the device asked the backend to give up on; one ends the
-    /// hang.
-    interrupted: Arc<std::sync::Mutex<Vec<u64>>>,
-    hung_unique: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Filesystem for Hang {
-    type Inode = u64;
-    type Handle = u64;
-    type Io = ();
-
-    fn new_io(&self, _: fuse_core::server::Wake) {}
-    fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
-        if ctx.uid == 4242 {
-            self.hung_unique.store(ctx.unique, Ordering::SeqCst);
-            self.hung.fetch_add(1, Ordering::SeqCst);
-            while !self.release.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            self.finished.fetch_add(1, Ordering::SeqCst);
-        }
-        Ok((
-            Attr {
-                ino,
-                mode: libc::S_IFDIR | 0o755,
-                nlink: 2,
-                ..Attr::new_zeroed()
-            },
-            Duration::ZERO,
-        ))
-    }
-    fn interrupt(&self, unique: u64) {
-        self.interrupted.lock().unwrap().push(unique);
-        self.release.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Releases the hang when dropped, before the harness (declared after it),
-/// so that a failing assertion does not leave the engine's workers hung
-/// in Drop.
-struct ReleaseOnDrop(Arc<AtomicBool>);
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 /// A device whose engine admits one background request at a time, in
-/// front of a `Hang` that is released when the guard (dropped before the
+/// front of a `HangFs` that is released when the guard (dropped before the
 /// harness) goes.
-fn one_slot() -> (Hang, Harness<Hang>, ReleaseOnDrop) {
-    let fs = Hang::default();
+fn one_slot() -> (HangFs, Harness<HangFs>, ReleaseOnDrop) {
+    let fs = HangFs::default();
     let h = Harness::new(
         fs.clone(),
         DeviceConfig {
@@ -87,15 +34,6 @@ fn one_slot() -> (Hang, Harness<Hang>, ReleaseOnDrop) {
     );
     let release = ReleaseOnDrop(fs.release.clone());
     (fs, h, release)
-}
-
-fn getattr(unique: u64, uid: u32) -> Vec<u8> {
-    request_as(
-        Opcode::Getattr,
-        unique,
-        uid,
-        GetattrIn::new_zeroed().as_bytes(),
-    )
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -111,7 +49,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn a_hung_backend_times_out_and_the_queue_keeps_moving() {
-    let fs = Hang::default();
+    let fs = HangFs::default();
     let h = Harness::new(
         fs.clone(),
         DeviceConfig {
@@ -183,7 +121,7 @@ fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
 
 #[test]
 fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
-    let h = Harness::new(Hang::default(), DeviceConfig::default());
+    let h = Harness::new(HangFs::default(), DeviceConfig::default());
     vhost_user_backend::VhostUserBackend::set_event_idx(&h.dev, true);
     let vring = h.vring();
     vring.set_queue_event_idx(true);
@@ -231,7 +169,7 @@ fn lock_calls_and_releases_are_never_held_back_by_admission() {
 fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
     // GET_VRING_BASE before a migration: the request a ring worker is
     // serving is answered into the used ring before the stop returns.
-    let fs = Hang::default();
+    let fs = HangFs::default();
     let h = Arc::new(Harness::new(fs.clone(), DeviceConfig::default()));
     let _release = ReleaseOnDrop(fs.release.clone());
     let vring = h.vring();
@@ -260,7 +198,7 @@ fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
 
 #[test]
 fn replies_of_a_stopped_ring_never_reach_the_guest() {
-    let fs = Hang::default();
+    let fs = HangFs::default();
     // The stop waits this long for the hung request, then gives it up.
     let cfg = DeviceConfig {
         ring_stop_drain: Duration::from_millis(50),
@@ -290,10 +228,10 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
 }
 
 /// A device whose vring thread serves every request itself (standby
-/// workers for the watchdog), in front of a `Hang` released when the
+/// workers for the watchdog), in front of a `HangFs` released when the
 /// guard goes.
-fn serving_in_line() -> (Hang, Arc<Harness<Hang>>, ReleaseOnDrop) {
-    let fs = Hang::default();
+fn serving_in_line() -> (HangFs, Arc<Harness<HangFs>>, ReleaseOnDrop) {
+    let fs = HangFs::default();
     let h = Arc::new(Harness::new(fs.clone(), in_line_with_standby()));
     let release = ReleaseOnDrop(fs.release.clone());
     (fs, h, release)

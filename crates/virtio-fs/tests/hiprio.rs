@@ -8,9 +8,9 @@
 mod common;
 
 use common::*;
-use fuse_core::abi::{Attr, ForgetIn, GetattrIn, Opcode};
-use fuse_core::server::{Ctx, Filesystem, FsResult, Wake};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use fuse_core::abi::{ForgetIn, GetattrIn, Opcode};
+use fuse_core::server::{Filesystem, Wake};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vhost_user_backend::{VhostUserBackend, VringT};
@@ -88,43 +88,6 @@ fn a_forget_is_served_in_the_kick_that_takes_it() {
     assert_eq!(h.dev.engine().chan().forgets_queued(), 0);
 }
 
-/// A filesystem whose GETATTR from uid 4242 hangs until released; counts
-/// the lookups its forgets drop.
-#[derive(Clone, Default)]
-struct HangGetattr {
-    hung: Arc<AtomicBool>,
-    release: Arc<AtomicBool>,
-    dropped: Arc<AtomicU64>,
-}
-
-impl Filesystem for HangGetattr {
-    type Inode = u64;
-    type Handle = u64;
-    type Io = ();
-
-    fn new_io(&self, _: Wake) {}
-    fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
-        if ctx.uid == 4242 {
-            self.hung.store(true, Ordering::SeqCst);
-            while !self.release.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-        dir_attr(ino)
-    }
-    fn forget(&self, _ino: u64, nlookup: u64) {
-        self.dropped.fetch_add(nlookup, Ordering::SeqCst);
-    }
-}
-
-/// Releases the hang when dropped (before the harness).
-struct Release(Arc<AtomicBool>);
-impl Drop for Release {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 /// The hiprio ring, at its own addresses (request queue 0 has the
 /// harness's).
 const HP_DESC: u64 = 0x60000;
@@ -134,9 +97,9 @@ const HP_DATA: u64 = 0x64000;
 
 #[test]
 fn forgets_are_served_while_request_queue_0s_thread_hangs_in_line() {
-    let fs = HangGetattr::default();
+    let fs = HangFs::default();
     let h = Arc::new(Harness::new(fs.clone(), in_line_with_standby()));
-    let _release = Release(fs.release.clone());
+    let _release = ReleaseOnDrop(fs.release.clone());
     // Vring thread 0's vrings, as the event loop hands them over: hiprio,
     // then request queue 0.
     let vrings = vec![ring_at(&h, HP_DESC, HP_AVAIL, HP_USED), h.vring()];
@@ -148,7 +111,7 @@ fn forgets_are_served_while_request_queue_0s_thread_hangs_in_line() {
     // serves the GETATTR in line and hangs in it.
     let thread0 = std::thread::spawn(move || dev.handle_event(1, EventSet::IN, &v2, 0).unwrap());
     wait_for("the GETATTR to hang in line", || {
-        fs.hung.load(Ordering::SeqCst)
+        fs.hung.load(Ordering::SeqCst) > 0
     });
     // The guest forgets 3 lookups on hiprio; the thread that would take
     // the kick hangs.

@@ -4,66 +4,12 @@
 mod common;
 
 use common::*;
-use fuse_core::abi::{Attr, GetattrIn, InHeader, Opcode, ReadIn};
-use fuse_core::server::{Ctx, Filesystem, FsResult, ReadSink};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use fuse_core::abi::{InHeader, Opcode, ReadIn};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtio_fs::DeviceConfig;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
-
-/// GETATTR and READ from uid 4242 hang until released; others answer at
-/// once.
-#[derive(Clone, Default)]
-struct Hang {
-    release: Arc<AtomicBool>,
-    hung: Arc<AtomicUsize>,
-    finished: Arc<AtomicUsize>,
-}
-
-impl Hang {
-    fn maybe_hang(&self, ctx: &Ctx) {
-        if ctx.uid == 4242 {
-            self.hung.fetch_add(1, Ordering::SeqCst);
-            while !self.release.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            self.finished.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Filesystem for Hang {
-    type Inode = u64;
-    type Handle = u64;
-    type Io = ();
-
-    fn new_io(&self, _: fuse_core::server::Wake) {}
-    fn getattr(&self, ctx: &Ctx, ino: u64, _fh: Option<u64>) -> FsResult<(Attr, Duration)> {
-        self.maybe_hang(ctx);
-        dir_attr(ino)
-    }
-    fn read(&self, ctx: &Ctx, _: u64, _: u64, _: u64, _: &mut dyn ReadSink) -> FsResult<usize> {
-        self.maybe_hang(ctx);
-        Ok(0)
-    }
-}
-
-struct ReleaseOnDrop(Arc<AtomicBool>);
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
-fn getattr(unique: u64, uid: u32) -> Vec<u8> {
-    request_as(
-        Opcode::Getattr,
-        unique,
-        uid,
-        GetattrIn::new_zeroed().as_bytes(),
-    )
-}
 
 fn read(unique: u64, uid: u32) -> Vec<u8> {
     let r = ReadIn {
@@ -95,7 +41,7 @@ fn within(d: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn a_read_answered_in_line_is_not_held_behind_the_next_read_that_hangs() {
-    let fs = Hang::default();
+    let fs = HangFs::default();
     let h = Arc::new(Harness::new(fs.clone(), inline()));
     let _release = ReleaseOnDrop(fs.release.clone());
     let vring = h.vring();
@@ -118,7 +64,7 @@ fn a_read_answered_in_line_is_not_held_behind_the_next_read_that_hangs() {
 
 #[test]
 fn a_refused_chain_popped_with_one_that_hangs_in_line_is_answered_meanwhile() {
-    let fs = Hang::default();
+    let fs = HangFs::default();
     let h = Arc::new(Harness::new(fs.clone(), inline()));
     let _release = ReleaseOnDrop(fs.release.clone());
     let vring = h.vring();
@@ -143,7 +89,7 @@ fn a_refused_chain_popped_with_one_that_hangs_in_line_is_answered_meanwhile() {
 
 #[test]
 fn a_malformed_chain_is_not_published_after_its_ring_was_stopped() {
-    let fs = Hang::default();
+    let fs = HangFs::default();
     let h = Arc::new(Harness::new(
         fs.clone(),
         DeviceConfig {
@@ -177,7 +123,7 @@ fn a_malformed_chain_is_not_published_after_its_ring_was_stopped() {
 
 #[test]
 fn the_latency_of_a_request_served_in_line_counts_its_service_time() {
-    let fs = Hang::default();
+    let fs = HangFs::default();
     let h = Arc::new(Harness::new(fs.clone(), inline()));
     let _release = ReleaseOnDrop(fs.release.clone());
     let vring = h.vring();

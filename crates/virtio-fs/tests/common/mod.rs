@@ -416,3 +416,102 @@ pub fn in_line_with_standby() -> DeviceConfig {
         ..DeviceConfig::default()
     }
 }
+
+/// The uid whose GETATTRs and READs [`HangFs`] holds.
+pub const HANG_UID: u32 = 4242;
+
+/// A filesystem whose GETATTR and READ from [`HANG_UID`] hang until
+/// `release` is set (others answer at once: a directory's attributes, an
+/// empty read). `hung` counts the requests that began hanging, `finished`
+/// those that ended; `hung_unique` is the last one's unique. An interrupt
+/// is recorded in `interrupted` and sets `release`; forgotten lookups add
+/// up in `dropped`. With `spin` it busy-waits instead of sleeping 2 ms
+/// between looks (for races that want the waiter on a CPU).
+#[derive(Clone, Default)]
+pub struct HangFs {
+    pub release: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub spin: bool,
+    pub hung: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub finished: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub hung_unique: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub interrupted: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+    pub dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl HangFs {
+    fn maybe_hang(&self, ctx: &fuse_core::server::Ctx) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if ctx.uid != HANG_UID {
+            return;
+        }
+        self.hung_unique.store(ctx.unique, SeqCst);
+        self.hung.fetch_add(1, SeqCst);
+        while !self.release.load(SeqCst) {
+            if self.spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        self.finished.fetch_add(1, SeqCst);
+    }
+}
+
+impl Filesystem for HangFs {
+    type Inode = u64;
+    type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
+    fn getattr(
+        &self,
+        ctx: &fuse_core::server::Ctx,
+        ino: u64,
+        _fh: Option<u64>,
+    ) -> fuse_core::server::FsResult<(fuse_core::abi::Attr, std::time::Duration)> {
+        self.maybe_hang(ctx);
+        dir_attr(ino)
+    }
+    fn read(
+        &self,
+        ctx: &fuse_core::server::Ctx,
+        _: u64,
+        _: u64,
+        _: u64,
+        _: &mut dyn fuse_core::server::ReadSink,
+    ) -> fuse_core::server::FsResult<usize> {
+        self.maybe_hang(ctx);
+        Ok(0)
+    }
+    fn interrupt(&self, unique: u64) {
+        fuse_core::locks::lock(&self.interrupted).push(unique);
+        self.release
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn forget(&self, _ino: u64, nlookup: u64) {
+        self.dropped
+            .fetch_add(nlookup, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Sets its flag when dropped: declared after a harness, it releases a
+/// [`HangFs`] before the harness goes, so a failing assertion does not
+/// leave the engine's workers hung in its drop.
+pub struct ReleaseOnDrop(pub std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A GETATTR request from `uid`.
+pub fn getattr(unique: u64, uid: u32) -> Vec<u8> {
+    use zerocopy::FromZeros;
+    request_as(
+        Opcode::Getattr,
+        unique,
+        uid,
+        fuse_core::abi::GetattrIn::new_zeroed().as_bytes(),
+    )
+}
