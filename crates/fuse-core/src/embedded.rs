@@ -1,10 +1,9 @@
 //! "Kernel in a box": start the engine around any [`Filesystem`], in
 //! process, perform INIT, and talk to it with a POSIX-like [`Client`] whose
 //! calls travel as FUSE requests through the [`Chan`] with the kernel's
-//! admission, interrupts, timeouts and abort. No root, no mount, no VM.
-//! A test harness: the engine and its workers are a
-//! [`server::Engine`](crate::server::Engine), which products use directly;
-//! this adds the client and a trace of what the server saw.
+//! admission, interrupts, timeouts and abort. No root, no mount, no VM. A
+//! test harness: products use the engine ([`server::Engine`](crate::server::Engine))
+//! directly; this adds the client and a trace of what the server saw.
 //!
 //! ```
 //! use fuse_core::embedded::{Embedded, Options};

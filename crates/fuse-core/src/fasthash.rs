@@ -1,7 +1,9 @@
 //! A hasher for the small integer keys of the per-request maps on the
 //! serving path (uniques, slot indexes, op ids): the standard SipHash is
 //! built to resist hostile keys, which these are not (the daemon makes
-//! them), and cost a few percent of a cached READ.
+//! them), and costs a measurable part of a cached READ (docs/BENCHMARKS.md,
+//! "The short request path, second steps"). Keys a client or a migration
+//! stream can choose keep the standard hasher.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

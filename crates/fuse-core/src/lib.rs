@@ -3,24 +3,16 @@
 //! benchmarked with the kernel's admission, interrupt, abort and timeout
 //! semantics — without a kernel, a mount or root.
 //!
-//! - [`abi`]: protocol 7.45 constants and structs, bounds-checked decoders.
-//! - the engine ([`Chan`], its requests [`Args`] and results [`ReqResult`],
-//!   the [`Transport`] vtable) and its in-process device ([`Device`]), at
-//!   the crate root (their module, `chan`, is private);
+//! - [`abi`]: protocol 7.45 constants and structs, bounds-checked decoders;
+//! - the engine ([`Chan`], [`Args`], [`ReqResult`], the [`Transport`]
+//!   vtable) and its in-process [`Device`], at the crate root;
 //! - [`dev_uring`]: the emulated kernel side of FUSE-over-io_uring;
 //! - [`server`]: server workers, the dispatcher and the `Filesystem` trait;
 //! - [`client`], [`embedded`]: a FUSE client over the engine, and a test
-//!   harness that runs one against a filesystem;
-//! - `testing` (feature `test-utils`): an in-memory filesystem and an
-//!   fsx-style checker for tests.
+//!   harness; `testing` (feature `test-utils`): an in-memory filesystem, fsx.
 //!
-//! Each public item has one path: modules are private where their items
-//! are re-exported, and re-exports are named, never globs.
-//!
-//! This crate performs no host I/O and contains no `unsafe` code; its one
-//! `unsafe` item is the declaration of the [`ClientMem`] contract,
-//! which transports that map a client's memory implement. Its real
-//! synchronisation code is model-checked with loom (`tests/loom.rs`).
+//! No host I/O; no `unsafe` code but the declaration of the [`ClientMem`]
+//! contract; its synchronisation is model-checked with loom (`tests/loom.rs`).
 
 #![deny(unsafe_code)]
 

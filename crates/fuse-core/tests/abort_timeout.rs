@@ -1,5 +1,8 @@
-//! Abort, (f) request timeouts, and the device's handling of malformed
-//! replies.
+//! Abort, request timeouts, and the device's handling of malformed
+//! replies. The letter in the test names is the scenario (the others: (a),
+//! (b) and (e) in `admission.rs`, (c) and (d) in `signals.rs`):
+//! - (f) a server that stops answering is aborted within the request
+//!   timeout plus one scan period; one that keeps answering never is.
 
 mod common;
 use common::*;

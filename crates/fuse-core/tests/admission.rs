@@ -1,5 +1,12 @@
-//! Kernel scenarios (a) and (b): background admission and wake-up, and (e)
-//! INIT and ring-ready gating.
+//! Background admission and INIT gating, as the kernel does them. The
+//! letters in the test names are the scenarios (the others: (c) and (d) in
+//! `signals.rs`, (f) in `abort_timeout.rs`):
+//! - (a) raising max_background admits parked background requesters at
+//!   once, in arrival order, ahead of callers that come later;
+//! - (b) a fixed pool of requesters at the limit takes up quota added
+//!   later (the pre-fix single wake-up does not);
+//! - (e) nothing is admitted before INIT, nor before every ring queue has
+//!   an entry; an INIT without limits keeps those set before it.
 
 mod common;
 use common::*;

@@ -1,5 +1,11 @@
-//! Kernel scenarios (c) kill during a reply copy and (d) interrupt vs
-//! resend, plus interrupt semantics.
+//! Kills and interrupts, as the kernel does them. The letters in the test
+//! names are the scenarios (the others: (a), (b) and (e) in
+//! `admission.rs`, (f) in `abort_timeout.rs`):
+//! - (c) a kill during a reply copy waits for the copy (and, for an
+//!   abort-on-kill request, aborts the connection);
+//! - (d) interrupt against NOTIFY_RESEND: a resent request is not SENT and
+//!   queues no interrupt, a resend drops the interrupts queued for its
+//!   request, and an ended request leaves none.
 
 mod common;
 use common::*;

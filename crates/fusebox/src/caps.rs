@@ -3,20 +3,16 @@
 //!
 //! The list is virtiofsd's syntax, `+name:-name:...`, names as in
 //! capabilities(7) without `CAP_`, in any case. It modifies virtiofsd's
-//! default set — chown, dac_override, fowner, fsetid, setgid, setuid, mknod,
-//! setfcap, plus dac_read_search while inode file handles are in use
-//! (`--inode-file-handles`) and, fusebox's own, ipc_lock with
-//! `--fixed-guest-memory` (pinning guest RAM counts against
-//! RLIMIT_MEMLOCK otherwise) — and the serving process keeps exactly the
-//! result: every other capability leaves its effective, permitted,
-//! inheritable, ambient and bounding sets, on every thread, before the
-//! first request is served. An unknown name, an item without `+`/`-`, an
-//! empty item: an error at start.
-//!
-//! Without --modcaps fusebox keeps the capabilities it was started with
-//! (virtiofsd drops to its default set): requests still run with the
-//! caller's credentials (`passthrough/src/creds.rs`), which
-//! take the file-system capabilities away from every caller but root.
+//! default set — chown, dac_override, fowner, fsetid, setgid, setuid,
+//! mknod, setfcap, plus dac_read_search with `--inode-file-handles` and,
+//! fusebox's own, ipc_lock with `--fixed-guest-memory` (pinning guest RAM
+//! counts against RLIMIT_MEMLOCK otherwise) — and the serving process keeps
+//! exactly the result, in every set and on every thread, before the first
+//! request. An unknown name, an item without `+`/`-`, an empty item: an
+//! error at start. Without --modcaps fusebox keeps the capabilities it was
+//! started with (virtiofsd drops to its default set): requests still run
+//! with the caller's credentials (`passthrough/src/creds.rs`),
+//! which take the file-system capabilities away from every caller but root.
 
 use std::str::FromStr;
 

@@ -313,10 +313,10 @@ pub struct VhostArgs {
     /// these.
     #[arg(long, conflicts_with = "no_io_uring")]
     pub fixed_guest_memory: bool,
-    /// READs a queue thread starts before it submits them to the host and
-    /// answers those already done (also how many in-line answers share
-    /// one guest notification). Small chunks let the guest refill its
-    /// queue while the rest are served.
+    /// Requests (READ, WRITE, FSYNC, FALLOCATE) a queue thread starts
+    /// before it submits them to the host and answers those already done
+    /// (also how many in-line answers share one guest notification). Small
+    /// chunks let the guest refill its queue while the rest are served.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub submit_batch: u32,
     /// How long, in microseconds, a queue thread serves in line before it

@@ -438,7 +438,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         ..ServerConfig::default()
     };
     // Requests each serving thread keeps in flight: a ring queue's, or a
-    // /dev/fuse worker's (one, the old way, with --in-flight 1).
+    // /dev/fuse worker's (one at a time, `serve_device`, with --in-flight 1).
     let depth = usize::from(a.in_flight);
     let dev_depth = (!a.io_uring && depth > 1).then_some(depth);
     if a.io_uring {

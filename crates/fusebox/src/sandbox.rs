@@ -1,23 +1,18 @@
 //! --sandbox: confine the daemon to the shared directory.
 //!
 //! `namespace` (as virtiofsd's): new mount, pid and net namespaces; the
-//! process that was started stays outside, forwards stop signals and exits
-//! with the sandboxed child's status. In the child (pid 1 of its
-//! namespace) mounts made inside stop propagating out (MS_SLAVE), the shared directory is bind-mounted
-//! onto itself and a fresh /proc is mounted; once the passthrough
-//! filesystem holds its fds (the root, /proc/self/fd), the shared
-//! directory becomes the root (pivot_root) and the old root is detached.
-//! Started by a user other than root, `namespace` also makes a new user
-//! namespace in which the daemon is root, mapped to the user that started
-//! it (its uid and gid, nothing else: every request then runs as that
-//! user, whatever guest id made it, as with `--sandbox none` started so),
-//! or to what `--uid-map` and `--gid-map` say (`userns.rs`; requests then
-//! run as their guest ids, EPERM for ids the ranges leave out);
-//! everything else is the same.
-//! `chroot`: chroot(2) into the shared directory at the same point.
-//! Everything the daemon does afterwards goes through those fds (xattrs
-//! included, which needs the `*xattrat` calls of Linux 6.13: fusebox
-//! refuses `--xattr` in a sandbox without them).
+//! process started stays outside, forwards stop signals and exits with the
+//! child's status. The child (pid 1 of its namespace) makes its mounts
+//! slaves, binds the shared directory onto itself and mounts a fresh
+//! /proc; once the passthrough holds its fds (the root, /proc/self/fd),
+//! the shared directory becomes the root (pivot_root) and the old root is
+//! detached. Started by a user other than root it also makes a user
+//! namespace, mapped to that user alone (every request runs as it) or to
+//! `--uid-map`/`--gid-map` (`userns.rs`: requests run as their own ids,
+//! EPERM for ids left out). `chroot`: chroot(2) into the shared directory
+//! at the same point. Everything the daemon does afterwards goes through those fds
+//! (xattrs too, which needs the `*xattrat` calls of Linux 6.13: fusebox
+//! refuses `--xattr` in a sandbox without them). See docs/DESIGN.md.
 
 use crate::cli::Sandbox;
 use crate::userns::{Maps, NsIdMap};

@@ -1,35 +1,18 @@
 //! A small io_uring driver for one worker thread.
 //!
-//! - An operation owns its buffer from submission until its completion: the
-//!   buffer lives in the driver's slot table (indexed by `user_data`), not
-//!   with the caller. A caller that gives up on an op ([`Driver::forget`])
-//!   leaves the buffer parked there until the CQE arrives.
+//! - An op owns its buffer from submission until its completion, in the
+//!   driver's slot table (indexed by `user_data`); an op the caller gives
+//!   up on ([`Driver::forget`]) leaves it there until the CQE arrives.
 //! - Dropping the driver cancels everything in flight and waits for every
 //!   completion before the ring and its buffers are freed (`teardown.rs`).
-//! - Submissions are batched: ops are queued and submitted together by
-//!   [`Driver::submit`] or when waiting.
-//! - At start-up the driver probes the opcodes it uses and falls back to
-//!   the plain syscall (pread/pwrite) where one is missing.
-//! - Fixed buffers: memory regions owned by the driver are registered once
-//!   (in pieces of at most 1 GiB) for READ_FIXED/WRITE_FIXED; or a
-//!   client's memory map (guest RAM), for READ(V)_FIXED/WRITE(V)_FIXED
-//!   straight into it; fixed files.
-//! - An op carries a key (the FUSE request's unique): [`Driver::cancel`]
-//!   cancels every op with that key (ASYNC_CANCEL); an op may carry a
-//!   deadline (a linked LINK_TIMEOUT).
-//!
-//! Files: this one (the slot table, queueing, submitting, reaping,
-//! waiting, cancelling), `owned.rs` (ops on memory the driver owns: the
-//! slot's buffer, its registered regions), `blocking.rs` (ops on memory
-//! the caller borrows, waited for before returning), `vectored.rs`
-//! (vectored ops on a client's memory, its registered map), `started.rs`
-//! (ops left running on a client's memory), `personality.rs`,
-//! `teardown.rs` (Drop).
-//!
-//! Unsafe: every SQE that names memory reaches the kernel through
-//! [`Driver::push_all`], an `unsafe fn` whose contract is that the memory
-//! the SQE names outlives the op; each caller says why that holds for what
-//! it pushes. (Drop's cancels, which name no memory, are pushed directly.)
+//! - Ops are queued and submitted together ([`Driver::submit`], or when
+//!   waiting); missing opcodes fall back to pread/pwrite (probed at start).
+//! - Fixed buffers (regions the driver owns, or a client's memory map) and
+//!   fixed files; an op carries a key, the request's unique, for
+//!   [`Driver::cancel`], and may carry a deadline (LINK_TIMEOUT).
+//! - Unsafe: every SQE that names memory goes through [`Driver::push_all`],
+//!   an `unsafe fn` whose contract is that the memory outlives the op; each
+//!   caller says why that holds (Drop's cancels name none).
 
 mod blocking;
 mod owned;
@@ -200,10 +183,10 @@ impl Driver {
         let ring = IoUring::new(entries).map_err(DriverError::Setup)?;
         // As many io-wq workers for file ops (syncs, fallocates, large
         // reads handed off) as the ring holds entries: the kernel's default,
-        // 4 per CPU, held 16 FSYNCs in flight on this 2-CPU host to 8 at a
-        // time (the device's syncwrite-16 row: 1.2-1.4x ops/s with 32,
-        // 1.1-1.3x more with 64; docs/BENCHMARKS.md). Best effort: the
-        // limit is per thread (its io-wq), unbounded work keeps its own.
+        // 4 per CPU, runs fewer blocking ops at once than a small host's
+        // ring has in flight (docs/BENCHMARKS.md, "FSYNCs on the vring
+        // thread's io_uring"). Best effort: the limit is per thread (its
+        // io-wq), unbounded work keeps its own.
         let _ = ring
             .submitter()
             .register_iowq_max_workers(&mut [entries, 0]);

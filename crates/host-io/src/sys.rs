@@ -6,14 +6,11 @@
 //! (`locks.rs`, under the waiters' lock).
 //!
 //! Every raw syscall of the passthrough is here, in one file on purpose
-//! (past the usual length): one flat list of wrappers, each a few lines,
-//! to audit in one read. The only other `unsafe` in the passthrough is
-//! I/O on a client's memory, which cannot be made safe here: fuse-core's
-//! `unsafe trait ClientMem` promises that a client's spans stay mapped
-//! while held for I/O, and the code that holds them (`client_io.rs` with
-//! its `IoGuard`; `started.rs` and `started/write.rs` between `begin_io`
-//! and `end_io`) is where that promise is discharged into the driver's
-//! `unsafe fn`s and [`preadv_nowait`].
+//! (past the usual length): one flat list of wrappers to audit in one read.
+//! The only other `unsafe` in the passthrough is I/O on a client's memory
+//! (fuse-core's `unsafe trait ClientMem`), discharged where the memory is
+//! held for I/O: `client_io.rs` (its `IoGuard`), and `started.rs` and
+//! `started/write.rs` (between `begin_io` and `end_io`).
 
 use fuse_core::Errno;
 use std::ffi::{CStr, CString};

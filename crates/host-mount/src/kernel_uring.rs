@@ -1,47 +1,18 @@
 //! The host kernel's FUSE-over-io_uring ring: [`KernelQueue`], one queue
-//! of it, served either by [`serve::serve_queue`] (many requests in flight
-//! per thread, READs started without waiting: what `fusebox mount
-//! --io-uring` runs) or, as a [`fuse_core::server::RingTransport`], by
-//! `run_ring_worker` (the code that serves the emulated ring; one request
-//! at a time).
+//! of it (the kernel has one per possible CPU), each with its own io_uring
+//! of 128-byte SQEs on `/dev/fuse`, served either by [`serve::serve_queue`]
+//! (many requests in flight per thread: `fusebox mount --io-uring`) or, as
+//! a [`fuse_core::server::RingTransport`], by `run_ring_worker` (one
+//! request at a time).
 //!
-//! One [`KernelQueue`] per queue (the kernel has one per possible CPU),
-//! each with its own io_uring of 128-byte SQEs on `/dev/fuse`. An entry's
-//! buffers (the 288-byte header and the iovec pair REGISTER points at) live
-//! in a `Box` that is owned by the in-flight table from the moment its
-//! command is queued until its completion is reaped, and by the serving
-//! thread in between: the kernel never holds a pointer into memory someone
-//! else owns. Its payload buffer is a slot of the queue's `arena`, held
-//! through an `Arc` by the entry and by any READ running into it; what
-//! the filesystem is lent of it (`arena::PayloadMem`) works only until the
-//! entry is sent again: every command first takes the slot back.
-//!
-//! Entry lifecycle ([`EntState`]; the kernel's own states in brackets):
-//!
-//! ```text
-//!  New ─REGISTER─▶ Fetching ─CQE 0─▶ Fetched ─take─▶ Serving ─answered──────▶ Fetching
-//!  [INVALID]       [AVAILABLE,                       [USERSPACE]  │         (COMMIT_AND_FETCH)
-//!                   FUSE_REQ]                                     ├─READ started─▶ Started
-//!                                                                 │   Started ─I/O done─▶ Fetching
-//!                                                                 └─SETLKW waits─▶ Parked
-//!                                                                     Parked ─answer─▶ Fetching
-//!  Fetching ─CQE error (ENOTCONN at teardown)─▶ dropped (memory ours again)
-//! ```
-//!
-//! `Fetching` entries are in `State::inflight` and `Fetched` ones in
-//! `State::done`, both guarded by the `Shared::state` mutex; `Serving`,
-//! `Started` and `Parked` entries are owned by the one serving thread
-//! (in its own maps, no lock). Only the serving thread moves entries.
-//!
-//! Waiting: the serving thread waits in one io_uring_enter for completions
-//! of this queue's commands, for a poll on an eventfd that
-//! [`KernelQueue::wake_queue`] writes (a parked request or a READ answered
-//! on another thread), and, with [`serve`], for a poll on the
-//! filesystem's completion eventfd.
-//!
-//! Lock: `State` (the ring, the in-flight table, completed entries) is
-//! guarded by one mutex, held by the serving thread while it waits in
-//! io_uring_enter; other threads only write the eventfd.
+//! An entry's header and iovec pair live in a `Box` owned by the in-flight
+//! table while its command is in flight and by the serving thread in
+//! between: the kernel never holds a pointer into memory someone else owns.
+//! Its payload buffer is a slot of the queue's `arena`; every command first
+//! takes the slot back from what the filesystem was lent of it. Entries
+//! move through [`EntState`], only on the serving thread. That thread waits
+//! in one io_uring_enter, holding `State`'s mutex; other threads only wake
+//! it ([`KernelQueue::wake_queue`]: an eventfd its ring polls).
 
 pub(crate) mod arena;
 pub mod serve;
@@ -81,8 +52,23 @@ pub enum KernelUringError {
     Enable(#[source] std::io::Error),
 }
 
-/// Where an entry is in its life (see the module docs for the diagram
-/// and the lock guarding each state's list).
+/// Where an entry is in its life (the kernel's own states in brackets):
+///
+/// ```text
+///  New ─REGISTER─▶ Fetching ─CQE 0─▶ Fetched ─take─▶ Serving ─answered──────▶ Fetching
+///  [INVALID]       [AVAILABLE,                       [USERSPACE]  │         (COMMIT_AND_FETCH)
+///                   FUSE_REQ]                                     ├─I/O started─▶ Started
+///                                                                 │   Started ─I/O done─▶ Fetching
+///                                                                 └─SETLKW waits─▶ Parked
+///                                                                     Parked ─answer─▶ Fetching
+///  Fetching ─CQE error (ENOTCONN at teardown)─▶ dropped (memory ours again)
+/// ```
+///
+/// Started: a READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE whose host I/O
+/// runs. `Fetching` entries are in `State::inflight` and `Fetched` ones in
+/// `State::done`, both guarded by the `Shared::state` mutex; `Serving`,
+/// `Started` and `Parked` ones are the serving thread's own (its maps, no
+/// lock). Only the serving thread moves entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntState {
     /// Made, no command sent yet.
@@ -94,7 +80,8 @@ pub enum EntState {
     Fetched,
     /// Taken by the serving thread, being served in line.
     Serving,
-    /// A READ (WRITE) whose host I/O runs into (from) the payload buffer.
+    /// A READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE whose host I/O runs (a
+    /// READ's into the payload buffer, a WRITE's from it).
     Started,
     /// A request that waits for something outside the server (SETLKW).
     Parked,
@@ -293,8 +280,8 @@ impl KernelQueue {
         // Not offered as io_uring fixed buffers: registering pins the whole
         // arena (depth x max_payload, 16 MiB per queue at the defaults, and
         // a queue per possible CPU) where plain READV into it touches only
-        // the pages a READ fills; fixed buffers measured 0.85-1.07x of plain
-        // ones (docs/BENCHMARKS.md, host-io driver).
+        // the pages a READ fills, and fixed buffers are no faster than plain
+        // ones (docs/BENCHMARKS.md, "host-io driver (criterion)").
         let arena =
             arena::Arena::new(max_payload, depth, false).map_err(KernelUringError::Setup)?;
         let wake = sys::eventfd()

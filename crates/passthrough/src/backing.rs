@@ -3,58 +3,15 @@
 //! file, and those calls never reach the daemon.
 //!
 //! The daemon still serves OPEN and CREATE: it opens the host file as the
-//! caller (that open is the permission check, and does O_TRUNC), then
-//! registers the file with FUSE_DEV_IOC_BACKING_OPEN and answers with
-//! FOPEN_PASSTHROUGH and the backing id. The kernel opens its own file on
-//! the same path with the client file's flags, under the credentials of
-//! the thread that made the ioctl, and does all passthrough I/O with them.
-//!
-//! # Credentials of passthrough I/O
-//!
-//! The kernel stores the ioctl caller's credentials with the backing file
-//! and does every passthrough call of every open of the inode with them,
-//! whoever the caller is. The daemon's own (fsuid 0, every capability)
-//! would change what a write does, so the ioctl runs as a delegate
-//! (`creds::as_io_delegate`): fsuid and fsgid 65534, no groups, and only
-//! CAP_SYS_ADMIN (the ioctl), CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (the
-//! kernel's own open of the backing file, which the daemon's open as the
-//! caller already allowed) and CAP_FOWNER (that open may carry O_NOATIME).
-//! Without CAP_FSETID a write clears setuid and setgid: with
-//! HANDLE_KILLPRIV_V2 the FUSE client leaves that to the host file's write
-//! path, which skips it for a writer with CAP_FSETID, so a user could
-//! otherwise write into another user's setuid program and keep it setuid.
-//! Without CAP_SYS_RESOURCE quota limits bind, and without fsuid 0 so do
-//! ext4's and f2fs's root-reserved blocks. One credential serves every
-//! writer: a root writer's write clears setuid too, where a local one
-//! keeps it (the safe side; the daemon cannot tell writers apart).
-//!
-//! Only files on local leaf filesystems become backing files (a network
-//! filesystem decides by the fsuid, and the delegate's is nobody's), and
-//! never append-only or immutable ones: the kernel takes the flags of an
-//! asynchronous passthrough write from the client's file, whose O_APPEND
-//! the caller may clear with fcntl, so the host's append-only rule would
-//! not hold. Those files are served by the daemon as the caller.
-//!
-//! # One backing file per inode
-//!
-//! The kernel wants every open of an inode that has a passthrough open to
-//! be a passthrough open on the same backing file, and refuses a
-//! passthrough open while cached opens of the inode exist. Each inode
-//! therefore has one [`BackingState`] (guarded by `InodeData::backing`, a
-//! leaf lock: nothing else is taken while it is held):
-//!
-//! ```text
-//! Idle --open, BACKING_OPEN ok--> Passthrough { id, users: 1 }
-//! Idle --open, not backable or BACKING_OPEN fails--> Cached { users: 1 }
-//! Passthrough { users: n } --open--> Passthrough { users: n + 1 }
-//! Cached { users: n } --open--> Cached { users: n + 1 }
-//! Passthrough { users: 1 } --RELEASE, BACKING_CLOSE--> Idle
-//! Cached { users: 1 } --RELEASE--> Idle
-//! ```
-//!
-//! The id is closed at the last RELEASE, never earlier: the kernel looks
-//! the id up when the opener's thread handles the reply, after the reply
-//! was written, so an id closed right after the reply could be gone.
+//! caller (the permission check, O_TRUNC), registers it with
+//! FUSE_DEV_IOC_BACKING_OPEN and answers FOPEN_PASSTHROUGH with the id.
+//! The kernel does all passthrough I/O of the inode with the credentials
+//! of the ioctl's caller, so the ioctl runs as a delegate
+//! ([`as_io_delegate`]); only files `may_back` accepts become backing
+//! files, the others are served by the daemon as the caller. Each inode
+//! has one [`BackingState`]: all its opens are passthrough opens on one
+//! backing id, or none is, and the id is closed at the last RELEASE. See
+//! docs/DESIGN.md, "Host mounts".
 
 use super::creds::as_io_delegate;
 use fuse_core::locks::lock;
@@ -90,7 +47,23 @@ fn may_back(fd: i32) -> bool {
     local && attrs.is_ok_and(|a| a & pinned == 0)
 }
 
-/// One inode's backing file (see the module docs for the transitions).
+/// One inode's backing file, guarded by `InodeData::backing` (a leaf
+/// lock: nothing else is taken while it is held). The kernel wants every
+/// open of an inode with a passthrough open to be a passthrough open on
+/// the same backing file, and refuses one while cached opens exist:
+///
+/// ```text
+/// Idle --open, BACKING_OPEN ok--> Passthrough { id, users: 1 }
+/// Idle --open, not backable or BACKING_OPEN fails--> Cached { users: 1 }
+/// Passthrough { users: n } --open--> Passthrough { users: n + 1 }
+/// Cached { users: n } --open--> Cached { users: n + 1 }
+/// Passthrough { users: 1 } --RELEASE, BACKING_CLOSE--> Idle
+/// Cached { users: 1 } --RELEASE--> Idle
+/// ```
+///
+/// The id is closed at the last RELEASE, never earlier: the kernel looks
+/// it up when the opener's thread handles the reply, after the reply was
+/// written, so an id closed right after the reply could be gone.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub enum BackingState {
     /// No open handle.

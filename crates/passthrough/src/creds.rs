@@ -2,22 +2,16 @@
 //! fsgid and supplementary groups for the duration of one operation, so the
 //! host kernel makes every ownership and permission decision exactly as it
 //! would for the caller on a local filesystem: a caller whose host uid
-//! is not 0 keeps none of the daemon's capabilities (see [`Cred`]).
-//!
-//! Operations that allocate or change file data (WRITE, FALLOCATE,
-//! COPY_FILE_RANGE) also run without CAP_SYS_RESOURCE, a root caller's
-//! too ([`Caps::Data`]), so quota hard limits bind them as they bind a
-//! host user.
+//! is not 0 keeps none of the daemon's capabilities (see [`Cred`]), and
+//! what allocates or changes file data (WRITE, FALLOCATE, COPY_FILE_RANGE)
+//! runs without CAP_SYS_RESOURCE, a root caller's too ([`Caps::Data`]).
 //!
 //! The raw syscalls change only the calling thread. io_uring takes the
-//! submitter's credentials with each op: an op issued inline runs in
-//! io_uring_enter on this thread, and one punted to an io-wq worker
-//! carries the credentials captured when it was punted (io_prep_async_work
-//! sets REQ_F_CREDS from current_cred()). The passthrough's rings are
-//! per-thread, without SQPOLL, and every data op served in line is waited
-//! for before the call returns, so ops submitted under a [`CredGuard`] run
-//! as the caller. A started WRITE (`started/write.rs`), submitted later,
-//! carries the credentials of its guard in a registered personality.
+//! submitter's credentials with each op (issued inline in io_uring_enter,
+//! or captured when punted to io-wq), and every data op served in line is
+//! waited for before the call returns, so ops submitted under a
+//! [`CredGuard`] run as the caller. A started op, submitted later, carries
+//! its credentials in a registered personality (`started/write.rs`).
 
 use fuse_core::server::Ctx;
 use fuse_core::Errno;

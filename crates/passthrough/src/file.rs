@@ -206,8 +206,9 @@ impl PassthroughFs {
             return v;
         }
         // A write-only fd cannot be read to probe: a read-only reopen of
-        // the same file can. Not known either way: in line (true once
-        // meant every write-only handle of a tmpfs went to io-wq).
+        // the same file can. Not known either way: in line (taking the
+        // ring there would send every op of such a handle on a file with
+        // no non-blocking I/O, tmpfs, to io-wq).
         let probed = sys::supports_nowait(fd.raw()).or_else(|| {
             let name = std::ffi::CString::new(fd.raw().to_string()).ok()?;
             let proc = std::os::fd::AsRawFd::as_raw_fd(&self.proc_fd);

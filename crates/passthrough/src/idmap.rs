@@ -2,26 +2,16 @@
 //! `--translate-uid` and `--translate-gid`): the client's user and group
 //! IDs (a guest's) are not the host's, and each crossing translates them.
 //!
-//! An [`IdMap`] translates one kind of ID (uids or gids) in two
-//! independent directions, each a set of disjoint ranges built from
-//! [`IdMapping`]s:
-//!
-//! - client to host (`guest`, `squash-guest`, `forbid-guest`, and the
-//!   client side of `map`): the credentials a request runs with, the owner
-//!   a SETATTR gives a file, the IDs in an ACL the client sets. A
-//!   forbidden ID has no host ID: [`Forbidden`], EPERM to the client.
-//! - host to client (`host`, `squash-host`, and the host side of `map`):
-//!   the owners in the attributes the client gets, the IDs in the ACLs it
-//!   reads.
-//!
-//! An ID no range covers is the same number on the other side. Ranges of
-//! one direction may not overlap; the two directions need not agree (a
-//! `guest` mapping with no `host` one translates only one way).
-//!
-//! No range can reach 4294967295 (`(uid_t)-1`, which names no ID and, to
-//! chown, means "unchanged"): a source range ends below it, as in
-//! virtiofsd, and so must a target range (virtiofsd does not check the
-//! target; an `(uid_t)-1` owner or credential would be wrong either way).
+//! An [`IdMap`] translates one kind of ID in two independent directions,
+//! each a set of disjoint ranges built from [`IdMapping`]s: client to host
+//! (`guest`, `squash-guest`, `forbid-guest`, the client side of `map`:
+//! credentials, SETATTR owners, IDs in ACLs set; a forbidden ID is
+//! [`Forbidden`], EPERM) and host to client (`host`, `squash-host`, the
+//! host side of `map`: owners in attributes, IDs in ACLs read). An ID no
+//! range covers is the same number on the other side; the directions need
+//! not agree. No range, source or target, reaches 4294967295
+//! (`(uid_t)-1`, which names no ID and to chown means "unchanged");
+//! virtiofsd checks only the source.
 
 use fuse_core::Errno;
 use std::fmt;

@@ -3,11 +3,11 @@
 //! [`Driver`] taken from the filesystem's pool for the call (made when none
 //! is free, given back after; its ops are cancellable by FUSE_INTERRUPT
 //! through the cancel registry). With no ring to be had (or io_uring off)
-//! pread/pwrite do it, and so do files that cannot do
-//! non-blocking I/O (tmpfs on 6.18): io_uring would hand each of their ops
-//! to an io-wq worker thread, which measured 10x slower than pread for a
-//! 4 KiB read (docs/BENCHMARKS.md). Buffered writes are punted even on
-//! ext4 (0.32x of pwrite at 4 KiB), so only O_DIRECT writes use the ring.
+//! pread/pwrite do it, and so do files that cannot do non-blocking I/O
+//! (tmpfs on 6.18): io_uring would hand each of their ops to an io-wq
+//! worker thread, far slower than pread for small reads. Buffered writes
+//! are punted even on ext4, so only O_DIRECT writes use the ring
+//! (docs/BENCHMARKS.md, "host-io driver (criterion)").
 
 use fuse_core::locks::lock;
 use fuse_core::Errno;

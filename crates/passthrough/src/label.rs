@@ -1,55 +1,18 @@
 //! Security labels of new inodes (FUSE_SECURITY_CTX, virtiofsd's
 //! `--security-label`): the label the client's LSM made for an inode it
-//! creates (CREATE, MKNOD, MKDIR, SYMLINK, TMPFILE) is set on the host
-//! inode before the reply, or the creation is undone and the request
-//! fails.
+//! creates (CREATE, MKNOD, MKDIR, SYMLINK, TMPFILE) is on the host inode
+//! before the reply, or the creation is undone and the request fails.
 //!
-//! Two routes:
-//! - **Atomic** (fscreate): when the host runs SELinux and the label's host
-//!   name (after `--xattrmap`) is `security.selinux` itself, the label is
-//!   written to `/proc/thread-self/attr/fscreate` before the creation and
-//!   cleared after it, so the host kernel labels the inode as it makes it
-//!   (the old C virtiofsd did this; the Rust virtiofsd does not). SELinux
-//!   ignores the create context on a mount without per-inode labels (no
-//!   SBLABEL_MNT: `context=` mounts, most network filesystems), so the
-//!   label is read back from the new inode and, if it is not the one
-//!   asked for, the creation is undone and the request fails with
-//!   EOPNOTSUPP (what setting the xattr there answers). If the host
-//!   refuses the fscreate write itself (EINVAL, EACCES: its policy does
-//!   not take the context), the request fails with that error and nothing
-//!   is made; the xattr route is never tried then, since the daemon's
-//!   CAP_MAC_ADMIN would let setxattr force the very context the policy
-//!   just refused. No other thread or client sees the inode unlabelled.
-//! - **Right after** (xattr): otherwise the label is set as an xattr under
-//!   its host name (so `:map:security.selinux:user.virtiofs.:` stores a
-//!   guest's `security.selinux` as `user.virtiofs.security.selinux`) on the
-//!   new inode before the reply. Between the creation and the setxattr the
-//!   inode exists unlabelled under its name, so another client or a host
-//!   process that looks in that window sees it without its label (virtiofsd
-//!   has the same window). If the label cannot be set, the creation is
-//!   undone (the name is unlinked, with the caller's credentials, if it
-//!   still names the inode made; a TMPFILE's inode just goes with its fd)
-//!   and the request fails with the error. virtiofsd 1.14 does the same
-//!   (set after creation, unlink on failure), without the check that the
-//!   name still names the new inode.
-//!
-//! MKDIR, MKNOD and SYMLINK return no fd, so the new name is opened again
-//! to label it; before anything is set on what that finds, it must look
-//! like the inode just made (the type made, owned by the uid it was made
-//! as, one link (a directory: at most two), changed no earlier than the
-//! creation), or the request fails with EIO and nothing is set or undone:
-//! a rename racing the creation cannot have the daemon label, or unlink,
-//! someone else's inode.
-//!
-//! The label is set with the daemon's own credentials, not the caller's,
-//! as virtiofsd does: a host name such as `trusted.virtiofs.*` needs
-//! CAP_SYS_ADMIN, which no guest caller has on the host. Because of that,
-//! only names an LSM uses are taken, `security.*` other than
-//! `security.capability` (a client could otherwise give its file host
-//! capabilities through the daemon), and the host name `--xattrmap` makes
-//! of it must not be `security.capability` or `trusted.overlay.*` either
-//! (overlayfs's own metadata): anything else is refused with EPERM before
-//! anything is made.
+//! Two routes: **atomic** (the host runs SELinux and the host name is
+//! `security.selinux`: the label goes to `/proc/thread-self/attr/fscreate`
+//! around the creation and is read back after it; a refused fscreate
+//! write fails the request and never falls back to setxattr), or **right
+//! after** (an xattr under its `--xattrmap` host name on the new inode,
+//! which exists unlabelled in between). A name opened again to label it
+//! must look like the inode just made, or nothing is set or undone. Labels
+//! are set with the daemon's credentials, so only `security.*` names other
+//! than `security.capability` are taken, and never a host name
+//! `forbidden_host_name` refuses. See docs/DESIGN.md, "Security labels".
 
 use super::creds::{Caps, Cred};
 use super::{sys, PassthroughFs};

@@ -1,44 +1,18 @@
 //! The passthrough filesystem: one host directory served through
 //! [`fuse_core::server::Filesystem`].
 //!
-//! # Confinement
+//! Confinement: no request resolves a path. Every client name is one
+//! component (no "/" or NUL, at most 255 bytes; "." and ".." only in
+//! LOOKUP, answered from the inode table), opened beneath its parent's
+//! O_PATH fd with openat2 (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS`) and `O_NOFOLLOW` (openat before Linux 5.6);
+//! held inodes are reopened through the daemon's own `/proc/self/fd/N`.
 //!
-//! No request resolves a path. Every name the client sends is one path
-//! component (no "/", no NUL, at most 255 bytes, never "." or ".." except
-//! in LOOKUP, where both are answered from the inode table at the root) and
-//! is opened relative to its parent's O_PATH fd with openat2 and
-//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS` plus
-//! `O_NOFOLLOW`, so a symlink is opened as itself and never followed on the
-//! client's behalf. On kernels without openat2 (before 5.6) the fallback is
-//! openat with `O_NOFOLLOW` on the same single component, which is equally
-//! unable to leave the parent. The daemon reopens inodes it already holds
-//! through `/proc/self/fd/N` (its own fds, never a client-supplied path).
-//!
-//! # Credentials
-//!
-//! With [`Config::creds`] (the default when running as root) every
-//! operation that creates files, checks permissions or allocates or
-//! changes file data runs under the caller's fsuid/fsgid and groups (see
-//! `creds.rs`); a writeback WRITE, whose header names no caller, runs as
-//! the handle's opener.
-//!
-//! # ID translation
-//!
-//! [`Config::translate_uid`] and [`Config::translate_gid`] (virtiofsd's
-//! `--translate-uid` / `--translate-gid`, see `idmap.rs`) stand between
-//! the client's IDs and the host's wherever they cross: the credentials
-//! above (a forbidden ID: EPERM, and nothing runs), the owners a SETATTR
-//! sets, the IDs in the ACL xattrs a client sets; and back, the owners in
-//! every attribute reply and the IDs in the ACLs it reads. Capabilities
-//! follow the host uid a request runs as, not the uid it had in the
-//! request (`creds.rs`, `Cred`): a guest's root translated to host uid
-//! 100000 acts on the share as host uid 100000 would, without any
-//! capability (it makes no device node, chowns nothing to another
-//! owner, reads nothing 100000 may not), and a guest user translated to
-//! host uid 0 is root there. The one exception serves a guest whose
-//! groups the host does not know (`Config::groups` [`Groups::None`]):
-//! the owner of a file changes its group or mode as the guest kernel
-//! already allowed (`entry.rs`, `op_setattr`).
+//! Credentials: with [`Config::creds`] what creates, checks permissions or
+//! changes data runs as the caller (`creds.rs`; a writeback WRITE as the
+//! handle's opener), with IDs translated by [`Config::translate_uid`] and
+//! [`Config::translate_gid`] (`idmap.rs`) and the capabilities of the host
+//! uid it runs as (docs/SECURITY.md, "ID translation").
 
 mod backing;
 mod client_io;

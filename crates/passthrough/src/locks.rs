@@ -1,40 +1,18 @@
 //! POSIX record locks and BSD flock for the client.
 //!
-//! POSIX locks belong to a lock owner, not to an open file, so each
-//! (inode, owner) pair that holds a lock gets its own open file description
-//! on the host and the lock is taken there as an OFD lock: owners conflict
-//! with each other and with host processes exactly as processes do. FLUSH
-//! from an owner drops its locks and closes its description (close(2)
-//! semantics); so does the release of the inode's last handle. GETLK and
-//! unlocks by an owner with no description make none. At most
-//! `MAX_OWNERS` owners per inode hold descriptions (ENOLCK beyond), so a
-//! client cannot spend the fd budget on owners. flock locks belong to the
-//! open file and are taken on the handle's fd.
-//!
-//! An owner's description is opened as the caller and with no more access
-//! than the handle the lock comes through: read-only for a read-only
-//! handle, so a reader's lock never makes the daemon a writer of the file
-//! (which would make exec of it fail with ETXTBSY, break leases, and get
-//! round `readonly`). When a write lock then comes through a writable
-//! handle of the same owner, the read-only description is replaced by one
-//! open for writing that first takes the same read locks (`upgrade`); the
-//! ranges an O_RDONLY description holds are tracked for that
-//! (`range::RangeSet`). GETLK opens nothing: F_OFD_GETLK checks no access
-//! mode.
-//!
-//! Ranges from the client are checked as the kernel checks them (start
-//! after end, or beyond OFFSET_MAX: EINVAL) before any arithmetic, which is
-//! checked all the same (`range::Span`).
-//!
-//! A SETLKW that has to wait is parked on a waiter thread of its own (the
-//! worker that received it goes back to serving) and answered through its
-//! [`Deferred`]; FUSE_INTERRUPT for it signals that thread, whose blocking
-//! call then returns EINTR. An interrupt that arrives before its SETLKW is
-//! parked is remembered (the last `RECENT` of them).
-//!
-//! Lock order: a description's `held` before the owner table (see
-//! `owners.rs`); the owner table, `pids` and `waiters` are never held
-//! together.
+//! POSIX locks belong to a lock owner: each (inode, owner) pair that holds
+//! one gets its own open file description on the host, opened as the
+//! caller with no more access than the handle the lock comes through (a
+//! reader's lock never makes the daemon a writer), and takes it there as
+//! an OFD lock. A write lock on a read-only description replaces it with a
+//! writable one that first takes the same read ranges (`upgrade`,
+//! `range::RangeSet`). FLUSH by the owner, or the inode's last RELEASE,
+//! drops its locks and closes it; at most `MAX_OWNERS` per inode (ENOLCK
+//! beyond). flock locks are taken on the handle's fd. Client ranges are
+//! checked before any arithmetic (`range::Span`). A SETLKW that waits is
+//! parked on a waiter thread and answered through its [`Deferred`].
+//! Lock order: a description's `held` before the owner table (`owners.rs`);
+//! the owner table, `pids` and `waiters` are never held together.
 
 mod handover;
 mod owners;
@@ -57,7 +35,9 @@ use std::time::Duration;
 
 /// Most SETLKW requests parked at once; beyond it, ENOLCK.
 const MAX_WAITERS: usize = 1024;
-/// Interrupts for unknown requests remembered.
+/// Interrupts for unknown requests remembered: a SETLKW whose interrupt
+/// came before it was parked is answered EINTR instead. (A parked one's
+/// interrupt signals its waiter thread, whose blocking call returns EINTR.)
 const RECENT: usize = 64;
 /// Stack of a waiter thread. It makes a blocking fcntl or flock, a few
 /// table updates and the reply (a device write or a ring wake-up): the

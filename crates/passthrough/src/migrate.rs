@@ -1,42 +1,18 @@
 //! Live migration: the passthrough's state handed from one daemon to
-//! another serving the same shared directory (a VM moving to another
-//! QEMU, `--migration-mode`).
+//! another serving the same shared directory (`--migration-mode`).
 //!
-//! What a client holds is node ids it looked up (with their lookup
-//! references) and handles it opened. The source names each inode so the
-//! destination can open the same file: by its path below the shared
-//! directory (`find-paths`: the kernel's name for the inode's held fd,
-//! confirmed by a stat of that path from the shared directory), or by
-//! its file handle (`file-handles`: open_by_handle_at on the destination,
-//! which needs CAP_DAC_READ_SEARCH, and reaches files unlinked while
-//! open; the path goes along, and a file with links is taken only if its
-//! path below the shared directory leads to it, since a handle can name
-//! any file of the filesystem; one unlinked while open cannot be checked
-//! so, and is taken as the stream says: the stream is trusted that far,
-//! as QEMU's migration channel is). Handles carry their host open flags (less O_CREAT, O_EXCL,
-//! O_TRUNC) and their opener, and are opened again on the destination.
-//!
-//! What cannot be named (an unlinked file under `find-paths`) or opened
-//! again is handled as `--migration-on-error` says: `abort` fails the
-//! save or the load (QEMU then fails the migration and the source goes on
-//! running); `guest-error` carries the node id and its handles over as
-//! lost, and every request naming them gets EIO — never another file.
-//! `--migration-verify-handles` also sends each inode's file handle with
-//! its path, and the destination refuses a path that leads to another
-//! inode than the source's.
-//!
-//! The stream is untrusted input. Every length and count is checked
-//! (`fuse_core::server::state`; a count against the bytes left at the
-//! encoded size of the smallest record it could name, `migrate/records.rs`)
-//! and nothing is allocated for a count: the whole stream is read once
-//! before anything is taken up, then again, each record taken up as it is
-//! read, so what a load holds follows what the stream holds. Paths are
-//! opened one component at a time from the shared directory with
-//! O_NOFOLLOW (no "..", no symlink, no absolute path can leave it), and a
-//! file opened by handle must lie below the shared directory. POSIX locks go along (`locks/handover.rs`: the
-//! destination takes each again, retrying those the source still holds
-//! until it lets go); flock(2) locks do not: saving them is refused under
-//! `abort` and they are dropped under `guest-error`.
+//! The source names each inode the client holds (node id, lookup
+//! references) by its path below the shared directory (`find-paths`) or
+//! by its file handle with the path along (`file-handles`), and each handle
+//! by its host open flags and opener; the destination opens them again
+//! under the same ids. What cannot be named or opened fails the save or
+//! load (`--migration-on-error abort`) or is carried as lost (`guest-error`:
+//! EIO for every request naming it, never another file). POSIX locks go
+//! along (`locks/handover.rs`); flock(2) locks do not. The stream is
+//! untrusted: every count is checked against the bytes left, nothing is
+//! allocated for a count, paths are walked a component at a time with
+//! O_NOFOLLOW, and a file opened by handle must lie below the shared
+//! directory, but one unlinked while open (docs/DESIGN.md, "Live migration").
 
 use super::creds::{with_dac_read_search, Cred};
 use super::inode::{key_of, CountedFd, Found, InodeData};

@@ -1,43 +1,18 @@
-//! READs started without waiting (`Filesystem::read_async`): the serving
-//! loop queues a READV on the io_uring of its host I/O context
-//! ([`PassthroughIo`], which the loop owns: `Filesystem::new_io`) straight
-//! into the client's memory (guest RAM), goes on with other requests,
-//! submits them
-//! (`submit_async`: several with one system call, as the device's vring
-//! threads do, or each at once, as the host mount's threads do), and
-//! answers each when its completion is taken (`complete_async`, when the
-//! ring's eventfd, `async_fd`, says there is one).
+//! Host I/O started without waiting on a serving loop's own io_uring
+//! ([`PassthroughIo`], made by `Filesystem::new_io` and owned by the
+//! loop): queued by the `*_async` calls, submitted by `submit_async`
+//! (several per system call, or each at once), answered by
+//! `complete_async` when the ring's eventfd (`async_fd`) says so.
 //!
-//! Only files that can do non-blocking I/O are started so (on the others
-//! io_uring would hand each read to a worker thread: they are served the
-//! usual way), large reads aside. What the page cache holds is read at
-//! once with preadv2(RWF_NOWAIT) and answered before `read_async` returns;
-//! only a read that would wait for the disk (and O_DIRECT) goes on the
-//! ring, and a large read ([`PARALLEL_READ`]), which an io-wq worker of
-//! the ring copies while the thread serves on. The
-//! client's memory is held for I/O (`ClientMem::begin_io`) from the start
-//! to the completion, so a timed-out request is answered
-//! only once its read is over; the op is cancelled by the request's unique
-//! (FUSE_INTERRUPT, the device's timeout) through the cancel registry. A
-//! short read that is not at the end of the file is continued where it
-//! stopped.
-//!
-//! FSYNCs (and FSYNCDIRs) of files with non-blocking I/O are started on
-//! the same ring too (`op_fsync_async`): the kernel runs each on one of
-//! the ring's io-wq workers, which waits for the disk while this thread
-//! serves on. A sync covers what its file's writes gave the host before
-//! it was issued; the client sends FSYNC after the writes it covers were
-//! answered, and an answered write is on the host.
-//!
-//! FALLOCATEs of such files are started too (`alloc.rs`), with the
-//! caller's credentials in a personality as writes have.
-//!
-//! WRITEs are started on the same ring and completed by the same calls
-//! (`write.rs`): only where the usual path would hold the inode's I/O
-//! lock shared (parallel direct writes), each running with the
-//! credentials the usual path would switch to, captured in a registered
-//! personality of the ring. What such a write does not exclude, and why,
-//! is told there.
+//! READs go straight into the client's memory, held for I/O
+//! (`ClientMem::begin_io`) until the completion, and only on files with
+//! non-blocking I/O: what the page cache holds is read at once with
+//! preadv2(RWF_NOWAIT); the rest, O_DIRECT, and reads of [`PARALLEL_READ`]
+//! or more (copied by an io-wq worker) go on the ring; a short read before
+//! EOF is continued. FSYNC, FSYNCDIR, FALLOCATE (`alloc.rs`) and WRITE
+//! (`write.rs`) are started too, the last two as their caller through a
+//! personality of the ring. Ops are cancelled by request unique (the
+//! cancel registry: FUSE_INTERRUPT, the device's timeout).
 
 use super::client_io::{aligned, iovecs, registered};
 use super::file::HandleData;
@@ -71,11 +46,12 @@ struct Pending {
 }
 
 /// READs at least this long are started on the ring even when the page
-/// cache holds them, and run on its io-wq workers (IOSQE_ASYNC): copying
-/// a 1 MiB read takes the serving thread about 100 µs, in which it could
-/// pop and start the next ones, and a guest with several large reads
-/// queued then has them copied on as many cores. Shorter ones cost less
-/// in line than a hand-off to a worker thread.
+/// cache holds them, and run on its io-wq workers (IOSQE_ASYNC): the copy
+/// of a large read would hold the serving thread, which meanwhile pops and
+/// starts the next ones, and a guest with several large reads queued has
+/// them copied on as many cores. Shorter ones cost less in line than a
+/// hand-off to a worker thread (docs/BENCHMARKS.md, "vhost-user-fs
+/// device").
 const PARALLEL_READ: usize = 256 * 1024;
 
 /// An FSYNC, FSYNCDIR or FALLOCATE in flight on a serving loop's ring: no
@@ -337,7 +313,10 @@ impl PassthroughFs {
     /// Only files with non-blocking I/O are synced so: where a sync waits
     /// for a disk, the ring's io-wq worker waits instead of this thread;
     /// on the others (tmpfs, whose sync has nothing to write) the hand-off
-    /// to a worker would cost more than the call.
+    /// to a worker would cost more than the call. A sync covers what the
+    /// file's writes gave the host before it was issued: the client sends
+    /// FSYNC after the writes it covers were answered, and an answered
+    /// write is on the host.
     pub(super) fn op_fsync_async(
         &self,
         io: &mut PassthroughIo,

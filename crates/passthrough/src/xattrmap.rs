@@ -2,28 +2,10 @@
 //! attribute names between the client and the host, so a guest's
 //! `security.*` or `trusted.*` names can live under a `user.` prefix on
 //! the host (where an unprivileged daemon may write them, and where they
-//! do not mean anything to the host's own LSM).
-//!
-//! A rule set is a string of rules, each opened, separated and closed by
-//! its own delimiter (the first character that is not white space; white
-//! space may come between rules): `:type:scope:key:prepend:`.
-//! - scope `client` matches names the client sends (GETXATTR, SETXATTR,
-//!   REMOVEXATTR) by `key` as a prefix; `server` matches names the host
-//!   lists (LISTXATTR) by `prepend` as a prefix; `all` both.
-//! - type `prefix`: a client name gets `prepend` in front on the host; a
-//!   host name loses its `prepend` for the client. `ok`: passes the name
-//!   unchanged. `bad`: the client gets EPERM, the host name is hidden.
-//!   `unsupported`: the client gets EOPNOTSUPP, the host name is hidden.
-//! - `:map:key:prepend:` (at most one, the last rule) is short for
-//!   `prefix` of `key` to `prepend` both ways, then (with a `key`) `bad`
-//!   for names already carrying `prepend` (the client may not reach them
-//!   directly; unprefixed `key` names on the host are hidden) and `ok`
-//!   for the rest, or (without) `bad` for the rest.
-//!
-//! The first matching rule decides. Unlike virtiofsd, which aborts on a
-//! name no rule matches, a rule set must end both scopes with a catch-all
-//! (a client rule with an empty key and a server rule with an empty
-//! prepend), checked when it is parsed, so every name has an answer.
+//! do not mean anything to the host's own LSM). The syntax is on
+//! [`XattrMap`]. The first matching rule decides, and every name has an
+//! answer: unlike virtiofsd, which aborts on a name no rule matches, a rule
+//! set must end both scopes with a catch-all, checked when it is parsed.
 
 use fuse_core::Errno;
 use std::borrow::Cow;
@@ -77,7 +59,25 @@ struct Rule {
     prepend: Vec<u8>,
 }
 
-/// A parsed rule set.
+/// A parsed rule set. A rule set is a string of rules, each opened,
+/// separated and closed by its own delimiter (the first character that is
+/// not white space; white space may come between rules):
+/// `:type:scope:key:prepend:`.
+/// - scope `client` matches names the client sends (GETXATTR, SETXATTR,
+///   REMOVEXATTR) by `key` as a prefix; `server` matches names the host
+///   lists (LISTXATTR) by `prepend` as a prefix; `all` both.
+/// - type `prefix`: a client name gets `prepend` in front on the host; a
+///   host name loses its `prepend` for the client. `ok`: passes the name
+///   unchanged. `bad`: the client gets EPERM, the host name is hidden.
+///   `unsupported`: the client gets EOPNOTSUPP, the host name is hidden.
+/// - `:map:key:prepend:` (at most one, the last rule) is short for
+///   `prefix` of `key` to `prepend` both ways, then (with a `key`) `bad`
+///   for names already carrying `prepend` (the client may not reach them
+///   directly; unprefixed `key` names on the host are hidden) and `ok`
+///   for the rest, or (without) `bad` for the rest.
+///
+/// Both scopes must end with a catch-all: a client rule with an empty key
+/// and a server rule with an empty prepend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XattrMap {
     rules: Vec<Rule>,

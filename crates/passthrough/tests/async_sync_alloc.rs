@@ -277,8 +277,8 @@ fn a_started_fallocate_runs_as_its_caller() {
 
 /// A write-only handle cannot be read to probe its file for non-blocking
 /// I/O; a read-only reopen tells instead. On tmpfs its syncs and
-/// FALLOCATEs then stay in line, as a readable handle's do (the probe's
-/// failure once counted as "supported").
+/// FALLOCATEs then stay in line, as a readable handle's do (a failed probe
+/// must not count as "supported").
 #[test]
 fn a_write_only_tmpfs_handle_stays_in_line() {
     let cfg = Config {

@@ -5,17 +5,13 @@
 //! arguments, WRITE data) followed by device-writable ones (out header,
 //! reply payload). Every descriptor is looked up in guest memory before
 //! anything is read; a chain that breaks the rules is refused with a
-//! [`ChainError`] and never half-served. A bad `next` index or a loop ends
-//! virtio-queue's walk early: what it yielded is judged as the whole chain
-//! (in practice the request then disagrees with its header length and is
-//! refused). A chain keeps the guest memory it was translated against
-//! mapped (its load guard) for as long as it lives, so its host addresses
-//! stay valid across a memory table update.
-//!
-//! The descriptors are read here ([`Descriptors`]), not through
-//! virtio-queue's chain iterator, with the same rules, from a descriptor
-//! table looked up in guest memory once (the queue's, or an indirect
-//! one) rather than once per descriptor.
+//! [`ChainError`] and never half-served. A walk that ends early (a bad
+//! `next`, a loop) is judged on what it yielded. A chain keeps the guest
+//! memory it was translated against mapped (its load guard) for as long as
+//! it lives, so its host addresses stay valid across a memory table update.
+//! The descriptors are read here ([`Descriptors`]) with virtio-queue's
+//! rules, from a descriptor table looked up once (the queue's, or an
+//! indirect one) rather than once per descriptor.
 
 use crate::GuestMmap;
 use smallvec::SmallVec;

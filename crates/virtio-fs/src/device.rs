@@ -1,30 +1,18 @@
 //! The vhost-user-fs backend: virtqueues in, engine requests out.
 //!
 //! Queue 0 is the hiprio queue (FORGET, BATCH_FORGET, INTERRUPT); queues
-//! 1..=N are request queues, each served by its own vring thread and
-//! mapped to its own engine ring queue (`queue.rs`: an [`RqId`] names one,
-//! and its state is one [`RequestQueue`]). Guest requests become
-//! background requests of the engine, a round at a time (`submit.rs`,
-//! `Chan::try_send_background_batch`): when admission is full the queue
-//! stops popping, leaves the refused chains in the avail ring, and
-//! resumes when a request ends (a per-queue eventfd wakes its vring
-//! thread).
+//! 1..=N are request queues, each served by its own vring thread and mapped
+//! to its own engine ring queue (`queue.rs`: an [`RqId`] names one, its
+//! state is one [`RequestQueue`]). Guest requests become background
+//! requests of the engine a round at a time (`submit.rs`); when admission
+//! is full the queue leaves the refused chains in the avail ring and
+//! resumes when a request ends. Each request has one [`Ticket`], answered
+//! exactly once ([`TicketState`]).
 //!
-//! Request lifecycle (one [`Ticket`], `ticket.rs`, state guarded by its
-//! `state` mutex): `InFlight` → `Answered` by exactly one of: the engine's
-//! end callback (`answer.rs`), the timeout scanner, or the submit path when
-//! the engine refuses it; or `InFlight` → `Deferred` (timed out while host
-//! I/O ran on its guest buffers) → `Answered` with EIO by the end of the
-//! last such I/O (`timeouts.rs`).
-//!
-//! Where the rest is: `backend.rs` (what the frontend asks:
-//! `VhostUserBackend`), `hiprio.rs`, `request.rs` (a chain read into engine
-//! arguments), `inline.rs` (serving on the vring thread, the watchdog),
-//! `submit.rs` (popping, preparing and sending requests in rounds),
-//! `lock_calls.rs`, `answer.rs`, `notify.rs` (guest notifications per
-//! chunk), `stop.rs` (dirty log, ring stops, what they give up),
-//! `session.rs` (the guest's session ended by a reset or a new INIT),
-//! `timeouts.rs`, `migration.rs` (device state), `heads.rs`, `exit_fds.rs`.
+//! The rest: `backend.rs` (`VhostUserBackend`), `hiprio.rs`, `request.rs`,
+//! `inline.rs`, `lock_calls.rs`, `answer.rs`, `notify.rs`, `stop.rs`,
+//! `session.rs`, `timeouts.rs`, `migration.rs`, `heads.rs`, `exit_fds.rs`
+//! (docs/DESIGN.md, "The virtio-fs device").
 
 use crate::chain::{Chain, ChainError};
 use crate::guest_mem::{GuestSpans, MapCache};
@@ -146,15 +134,16 @@ pub struct DeviceConfig {
     /// that hangs there does not stall the queue: a watchdog drains it to
     /// the workers meanwhile. See `device/inline.rs`.
     pub inline_per_batch: usize,
-    /// READs a vring thread starts before it submits them and answers what
-    /// already completed (at least 1); also how many answers given in line
-    /// share one guest notification (fewer when serving them took longer
-    /// than 50 µs: the guest hears of large answers at once). Small chunks let a guest that reaps
-    /// while the device works refill its queue sooner (cached reads
-    /// complete at submit: answered after every 4 of a kick of 16, a warm
-    /// 4 KiB read at depth 16 went from 65-90k to 160-175k ops/s); one
-    /// chunk for the whole kick (`usize::MAX`) makes one system call for
-    /// it all.
+    /// Requests in a chunk of a vring thread serving in line (at least 1):
+    /// it pops that many at a time and signals their in-line answers with
+    /// one guest notification (a slow request at once, and after a slow or
+    /// large one the next chunk is single: `chunk_time`); and started
+    /// requests (READ, WRITE, FSYNC, FSYNCDIR, FALLOCATE) it lets gather
+    /// before it submits them and answers what completed. Small chunks let
+    /// a guest that reaps while the device works refill its queue sooner
+    /// (cached reads complete at submit; docs/BENCHMARKS.md, the
+    /// `--submit-batch` sweep); one chunk for the whole kick (`usize::MAX`)
+    /// makes one system call for it all.
     pub submit_batch: usize,
     /// How long a vring thread serves in line before it signals the
     /// answers given so far (and cuts its next chunks to single requests):

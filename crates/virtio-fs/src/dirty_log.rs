@@ -7,13 +7,8 @@
 //! reads included) and each write takes its `RwLock`, log or not.
 //! [`LogBitmap`] wraps it: slices borrow the region's bitmap (`RefSlice`,
 //! no atomic operation), and a write looks at one flag, set once a log
-//! was installed, before anything else. Measured on this machine (release
-//! build, no log set, ns per access; unit bitmap / `BitmapMmapRegion` /
-//! `LogBitmap`): 16-byte `write_slice` 12-21 / 74-84 / 16-17, `write_obj`
-//! 10-17 / 65-97 / 15-20, 16-byte `read_slice` 11-22 / 64-74 / 12-14. A
-//! request makes a dozen such accesses (descriptors, headers, the used
-//! ring), so `BitmapMmapRegion` alone would add most of a microsecond of
-//! the vring thread's time to each.
+//! was installed, before anything else (the cost per access:
+//! docs/BENCHMARKS.md, "The dirty log's cost on the hot path").
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

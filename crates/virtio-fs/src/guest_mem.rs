@@ -4,16 +4,14 @@
 //! readable ones (after `fuse_write_in`) become a [`GuestSpans`]: the host
 //! addresses of those guest pages, and the guest memory mapping they live
 //! in (kept mapped while the spans exist, even across a memory table
-//! update). The passthrough then reads or writes the host file straight
-//! from guest RAM.
+//! update), so the passthrough reads or writes the host file in guest RAM.
 //!
 //! The guest gets its buffers back when its request is answered, and a
 //! request answered by the timeout scanner may still be in a server's
 //! hands. So host I/O happens under `begin_io`/`end_io`, and
-//! [`GuestSpans::revoke_or_when_idle`] refuses new I/O: if none is running
-//! the timeout answer goes out at once, otherwise the last `end_io` sends
-//! it (the callback that revoke left). The guest never sees a buffer
-//! answered and written afterwards.
+//! [`GuestSpans::revoke_or_when_idle`] refuses new I/O: the timeout answer
+//! goes out at once if none runs, else from the last `end_io`. The guest
+//! never sees a buffer answered and written afterwards.
 
 use crate::chain::{Mem, Seg};
 use crate::GuestMmap;

@@ -2,7 +2,7 @@
 //! popped again in the same drain, or the queue is told to resume, even
 //! when the slot frees before the stall's second look (`send_round` then
 //! finds room and does not stall): nobody kicks for it again. A stress
-//! test of that window (the drain once counted such chains as popped).
+//! test of that window (the drain must not count such chains as popped).
 
 mod common;
 

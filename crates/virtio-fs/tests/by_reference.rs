@@ -321,8 +321,9 @@ fn a_timed_out_read_without_io_is_answered_at_once_and_its_buffers_refused() {
 
 #[test]
 fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
-    // Review finding: the reply's length was moved inside the ring entry's
-    // buffer, which a READ into guest memory may exceed.
+    // Junk after its arguments keeps a READ from being started by
+    // reference: served in line, its reply still reaches guest memory
+    // whole, however it compares with the ring entry's buffer.
     let fs = Direct::default();
     let h = Harness::new(
         fs.clone(),

@@ -53,9 +53,9 @@ impl Drop for Release {
         self.0.dev.engine().fs().release_hangs();
         // The calls it frees end on the engine's threads, after the test
         // returned: wait for them here, under the serial lock, so the next
-        // test (which measures the whole process's memory) starts quiet. A
-        // lock flood's 1,240 answers, ended while the next test measured,
-        // once counted 49 MiB against it.
+        // test (which measures the whole process's memory) starts quiet: a
+        // lock flood's answers, ended while the next test measured, would
+        // count against it.
         let t = Instant::now();
         while (1..=2).any(|q| self.0.dev.heads_in_flight(q) > 0)
             && t.elapsed() < Duration::from_secs(10)

@@ -1,5 +1,5 @@
-//! Review of the device's rounds (issue 32): what a round's serve holds
-//! back while a request served in line hangs.
+//! The device's rounds: what a round's serve holds back while a request
+//! served in line hangs.
 
 mod common;
 

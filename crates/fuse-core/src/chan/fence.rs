@@ -5,10 +5,9 @@
 //! ([`crate::server::Ctx::enter_host`]), so a request given up never acts
 //! on the host afterwards; the calls already running are counted, so the
 //! client can wait for them (with a bound of its own) and report those
-//! that outlast it.
-//!
-//! Requests that only let go of what the session holds (RELEASE,
-//! RELEASEDIR, FLUSH, DESTROY) are not fenced: see [`runs_when_given_up`].
+//! that outlast it. Requests that only let go of what the session holds
+//! (RELEASE, RELEASEDIR, FLUSH, DESTROY) are not fenced: see
+//! [`runs_when_given_up`].
 //!
 //! State: one atomic word, the closed bit and the number of host calls
 //! inside. Entering adds one and backs out if the bit was set; closing sets

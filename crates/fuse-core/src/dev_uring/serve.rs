@@ -4,11 +4,6 @@
 //! for one entry or for a batch of a queue's entries under one
 //! acquisition of the queue's lock per step.
 //!
-//! A fetch and a commit each run in steps, so the copies happen with no
-//! queue lock held (the request LOCKED while it is copied to the server,
-//! the entry in `Commit` while the reply is copied back) and requests end
-//! after every queue lock is released:
-//!
 //! ```text
 //! fetch:  queue lock: take (FuseReq, copying) │ copy_in │ queue lock: land (Userspace)
 //!         │ SENT, a pending interrupt queued; failed requests ended
@@ -16,10 +11,8 @@
 //!         (Available, or FuseReq with the next request) │ requests ended (callbacks)
 //! ```
 //!
-//! The `Fetched` a fetch hands over is built once, when the entry is
-//! taken (its header and payload buffer moved into it), and filled in
-//! place; a commit moves them back to the entry. Batches keep their
-//! requests in a stack array of [`CHUNK`] slots.
+//! Copies run with no queue lock held; requests end after every queue lock
+//! is released. Batches keep their requests in a stack array of [`CHUNK`].
 
 use super::copy::CopiedIn;
 use super::fetched::Held;

@@ -1,29 +1,8 @@
-//! Fault injection: a [`Filesystem`] wrapper that makes chosen operations
-//! slow, hang, fail, or come up short, from a seed, so that the layers in
-//! front of a filesystem (the engine, the virtio-fs device, a host mount)
-//! can be shown to survive a backend that misbehaves.
-//!
-//! A [`FaultPlan`] is a list of rules, each naming operations (by FUSE
-//! opcode name, or `*` for all), what to do and how often:
-//!
-//! ```text
-//! read:error=EIO:p=0.1, write:short:p=0.5, getattr:hang:p=0.01, *:delay=5ms:p=0.2
-//! ```
-//!
-//! - `delay=DUR` sleeps (`5ms`, `2s`) and then runs the operation;
-//! - `hang` blocks until the request is interrupted (FUSE_INTERRUPT, or the
-//!   virtio-fs device giving up on it after its timeout), or until
-//!   [`Faulty::release_hangs`]; then it fails with EINTR;
-//! - `error=ERRNO` fails without running the operation (a name such as
-//!   `EIO`, or a number);
-//! - `short` runs a READ or WRITE on part of its data (a random length,
-//!   never 0): a short read or write reaches the caller;
-//! - `gather=N` holds a call until N calls are held at once (all rules'
-//!   gathers together), then lets them all go on: N requests in flight at
-//!   once, or a hang for a server that cannot have that many (released
-//!   like a hang);
-//! - `p=P` is the probability (default 1), `after=N` skips the first N
-//!   matching calls, `times=N` applies the rule at most N times.
+//! Fault injection: a [`Filesystem`] wrapper ([`Faulty`]) that makes chosen
+//! operations slow, hang, fail, or come up short, from a seed, so that the
+//! layers in front of a filesystem (the engine, the virtio-fs device, a
+//! host mount) can be shown to survive a backend that misbehaves. What to
+//! inject is a [`FaultPlan`].
 //!
 //! With [`Faulty::with_async_reads`], a READ that the transport offers to
 //! start without waiting ([`Filesystem::read_async`]) gets its fault
@@ -33,10 +12,6 @@
 //! An answer given on another thread (an interrupt, a release, a gather's
 //! last call) goes to the serving loop that started the READ, through its
 //! [`FaultyIo`], and wakes it.
-//!
-//! The first rule whose operation matches and whose draw succeeds applies.
-//! Draws come from one seeded generator, so a single-threaded run repeats
-//! exactly; counters of every fault injected are kept per kind.
 
 use super::{
     Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, FileLock, Filesystem, FsResult, LockReq,
@@ -108,7 +83,31 @@ pub enum PlanError {
     NoFault(String),
 }
 
-/// Rules and a seed (see the module docs).
+/// Rules and a seed. A plan is a list of rules, each naming operations (by
+/// FUSE opcode name, or `*` for all), what to do and how often:
+///
+/// ```text
+/// read:error=EIO:p=0.1, write:short:p=0.5, getattr:hang:p=0.01, *:delay=5ms:p=0.2
+/// ```
+///
+/// - `delay=DUR` sleeps (`5ms`, `2s`) and then runs the operation;
+/// - `hang` blocks until the request is interrupted (FUSE_INTERRUPT, or the
+///   virtio-fs device giving up on it after its timeout), or until
+///   [`Faulty::release_hangs`]; then it fails with EINTR;
+/// - `error=ERRNO` fails without running the operation (a name such as
+///   `EIO`, or a number);
+/// - `short` runs a READ or WRITE on part of its data (a random length,
+///   never 0): a short read or write reaches the caller;
+/// - `gather=N` holds a call until N calls are held at once (all rules'
+///   gathers together), then lets them all go on: N requests in flight at
+///   once, or a hang for a server that cannot have that many (released
+///   like a hang);
+/// - `p=P` is the probability (default 1), `after=N` skips the first N
+///   matching calls, `times=N` applies the rule at most N times.
+///
+/// The first rule whose operation matches and whose draw succeeds applies.
+/// Draws come from one seeded generator, so a single-threaded run repeats
+/// exactly; counters of every fault injected are kept per kind.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct FaultPlan {
     /// Rules, first match wins.
@@ -144,7 +143,7 @@ struct Hung {
     parked: Vec<(u64, super::IoDone, Back)>,
 }
 
-/// `inner` with the faults of a plan (see the module docs).
+/// `inner` with the faults of a plan (see [`FaultPlan`]).
 #[derive(Debug)]
 pub struct Faulty<F> {
     inner: F,

@@ -1,7 +1,6 @@
 //! The server side: a transport-agnostic FUSE dispatcher over a
-//! [`Filesystem`], and worker loops that attach it to a transport end.
-//!
-//! The dispatcher depends on the ABI only, never on engine internals, so the
+//! [`Filesystem`], and worker loops that attach it to a transport end. The
+//! dispatcher depends on the ABI only, never on engine internals, so the
 //! same code serves the in-process device, the emulated ring, and (through
 //! host-mount) the host kernel's `/dev/fuse` and FUSE-over-io_uring.
 //!

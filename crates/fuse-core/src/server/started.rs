@@ -3,23 +3,16 @@
 //! unique, their completions, and the reply rule applied when a
 //! completion is taken ([`complete_started`]).
 //!
-//! Every serving loop (the device's queue threads, the host kernel's FUSE
-//! ring threads, the /dev/fuse workers) owns one [`InFlight`] and the
-//! filesystem's host I/O context made for it ([`Filesystem::new_io`]),
-//! and alone touches them: the loop that owns the context is the one that
-//! completes what was started on it. It lends both to
-//! [`super::serve_slot`] as a [`Start`]; the filesystem hands each
-//! started request's [`IoDone`] back with its result into the
-//! [`Completions`] (before the start returns, or from
-//! [`Filesystem::complete_async`] on that loop); the loop holds the
-//! request with [`InFlight::hold`] (answered at once if its completion is
-//! in already) and takes what completed with
-//! [`InFlight::take_completed`], each request's reply set and ready to
-//! send. Nothing here is shared: no lock, no allocation per request.
+//! Every serving loop owns one [`InFlight`] and the host I/O context made
+//! for it ([`Filesystem::new_io`]), lent together to [`super::serve_slot`]
+//! as a [`Start`]: the loop that owns the context alone completes what was
+//! started on it. Each started request's [`IoDone`] comes back with its
+//! result into the [`Completions`]; [`InFlight::hold`] answers at once a
+//! request already complete, [`InFlight::take_completed`] sets the replies
+//! of the rest. Nothing here is shared: no lock, no allocation per request.
 //!
 //! [`Served::Started`]: super::Served::Started
 //! [`Filesystem::new_io`]: super::Filesystem::new_io
-//! [`Filesystem::complete_async`]: super::Filesystem::complete_async
 
 use super::uring_worker::complete_started;
 use super::{FsResult, IoDone, RingSlot};

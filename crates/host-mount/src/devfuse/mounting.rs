@@ -3,17 +3,15 @@
 //!
 //! The mount point is resolved once, when mounting (symlinks followed, as
 //! the operator named it): the mount goes on that very directory, through
-//! an fd of it, and the kernel's name for the directory (no symlink in it)
-//! is where the daemon later looks for its mount, resolving that name
-//! again with no symlink followed (`openat2` with RESOLVE_NO_SYMLINKS, or
-//! a component at a time with O_NOFOLLOW before Linux 5.6), its parent
-//! directory checked to be the one it was when mounting: a host user who
-//! controls a directory on the way cannot point it at another mount, with
-//! a symlink or by renaming directories.
-//! The mount's identity (its superblock's device; its unique mount id,
-//! Linux 6.8 on) is read from the new mount itself before it is attached
-//! (fsopen/fsmount/move_mount); only where the kernel mounts FUSE with
-//! mount(2) alone is it read from that name right after mounting.
+//! an fd of it, and the kernel's name for it (no symlink in it) is where
+//! the daemon later looks for its mount, resolving that name with no
+//! symlink followed (`openat2` RESOLVE_NO_SYMLINKS, or O_NOFOLLOW a
+//! component at a time before Linux 5.6) and its parent directory checked
+//! to be the one it was: a host user who controls a directory on the way
+//! cannot point it at another mount. The mount's identity (its superblock's
+//! device; its unique mount id, Linux 6.8 on) is read from the new mount
+//! before it is attached (fsopen/fsmount/move_mount), or, where only
+//! mount(2) can mount FUSE, from that name right after mounting.
 
 use super::MountOptions;
 use host_io::sys;

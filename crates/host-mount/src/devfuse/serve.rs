@@ -2,37 +2,17 @@
 //! mount` without `--io-uring`): the /dev/fuse counterpart of
 //! `kernel_uring::serve`.
 //!
-//! Each worker thread reads from its own clone of the connection's fd
-//! (FUSE_DEV_IOC_CLONE, non-blocking) into `depth` page-aligned slots of
-//! one mapping (`kernel_uring::arena`). A READ, WRITE, FSYNC, FSYNCDIR or
-//! FALLOCATE the filesystem can start without waiting
-//! ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
-//! [`Dispatcher::start_no_data`]: the passthrough's io_uring of this
-//! worker's host I/O context, which the thread owns)
-//! is started and keeps its slot: a READ's data goes straight into the
-//! slot, a WRITE's comes from it. The thread goes on reading the next
-//! request while they run. Everything else is served in line and answered
-//! at once, its slot free again. Started I/O is submitted as soon as it
-//! is started, at most a system call each (submitting it all once no
-//! request waited had a pass's reads reach the disk together and come
-//! back together). Once no request waits (EAGAIN), completions
-//! are taken and answered (one `writev` each, header and data: /dev/fuse
-//! takes one reply per write), and the thread waits in one `poll` for a
-//! request, a completion (the filesystem's eventfd) or an answer given on
-//! another thread (its wake eventfd). With every slot busy it stops
-//! reading until one is free, so it never holds more than `depth`.
-//!
-//! Slot layout: a message is read to `MSG_AT`, a page less the 80 bytes
-//! of `fuse_in_header` and `fuse_write_in`, so a WRITE's data begins on a
-//! page (an O_DIRECT host file takes it in place) and a READ's data goes
-//! to the page after its 80-byte request, each within the slot.
-//!
-//! Requests go through the same dispatcher as on every other transport. A
-//! request that waits (SETLKW) is parked and answered from whichever
-//! thread ends the wait, through this worker's fd (the request is in its
-//! processing list); it holds no slot. FUSE_INTERRUPT arrives like any
-//! request and cancels a started op by its unique through the filesystem.
-//! A started op whose host call hangs holds only its slot.
+//! Each worker reads from its own clone of the connection's fd into
+//! `depth` page-aligned slots of one mapping (`kernel_uring::arena`), a
+//! message at `MSG_AT` so a WRITE's data begins on a page and a READ's goes
+//! to the next page. A READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE the
+//! filesystem can start ([`Dispatcher::start_read`],
+//! [`Dispatcher::start_write`], [`Dispatcher::start_no_data`]) keeps its
+//! slot and is submitted at once; the rest is served in line and answered,
+//! its slot free. Once no request waits, completions are answered (one
+//! `writev` each) and the thread waits in one `poll` (its fd while a slot is
+//! free, the filesystem's eventfd, its wake eventfd). A parked SETLKW holds
+//! no slot; a hung op holds only its own. See docs/DESIGN.md, "Host mounts".
 
 use super::DevFuse;
 use crate::kernel_uring::arena::{Arena, Payload, PAGE};

@@ -2,23 +2,17 @@
 //! one anonymous mapping per queue (a second, one-slot mapping for each
 //! entry beyond the queue's depth).
 //!
-//! The memory is no Rust object: the kernel's FUSE ring writes a request's
-//! payload into a slot while the entry's command is in flight, and a READ
-//! started on the serving thread's io_uring writes its data there while the
-//! entry waits for its commit. Both only ever hold the slot through an
-//! `Arc<Arena>`: the mapping goes when the last holder (entries, and the
-//! [`PayloadMem`] a started READ keeps until its completion is taken) lets
-//! go of it, never under a write in flight.
-//!
-//! A slot is lent to the filesystem as a [`PayloadMem`] (an
-//! `Arc<dyn ClientMem>` it may keep, clone and use after the request was
-//! answered), so each slot has a [`Gate`]: a generation, and counts of the
-//! host I/O and the copies running on it. A `PayloadMem` belongs to the
-//! generation it was made in. Before the serving loop reuses a slot (hands
-//! it back to the kernel, frees it, or touches it through a Rust slice) it
-//! calls [`Payload::take_back`]: the generation moves on, so the
-//! `PayloadMem`s of the old one refuse I/O (`begin_io` false, copies EIO),
-//! and it waits for what they already run to end.
+//! The kernel's FUSE ring writes a request's payload into a slot, and a
+//! started READ its data, so the memory is no Rust object: both hold it
+//! through an `Arc<Arena>`, and the mapping goes only when the last holder
+//! (entries, a started READ's [`PayloadMem`]) lets go, never under a write
+//! in flight. A slot lent to the filesystem as a [`PayloadMem`] may be kept
+//! past the answer, so each slot has a [`Gate`]: a generation, and counts
+//! of the host I/O and copies running. Before the serving loop reuses a
+//! slot (hands it to the kernel, frees it, or makes a Rust slice of it) it
+//! calls [`Payload::take_back`]: the generation moves on, so older
+//! `PayloadMem`s refuse I/O (`begin_io` false, copies EIO), and it waits
+//! for what they already run to end.
 
 use fuse_core::{ClientMap, ClientMem, Errno, HostSpan};
 use std::ptr::NonNull;

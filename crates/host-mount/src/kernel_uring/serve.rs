@@ -1,62 +1,17 @@
 //! Serving one queue of the kernel's FUSE ring with many requests in
-//! flight on one thread.
+//! flight on one thread ([`serve_queue`]).
 //!
-//! The thread registers `depth` entries. Whatever they fetched is served
-//! in one pass: a READ the filesystem can start without waiting
-//! ([`Filesystem::read_async`], on the io_uring of the passthrough's host
-//! I/O context, which the thread owns: [`Filesystem::new_io`]) is
-//! started straight into the entry's payload buffer and left running, so
-//! the thread goes on to the next fetched request; so is a WRITE
-//! ([`Filesystem::write_async`]) from the payload buffer its data came
-//! in, its `fuse_write_out` put there once it is over; everything else is
-//! served in line and its COMMIT_AND_FETCH queued. Started I/O is
-//! submitted as soon as it is started (at most a system call each), not
-//! once a pass: submitted together at the pass's end, 16 O_DIRECT reads
-//! reached the disk together, came back together, and the queue's next
-//! 16 waited on that convoy (cold 4 KiB reads at depth 16: about 1.1x the
-//! once-a-pass build, 0.63x to 0.67x of raw fio in a 20-round run;
-//! docs/BENCHMARKS.md, "Breaking the convoy"); what is started is what
-//! waits for the disk or a worker, so the system call is small beside
-//! what it starts. The /dev/fuse workers (`devfuse::serve`) do the same.
-//! Then finished READs are taken and their entries' commits
-//! queued, and the thread waits: the queued commits
-//! go to the kernel in the same io_uring_enter that waits for what comes
-//! next. A started READ's COMMIT_AND_FETCH is issued when its I/O
-//! completes, in any order with the others (the kernel's entries are
-//! independent).
-//!
-//! One wait point: the filesystem's completion eventfd is polled
-//! (IORING_OP_POLL_ADD) on the queue's own ring, beside its FUSE commands
-//! and the eventfd [`KernelQueue::wake_queue`] writes. That ring is the thread's
-//! (SINGLE_ISSUER, DEFER_TASKRUN): the one `io_uring_enter` that submits
-//! the pass's commits also waits for new requests, READ completions and
-//! answers given on other threads, with no epoll set and no extra system
-//! call to wait on a second ring. (The READs themselves run on the
-//! filesystem's own io_uring, in the host I/O context the thread owns,
-//! which this crate's passthrough makes and registers its fixed buffers
-//! with; sharing one ring for both would tie the passthrough to this
-//! transport.)
-//!
-//! Requests still go through the same dispatcher as every other transport
-//! (the kernel did admission and times requests out; FUSE_INTERRUPT
-//! arrives on /dev/fuse and cancels a started READ by its unique through
-//! the filesystem). A request that waits (SETLKW) is parked on its entry
-//! and another entry is registered in its place, as `run_ring_worker`
-//! does; then the kernel is nudged ([`KernelQueue::nudge`]), since the
-//! requests that queued up while no entry was free go only to an entry
-//! that commits, and the parked one will not. FSYNC, FSYNCDIR and
-//! FALLOCATE are started like READs where the filesystem can (their
-//! waits run on its io_uring's io-wq workers); the rest, and what the
-//! filesystem declines, are served in line (see docs/DESIGN.md).
-//!
-//! A READ that hangs holds only its own entry: the others keep serving.
-//! When the connection goes, the thread's entries are dropped, but the
-//! payload slot a READ still reads into stays mapped until its completion
-//! is taken (see `kernel_uring::arena`); the thread itself ends only once
-//! the ring of its host I/O context (dropped with its server, before the
-//! entries it holds) has cancelled and drained its I/O, so a
-//! READ stuck in the host (a hard NFS mount) holds the thread until the
-//! daemon's grace period at exit.
+//! The thread registers `depth` entries and serves what they fetched in
+//! passes. A READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE the filesystem can
+//! start runs on the thread's host I/O context ([`Filesystem::new_io`]),
+//! straight on the entry's payload buffer, and is submitted as soon as it
+//! is started (once a pass, a pass's reads would reach the disk, and come
+//! back, as one convoy); the rest is served in line. The COMMIT_AND_FETCHes
+//! of what is answered go to the kernel in the one `io_uring_enter` that
+//! also waits for new requests, the filesystem's completion eventfd and
+//! [`KernelQueue::wake_queue`]. A parked SETLKW keeps its entry, another is
+//! registered and the kernel nudged ([`KernelQueue::nudge`]). A hung
+//! request holds only its own entry. See docs/DESIGN.md, "Host mounts".
 
 use super::{EntState, KernelQueue, KernelSlot};
 use fuse_core::abi::Opcode;

@@ -1,25 +1,18 @@
 //! POSIX locks across a live migration.
 //!
-//! The source saves, for each owner's description, the OFD locks the host
-//! kernel says it holds (`/proc/self/fdinfo`: the kernel's own list, so
-//! write locks need no tracking here). The destination opens a
-//! description per owner again and takes each lock. The source still holds
-//! them until its daemon ends (after the VM runs on the destination), so a
-//! lock that conflicts is *pending*: a thread retries it every
-//! `RETRY_EVERY` until the source lets go (or `RETRY_FOR` passed, which
-//! is reported). Meanwhile the daemon holds a pending lock for its owner:
-//! another owner's lock that conflicts is refused (EAGAIN) or, a SETLKW,
-//! waits until the range is no longer pending; GETLK names it. The owner
-//! itself changes it freely: a change wholly within its pending ranges is
-//! made to them (a downgrade, an unlock); any other lock or unlock it is
-//! granted takes its range out of them. All this happens under
-//! `Pending`'s lock, taken before any description's `held`, so the retry
-//! thread never takes back a range the client just changed. A change of
-//! the owner's that reaches past its pending ranges, or upgrades a read
-//! lock in them, goes to the host (where the source's lock still is): a
-//! SETLKW of it waits until the retry thread has taken the owner's pending
-//! ranges it overlaps, so no other owner's wait gets in between. FLUSH and
-//! the last RELEASE take the owner's out.
+//! The source saves each owner description's OFD locks as the host kernel
+//! lists them (`/proc/self/fdinfo`). The destination opens a description
+//! per owner again and takes each lock; one the source still holds is
+//! *pending*, retried every `RETRY_EVERY` until the source lets go (or
+//! `RETRY_FOR` passed, which is reported). The daemon holds a pending lock
+//! for its owner: another owner's conflicting lock gets EAGAIN, or waits
+//! (SETLKW) until the range is no longer pending; GETLK names the owner.
+//! The owner's own change wholly within its pending ranges is made to them;
+//! one reaching past them, or an upgrade, goes to the host (a SETLKW once
+//! the owner's overlapping pending ranges were taken), and what it is
+//! granted leaves them. All under `Pending`'s lock (before any
+//! description's `held`), so the retry thread never takes back a range the
+//! client changed. FLUSH and the last RELEASE take the owner's out.
 
 use super::owners::{Key, OwnerDesc, OwnerTable};
 use super::range::{Span, OFFSET_MAX};

@@ -1,27 +1,18 @@
 //! FALLOCATEs started without waiting (`Filesystem::fallocate_async`): the
 //! kernel runs each on one of the ring's io-wq workers (a fallocate may
 //! wait for the disk: zeroing or punching a large range, allocating in a
-//! full filesystem), so the serving thread goes on at once.
+//! full filesystem), so the serving thread goes on at once. Files without
+//! non-blocking I/O (tmpfs, where a fallocate only takes pages) are served
+//! in line.
 //!
 //! **Credentials.** As the usual path (`op_fallocate`): the caller's,
-//! without CAP_SYS_RESOURCE, carried by a personality of the ring
-//! registered under them (`write.rs` tells why a personality, and keeps
-//! the cache). A fallocate refused with EACCES or EPERM is done again in
-//! line, as a refused write is, for a security module that refuses ops
-//! with a personality where the same credentials on the thread pass.
+//! without CAP_SYS_RESOURCE, in a personality of the ring (`write.rs`). One
+//! refused with EACCES or EPERM is done again in line, as a refused write
+//! is (a security module may refuse ops run with a personality).
 //!
 //! **Locking.** The usual path holds the inode's `io_lock` exclusively; a
-//! started one cannot hold it to its completion (see `write.rs`), so it
-//! takes nothing. The host orders it against every single write call,
-//! truncate and other fallocate of the file (ext4 and xfs take the
-//! inode's i_rwsem and wait for direct I/O in flight); what it no longer
-//! excludes is landing between the calls of a write the host takes in
-//! several, as a started write's own note says. The kernel's FUSE client
-//! holds its inode lock across a FALLOCATE that changes the size or
-//! punches a hole, and across a synchronous write, so only its
-//! asynchronous direct writes (FUSE_ASYNC_DIO) can be in flight beside
-//! one. Files without non-blocking I/O (tmpfs, where a fallocate only
-//! takes pages) are served in line.
+//! started one holds nothing, as a started write (`write.rs`; what that
+//! allows: docs/DESIGN.md, "Parallel direct writes").
 
 use super::write::WriteCreds;
 use super::{NoData, PassthroughFs, PassthroughIo};

@@ -1,50 +1,18 @@
-//! WRITEs started without waiting (`Filesystem::write_async`), the
-//! counterpart of the started READs of `started.rs`: queued on this
-//! thread's ring straight from the client's memory, submitted (with
-//! others, or at once) by `submit_async`, answered by `complete_async`. They have the
-//! effects of the usual path (`op_write`): its credentials, setuid and
-//! setgid clearing by the host, the daemon's own clearing of a renamed
-//! capability xattr, short writes continued to the end.
+//! WRITEs started without waiting (`Filesystem::write_async`): queued on
+//! the serving loop's ring straight from the client's memory, submitted by
+//! `submit_async`, answered by `complete_async`, with the effects of the
+//! usual path (`op_write`): its credentials, setuid and setgid clearing by
+//! the host, a renamed capability xattr cleared, short writes continued.
 //!
-//! **Credentials.** An op does not take the credentials the thread has
-//! when it was queued: the kernel issues it inside the `io_uring_enter`
-//! that submits it (later, under whatever the thread has then: its own,
-//! or another request's if a waiting op of that request submits the
-//! queue), or on an io-wq worker with the credentials captured at the
-//! punt. So each write carries a personality of the ring
-//! (IORING_REGISTER_PERSONALITY) registered while the thread had exactly
-//! the credentials `op_write` runs the write under (fsuid, fsgid, groups
-//! and the capabilities of `Caps::Data`, CAP_FSETID dropped for
-//! FUSE_WRITE_KILL_SUIDGID): the kernel then runs it as those wherever it
-//! issues it. Personalities are kept per ring by those credentials, at
-//! most [`MAX_PERSONAS`], so a thread switches its credentials only for
-//! the first write of each.
+//! **Credentials.** The kernel issues an op later than it is queued, or on
+//! an io-wq worker, so each write carries a personality of the ring
+//! registered while the thread had the credentials `op_write` would use
+//! (kept per ring by those credentials, at most [`MAX_PERSONAS`]).
 //!
-//! **Locking.** The usual path holds the inode's `io_lock` for the write:
-//! shared for a direct-I/O handle with parallel direct writes, exclusive
-//! otherwise. A started write cannot hold a guard until its completion
-//! (the lock would be held by no running code, and this thread taking it
-//! exclusively before the completion, for a truncate, would wait for
-//! itself), so only writes that would take it shared are started, and
-//! they take nothing. What a started write does not exclude is what the
-//! shared lock excluded beyond the host's own ordering. The host orders
-//! its calls: a write call and a truncate or fallocate of the same file do
-//! not interleave (ext4 and xfs take the inode's i_rwsem for both, and a
-//! size change waits for direct I/O in flight). But a write the host takes
-//! in more than one call (a short count continued, or more client spans
-//! than one call carries) may have a truncate (SETATTR of the size) or
-//! FALLOCATE of the inode that arrives meanwhile land between its parts,
-//! where the usual path would have run it before or after the whole
-//! write. Only a client with such a WRITE and a size change in flight at
-//! once can see it: the kernel's FUSE client holds its inode lock across
-//! a synchronous write and takes it exclusively to truncate, but with
-//! FUSE_ASYNC_DIO (offered with `--io-uring`) an O_DIRECT write submitted
-//! through io_uring or AIO returns to its caller unanswered, and a
-//! truncate can follow while it runs. No serial order of the two gives
-//! the interleaved result; it needs a host short count, and is left so.
-//! Writes that would take the lock exclusively (buffered and writeback
-//! writes, which must not run beside a truncate or each other) are served
-//! the usual way.
+//! **Locking.** Only writes the usual path would run under the inode's
+//! `io_lock` shared are started, and they hold nothing (no guard can live
+//! until the completion): a write the host takes in several calls may have
+//! a truncate or FALLOCATE land between its parts (docs/DESIGN.md).
 
 use super::{PassthroughFs, Pending};
 use crate::client_io::{aligned, iovecs};
@@ -183,10 +151,8 @@ impl PassthroughFs {
         // Only O_DIRECT to a file with non-blocking I/O, issued inside the
         // submit and completed by the device. A buffered host write would
         // run on an io-wq worker: the host serialises buffered writes to a
-        // file on its inode lock, so the workers add only hand-offs (1 MiB
-        // writes at depth 4 on the device measured 0.84x / 0.90x of
-        // virtiofsd on ext4 / tmpfs so, 1.04x / 1.02x in line; a punted
-        // 4 KiB write 0.32x of pwrite, `io.rs`).
+        // file on its inode lock, so the workers add only hand-offs
+        // (docs/BENCHMARKS.md, "With depth (issue 16)").
         let in_submit = h.uring && h.odirect;
         if !in_submit || !aligned(&*mem) {
             return Err(done);

@@ -1,29 +1,18 @@
 //! Serving on the vring thread: each request queue's vring thread serves
-//! the requests it pops itself, through the engine, instead of handing
-//! each to a ring worker thread, and keeps many of them in flight.
+//! the requests it pops itself, through the whole engine (admission,
+//! tickets, timeouts), instead of handing each to a ring worker thread
+//! (a wake-up of another thread, most of a request's latency at depth 1),
+//! and keeps many of them in flight.
 //!
-//! A hand-off costs a wake-up of another thread (tens of microseconds on a
-//! small VM host), which at queue depth 1 is most of a request's latency;
-//! and serving one request to completion before popping the next leaves a
-//! disk idle while the guest has many reads queued. So the vring thread
-//! owns entries of its engine ring queue (reserved for it: they take
-//! requests only while it submits, or on their own commit), as many as it
-//! has requests in flight, up to the queue's size. It serves each round
-//! `submit.rs` sent to its entries as one chunk: it fetches each request
-//! and either starts it (a READ into the guest's buffers on a file that
-//! can do non-blocking I/O, or a WRITE from them that the filesystem can
-//! start, e.g. O_DIRECT: queued on the thread's host I/O context and
-//! answered when its completion is taken) or serves it in line and
-//! commits it at once. Every `submit_batch` started requests, and at the
-//! end of the kick, the started I/O is submitted with one system call and
-//! what completed is committed; the rest completes later: the context's
-//! eventfd is in the vring thread's epoll beside the kick, so whichever
-//! comes first is served at once. Requests still pass through the whole
-//! engine: admission, tickets, timeouts.
-//!
-//! A request that may wait (SETLKW) never goes to these entries. A host
-//! call that hangs in line would hold up the vring thread, so the watchdog
-//! ([`watchdog`]) drains the queue in its place while it is stuck.
+//! It owns entries of its engine ring queue, reserved for it (they take
+//! requests only while it submits, or on their own commit), up to the
+//! queue's size. Each round `submit.rs` sent to them is one chunk: every
+//! request is started on the thread's host I/O context where the
+//! filesystem can, or served in line and committed at once. Every
+//! `submit_batch` started requests, and at the end of the kick, the
+//! started I/O is submitted and what completed committed; later
+//! completions wake the thread through its epoll. A request that may wait
+//! (SETLKW) never comes here; a thread stuck in line is drained by [`watchdog`].
 
 use super::hiprio::ForgetsBy;
 use super::notify::{notify, Chunks, LARGE, SLOW_REQUEST_PART};
@@ -66,7 +55,8 @@ pub(crate) struct QueueServer {
     /// and their completions, as the filesystem hands them back (from
     /// `complete_async` on this thread).
     started: InFlight<Fetched>,
-    /// READs started since the last submit.
+    /// Requests started since the last submit and still running (READ,
+    /// WRITE, FSYNC, FSYNCDIR, FALLOCATE).
     fresh: usize,
     /// The filesystem's completion fd is in this thread's epoll.
     pub(super) fd_registered: Option<i32>,
@@ -135,11 +125,11 @@ impl QueueServer {
     }
 
     /// Serves what this thread's entries hold, up to `budget` requests,
-    /// one at a time: starts READs and WRITEs where the filesystem can,
-    /// serves the rest in line, and commits each answer at once (an answer
-    /// is never held behind the next request, which may hang in a host
-    /// call; what is not fetched yet, the watchdog can hand to the
-    /// workers). Returns how many it served or started.
+    /// one at a time: starts what the filesystem can (READ, WRITE, FSYNC,
+    /// FSYNCDIR, FALLOCATE), serves the rest in line, and commits each
+    /// answer at once (an answer is never held behind the next request,
+    /// which may hang in a host call; what is not fetched yet, the watchdog
+    /// can hand to the workers). Returns how many it served or started.
     pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> usize {
         let mut n = 0;
         while n < budget {
@@ -189,7 +179,7 @@ impl QueueServer {
         disp.fs().async_fd(io)
     }
 
-    /// READs started since the last submit.
+    /// Requests started since the last submit and still running.
     pub(crate) fn unsubmitted(&self) -> usize {
         self.fresh
     }
@@ -237,8 +227,9 @@ fn io_of<'a, F: Filesystem>(
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Pops and submits until the queue is empty (false) or admission is
     /// full (true: the chain went back to the avail ring), serving on this
-    /// thread as it goes: READs started, the rest served in line; then
-    /// submits the started I/O at once and answers what completed.
+    /// thread as it goes: what the filesystem can start is started, the
+    /// rest served in line; then submits the started I/O at once and
+    /// answers what completed.
     pub(super) fn drain_requests(&self, vring: &Vring, q: RqId) -> bool {
         let k = self.inner.cfg.inline_per_batch;
         if k == 0 {

@@ -1,25 +1,17 @@
 //! The device's state in a live migration (VHOST_USER_PROTOCOL_F_DEVICE_STATE).
 //!
-//! With the VM stopped and every ring stopped (their requests answered,
-//! see `stop_vring`), QEMU asks the source for its state over a pipe
-//! (SET_DEVICE_STATE_FD, SAVE) and hands it to the destination's daemon
-//! (LOAD), then asks each whether that went well (CHECK_DEVICE_STATE). The
-//! state is what the guest's FUSE session holds and the new daemon must
-//! honour without the guest knowing: the INIT the guest sent (replayed to
-//! the destination's dispatcher and filesystem, so they negotiate exactly
-//! what the source did) and the filesystem's own state (node ids, handles:
-//! `Filesystem::save_state`).
+//! With the VM and every ring stopped (their requests answered, see
+//! `stop_vring`), QEMU asks the source for its state over a pipe
+//! (SET_DEVICE_STATE_FD, SAVE), hands it to the destination's daemon (LOAD)
+//! and asks each whether that went well (CHECK_DEVICE_STATE, which waits
+//! for the pipe's own thread). The state is the INIT the guest sent
+//! (replayed to the destination's dispatcher and filesystem, so they
+//! negotiate what the source did) and `Filesystem::save_state`'s.
 //!
-//! Format (little-endian): 8 bytes of magic, a u32 version, the guest's
-//! INIT body and the filesystem's state as length-prefixed byte strings,
-//! and an FNV-1a 64 of all that. The destination checks each before using
-//! anything: a corrupt or hostile stream fails the load (QEMU then fails
-//! the migration and the source VM goes on), never a panic.
-//!
-//! The pipe is written and read on a thread of its own (QEMU reads the
-//! source's pipe only after SET_DEVICE_STATE_FD returns); the state itself
-//! is taken at once, while the device is stopped. CHECK_DEVICE_STATE
-//! waits for that thread.
+//! Format (little-endian): 8 bytes of magic, a u32 version, the INIT body
+//! and the filesystem's state as length-prefixed byte strings, and an
+//! FNV-1a 64 of all that. The destination checks each before using
+//! anything: a corrupt or hostile stream fails the load, never a panic.
 
 use fuse_core::abi::InHeader;
 use fuse_core::abi::Opcode;

@@ -89,9 +89,10 @@ impl Drop for SignalBatch<'_> {
 pub(super) const CHUNK_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// A request served in line that took this part of the chunk time (5 µs
-/// by default) is signalled at once, with the answers before it: a
-/// metadata call takes tens of µs and a notification about 1 µs, a
-/// cached 4 KiB read about 2 µs.
+/// by default) is signalled at once, with the answers before it: beside
+/// a metadata call a notification of its own costs little, beside a
+/// cached 4 KiB read it does not (docs/BENCHMARKS.md, "The short request
+/// path, third steps").
 pub(super) const SLOW_REQUEST_PART: u32 = 10;
 
 /// How a vring thread cuts the requests it serves in line into chunks,
@@ -100,7 +101,7 @@ pub(super) const SLOW_REQUEST_PART: u32 = 10;
 /// or one of its requests took [`SLOW_REQUEST_PART`] of it) or moved a
 /// large READ or WRITE (at least [`LARGE`] bytes), so a guest
 /// hears of slow and large answers as each is done rather than after
-/// several (a copy of 1 MiB takes about 100 µs).
+/// several (a large copy takes as long as many small requests).
 #[derive(Debug)]
 pub(super) struct Chunks {
     size: usize,

@@ -1,26 +1,17 @@
-//! Live migration: the device's writes into guest memory are logged in
-//! the frontend's dirty-page log, and a ring stop (GET_VRING_BASE) answers
-//! every request popped from the ring before it returns. A stop or a reset
-//! then gives up what is left ([`FsDevice::give_up`]): none of it acts on
-//! the host afterwards, and the host work already under way is waited for,
-//! with a bound.
+//! Live migration and ring stops: the device's writes into guest memory are
+//! logged in the frontend's dirty-page log, and a ring stop
+//! (GET_VRING_BASE) answers every request popped from the ring before it
+//! returns ([`FsDevice::drain_ring`]). A stop or a reset then gives up what
+//! is left ([`FsDevice::give_up`]): none of it acts on the host afterwards,
+//! and the host work already under way is waited for, with a bound.
 //!
-//! **Dirty log.** Guest RAM is `GuestMemoryMmap<LogBitmap>`: once
-//! the frontend sets a log (`VHOST_USER_SET_LOG_BASE`, mapped by
-//! vhost-user-backend into each region's bitmap) every write through
-//! vm-memory (reply headers, copied payloads, the used ring) marks its
-//! pages. A READ by reference does not go through vm-memory: the
-//! passthrough fills the chain's writable descriptors by host address
-//! (preadv2, io_uring READV or READ_FIXED, io-wq workers). So every used
-//! entry is published by [`FsDevice::publish`], which first marks all of
-//! the chain's device-writable descriptors dirty (whenever a log is set,
-//! as vm-memory's own writes are) and only then adds the entry.
-//! Host I/O into a chain's buffers has ended before it is answered (see
-//! `guest_mem.rs`), so nothing lands in them after the mark. Chains a ring
-//! stop gives up on are marked once their I/O was waited for.
-//!
-//! **Ring stop drains.** See [`FsDevice::drain_ring`] and "Dirty log and ring stops" in
-//! docs/DESIGN.md.
+//! Dirty log: writes through vm-memory mark their pages themselves; a READ
+//! by reference fills guest memory by host address, so every used entry is
+//! published by [`FsDevice::publish`], which marks all of the chain's
+//! device-writable descriptors dirty and only then adds the entry. Host
+//! I/O into a chain's buffers has ended before it is answered, and chains
+//! a stop gives up on are marked once their I/O was waited for, so nothing
+//! lands after the mark. See docs/DESIGN.md, "Dirty log and ring stops".
 
 use super::*;
 use crate::chain::Seg;
@@ -55,8 +46,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// (`LogBitmap`).
     pub(super) fn mark_written(&self, mem: &GuestMmap, segs: &[Seg]) {
         // No log on any region (no migration ever began): nothing to find
-        // per descriptor. The region lookups below cost 2-3% of the vring
-        // thread's CPU on warm 4 KiB reads.
+        // per descriptor, and the region lookups below are skipped
+        // (docs/BENCHMARKS.md, "The dirty log's cost on the hot path").
         if !mem.iter().any(|r| r.bitmap().is_on()) {
             return;
         }

@@ -3,22 +3,16 @@
 //! ticket, `request.rs`), **send** them to the engine as one batch (one
 //! lock for their admission, one for their ring entries, one clock read),
 //! and, on the vring thread, **serve** what its own entries got as one
-//! chunk, answered with one guest notification (`inline.rs`,
-//! `notify.rs`): on the vring thread a round is a chunk (`submit_batch`
-//! requests), so the guest hears of the first answers as soon as it did
-//! when requests were sent one by one. A round ends early at a chain that
-//! does not go into the batch (its *tail*): a malformed or refused chain
-//! is answered right after the send, still under `pop_lock` (so before
-//! any ring stop can pass); a lock call is sent before the round is
-//! served; an INIT after it (its end of the old session waits for what
-//! the old session has running, this round included), and only if the
-//! ring was not stopped meanwhile.
+//! chunk (`inline.rs`, `notify.rs`: a round is a chunk there). A round ends
+//! early at a chain that does not go into the batch (its *tail*): a
+//! malformed or refused chain is answered right after the send, still
+//! under `pop_lock`; a lock call is sent before the round is served; an
+//! INIT after it, and only if the ring was not stopped meanwhile.
 //!
-//! When admission is full, the chains the engine refused and the tail go
-//! back to the avail ring (the queue's next index moved back over them,
-//! under `pop_lock`), so nothing popped is held by the device unsent, and
-//! the queue stalls until a request ends. Nothing is answered or given
-//! back before the send, so moving back over the tail is always right.
+//! When admission is full, the refused chains and the tail go back to the
+//! avail ring (under `pop_lock`), so nothing popped is held unsent, and the
+//! queue stalls until a request ends. Nothing is answered or given back
+//! before the send, so moving back over the tail is always right.
 
 use super::*;
 use fuse_core::EndFn;

@@ -3,17 +3,15 @@
 //! [`VhostFrontend::connect`] connects to any vhost-user-fs socket (fusebox
 //! or virtiofsd), shares memfd "guest memory", sets up the hiprio queue and
 //! N request queues as a driver would, and puts a fuse-core [`Chan`] on
-//! top: its in-process device end is pumped into the virtqueues. So the
-//! guest's FUSE client is the engine itself, with its admission,
-//! interrupts and abort, and [`Client`] makes POSIX-like calls through it.
+//! top, its in-process device end pumped into the virtqueues: the guest's
+//! FUSE client is the engine itself, and [`Client`] calls go through it.
 //!
 //! Threads: one submitter reads requests from the engine's device end and
 //! places each in a free slot of a queue (FORGET and INTERRUPT on hiprio,
 //! the others round-robin over the request queues); one completer per
 //! queue waits on its call eventfd, reads the used ring and hands each
-//! reply back to the engine. Slot state is guarded by its queue's `state`
-//! mutex; a slot is `Free` or `InFlight` (the submitter claims it, the
-//! completer frees it).
+//! reply back to the engine. A slot (under its queue's `state` mutex) is
+//! `Free` or `InFlight`: the submitter claims it, the completer frees it.
 
 use fuse_core::abi::{InHeader, Opcode, OutHeader};
 use fuse_core::client::Client;

@@ -1,4 +1,4 @@
-//! Parsing a [`FaultPlan`] (see the module docs of `faults`).
+//! Parsing a [`FaultPlan`] (its syntax is on the type).
 
 use super::{Fault, FaultPlan, PlanError, Rule};
 use crate::abi::Opcode;
