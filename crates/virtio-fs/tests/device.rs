@@ -8,7 +8,6 @@ mod common;
 
 use common::*;
 use fuse_core::abi::Opcode;
-use fuse_core::server::Filesystem;
 use fuse_core::Errno;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
