@@ -16,9 +16,10 @@
 
 use crate::chain::{Chain, ChainError};
 use crate::guest_mem::{GuestSpans, MapCache};
+use ids::{RqId, Vq, HIPRIO};
 use inline::QueueServer;
 use notify::{notify, Chunks};
-use queue::{RequestQueue, RqId, Vq, HIPRIO};
+use queue::RequestQueue;
 use ticket::{Finish, Ticket, TicketState, ORPHAN_ENDED, ORPHAN_NO, ORPHAN_YES};
 
 mod answer;
@@ -26,6 +27,7 @@ mod backend;
 mod exit_fds;
 mod heads;
 mod hiprio;
+mod ids;
 mod inline;
 mod lock_calls;
 mod migration;
@@ -247,7 +249,17 @@ impl<F: Filesystem + 'static> Inner<F> {
 
     /// The request queue on virtqueue `vq`, if it is one.
     fn request_queue(&self, vq: usize) -> Option<RqId> {
-        RqId::from_vq(vq, self.queues.len())
+        RqId::from_vq(vq, self.count())
+    }
+
+    /// How many request queues the device has (the `count` of `ids.rs`).
+    fn count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// The counters of virtqueue `vq` (hiprio, or a request queue).
+    fn counters(&self, vq: impl Into<Vq>) -> &crate::stats::QueueStats {
+        &self.stats.queues[vq.into().index()]
     }
 }
 
@@ -399,7 +411,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// threads (call once, after the daemon is made, before serving).
     pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Self>>]) -> io::Result<()> {
         *lock(&self.inner.handlers) = handlers.iter().map(Arc::downgrade).collect();
-        for q in RqId::all(self.inner.queues.len()) {
+        for q in RqId::all(self.inner.count()) {
             // A request queue's vring runs on its thread (`RqId::thread`).
             let h = handlers
                 .get(q.thread())
@@ -407,7 +419,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             h.register_listener(
                 std::os::fd::AsRawFd::as_raw_fd(&self.inner.queue(q).resume),
                 EventSet::IN,
-                q.resume_event(self.num_queues()),
+                q.resume_event(self.inner.count()),
             )?;
         }
         Ok(())
@@ -417,7 +429,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// stalled on admission and may go on; `register_listeners` hands it
     /// to the vring thread of that queue.
     pub fn resume_fd(&self, i: usize) -> Option<std::os::fd::RawFd> {
-        let q = RqId::from_index(i, self.inner.queues.len())?;
+        let q = RqId::from_index(i, self.inner.count())?;
         Some(std::os::fd::AsRawFd::as_raw_fd(&self.inner.queue(q).resume))
     }
 
@@ -457,7 +469,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // stop rather than spin; the next kick retries.
             idle += 1;
             if idle == 2 {
-                self.inner.stats.queues[q.index()]
+                self.inner
+                    .counters(q)
                     .malformed
                     .fetch_add(1, Ordering::Relaxed);
                 break;

@@ -101,7 +101,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // What a migration replays is the INIT the guest was granted.
             self.inner.migration.init_answered(t.unique, error == 0);
         }
-        self.inner.stats.queues[t.queue.vq()]
+        self.inner
+            .counters(t.queue)
             .completed
             .fetch_add(1, Ordering::Relaxed);
         // The server may have written the chain's pages by host address

@@ -2,7 +2,7 @@
 //! `VhostUserBackend` (features, config space, ring stop and reset, memory
 //! table, events), split from `device.rs`.
 
-use super::queue::Event;
+use super::ids::Event;
 use super::*;
 use fuse_core::server::state::StateError;
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
@@ -96,7 +96,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // The driver is gone (a reboot, a driver unbind): answers would
         // land in rings it no longer has, so nothing is drained; what is
         // in flight is given up at once, and the guest's session ends.
-        let all: Vec<RqId> = RqId::all(self.inner.queues.len()).collect();
+        let all: Vec<RqId> = RqId::all(self.inner.count()).collect();
         self.give_up(&all);
         self.end_session("the device was reset");
     }
@@ -144,7 +144,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     fn queues_per_thread(&self) -> Vec<u64> {
         // One vring thread per request queue (they run in parallel); the
         // first also serves hiprio.
-        Vq::threads(self.inner.queues.len())
+        Vq::threads(self.inner.count())
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -173,7 +173,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // A thread's vrings (`queues_per_thread`) come numbered from 0 as
         // device events; the events past num_queues are the device's own
         // (`queue.rs`: `Event`).
-        let count = self.inner.queues.len();
+        let count = self.inner.count();
         if thread_id == 0 {
             // Thread 0's first vring is hiprio (`Vq::threads`): kept for
             // the watchdog, which serves it while this thread is stuck.
@@ -217,7 +217,8 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // An error here would end this vring thread for good: count it and
         // keep serving on the next event instead.
         if self.serve_queue(vring, q).is_err() {
-            self.inner.stats.queues[q.index()]
+            self.inner
+                .counters(q)
                 .malformed
                 .fetch_add(1, Ordering::Relaxed);
         }

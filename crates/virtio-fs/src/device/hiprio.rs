@@ -66,7 +66,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // ready after that pop sees it (the vring lock orders the two).
         self.inner.hiprio_busy.fetch_add(1, Ordering::SeqCst);
         let _busy = Busy(&self.inner.hiprio_busy);
-        let qs = &self.inner.stats.queues[HIPRIO];
+        let qs = &self.inner.counters(Vq::Hiprio);
         let chan = self.inner.engine.chan();
         // The watchdog takes one ring's worth at a time: a guest that
         // refills hiprio as fast must not keep it from other queues.
@@ -148,7 +148,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
             _ => {
-                self.inner.stats.queues[HIPRIO]
+                self.inner
+                    .counters(Vq::Hiprio)
                     .malformed
                     .fetch_add(1, Ordering::Relaxed);
             }

@@ -15,8 +15,8 @@
 //! (SETLKW) never comes here; a thread stuck in line is drained by [`watchdog`].
 
 use super::hiprio::ForgetsBy;
+use super::ids::RqId;
 use super::notify::{notify, Chunks, LARGE, SLOW_REQUEST_PART};
-use super::queue::RqId;
 use super::submit::Round;
 use super::{FsDevice, Inner, Vring};
 use fuse_core::abi::{Opcode, ReadIn};
@@ -29,7 +29,7 @@ use std::any::Any;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-use vhost_user_backend::{VhostUserBackend, VringT};
+use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vmm_sys_util::epoll::EventSet;
 use zerocopy::FromBytes;
@@ -336,7 +336,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 let h = lock(&self.inner.handlers)
                     .get(q.thread())
                     .and_then(Weak::upgrade);
-                let ev = q.completion_event(self.num_queues());
+                let ev = q.completion_event(self.inner.count());
                 if let Some(h) = h {
                     if h.register_listener(fd, EventSet::IN, ev).is_ok() {
                         s.fd_registered = Some(fd);
@@ -396,7 +396,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             n
         };
         busy_since.store(0, Ordering::SeqCst);
-        self.inner.stats.queues[q.vq()]
+        self.inner
+            .counters(q)
             .inline
             .fetch_add(n as u64, Ordering::Relaxed);
         n
@@ -437,7 +438,7 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
         }
         let now = inner.epoch.elapsed().as_millis() as u64;
         // (A queue is busy only after a kick, which gave it its vring.)
-        let stuck: Vec<(RqId, Vring)> = RqId::all(inner.queues.len())
+        let stuck: Vec<(RqId, Vring)> = RqId::all(inner.count())
             .filter(|&q| {
                 let b = inner.queue(q).busy_since.load(Ordering::SeqCst);
                 b != 0 && now.saturating_sub(b) >= STUCK.as_millis() as u64
@@ -447,7 +448,8 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
         let dev = FsDevice { inner };
         for (q, vring) in &stuck {
             if vring.get_ref().is_enabled() {
-                dev.inner.stats.queues[q.vq()]
+                dev.inner
+                    .counters(*q)
                     .takeovers
                     .fetch_add(1, Ordering::Relaxed);
                 // What the stuck thread's entries got and it has not

@@ -154,7 +154,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Answers a request [`FsDevice::prepare`] refused: EIO, or the chain
     /// given back unused when it has no room for a reply.
     pub(super) fn refuse(&self, t: &Ticket) {
-        self.inner.stats.queues[t.queue.vq()]
+        self.inner
+            .counters(t.queue)
             .malformed
             .fetch_add(1, Ordering::Relaxed);
         if t.chain.writable_len() < OUT_HEADER {

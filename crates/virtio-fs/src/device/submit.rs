@@ -247,7 +247,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// tail go back to the avail ring.
     fn send_round(&self, vring: &Vring, q: RqId, round: &mut Round) -> Outcome {
         let rq = self.inner.queue(q);
-        let qs = &self.inner.stats.queues[q.vq()];
+        let qs = &self.inner.counters(q);
         let taken = if round.sends.is_empty() {
             0
         } else {
@@ -325,7 +325,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// frees them). They wait on a thread of their own, which only the
     /// gate holds.
     fn send_lock(&self, q: RqId, args: Args, ticket: &Arc<Ticket>) {
-        self.inner.stats.queues[q.vq()]
+        self.inner
+            .counters(q)
             .submitted
             .fetch_add(1, Ordering::Relaxed);
         if !self.inner.cfg.request_timeout.is_zero() {
@@ -347,7 +348,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // Kept for a live migration: the destination replays it.
         self.inner.migration.note_init(ticket.unique, &args.body);
         let end = EndFn::Shared(ticket.clone());
-        self.inner.stats.queues[q.vq()]
+        self.inner
+            .counters(q)
             .submitted
             .fetch_add(1, Ordering::Relaxed);
         match self.inner.engine.chan().try_send_background(args, end) {
@@ -382,7 +384,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         q: RqId,
         head: Option<u16>,
     ) {
-        self.inner.stats.queues[q.vq()]
+        self.inner
+            .counters(q)
             .malformed
             .fetch_add(1, Ordering::Relaxed);
         if let Some(head) = head {
@@ -436,7 +439,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         let stalled = &rq.stalled;
         stalled.store(true, Ordering::SeqCst);
-        self.inner.stats.queues[q.vq()]
+        self.inner
+            .counters(q)
             .stalls
             .fetch_add(1, Ordering::Relaxed);
         // One that ended between the look and the flag would not wake us.

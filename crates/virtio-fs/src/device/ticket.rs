@@ -1,7 +1,7 @@
 //! A guest request in flight, and who answers it (the lifecycle in
 //! `device.rs`'s module docs and docs/DESIGN.md, "Ticket lifecycle").
 
-use super::queue::RqId;
+use super::ids::RqId;
 use super::Vring;
 use crate::chain::Chain;
 use crate::guest_mem::GuestSpans;
