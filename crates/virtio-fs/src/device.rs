@@ -213,8 +213,6 @@ struct Inner<F: Filesystem + 'static> {
     handlers: Mutex<Vec<Weak<VringEpollHandler<FsDevice<F>>>>>,
     /// What `RequestQueue::busy_since` counts from.
     epoch: Instant,
-    /// Timed-out tickets whose answer waits for I/O on their buffers.
-    deferred: Mutex<Vec<Arc<Ticket>>>,
     /// How many threads are draining the hiprio queue (its vring thread,
     /// the watchdog standing in for it; counted before they pop): a stop
     /// of the hiprio queue waits for them, bounded (`hiprio.rs`).
@@ -229,12 +227,10 @@ struct Inner<F: Filesystem + 'static> {
     /// The counters; per queue by virtqueue index (hiprio first,
     /// `RqId::vq` for a request queue).
     stats: DeviceStats,
-    /// Tickets in submission order, for the timeout scanner (lock order:
-    /// `timeouts` before any ticket's `state`).
-    timeouts: Mutex<VecDeque<Arc<Ticket>>>,
-    /// Lock calls in flight (they may wait without end), by the unique
-    /// the engine gave them (`lock_calls.rs`).
-    waiters: Mutex<HashMap<u64, (Weak<Ticket>, Sent)>>,
+    /// The requests the timeout scanner watches (`timeouts.rs`).
+    timeouts: timeouts::Timeouts,
+    /// Lock calls in flight (`lock_calls.rs`).
+    lock_calls: lock_calls::LockCalls,
     /// Live migration: the guest's INIT and the state transfer.
     migration: migration::Migration,
     stop: AtomicBool,
@@ -344,7 +340,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             hiprio_busy: AtomicUsize::new(0),
             hiprio_vring: std::sync::OnceLock::new(),
             exit_fds: Mutex::new(Vec::new()),
-            deferred: Mutex::new(Vec::new()),
             // The hiprio queue's counters and the request queues'.
             stats: DeviceStats::new(1 + queues),
             config_space,
@@ -352,8 +347,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             maps: MapCache::default(),
             event_idx: AtomicBool::new(false),
             acked: AtomicU64::new(0),
-            timeouts: Mutex::new(VecDeque::new()),
-            waiters: Mutex::new(HashMap::new()),
+            timeouts: timeouts::Timeouts::new(!cfg.request_timeout.is_zero()),
+            lock_calls: lock_calls::LockCalls::default(),
             migration: migration::Migration::default(),
             stop: AtomicBool::new(false),
             cfg,

@@ -262,7 +262,7 @@ unsafe impl ClientMem for GuestSpans {
             }
         };
         // Out of the lock: it answers the request (taking its ticket's
-        // `state`, then the device's `deferred`).
+        // `state`, then the device's `timeouts.deferred`).
         if let Some(f) = f {
             f();
         }

@@ -6,6 +6,41 @@
 
 use super::*;
 
+/// Lock calls in flight (they may wait without end), by the unique the
+/// engine gave them. Its own mutex, a leaf.
+#[derive(Default)]
+pub(super) struct LockCalls(Mutex<HashMap<u64, (Weak<Ticket>, Sent)>>);
+
+impl LockCalls {
+    /// Keeps `sent`, the lock call of `t`.
+    fn insert(&self, t: &Arc<Ticket>, sent: Sent) {
+        let mut calls = lock(&self.0);
+        // Entries of answered tickets are pruned now and then.
+        if calls.len() >= 64 && calls.len().is_power_of_two() {
+            calls.retain(|_, (t, _)| t.strong_count() > 0);
+        }
+        calls.insert(sent.unique(), (Arc::downgrade(t), sent));
+    }
+
+    /// Lets go of the lock call the engine knows as `unique`.
+    fn remove(&self, unique: u64) {
+        lock(&self.0).remove(&unique);
+    }
+
+    /// Interrupts every lock call in flight whose ticket `pick` chooses.
+    fn interrupt(&self, pick: impl Fn(&Ticket) -> bool) {
+        let sent: Vec<Sent> = lock(&self.0)
+            .values()
+            .filter(|(t, _)| t.upgrade().is_some_and(|t| pick(&t)))
+            .map(|(_, s)| s.clone())
+            .collect();
+        // Outside the lock: an interrupt may end the call on this thread.
+        for s in sent {
+            s.interrupt();
+        }
+    }
+}
+
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Sends a lock call (GETLK, SETLK, SETLKW). They are synchronous in
     /// the kernel, never background: a parked SETLKW must not hold a
@@ -26,7 +61,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         });
         // No device lock is held across the engine call: it may end the
         // request on this very thread (a transport that was aborted), and
-        // its end takes `waiters`. An end that comes meanwhile on another
+        // its end takes `lock_calls`. An end that comes meanwhile on another
         // thread may leave an entry for an answered ticket, which is never
         // interrupted (`Sent` of a finished request does nothing) and is
         // pruned later.
@@ -34,11 +69,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             Ok(sent) => {
                 ticket.engine_unique.store(sent.unique(), Ordering::Relaxed);
                 if !ticket.is_answered() {
-                    let mut waiters = lock(&self.inner.waiters);
-                    if waiters.len() >= 64 && waiters.len().is_power_of_two() {
-                        waiters.retain(|_, (t, _)| t.strong_count() > 0);
-                    }
-                    waiters.insert(sent.unique(), (Arc::downgrade(ticket), sent));
+                    self.inner.lock_calls.insert(ticket, sent);
                 }
             }
             Err(e) => {
@@ -52,7 +83,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// A lock call ended: the guest's interrupts no longer reach it.
     fn forget_waiter(&self, t: &Arc<Ticket>) {
         let unique = t.engine_unique.load(Ordering::Relaxed);
-        lock(&self.inner.waiters).remove(&unique);
+        self.inner.lock_calls.remove(unique);
     }
 
     /// Interrupts the lock calls of queue `q` (every queue: None) still in
@@ -60,27 +91,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// when the guest reboots), so no answer can reach the guest, and a
     /// parked SETLKW must not hold its waiter thread for good.
     pub(super) fn interrupt_waiters(&self, q: Option<RqId>) {
-        let sent: Vec<Sent> = lock(&self.inner.waiters)
-            .values()
-            .filter(|(t, _)| t.upgrade().is_some_and(|t| q.is_none_or(|q| t.queue == q)))
-            .map(|(_, s)| s.clone())
-            .collect();
-        for s in sent {
-            s.interrupt();
-        }
+        self.inner
+            .lock_calls
+            .interrupt(|t| q.is_none_or(|q| t.queue == q));
     }
 
     /// The guest's FUSE_INTERRUPT for its request `unique` (a lock call
     /// that waits; Linux guests do not send them today): every lock call in
     /// flight under that guest unique.
     pub(super) fn interrupt_waiter(&self, unique: u64) {
-        let sent: Vec<Sent> = lock(&self.inner.waiters)
-            .values()
-            .filter(|(t, _)| t.upgrade().is_some_and(|t| t.unique == unique))
-            .map(|(_, s)| s.clone())
-            .collect();
-        for s in sent {
-            s.interrupt();
-        }
+        self.inner.lock_calls.interrupt(|t| t.unique == unique);
     }
 }

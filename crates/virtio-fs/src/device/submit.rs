@@ -256,8 +256,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         };
         let mut failed = Vec::new();
         {
-            let mut timeouts =
-                (!self.inner.cfg.request_timeout.is_zero()).then(|| lock(&self.inner.timeouts));
+            let mut timeouts = self.inner.timeouts.round();
             for (t, r) in round.tickets.drain(..taken).zip(round.results.drain(..)) {
                 match r {
                     Ok(unique) => {
@@ -267,9 +266,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                             // filesystem.
                             self.inner.migration.session_ended();
                         }
-                        if let Some(tq) = timeouts.as_mut() {
-                            tq.push_back(t);
-                        }
+                        timeouts.track(t);
                     }
                     // The connection is gone: answered below, outside the
                     // timeouts lock.
@@ -329,9 +326,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .counters(q)
             .submitted
             .fetch_add(1, Ordering::Relaxed);
-        if !self.inner.cfg.request_timeout.is_zero() {
-            lock(&self.inner.timeouts).push_back(ticket.clone());
-        }
+        self.inner.timeouts.track(ticket.clone());
         self.send_lock_call(args, ticket);
     }
 
@@ -355,9 +350,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         match self.inner.engine.chan().try_send_background(args, end) {
             Ok(unique) => {
                 ticket.engine_unique.store(unique, Ordering::Relaxed);
-                if !self.inner.cfg.request_timeout.is_zero() {
-                    lock(&self.inner.timeouts).push_back(ticket);
-                }
+                self.inner.timeouts.track(ticket);
             }
             Err(TrySendError::Closed(e)) => {
                 self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);

@@ -18,7 +18,7 @@ pub(super) const ORPHAN_ENDED: u8 = 2;
 
 /// A guest request in flight. `state` (its own mutex) guards who answers
 /// it; the timeout scanner takes the spans' `access` and the device's
-/// `deferred` under it (docs/DESIGN.md, lock order).
+/// `timeouts.deferred` under it (docs/DESIGN.md, lock order).
 pub(super) struct Ticket {
     /// The guest's unique (its reply carries it).
     pub(super) unique: u64,

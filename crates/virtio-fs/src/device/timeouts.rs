@@ -3,6 +3,86 @@
 //! `device.rs`).
 
 use super::*;
+use std::sync::MutexGuard;
+
+/// The requests the timeout scanner watches, and the timed-out ones whose
+/// answer waits for host I/O on their buffers. Lock order: `sent` before
+/// any ticket's `state` (docs/DESIGN.md, "Lock order").
+pub(super) struct Timeouts {
+    /// Timeouts are on (`DeviceConfig::request_timeout` not zero):
+    /// without, nothing is tracked.
+    on: bool,
+    /// Tickets in submission order.
+    sent: Mutex<VecDeque<Arc<Ticket>>>,
+    /// Timed out while a server did I/O on their buffers: kept alive until
+    /// the last such I/O ends and answers them.
+    deferred: Mutex<Vec<Arc<Ticket>>>,
+}
+
+/// A round's tracking: the tickets of one round go in under one lock.
+pub(super) struct Tracker<'a>(Option<MutexGuard<'a, VecDeque<Arc<Ticket>>>>);
+
+impl Tracker<'_> {
+    /// Tracks `t` (nothing when timeouts are off).
+    pub(super) fn track(&mut self, t: Arc<Ticket>) {
+        if let Some(q) = &mut self.0 {
+            q.push_back(t);
+        }
+    }
+}
+
+impl Timeouts {
+    pub(super) fn new(on: bool) -> Timeouts {
+        Timeouts {
+            on,
+            sent: Mutex::new(VecDeque::new()),
+            deferred: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Tracks `t` (nothing when timeouts are off).
+    pub(super) fn track(&self, t: Arc<Ticket>) {
+        self.round().track(t);
+    }
+
+    /// A tracker for a round of tickets (one lock for all of them).
+    pub(super) fn round(&self) -> Tracker<'_> {
+        Tracker(self.on.then(|| lock(&self.sent)))
+    }
+
+    /// Takes the tickets older than `timeout` that nobody answered, oldest
+    /// first, and lets go of the answered ones.
+    fn take_expired(&self, timeout: Duration) -> Vec<Arc<Ticket>> {
+        let mut expired = Vec::new();
+        let mut q = lock(&self.sent);
+        while let Some(t) = q.front() {
+            let done = *lock(&t.state) != TicketState::InFlight;
+            if done {
+                q.pop_front();
+            } else if t.started.elapsed() >= timeout {
+                if let Some(t) = q.pop_front() {
+                    expired.push(t);
+                }
+            } else {
+                break;
+            }
+        }
+        // A long-lived request at the front must not keep every answered
+        // one behind it alive.
+        q.retain(|t| *lock(&t.state) == TicketState::InFlight);
+        expired
+    }
+
+    /// Keeps `t` alive until the I/O on its buffers ends.
+    fn defer(&self, t: Arc<Ticket>) {
+        lock(&self.deferred).push(t);
+    }
+
+    /// Lets go of `t`, deferred before.
+    fn undefer(&self, t: &Arc<Ticket>) {
+        lock(&self.deferred).retain(|d| !Arc::ptr_eq(d, t));
+    }
+}
 
 /// Answers requests that outlived the timeout, oldest first.
 pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
@@ -13,25 +93,7 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
         }
         let timeout = inner.cfg.request_timeout;
         let dev = FsDevice { inner };
-        let mut expired = Vec::new();
-        {
-            let mut q = lock(&dev.inner.timeouts);
-            while let Some(t) = q.front() {
-                let done = *lock(&t.state) != TicketState::InFlight;
-                if done {
-                    q.pop_front();
-                } else if t.started.elapsed() >= timeout {
-                    if let Some(t) = q.pop_front() {
-                        expired.push(t);
-                    }
-                } else {
-                    break;
-                }
-            }
-            // A long-lived request at the front must not keep every answered
-            // one behind it alive.
-            q.retain(|t| *lock(&t.state) == TicketState::InFlight);
-        }
+        let expired = dev.inner.timeouts.take_expired(timeout);
         for t in expired {
             let now = {
                 let mut s = lock(&t.state);
@@ -48,7 +110,7 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                     TicketState::Answered
                 } else {
                     // Kept alive until the I/O ends and answers it.
-                    lock(&dev.inner.deferred).push(t.clone());
+                    dev.inner.timeouts.defer(t.clone());
                     TicketState::Deferred
                 };
                 now
@@ -103,7 +165,7 @@ fn answer_when_idle<F: Filesystem + 'static>(
         if *s == TicketState::Deferred {
             *s = TicketState::Answered;
             drop(s);
-            lock(&inner.deferred).retain(|d| !Arc::ptr_eq(d, &t));
+            inner.timeouts.undefer(&t);
             FsDevice { inner }.answer(&t, Errno::EIO.to_wire(), &[]);
         }
     })
