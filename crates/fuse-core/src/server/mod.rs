@@ -17,7 +17,7 @@
 mod dispatch;
 mod engine;
 pub mod faults;
-pub mod started;
+mod started;
 pub mod state;
 mod uring_worker;
 mod worker;
