@@ -271,12 +271,12 @@ mount_contender() { # contender share-dir; sets cdir, the dir to run fio in
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     fusebox-b-iouring)
       "$FUSEBOX_BIN_B" mount --io-uring \
-        --in-flight "$ring_depth" --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
+        --ring-depth "$ring_depth" --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
     fusebox-devfuse)
       "$fusebox_bin" mount --in-flight "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox" 2>&1 & ;;
     fusebox-b-devfuse)
-      "$FUSEBOX_BIN_B" mount --in-flight "$ring_depth" \
+      "$FUSEBOX_BIN_B" mount --ring-depth "$ring_depth" \
         --shared-dir "$dir" "$work/mnt" >>"$work/log-depth-fusebox-b" 2>&1 & ;;
     libfuse-master-iouring)
       "$hpm" --foreground --nopassthrough -o io_uring -o "io_uring_q_depth=$ring_depth" \

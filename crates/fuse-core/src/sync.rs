@@ -28,5 +28,11 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, 
     cv.wait(g).unwrap_or_else(|e| e.into_inner())
 }
 
+/// The value in `m`, owned by the caller (poisoned or not).
+#[cfg(loom)]
+pub(crate) fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
+    m.get_mut().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(not(loom))]
-pub(crate) use crate::locks::{lock, wait};
+pub(crate) use crate::locks::{get_mut, lock, wait};

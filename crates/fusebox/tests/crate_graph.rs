@@ -2,7 +2,8 @@
 //! of fusebox docs/DESIGN.md's table names, so dependencies point one way
 //! (fuse-core at the bottom, the binary at the top) and no crate reaches
 //! around the layer it sits on. Cargo refuses cycles; this refuses an
-//! edge the design does not have. Test-only edges are listed apart.
+//! edge the design does not have. Test-only edges are listed apart, and
+//! DESIGN.md's table must say the same.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -38,25 +39,47 @@ const GRAPH: [(&str, &[&str], &[&str]); 6] = [
     ),
 ];
 
-/// The fusebox crates named in `section` of the manifest `toml` (a key at
-/// the start of a line: `name.workspace = true`, `name = { … }`).
-fn deps(toml: &str, section: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut inside = false;
+/// What kind of dependency a manifest section declares, if any:
+/// `[dependencies]`, `[build-dependencies]`, `[target.….dependencies]` and
+/// `[dependencies.NAME]` are normal (a build script is the crate too),
+/// `[dev-dependencies]` and its target and table forms are dev.
+fn kind(header: &str) -> Option<Kind> {
+    if header.contains("dev-dependencies") {
+        Some(Kind::Dev)
+    } else if header.contains("dependencies") {
+        Some(Kind::Normal)
+    } else {
+        None
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Normal,
+    Dev,
+}
+
+/// The fusebox crates a manifest depends on, by kind: every fusebox crate
+/// name written anywhere in a dependency section (its header, a key,
+/// quoted or not, a `package = "…"` rename, a path) counts, so no form of
+/// the manifest hides an edge.
+fn deps(toml: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut normal, mut dev) = (BTreeSet::new(), BTreeSet::new());
+    let mut inside = None;
     for line in toml.lines().map(str::trim) {
         if line.starts_with('[') {
-            inside = line == section;
-            continue;
+            inside = kind(line);
         }
-        if !inside {
-            continue;
-        }
-        let key = line.split(['=', '.', ' ']).next().unwrap_or("");
-        if CRATES.contains(&key) {
-            out.insert(key.to_string());
+        let Some(k) = inside else { continue };
+        let words = line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+        for w in words.filter(|w| CRATES.contains(w)) {
+            match k {
+                Kind::Normal => normal.insert(w.to_string()),
+                Kind::Dev => dev.insert(w.to_string()),
+            };
         }
     }
-    out
+    (normal, dev)
 }
 
 #[test]
@@ -66,10 +89,9 @@ fn every_crate_depends_on_what_the_design_says_and_nothing_else() {
     for (name, want, test_only) in GRAPH {
         let toml = std::fs::read_to_string(root.join(name).join("Cargo.toml")).unwrap();
         assert!(toml.contains(&format!("name = \"{name}\"")), "{name}");
-        let normal = deps(&toml, "[dependencies]");
+        let (normal, mut dev) = deps(&toml);
         let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
-        assert_eq!(normal, want, "{name}'s [dependencies]");
-        let mut dev = deps(&toml, "[dev-dependencies]");
+        assert_eq!(normal, want, "{name}'s dependencies");
         dev.remove(name);
         for d in &dev {
             assert!(
@@ -88,16 +110,56 @@ fn every_crate_depends_on_what_the_design_says_and_nothing_else() {
     assert_eq!(members, table, "crates/ holds a crate the table lacks");
 }
 
+/// docs/DESIGN.md's crate table (`| `name` | what | depends on |`) says
+/// what `GRAPH` says.
 #[test]
-fn the_manifest_reader_sees_both_forms_and_only_its_section() {
-    let toml = "[package]\nname = \"x\"\n\n[dependencies]\nfuse-core.workspace = true\nhost-io = { workspace = true }\nlibc = \"1\"\n\n[dev-dependencies]\npassthrough = { path = \".\" }\n";
-    let normal = deps(toml, "[dependencies]");
+fn the_design_table_is_the_graph() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let design = std::fs::read_to_string(root.join("docs/DESIGN.md")).unwrap();
+    let mut rows = 0;
+    for line in design.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [_, name, _, on, _] = cells[..] else {
+            continue;
+        };
+        let Some((_, want, _)) = GRAPH.iter().find(|g| name == format!("`{}`", g.0)) else {
+            continue;
+        };
+        let on: BTreeSet<&str> = if on == "none" {
+            BTreeSet::new()
+        } else if on == "all" {
+            CRATES
+                .iter()
+                .copied()
+                .filter(|c| format!("`{c}`") != name)
+                .collect()
+        } else {
+            on.split(',').map(str::trim).collect()
+        };
+        assert_eq!(
+            on,
+            want.iter().copied().collect(),
+            "DESIGN.md's row for {name}"
+        );
+        rows += 1;
+    }
+    assert_eq!(rows, GRAPH.len(), "DESIGN.md has one row per crate");
+}
+
+#[test]
+fn the_manifest_reader_sees_every_form() {
+    let toml = "[package]\nname = \"passthrough\"\n\n[features]\nx = [\"virtio-fs/x\"]\n\n\
+[dependencies]\nfuse-core.workspace = true\nhost-io = { workspace = true }\nlibc = \"1\"\n\
+\"virtio-fs\" = { path = \"v\" }\npt = { package = \"host-mount\" }\n\n\
+[target.'cfg(unix)'.dependencies]\nfusebox = \"1\"\n\n[build-dependencies.fuse-core]\npath = \"f\"\n\n\
+[dev-dependencies]\npassthrough = { path = \".\" }\n";
+    let (normal, dev) = deps(toml);
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
     assert_eq!(
         normal,
-        BTreeSet::from(["fuse-core".to_string(), "host-io".to_string()])
+        set(&["fuse-core", "host-io", "virtio-fs", "host-mount", "fusebox"])
     );
-    let dev = deps(toml, "[dev-dependencies]");
-    assert_eq!(dev, BTreeSet::from(["passthrough".to_string()]));
+    assert_eq!(dev, set(&["passthrough"]));
 }
 
 /// The passthrough never names the host mount, nor the host mount the

@@ -4,7 +4,7 @@
 use super::{client_mem::ClientMem, errno::Errno, fence::Fence, Core};
 use crate::abi::{InHeader, Opcode};
 use crate::sync::{
-    lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Condvar, Mutex, Ordering, Weak,
+    get_mut, lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Condvar, Mutex, Ordering, Weak,
 };
 use std::time::Duration;
 
@@ -457,7 +457,7 @@ impl Request {
         self.loc = AtomicU8::new(Location::New as u8);
         self.data_len = data_len;
         self.create_time = create_time;
-        *self.data.get_mut().unwrap_or_else(|e| e.into_inner()) = ReqData {
+        *get_mut(&mut self.data) = ReqData {
             error: 0,
             out,
             end,
