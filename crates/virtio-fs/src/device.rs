@@ -10,7 +10,7 @@
 //! exactly once ([`TicketState`]).
 //!
 //! The rest: `backend.rs` (`VhostUserBackend`), `hiprio.rs`, `request.rs`,
-//! `inline.rs`, `lock_calls.rs`, `answer.rs`, `notify.rs`, `stop.rs`,
+//! `inline.rs`, `lent.rs`, `lock_calls.rs`, `answer.rs`, `notify.rs`, `stop.rs`,
 //! `session.rs`, `timeouts.rs`, `migration.rs`, `heads.rs`, `exit_fds.rs`
 //! (docs/DESIGN.md, "The virtio-fs device").
 
@@ -29,6 +29,7 @@ mod heads;
 mod hiprio;
 mod ids;
 mod inline;
+mod lent;
 mod lock_calls;
 mod migration;
 mod notify;
@@ -213,17 +214,11 @@ struct Inner<F: Filesystem + 'static> {
     handlers: Mutex<Vec<Weak<VringEpollHandler<FsDevice<F>>>>>,
     /// What `RequestQueue::busy_since` counts from.
     epoch: Instant,
-    /// How many threads are draining the hiprio queue (its vring thread,
-    /// the watchdog standing in for it; counted before they pop): a stop
-    /// of the hiprio queue waits for them, bounded (`hiprio.rs`).
-    hiprio_busy: AtomicUsize,
-    /// The hiprio vring as vring thread 0 first saw it (its first vring),
-    /// for the watchdog: that thread serves request queue 0 too, and while
-    /// it is stuck there the watchdog drains hiprio in its place.
-    hiprio_vring: std::sync::OnceLock<Vring>,
-    /// Exit-event fds vhost-user-backend leaks (see `exit_event`), each
-    /// with a duplicate that identifies it.
-    exit_fds: Mutex<Vec<exit_fds::Leaked>>,
+    /// The hiprio queue's drains and vring (`hiprio.rs`).
+    hiprio: hiprio::Hiprio,
+    /// Exit-event fds vhost-user-backend leaks (see `exit_event`), closed
+    /// when the device goes (`exit_fds.rs`).
+    exit_fds: exit_fds::ExitFds,
     /// The counters; per queue by virtqueue index (hiprio first,
     /// `RqId::vq` for a request queue).
     stats: DeviceStats,
@@ -233,7 +228,6 @@ struct Inner<F: Filesystem + 'static> {
     lock_calls: lock_calls::LockCalls,
     /// Live migration: the guest's INIT and the state transfer.
     migration: migration::Migration,
-    stop: AtomicBool,
 }
 
 impl<F: Filesystem + 'static> Inner<F> {
@@ -337,9 +331,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             queues: request_queues,
             handlers: Mutex::new(Vec::new()),
             epoch: Instant::now(),
-            hiprio_busy: AtomicUsize::new(0),
-            hiprio_vring: std::sync::OnceLock::new(),
-            exit_fds: Mutex::new(Vec::new()),
+            hiprio: hiprio::Hiprio::default(),
+            exit_fds: exit_fds::ExitFds::default(),
             // The hiprio queue's counters and the request queues'.
             stats: DeviceStats::new(1 + queues),
             config_space,
@@ -350,7 +343,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             timeouts: timeouts::Timeouts::new(!cfg.request_timeout.is_zero()),
             lock_calls: lock_calls::LockCalls::default(),
             migration: migration::Migration::default(),
-            stop: AtomicBool::new(false),
             cfg,
         });
         if !inner.cfg.request_timeout.is_zero() {
@@ -477,13 +469,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
 impl<F: Filesystem + 'static> Drop for Inner<F> {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
         // The device outlives the daemon's vring threads (each holds a
         // clone): their exit eventfds are unused now.
-        for leaked in lock(&self.exit_fds).drain(..) {
-            // SAFETY: each vring thread holds a clone of the device, so
-            // the last one is gone when its inner part is dropped.
-            unsafe { leaked.close() };
-        }
+        // SAFETY: each vring thread holds a clone of the device, so the
+        // last one is gone when its inner part is dropped.
+        unsafe { self.exit_fds.close_all() };
     }
 }

@@ -73,22 +73,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             }
             return Ok(());
         };
-        self.interrupt_waiters(Some(q));
-        self.drain_ring(q);
-        let lost = self.give_up(&[q]);
-        if lost > 0 {
-            self.inner
-                .stats
-                .lost_on_stop
-                .fetch_add(lost as u64, Ordering::Relaxed);
-            // A guest that resets its device again and again must not
-            // flood the log (the count is in `lost_on_stop`).
-            fuse_core::warn_limited!(
-                "queue {} stopped with {lost} request(s) still unanswered; \
-                 they are given up",
-                q.vq()
-            );
-        }
+        self.stop_request_queue(q);
         Ok(())
     }
 
@@ -154,9 +139,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // and never closes it: one fd per vring thread per connection.
         // Remember it (with a duplicate, so that only that very file is
         // ever closed) and close it when the device goes.
-        if let Some(leaked) = exit_fds::Leaked::record(&consumer) {
-            lock(&self.inner.exit_fds).push(leaked);
-        }
+        self.inner.exit_fds.record(&consumer);
         Some((consumer, notifier))
     }
 
@@ -178,7 +161,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             // Thread 0's first vring is hiprio (`Vq::threads`): kept for
             // the watchdog, which serves it while this thread is stuck.
             if let Some(hiprio) = vrings.first() {
-                let _ = self.inner.hiprio_vring.get_or_init(|| hiprio.clone());
+                self.inner.hiprio.keep_vring(hiprio);
             }
         }
         let (vring, q) = match Event::decode(device_event, count) {

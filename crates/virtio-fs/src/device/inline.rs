@@ -432,10 +432,8 @@ const MARK_AGE: Duration = Duration::from_millis(1);
 /// device.
 pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
     loop {
+        // (Once the device is dropped no upgrade succeeds.)
         let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(Ordering::Relaxed) {
-            return;
-        }
         let now = inner.epoch.elapsed().as_millis() as u64;
         // (A queue is busy only after a kick, which gave it its vring.)
         let stuck: Vec<(RqId, Vring)> = RqId::all(inner.count())
@@ -465,7 +463,7 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             // Request queue 0's thread serves hiprio too (`Vq::threads`):
             // stuck, it takes no FORGET or INTERRUPT either.
             if q.thread() == 0 {
-                if let Some(hv) = dev.inner.hiprio_vring.get() {
+                if let Some(hv) = dev.inner.hiprio.vring() {
                     // (Not once stopped: nothing to pop, and each try
                     // would log a not-ready queue.)
                     let live = {

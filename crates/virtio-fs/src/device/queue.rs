@@ -7,11 +7,12 @@
 
 use super::heads::Heads;
 use super::inline::QueueServer;
+use super::lent::Lent;
 use super::notify::Signals;
-use super::{Ticket, Vring};
+use super::Vring;
 use fuse_core::Fence;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// A request queue's ring generation: which chains may still be answered,
@@ -72,10 +73,9 @@ pub(super) struct RequestQueue {
     /// Its vring as its thread first saw it, for the watchdog (set once,
     /// on the first kick).
     pub(super) vring: std::sync::OnceLock<Vring>,
-    /// Requests whose guest buffers are lent to the engine (pruned as they
-    /// go), so a ring stop or reset can take them back (its own mutex, a
-    /// leaf).
-    pub(super) lent: Mutex<Vec<Weak<Ticket>>>,
+    /// The guest buffers it lent to the engine, so a vring stop or reset
+    /// can take them back (`lent.rs`: its own mutex, a leaf).
+    pub(super) lent: Lent,
     /// Requests the timeout scanner answered that the engine still holds
     /// (their heads are back with the guest, which may publish them again):
     /// at the queue's size it stops popping until the engine lets some go,
@@ -100,7 +100,7 @@ impl RequestQueue {
             inline: Mutex::new(None),
             busy_since: AtomicU64::new(0),
             vring: std::sync::OnceLock::new(),
-            lent: Mutex::new(Vec::new()),
+            lent: Lent::default(),
             orphans: AtomicU64::new(0),
             signals: Signals::default(),
         })

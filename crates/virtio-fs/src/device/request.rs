@@ -70,11 +70,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             state: Mutex::new(TicketState::InFlight),
         });
         if lends {
-            let mut lent = lock(&self.inner.queue(q).lent);
-            if lent.len() >= 64 && lent.len().is_power_of_two() {
-                lent.retain(|t| t.strong_count() > 0);
-            }
-            lent.push(Arc::downgrade(&ticket));
+            self.inner.queue(q).lent.lend(&ticket);
         }
         let replyable = ticket.chain.writable_len() >= OUT_HEADER;
         let Some(h) = header else {

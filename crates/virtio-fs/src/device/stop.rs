@@ -73,6 +73,29 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
+    /// Stops request queue `q` (GET_VRING_BASE, the queue already not
+    /// ready): interrupts its lock calls, drains it ([`FsDevice::drain_ring`]),
+    /// gives up what is left ([`FsDevice::give_up`]) and counts that in
+    /// `lost_on_stop`.
+    pub(super) fn stop_request_queue(&self, q: RqId) {
+        self.interrupt_waiters(Some(q));
+        self.drain_ring(q);
+        let lost = self.give_up(&[q]);
+        if lost > 0 {
+            self.inner
+                .stats
+                .lost_on_stop
+                .fetch_add(lost as u64, Ordering::Relaxed);
+            // A guest that resets its device again and again must not
+            // flood the log (the count is in `lost_on_stop`).
+            fuse_core::warn_limited!(
+                "queue {} stopped with {lost} request(s) still unanswered; \
+                 they are given up",
+                q.vq()
+            );
+        }
+    }
+
     /// Waits (bounded: [`FsDevice::drain_bound`]) until every chain popped
     /// from request queue `q`'s ring is back in its used ring, answered.
     /// Called by `stop_vring` on the vhost-user thread after the handler
@@ -157,42 +180,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
              {:?} after they were given up; left to finish",
             self.inner.cfg.ring_stop_drain
         );
-    }
-
-    /// Takes back the guest buffers request queue `q` lent to the engine
-    /// (its ring was stopped or reset, so the guest may reuse them at
-    /// once): every lent buffer is revoked (no host I/O may start on it),
-    /// its request interrupted in the backend (cancelling an io_uring
-    /// operation), and the I/O already running on it is waited for, as a
-    /// device reset waits for DMA, but not past `deadline`. Returns how
-    /// many buffers still had I/O running then.
-    fn take_back_buffers(&self, q: RqId, deadline: Instant) -> usize {
-        let lent = &self.inner.queue(q).lent;
-        let tickets: Vec<Arc<Ticket>> = std::mem::take(&mut *lock(lent))
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for t in &tickets {
-            if let Some(c) = &t.client {
-                if !c.revoke() {
-                    let unique = t.engine_unique.load(Ordering::Relaxed);
-                    if unique != 0 {
-                        self.inner.engine.fs().interrupt(unique);
-                    }
-                }
-            }
-        }
-        let mut busy = 0;
-        for t in &tickets {
-            if let Some(c) = &t.client {
-                if !c.wait_idle_until(deadline) {
-                    busy += 1;
-                }
-                // Never answered, but a READ may have filled some of it.
-                self.mark_written(t.chain.mem(), t.chain.writable());
-            }
-        }
-        busy
     }
 }
 

@@ -87,10 +87,8 @@ impl Timeouts {
 /// Answers requests that outlived the timeout, oldest first.
 pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
     loop {
+        // (Once the device is dropped no upgrade succeeds.)
         let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(Ordering::Relaxed) {
-            return;
-        }
         let timeout = inner.cfg.request_timeout;
         let dev = FsDevice { inner };
         let expired = dev.inner.timeouts.take_expired(timeout);
