@@ -249,7 +249,7 @@ impl<F: Filesystem + 'static> Inner<F> {
 
     /// The counters of virtqueue `vq` (hiprio, or a request queue).
     fn counters(&self, vq: impl Into<Vq>) -> &crate::stats::QueueStats {
-        &self.stats.queues[vq.into().index()]
+        &self.stats.queues()[vq.into().index()]
     }
 }
 
@@ -456,10 +456,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // stop rather than spin; the next kick retries.
             idle += 1;
             if idle == 2 {
-                self.inner
-                    .counters(q)
-                    .malformed
-                    .fetch_add(1, Ordering::Relaxed);
+                self.inner.counters(q).add_malformed(1);
                 break;
             }
         }

@@ -30,7 +30,6 @@ use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone, ReadSink
 use fuse_core::{ClientMem, Errno};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -610,7 +609,7 @@ fn a_hung_read_ends_in_the_timeout_while_the_queue_serves_others() {
     assert_eq!((d.out.error, d.out.len, d.used_len), (-libc::EIO, 16, 16));
     assert_eq!(s.fs.interrupts(), vec![unique]);
     assert_eq!(s.fs.held(), 0);
-    assert_eq!(s.dev.stats().timeouts.load(Ordering::Relaxed), 1);
+    assert_eq!(s.dev.stats().timeouts(), 1);
     assert_eq!(s.dev.heads_in_flight(Q), 0);
 
     // The queue goes on serving, READs included (the slot of the timed-out
@@ -636,7 +635,7 @@ fn a_read_the_backend_cannot_cancel_is_answered_when_its_io_ends() {
     let mut s = serve("uncancellable", Hold::new(false), TIMEOUT);
     let unique = start_held_read(&mut s, 0);
     wait_for("the timeout", || {
-        s.dev.stats().timeouts.load(Ordering::Relaxed) == 1 && !s.fs.interrupts().is_empty()
+        s.dev.stats().timeouts() == 1 && !s.fs.interrupts().is_empty()
     });
     assert_eq!(s.fs.interrupts(), vec![unique]);
     assert!(s.reap().is_empty(), "answered while its I/O runs");
@@ -701,7 +700,7 @@ fn a_ring_stop_answers_a_read_in_flight_before_it_returns() {
     assert_eq!((done[0].slot, done[0].out.error), (1, 0));
     assert_eq!(done[0].used_len, 16 + LEN as u32);
     assert_eq!(s.read_data(1), pattern(0));
-    assert_eq!(s.dev.stats().lost_on_stop.load(Ordering::Relaxed), 0);
+    assert_eq!(s.dev.stats().lost_on_stop(), 0);
     assert_eq!(s.dev.heads_in_flight(Q), 0);
     s.finish();
 }
@@ -720,7 +719,7 @@ fn a_ring_stop_gives_up_a_read_in_flight() {
     assert_eq!(s.fs.interrupts(), vec![unique]);
     assert_eq!(s.fs.held(), 0);
     assert!(s.reap().is_empty(), "an answer on a stopped ring");
-    assert_eq!(s.dev.stats().lost_on_stop.load(Ordering::Relaxed), 1);
+    assert_eq!(s.dev.stats().lost_on_stop(), 1);
     s.finish();
 }
 
@@ -748,7 +747,7 @@ fn a_ring_stop_waits_for_a_read_the_backend_cannot_cancel_up_to_its_bound() {
     wait_for("GET_VRING_BASE", || stop.is_finished());
     assert_eq!(stop.join().unwrap(), 2);
     let stats = s.dev.stats();
-    assert_eq!(stats.stuck_on_stop.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.stuck_on_stop(), 1);
     s.fs.release(0);
     assert!(s.reap().is_empty(), "an answer on a stopped ring");
     s.finish();

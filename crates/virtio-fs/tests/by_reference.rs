@@ -280,9 +280,7 @@ fn a_timed_out_read_waits_for_io_on_its_buffers_to_end() {
     wait_for("the read to start its I/O", || {
         fs.holding.load(Ordering::SeqCst) == 1
     });
-    wait_for("the timeout", || {
-        h.dev.stats().timeouts.load(Ordering::SeqCst) == 1
-    });
+    wait_for("the timeout", || h.dev.stats().timeouts() == 1);
     assert!(t.elapsed() >= Duration::from_millis(300));
     // Timed out, but the buffers are still being written: no answer yet.
     std::thread::sleep(Duration::from_millis(100));

@@ -75,7 +75,7 @@ fn a_hung_backend_times_out_and_the_queue_keeps_moving() {
     assert!(t.elapsed() >= Duration::from_millis(1000));
     assert_eq!(h.reply(ra).unique, 1);
     assert_eq!(h.reply(ra).error, Errno::EIO.to_wire());
-    assert_eq!(h.dev.stats().timeouts.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().timeouts(), 1);
     // The backend was asked to give up on exactly that request (the
     // passthrough cancels its io_uring op); it returns, its answer is
     // dropped, the used ring does not move and the guest keeps the EIO.
@@ -105,7 +105,7 @@ fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
     });
     // A holds the only slot: B stays in the avail ring.
     assert_eq!(vring.queue_next_avail(), 1);
-    assert_eq!(h.dev.stats().queues[1].stalls.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().queues()[1].stalls(), 1);
     assert_eq!(h.used_idx(), 0);
     // A's end frees the slot and signals the queue's resume eventfd; the
     // vring thread would then serve the queue again.
@@ -115,7 +115,7 @@ fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
     h.resume(&vring, 1);
     wait_for("the second answer", || h.used_idx() == 2);
     assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
-    assert_eq!(h.dev.stats().queues[1].in_flight(), 0);
+    assert_eq!(h.dev.stats().queues()[1].in_flight(), 0);
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
     });
     rx.recv_timeout(Duration::from_secs(5))
         .expect("the vring thread did not come back");
-    assert!(h.dev.stats().queues[1].malformed.load(Ordering::SeqCst) >= 1);
+    assert!(h.dev.stats().queues()[1].malformed() >= 1);
 }
 
 #[test]
@@ -191,7 +191,7 @@ fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
     stop.join().unwrap();
     assert_eq!(h.used_idx(), 1, "the answer is in the used ring");
     assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
-    assert_eq!(h.dev.stats().lost_on_stop.load(Ordering::SeqCst), 0);
+    assert_eq!(h.dev.stats().lost_on_stop(), 0);
     assert!(fs.interrupted.lock().unwrap().is_empty(), "it was given up");
 }
 
@@ -214,13 +214,13 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
     });
     // GET_VRING_BASE: the frontend takes the ring back.
     vhost_user_backend::VhostUserBackend::stop_vring(&h.dev, 1).unwrap();
-    assert_eq!(h.dev.stats().lost_on_stop.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().lost_on_stop(), 1);
     fs.release.store(true, Ordering::SeqCst);
     wait_for("the backend to finish", || {
         fs.finished.load(Ordering::SeqCst) == 1
     });
     wait_for("the dropped reply to be counted", || {
-        h.dev.stats().aborted.load(Ordering::SeqCst) == 1
+        h.dev.stats().aborted() == 1
     });
     assert_eq!(h.used_idx(), 0, "a reply reached the stopped ring");
     assert_eq!(h.reply(ra).unique, 0, "the guest buffer was written");
@@ -274,12 +274,12 @@ fn a_vring_thread_stuck_in_line_does_not_stall_its_queue() {
     h.publish(&[a, b]);
     wait_for("B, served by a worker", || h.used_idx() >= 1);
     assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
-    let q = &h.dev.stats().queues[1];
-    assert!(q.takeovers.load(Ordering::SeqCst) >= 1);
+    let q = &h.dev.stats().queues()[1];
+    assert!(q.takeovers() >= 1);
     assert!(!kicker.is_finished(), "A should still hang");
     fs.release.store(true, Ordering::SeqCst);
     kicker.join().unwrap();
     wait_for("A", || h.used_idx() == 2);
     assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
-    assert_eq!(q.inline.load(Ordering::SeqCst), 1);
+    assert_eq!(q.inline(), 1);
 }

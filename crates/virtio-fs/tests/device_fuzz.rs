@@ -276,11 +276,7 @@ fn hostile_chains_never_crash_the_device() {
         }
     }
     let stats = h.dev.stats();
-    let malformed: u64 = stats
-        .queues
-        .iter()
-        .map(|q| q.malformed.load(std::sync::atomic::Ordering::Relaxed))
-        .sum();
+    let malformed: u64 = stats.queues().iter().map(|q| q.malformed()).sum();
     eprintln!(
         "device fuzz: {iters} rounds, {published} chains, {ok} answered without error, \
          {malformed} refused as malformed\n{}",

@@ -187,8 +187,8 @@ fn a_head_republished_while_in_flight_is_refused_and_costs_nothing() {
     flush_chain(&h, std::mem::size_of::<FlushIn>());
     republish(&h, &vring, idx, 2, 40);
     let (t1, m1) = (threads(), rss_kib());
-    let q = &h.dev.stats().queues[1];
-    let malformed = q.malformed.load(std::sync::atomic::Ordering::Relaxed);
+    let q = &h.dev.stats().queues()[1];
+    let malformed = q.malformed();
     println!("republished head: 2560 chains; threads {t0} -> {t1}; RSS {m0} -> {m1} KiB; refused {malformed}");
     assert_eq!(h.dev.heads_in_flight(1), 2, "the GETATTR and one FLUSH");
     assert_eq!(malformed, 2559);
@@ -325,9 +325,9 @@ fn a_forget_flood_is_served_on_the_hiprio_thread_while_the_workers_hang() {
     assert!(m1 <= m0 + 32 * 1024, "RSS {m0} -> {m1} KiB");
     // The workers are still hung here (`_r` releases them when the test
     // ends).
-    let hiprio = &h.dev.stats().queues[0];
+    let hiprio = &h.dev.stats().queues()[0];
     assert_eq!(
-        hiprio.completed.load(std::sync::atomic::Ordering::Relaxed),
+        hiprio.completed(),
         64,
         "every BATCH_FORGET chain was given back"
     );
@@ -526,12 +526,7 @@ fn a_ring_stop_answers_a_parked_lock_wait_before_it_returns() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert_eq!(g.h.used_idx(), g.idx, "the SETLKW is in the used ring");
     assert_eq!((g.h.reply(r).unique, g.h.reply(r).error), (8, -libc::EINTR));
-    assert_eq!(
-        dev.stats()
-            .lost_on_stop
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(dev.stats().lost_on_stop(), 0);
     assert_eq!(fs.parked_locks(), 0);
 }
 

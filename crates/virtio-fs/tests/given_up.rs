@@ -79,7 +79,7 @@ fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
     g.h.dev.stop_vring(1).unwrap();
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     let stats = g.h.dev.stats();
-    assert_eq!(stats.lost_on_stop.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.lost_on_stop(), 1);
     // The hold ends; the request reaches the passthrough, and ends.
     wait_for("the SETATTR to end", || {
         g.h.dev.engine().chan().stats().waiting == 0
@@ -89,7 +89,7 @@ fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
         b"locked",
         "a request given up truncated the file"
     );
-    assert_eq!(stats.stuck_on_stop.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.stuck_on_stop(), 0);
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn a_request_still_queued_at_a_ring_stop_never_reaches_the_filesystem() {
     });
     g.send(Opcode::Setattr, 6, node, truncate_to_zero().as_bytes());
     g.h.dev.stop_vring(1).unwrap();
-    assert_eq!(g.h.dev.stats().lost_on_stop.load(Ordering::Relaxed), 2);
+    assert_eq!(g.h.dev.stats().lost_on_stop(), 2);
     fs.release_hangs();
     wait_for("both to end", || {
         g.h.dev.engine().chan().stats().waiting == 0
@@ -155,7 +155,7 @@ fn a_lock_call_given_up_at_a_ring_stop_never_takes_its_lock() {
         fs.counts().delays.load(Ordering::Relaxed) == 1
     });
     g.h.dev.stop_vring(1).unwrap();
-    assert_eq!(g.h.dev.stats().lost_on_stop.load(Ordering::Relaxed), 1);
+    assert_eq!(g.h.dev.stats().lost_on_stop(), 1);
     wait_for("the SETLK to end", || {
         g.h.dev.engine().chan().stats().waiting == 0
     });
@@ -255,8 +255,8 @@ fn host_work_that_outlives_a_stop_is_waited_for_with_a_bound_and_counted() {
     // The drain's bound, then the bound of the wait for what it gave up.
     assert!(took < 4 * BOUND, "{took:?}");
     let stats = g.h.dev.stats();
-    assert_eq!(stats.lost_on_stop.load(Ordering::Relaxed), 2);
-    assert_eq!(stats.stuck_on_stop.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.lost_on_stop(), 2);
+    assert_eq!(stats.stuck_on_stop(), 2);
 }
 
 /// The fds this process has open.
@@ -356,7 +356,7 @@ fn a_device_reset_ends_the_guests_session() {
     g.h.dev.reset_device();
     assert_eq!(host_can_lock(&g.dir.join("f")), (true, true));
     assert_eq!(fds(), before, "the session's fds are closed");
-    assert_eq!(g.h.dev.stats().sessions_ended.load(Ordering::Relaxed), 1);
+    assert_eq!(g.h.dev.stats().sessions_ended(), 1);
 }
 
 #[test]
@@ -382,5 +382,5 @@ fn a_new_init_ends_the_old_session_first() {
     let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
     assert_eq!(e, 0);
     assert_eq!(host_can_lock(&g.dir.join("f")), (false, true));
-    assert_eq!(g.h.dev.stats().sessions_ended.load(Ordering::Relaxed), 1);
+    assert_eq!(g.h.dev.stats().sessions_ended(), 1);
 }

@@ -72,7 +72,7 @@ fn a_hiprio_stop_waits_for_the_forgets_its_thread_took() {
         "the stop returned (after {waited:?}) before the forget reached the filesystem"
     );
     serving.join().unwrap();
-    assert_eq!(h.dev.stats().queues[0].completed.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().queues()[0].completed(), 1);
 }
 
 #[test]

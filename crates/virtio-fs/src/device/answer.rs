@@ -27,7 +27,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             Ok(reply) => self.answer_with(t, 0, &reply.data, reply.in_client),
             Err(e) => {
                 if e == Errno::ENOTCONN {
-                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                    self.inner.stats.add_aborted(1);
                 }
                 self.answer(t, e.to_wire(), &[])
             }
@@ -72,7 +72,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let rq = self.inner.queue(t.queue);
         let gen = read(&rq.gen);
         if gen.n != t.gen {
-            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            self.inner.stats.add_aborted(1);
             return;
         }
         // Given back to the guest below, and free to come again.
@@ -101,10 +101,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // What a migration replays is the INIT the guest was granted.
             self.inner.migration.init_answered(t.unique, error == 0);
         }
-        self.inner
-            .counters(t.queue)
-            .completed
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(t.queue).add_completed(1);
         // The server may have written the chain's pages by host address
         // (a READ by reference): logged here, before the guest has them.
         self.publish(

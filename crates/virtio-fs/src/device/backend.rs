@@ -200,10 +200,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // An error here would end this vring thread for good: count it and
         // keep serving on the next event instead.
         if self.serve_queue(vring, q).is_err() {
-            self.inner
-                .counters(q)
-                .malformed
-                .fetch_add(1, Ordering::Relaxed);
+            self.inner.counters(q).add_malformed(1);
         }
         Ok(())
     }

@@ -124,14 +124,14 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let chain = match popped {
                 Ok(c) => c,
                 Err((head, _)) => {
-                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    qs.add_malformed(1);
                     self.publish(vring, &mem, head, &[], 0);
                     continue;
                 }
             };
-            qs.submitted.fetch_add(1, Ordering::Relaxed);
+            qs.add_submitted(1);
             self.forget(&chain, by);
-            qs.completed.fetch_add(1, Ordering::Relaxed);
+            qs.add_completed(1);
             self.publish(vring, &mem, chain.head, chain.writable(), 0);
         }
         if popped_n > 0 {
@@ -184,10 +184,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
             _ => {
-                self.inner
-                    .counters(Vq::Hiprio)
-                    .malformed
-                    .fetch_add(1, Ordering::Relaxed);
+                self.inner.counters(Vq::Hiprio).add_malformed(1);
             }
         }
     }

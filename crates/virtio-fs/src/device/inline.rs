@@ -396,10 +396,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             n
         };
         busy_since.store(0, Ordering::SeqCst);
-        self.inner
-            .counters(q)
-            .inline
-            .fetch_add(n as u64, Ordering::Relaxed);
+        self.inner.counters(q).add_inline(n as u64);
         n
     }
 }
@@ -446,10 +443,7 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
         let dev = FsDevice { inner };
         for (q, vring) in &stuck {
             if vring.get_ref().is_enabled() {
-                dev.inner
-                    .counters(*q)
-                    .takeovers
-                    .fetch_add(1, Ordering::Relaxed);
+                dev.inner.counters(*q).add_takeovers(1);
                 // What the stuck thread's entries got and it has not
                 // begun (the rest of its round) goes to the workers, and
                 // so does what is sent from now on.

@@ -150,10 +150,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Answers a request [`FsDevice::prepare`] refused: EIO, or the chain
     /// given back unused when it has no room for a reply.
     pub(super) fn refuse(&self, t: &Ticket) {
-        self.inner
-            .counters(t.queue)
-            .malformed
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(t.queue).add_malformed(1);
         if t.chain.writable_len() < OUT_HEADER {
             self.give_back_unanswered(t);
         } else if t.claim() {

@@ -25,10 +25,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let deadline = Instant::now() + self.inner.cfg.ring_stop_drain;
             self.left_running(wait_fences(&old, deadline));
             self.inner.engine.fs().destroy();
-            self.inner
-                .stats
-                .sessions_ended
-                .fetch_add(1, Ordering::Relaxed);
+            self.inner.stats.add_sessions_ended(1);
             log::info!("the guest's FUSE session ended ({why}); what it held is released");
         }
     }

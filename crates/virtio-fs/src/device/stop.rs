@@ -82,10 +82,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         self.drain_ring(q);
         let lost = self.give_up(&[q]);
         if lost > 0 {
-            self.inner
-                .stats
-                .lost_on_stop
-                .fetch_add(lost as u64, Ordering::Relaxed);
+            self.inner.stats.add_lost_on_stop(lost as u64);
             // A guest that resets its device again and again must not
             // flood the log (the count is in `lost_on_stop`).
             fuse_core::warn_limited!(
@@ -171,10 +168,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if stuck == 0 {
             return;
         }
-        self.inner
-            .stats
-            .stuck_on_stop
-            .fetch_add(stuck as u64, Ordering::Relaxed);
+        self.inner.stats.add_stuck_on_stop(stuck as u64);
         fuse_core::warn_limited!(
             "{stuck} host call(s) or I/O of given-up requests still running \
              {:?} after they were given up; left to finish",

@@ -274,9 +274,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
         }
-        qs.submitted.fetch_add(taken as u64, Ordering::Relaxed);
+        qs.add_submitted(taken as u64);
         for (t, e) in failed {
-            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            self.inner.stats.add_aborted(1);
             if t.claim() {
                 self.answer(&t, e.to_wire(), &[]);
             }
@@ -306,7 +306,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         let stalled = &rq.stalled;
         stalled.store(true, Ordering::SeqCst);
-        qs.stalls.fetch_add(1, Ordering::Relaxed);
+        qs.add_stalls(1);
         // A slot freed between the refusal and the flag would not wake
         // us: look once more.
         let s = self.inner.engine.chan().stats();
@@ -322,10 +322,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// frees them). They wait on a thread of their own, which only the
     /// gate holds.
     fn send_lock(&self, q: RqId, args: Args, ticket: &Arc<Ticket>) {
-        self.inner
-            .counters(q)
-            .submitted
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_submitted(1);
         self.inner.timeouts.track(ticket.clone());
         self.send_lock_call(args, ticket);
     }
@@ -343,17 +340,14 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // Kept for a live migration: the destination replays it.
         self.inner.migration.note_init(ticket.unique, &args.body);
         let end = EndFn::Shared(ticket.clone());
-        self.inner
-            .counters(q)
-            .submitted
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_submitted(1);
         match self.inner.engine.chan().try_send_background(args, end) {
             Ok(unique) => {
                 ticket.engine_unique.store(unique, Ordering::Relaxed);
                 self.inner.timeouts.track(ticket);
             }
             Err(TrySendError::Closed(e)) => {
-                self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                self.inner.stats.add_aborted(1);
                 if ticket.claim() {
                     self.answer(&ticket, e.to_wire(), &[]);
                 }
@@ -377,10 +371,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         q: RqId,
         head: Option<u16>,
     ) {
-        self.inner
-            .counters(q)
-            .malformed
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_malformed(1);
         if let Some(head) = head {
             if !self.inner.queue(q).heads.in_flight(head) {
                 // Refused before anything was written to it.
@@ -432,10 +423,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         let stalled = &rq.stalled;
         stalled.store(true, Ordering::SeqCst);
-        self.inner
-            .counters(q)
-            .stalls
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_stalls(1);
         // One that ended between the look and the flag would not wake us.
         if orphans.load(Ordering::SeqCst) < max && stalled.swap(false, Ordering::SeqCst) {
             return false;

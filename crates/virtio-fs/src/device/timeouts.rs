@@ -113,7 +113,7 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 };
                 now
             };
-            dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            dev.inner.stats.add_timeouts(1);
             // The engine still holds it (unless it ended meanwhile): an
             // orphan until it ends.
             if t.orphan
