@@ -165,14 +165,14 @@ pub struct DeviceConfig {
     /// through the ring then misses pages the VMM discards (a balloon,
     /// virtio-mem): off by default.
     pub fixed_guest_memory: bool,
-    /// How long a ring stop (GET_VRING_BASE: before a migration, or when
+    /// How long a vring stop (GET_VRING_BASE: before a migration, or when
     /// the guest resets the device) waits for the requests popped from
-    /// that ring to be answered, when no `request_timeout` bounds them
+    /// that vring to be answered, when no `request_timeout` bounds them
     /// (with one, it waits until they timed out). What is still
     /// unanswered then is given up (`DeviceStats::lost_on_stop`); a stop
     /// or reset then waits this long again, at most, for host work of the
     /// given-up requests already under way (`DeviceStats::stuck_on_stop`).
-    pub ring_stop_drain: Duration,
+    pub vring_stop_drain: Duration,
 }
 
 impl Default for DeviceConfig {
@@ -191,7 +191,7 @@ impl Default for DeviceConfig {
             submit_batch: 4,
             chunk_time: notify::CHUNK_TIME,
             fixed_guest_memory: false,
-            ring_stop_drain: stop::RING_STOP_DRAIN,
+            vring_stop_drain: stop::VRING_STOP_DRAIN,
         }
     }
 }
@@ -452,7 +452,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // More is announced but nothing was popped. Once, that is a
             // chain published after the drain read the avail index: one
             // more pass pops it. Twice in a row, an avail index the queue
-            // refuses (more than a ring ahead) or an unreadable head:
+            // refuses (more than a vring's size ahead) or an unreadable head:
             // stop rather than spin; the next kick retries.
             idle += 1;
             if idle == 2 {

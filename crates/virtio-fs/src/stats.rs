@@ -109,11 +109,11 @@ pub struct DeviceStats {
     timeouts: AtomicU64,
     /// Requests that ended because the engine connection was aborted.
     aborted: AtomicU64,
-    /// Requests a ring stop gave up on: still unanswered when its wait
-    /// for them ended (`DeviceConfig::ring_stop_drain`).
+    /// Requests a vring stop gave up on: still unanswered when its wait
+    /// for them ended (`DeviceConfig::vring_stop_drain`).
     lost_on_stop: AtomicU64,
     /// Host work of given-up requests (host calls, I/O on guest buffers)
-    /// still running when a ring stop or reset stopped waiting for it.
+    /// still running when a vring stop or reset stopped waiting for it.
     stuck_on_stop: AtomicU64,
     /// Guest FUSE sessions ended by a reset or a new INIT (as DESTROY
     /// ends one).

@@ -407,8 +407,8 @@ fn an_abort_waits_for_io_on_the_guests_buffers() {
 }
 
 #[test]
-fn stopping_the_ring_waits_for_io_on_its_buffers() {
-    // Review finding: a ring stop (GET_VRING_BASE, a guest reboot) only
+fn stopping_the_vring_waits_for_io_on_its_buffers() {
+    // Review finding: a vring stop (GET_VRING_BASE, a guest reboot) only
     // dropped late replies; a READ still in the host could write into
     // pages the guest had reused.
     use vhost_user_backend::VhostUserBackend;
@@ -419,7 +419,7 @@ fn stopping_the_ring_waits_for_io_on_its_buffers() {
         fs.clone(),
         DeviceConfig {
             workers_per_queue: 2,
-            ring_stop_drain: Duration::from_millis(50),
+            vring_stop_drain: Duration::from_millis(50),
             ..DeviceConfig::default()
         },
     ));
@@ -436,7 +436,7 @@ fn stopping_the_ring_waits_for_io_on_its_buffers() {
     assert!(!stop.is_finished(), "the stop did not wait for the I/O");
     fs.release.store(true, Ordering::SeqCst);
     stop.join().unwrap();
-    // The reply of the stopped ring never reaches the guest.
+    // The reply of the stopped vring never reaches the guest.
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(h.used_idx(), 0);
 }

@@ -124,7 +124,7 @@ fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
     vhost_user_backend::VhostUserBackend::set_event_idx(&h.dev, true);
     let vring = h.vring();
     vring.set_queue_event_idx(true);
-    // An index more than a ring ahead: nothing can be popped, yet the
+    // An index more than a vring's size ahead: nothing can be popped, yet the
     // queue keeps announcing work.
     h.mem
         .write_obj(QSIZE + 5, vm_memory::GuestAddress(AVAIL + 2))
@@ -165,7 +165,7 @@ fn lock_calls_and_releases_are_never_held_back_by_admission() {
 }
 
 #[test]
-fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
+fn a_vring_stop_waits_for_a_workers_answer_before_it_returns() {
     // GET_VRING_BASE before a migration: the request a ring worker is
     // serving is answered into the used ring before the stop returns.
     let fs = HangFs::default();
@@ -185,7 +185,7 @@ fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
     std::thread::sleep(Duration::from_millis(150));
     assert!(
         !stop.is_finished(),
-        "the ring went back with a request unanswered"
+        "the vring went back with a request unanswered"
     );
     fs.release.store(true, Ordering::SeqCst);
     stop.join().unwrap();
@@ -196,11 +196,11 @@ fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
 }
 
 #[test]
-fn replies_of_a_stopped_ring_never_reach_the_guest() {
+fn replies_of_a_stopped_vring_never_reach_the_guest() {
     let fs = HangFs::default();
     // The stop waits this long for the hung request, then gives it up.
     let cfg = DeviceConfig {
-        ring_stop_drain: Duration::from_millis(50),
+        vring_stop_drain: Duration::from_millis(50),
         ..DeviceConfig::default()
     };
     let h = Harness::new(fs.clone(), cfg);
@@ -212,7 +212,7 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
     wait_for("the request to reach the backend", || {
         fs.hung.load(Ordering::SeqCst) == 1
     });
-    // GET_VRING_BASE: the frontend takes the ring back.
+    // GET_VRING_BASE: the frontend takes the vring back.
     vhost_user_backend::VhostUserBackend::stop_vring(&h.dev, 1).unwrap();
     assert_eq!(h.dev.stats().lost_on_stop(), 1);
     fs.release.store(true, Ordering::SeqCst);
@@ -222,7 +222,7 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
     wait_for("the dropped reply to be counted", || {
         h.dev.stats().aborted() == 1
     });
-    assert_eq!(h.used_idx(), 0, "a reply reached the stopped ring");
+    assert_eq!(h.used_idx(), 0, "a reply reached the stopped vring");
     assert_eq!(h.reply(ra).unique, 0, "the guest buffer was written");
 }
 

@@ -1,4 +1,4 @@
-//! What a ring stop or a device reset gives up, and what a guest that
+//! What a vring stop or a device reset gives up, and what a guest that
 //! reboots leaves behind: a request given up never acts on the host
 //! afterwards; the vhost-user thread never waits without bound for host
 //! work that hangs; a reset or a new INIT ends the guest's session, its
@@ -32,7 +32,7 @@ const BOUND: Duration = Duration::from_millis(300);
 fn cfg() -> DeviceConfig {
     DeviceConfig {
         queue_size: QSIZE,
-        ring_stop_drain: BOUND,
+        vring_stop_drain: BOUND,
         ..DeviceConfig::default()
     }
 }
@@ -53,7 +53,7 @@ fn truncate_to_zero() -> SetattrIn {
 }
 
 #[test]
-fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
+fn a_setattr_given_up_at_a_vring_stop_never_truncates_the_file() {
     let _serial = serial();
     // The SETATTR is held in front of the passthrough (as by a slow lock
     // or a busy worker) until after the stop gave it up. Once let go, it
@@ -93,7 +93,7 @@ fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
 }
 
 #[test]
-fn a_request_still_queued_at_a_ring_stop_never_reaches_the_filesystem() {
+fn a_request_still_queued_at_a_vring_stop_never_reaches_the_filesystem() {
     let _serial = serial();
     // The queue's one worker is stuck in a GETATTR, so the SETATTR behind
     // it waits in the engine: given up at the stop, it is answered
@@ -134,7 +134,7 @@ fn a_request_still_queued_at_a_ring_stop_never_reaches_the_filesystem() {
 }
 
 #[test]
-fn a_lock_call_given_up_at_a_ring_stop_never_takes_its_lock() {
+fn a_lock_call_given_up_at_a_vring_stop_never_takes_its_lock() {
     let _serial = serial();
     // Lock calls travel over the engine's device, not the ring: they go
     // under the fence all the same.
@@ -251,7 +251,7 @@ fn host_work_that_outlives_a_stop_is_waited_for_with_a_bound_and_counted() {
     });
     let took = rx.recv_timeout(Duration::from_secs(10));
     hung.release();
-    let took = took.expect("the ring stop never returned");
+    let took = took.expect("the vring stop never returned");
     // The drain's bound, then the bound of the wait for what it gave up.
     assert!(took < 4 * BOUND, "{took:?}");
     let stats = g.h.dev.stats();
@@ -362,8 +362,8 @@ fn a_device_reset_ends_the_guests_session() {
 #[test]
 fn a_new_init_ends_the_old_session_first() {
     let _serial = serial();
-    // What QEMU does on a guest reboot without RESET_DEVICE: every ring
-    // stopped (GET_VRING_BASE), then fresh rings and the rebooted
+    // What QEMU does on a guest reboot without RESET_DEVICE: every vring
+    // stopped (GET_VRING_BASE), then fresh vrings and the rebooted
     // kernel's INIT.
     let mut g = Guest::new("reinit");
     let before = hold_locks_and_files(&mut g);
@@ -371,7 +371,7 @@ fn a_new_init_ends_the_old_session_first() {
     assert_eq!(
         host_can_lock(&g.dir.join("f")),
         (false, false),
-        "a ring stop alone (a paused VM) keeps the session"
+        "a vring stop alone (a paused VM) keeps the session"
     );
     g.restart();
     guest_init(&mut g, 2);

@@ -1,5 +1,5 @@
 //! Answering a guest request: the engine's end callback, and the reply
-//! written into the chain and published in the used ring (unless the ring
+//! written into the chain and published in the used ring (unless the vring
 //! was stopped or reset since the chain was popped).
 
 use super::*;
@@ -48,13 +48,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Writes the reply into the chain and returns it to the guest, unless
-    /// its ring was stopped or reset since the chain was popped.
+    /// its vring was stopped or reset since the chain was popped.
     pub(super) fn answer(&self, t: &Ticket, error: i32, payload: &[u8]) {
         self.answer_with(t, error, payload, 0);
     }
 
     /// Returns a chain that cannot carry a reply unused (length 0), unless
-    /// its ring was stopped or reset since it was popped.
+    /// its vring was stopped or reset since it was popped.
     pub(super) fn give_back_unanswered(&self, t: &Ticket) {
         let rq = self.inner.queue(t.queue);
         let gen = read(&rq.gen);

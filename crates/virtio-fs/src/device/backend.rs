@@ -1,5 +1,5 @@
 //! The vhost-user side of the device: what the frontend asks of a
-//! `VhostUserBackend` (features, config space, ring stop and reset, memory
+//! `VhostUserBackend` (features, config space, vring stop and reset, memory
 //! table, events), split from `device.rs`.
 
 use super::ids::Event;
@@ -57,10 +57,10 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        // GET_VRING_BASE: the frontend takes the ring back and learns how
+        // GET_VRING_BASE: the frontend takes the vring back and learns how
         // far the device popped it; before a migration that index goes to
         // the destination, which never sees a chain popped here. So every
-        // popped chain is answered first (`drain_ring`, bounded): a lock
+        // popped chain is answered first (`drain_vring`, bounded): a lock
         // call that waits is interrupted so that it ends (EINTR) rather
         // than hold the stop. What is still unanswered after the bound is
         // given up (`give_up`): its late reply never reaches the guest,
@@ -79,7 +79,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
 
     fn reset_device(&self) {
         // The driver is gone (a reboot, a driver unbind): answers would
-        // land in rings it no longer has, so nothing is drained; what is
+        // land in vrings it no longer has, so nothing is drained; what is
         // in flight is given up at once, and the guest's session ends.
         let all: Vec<RqId> = RqId::all(self.inner.count()).collect();
         self.give_up(&all);
@@ -187,7 +187,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
                 let Some(vring) = vrings.get(Vq::Request(q).kick_event()) else {
                     return Ok(());
                 };
-                // The event loop checks a ring's state for kicks only.
+                // The event loop checks a vring's state for kicks only.
                 if q.thread() != thread_id || !vring.get_ref().is_enabled() {
                     return Ok(());
                 }

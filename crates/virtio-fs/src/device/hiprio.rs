@@ -95,7 +95,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Pops and serves the hiprio queue until it is empty (with
-    /// [`ForgetsBy::Engine`]: at most a ring's worth, and only while the
+    /// [`ForgetsBy::Engine`]: at most a vring's worth, and only while the
     /// engine holds fewer than [`FORGETS_HIGH`] forgets).
     pub(super) fn drain_hiprio(&self, vring: &Vring, by: ForgetsBy) {
         let Some(mem) = self.memory() else { return };
@@ -104,7 +104,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let _busy = self.inner.hiprio.draining();
         let qs = &self.inner.counters(Vq::Hiprio);
         let chan = self.inner.engine.chan();
-        // The watchdog takes one ring's worth at a time: a guest that
+        // The watchdog takes one vring's worth at a time: a guest that
         // refills hiprio as fast must not keep it from other queues.
         let most = match by {
             ForgetsBy::Here => usize::MAX,

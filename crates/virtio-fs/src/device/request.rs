@@ -11,7 +11,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// with the ticket as their end (built in place there: `Args` is too
     /// large to move around per request), or refuses it (Err: its ticket,
     /// for [`FsDevice::refuse`]; nothing was answered or pushed). `gen` is
-    /// the queue's generation read before the chain was popped (a ring
+    /// the queue's generation read before the chain was popped (a vring
     /// stopped after that makes it stale); `popped` is when its round was
     /// popped.
     pub(super) fn prepare(
@@ -198,7 +198,7 @@ fn body_cap(op: Opcode, max_write: usize) -> usize {
 
 /// Whether a request of `op` may change something on the host, and so
 /// goes under its queue's fence (`Generation`): a request given up at a
-/// ring stop must not act afterwards. Those that only read, and those
+/// vring stop must not act afterwards. Those that only read, and those
 /// that only let go of what the session holds, need no fence (and cost
 /// none on their way).
 pub(super) fn changes_host(op: Opcode) -> bool {

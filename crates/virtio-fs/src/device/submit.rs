@@ -7,7 +7,7 @@
 //! early at a chain that does not go into the batch (its *tail*): a
 //! malformed or refused chain is answered right after the send, still
 //! under `pop_lock`; a lock call is sent before the round is served; an
-//! INIT after it, and only if the ring was not stopped meanwhile.
+//! INIT after it, and only if the vring was not stopped meanwhile.
 //!
 //! When admission is full, the refused chains and the tail go back to the
 //! avail ring (under `pop_lock`), so nothing popped is held unsent, and the
@@ -130,9 +130,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             }
             let (sent, gen, tail) = {
                 let _pop = lock(&rq.pop_lock);
-                // Before the pop: a ring stopped after it leaves these
+                // Before the pop: a vring stopped after it leaves these
                 // chains with the old generation, so their answers never
-                // reach the new ring.
+                // reach the new vring.
                 let gen = read(&rq.gen).n;
                 let want = want.min(left_before(vring, end));
                 if want == 0 || self.pop_round(vring, &mem, q, gen, want, round) == 0 {
@@ -201,7 +201,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let chain = match popped {
                 Ok(c) if heads.claim(c.head) => c,
                 // A head republished while the device still serves it:
-                // the guest broke the ring's rules; it gets nothing back.
+                // the guest broke the vring's rules; it gets nothing back.
                 Ok(_) => {
                     round.tail = Some(Tail::Malformed(None));
                     break;
@@ -329,7 +329,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
     /// Sends a guest INIT that ended a round popped in generation `gen`
     /// (no queue lock held): a guest that rebooted sends no DESTROY, so
-    /// its INIT ends the old session first. A ring stopped since the pop
+    /// its INIT ends the old session first. A vring stopped since the pop
     /// gave the INIT up: it then does nothing. INIT is FORCE, so admission
     /// never refuses it.
     fn send_init(&self, q: RqId, gen: u64, args: Args, ticket: Arc<Ticket>) {
@@ -444,7 +444,7 @@ fn avail_index(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) -> u16 {
 
 /// Chains announced up to avail index `end` that are not popped yet (0
 /// when the queue's next index is past `end`, or `end` is more than a
-/// ring ahead of it: a pop would find nothing there).
+/// vring's size ahead of it: a pop would find nothing there).
 fn left_before(vring: &Vring, end: u16) -> usize {
     let v = vring.get_ref();
     let queue = v.get_queue();
