@@ -156,13 +156,13 @@ pub struct DeviceConfig {
     /// under a tool that slows it many times over (callgrind), so chunks
     /// are cut as at full speed.
     pub chunk_time: Duration,
-    /// With `zero_copy`: the guest's RAM regions are registered as io_uring
-    /// fixed buffers of each serving thread's ring on first use (again when
-    /// the memory table changes), so data I/O through the ring goes as
+    /// With `zero_copy`: the guest's RAM regions are registered as fixed
+    /// buffers of each serving thread's io_uring on first use (again when
+    /// the memory table changes), so data I/O through io_uring goes as
     /// READ_FIXED/WRITE_FIXED (or the vectored forms) at the guest address.
     /// Registration pins all of guest RAM in host memory for as long as
     /// the device runs, which defeats ballooning and overcommit, and I/O
-    /// through the ring then misses pages the VMM discards (a balloon,
+    /// through io_uring then misses pages the VMM discards (a balloon,
     /// virtio-mem): off by default.
     pub fixed_guest_memory: bool,
     /// How long a vring stop (GET_VRING_BASE: before a migration, or when

@@ -318,9 +318,9 @@ fn a_timed_out_read_without_io_is_answered_at_once_and_its_buffers_refused() {
 }
 
 #[test]
-fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
+fn a_large_read_with_junk_after_its_arguments_is_served_synchronously() {
     // Junk after its arguments keeps a READ from being started by
-    // reference: served in line, its reply still reaches guest memory
+    // reference: served synchronously, its reply still reaches guest memory
     // whole, however it compares with the ring entry's buffer.
     let fs = Direct::default();
     let h = Harness::new(
@@ -333,7 +333,7 @@ fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
     );
     let vring = h.vring();
     // The largest READ the device allows (max_write; the engine's payload
-    // buffers are that size): the junk sends it in line.
+    // buffers are that size): the junk has it served synchronously.
     let n = 64 * 1024u32;
     let mut msg = request(Opcode::Read, 11, &read_in(BY_REF, n));
     msg.extend_from_slice(&[0xAA; 8]);
@@ -366,7 +366,10 @@ fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
     wait_for("the oversized READ", || h.used_idx() == 2);
     let r = h.reply(0x40000);
     assert_eq!((r.unique, r.len), (12, 16));
-    assert!(r.error < 0, "an oversized in-line READ must fail cleanly");
+    assert!(
+        r.error < 0,
+        "an oversized synchronous READ must fail cleanly"
+    );
     let mut msg = request(Opcode::Read, 13, &read_in(BY_REF, 4096));
     msg.extend_from_slice(&[0xAA; 8]);
     let len = msg.len() as u32;

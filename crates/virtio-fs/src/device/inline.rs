@@ -1,5 +1,5 @@
-//! Serving on the vring thread: each request queue's vring thread serves
-//! the requests it pops itself, through the whole engine (admission,
+//! Serving on the vring thread ("in line"): each request queue's vring
+//! thread serves the requests it pops itself, through the whole engine (admission,
 //! tickets, timeouts), instead of handing each to a ring worker thread
 //! (a wake-up of another thread, most of a request's latency at depth 1),
 //! and keeps many of them in flight.
@@ -8,7 +8,7 @@
 //! requests only while it submits, or on their own commit), up to the
 //! queue's size. Each round `submit.rs` sent to them is one chunk: every
 //! request is started on the thread's host I/O context where the
-//! filesystem can, or served in line and committed at once. Every
+//! filesystem can, or served synchronously and committed at once. Every
 //! `submit_batch` started requests, and at the end of the kick, the
 //! started I/O is submitted and what completed committed; later
 //! completions wake the thread through its epoll. A request that may wait
@@ -126,7 +126,7 @@ impl QueueServer {
 
     /// Serves what this thread's entries hold, up to `budget` requests,
     /// one at a time: starts what the filesystem can (READ, WRITE, FSYNC,
-    /// FSYNCDIR, FALLOCATE), serves the rest in line, and commits each
+    /// FSYNCDIR, FALLOCATE), serves the rest synchronously, and commits each
     /// answer at once (an answer is never held behind the next request,
     /// which may hang in a host call; what is not fetched yet, the watchdog
     /// can hand to the workers). Returns how many it served or started.
@@ -228,7 +228,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Pops and submits until the queue is empty (false) or admission is
     /// full (true: the chain went back to the avail ring), serving on this
     /// thread as it goes: what the filesystem can start is started, the
-    /// rest served in line; then submits the started I/O at once and
+    /// rest served synchronously; then submits the started I/O at once and
     /// answers what completed.
     pub(super) fn drain_requests(&self, vring: &Vring, q: RqId) -> bool {
         let k = self.inner.cfg.inline_per_batch;
