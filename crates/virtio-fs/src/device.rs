@@ -10,7 +10,7 @@
 //! exactly once ([`TicketState`]).
 //!
 //! The rest: `backend.rs` (`VhostUserBackend`), `hiprio.rs`, `request.rs`,
-//! `inline.rs`, `lock_calls.rs`, `answer.rs`, `notify.rs`, `stop.rs`,
+//! `inline.rs`, `lent.rs`, `lock_calls.rs`, `answer.rs`, `notify.rs`, `stop.rs`,
 //! `session.rs`, `timeouts.rs`, `migration.rs`, `heads.rs`, `exit_fds.rs`
 //! (docs/DESIGN.md, "The virtio-fs device").
 
@@ -29,6 +29,7 @@ mod heads;
 mod hiprio;
 mod ids;
 mod inline;
+mod lent;
 mod lock_calls;
 mod migration;
 mod notify;
@@ -155,23 +156,23 @@ pub struct DeviceConfig {
     /// under a tool that slows it many times over (callgrind), so chunks
     /// are cut as at full speed.
     pub chunk_time: Duration,
-    /// With `zero_copy`: the guest's RAM regions are registered as io_uring
-    /// fixed buffers of each serving thread's ring on first use (again when
-    /// the memory table changes), so data I/O through the ring goes as
+    /// With `zero_copy`: the guest's RAM regions are registered as fixed
+    /// buffers of each serving thread's io_uring on first use (again when
+    /// the memory table changes), so data I/O through io_uring goes as
     /// READ_FIXED/WRITE_FIXED (or the vectored forms) at the guest address.
     /// Registration pins all of guest RAM in host memory for as long as
     /// the device runs, which defeats ballooning and overcommit, and I/O
-    /// through the ring then misses pages the VMM discards (a balloon,
+    /// through io_uring then misses pages the VMM discards (a balloon,
     /// virtio-mem): off by default.
     pub fixed_guest_memory: bool,
-    /// How long a ring stop (GET_VRING_BASE: before a migration, or when
+    /// How long a vring stop (GET_VRING_BASE: before a migration, or when
     /// the guest resets the device) waits for the requests popped from
-    /// that ring to be answered, when no `request_timeout` bounds them
+    /// that vring to be answered, when no `request_timeout` bounds them
     /// (with one, it waits until they timed out). What is still
     /// unanswered then is given up (`DeviceStats::lost_on_stop`); a stop
     /// or reset then waits this long again, at most, for host work of the
     /// given-up requests already under way (`DeviceStats::stuck_on_stop`).
-    pub ring_stop_drain: Duration,
+    pub vring_stop_drain: Duration,
 }
 
 impl Default for DeviceConfig {
@@ -190,7 +191,7 @@ impl Default for DeviceConfig {
             submit_batch: 4,
             chunk_time: notify::CHUNK_TIME,
             fixed_guest_memory: false,
-            ring_stop_drain: stop::RING_STOP_DRAIN,
+            vring_stop_drain: stop::VRING_STOP_DRAIN,
         }
     }
 }
@@ -213,17 +214,11 @@ struct Inner<F: Filesystem + 'static> {
     handlers: Mutex<Vec<Weak<VringEpollHandler<FsDevice<F>>>>>,
     /// What `RequestQueue::busy_since` counts from.
     epoch: Instant,
-    /// How many threads are draining the hiprio queue (its vring thread,
-    /// the watchdog standing in for it; counted before they pop): a stop
-    /// of the hiprio queue waits for them, bounded (`hiprio.rs`).
-    hiprio_busy: AtomicUsize,
-    /// The hiprio vring as vring thread 0 first saw it (its first vring),
-    /// for the watchdog: that thread serves request queue 0 too, and while
-    /// it is stuck there the watchdog drains hiprio in its place.
-    hiprio_vring: std::sync::OnceLock<Vring>,
-    /// Exit-event fds vhost-user-backend leaks (see `exit_event`), each
-    /// with a duplicate that identifies it.
-    exit_fds: Mutex<Vec<exit_fds::Leaked>>,
+    /// The hiprio queue's drains and vring (`hiprio.rs`).
+    hiprio: hiprio::Hiprio,
+    /// Exit-event fds vhost-user-backend leaks (see `exit_event`), closed
+    /// when the device goes (`exit_fds.rs`).
+    exit_fds: exit_fds::ExitFds,
     /// The counters; per queue by virtqueue index (hiprio first,
     /// `RqId::vq` for a request queue).
     stats: DeviceStats,
@@ -233,7 +228,6 @@ struct Inner<F: Filesystem + 'static> {
     lock_calls: lock_calls::LockCalls,
     /// Live migration: the guest's INIT and the state transfer.
     migration: migration::Migration,
-    stop: AtomicBool,
 }
 
 impl<F: Filesystem + 'static> Inner<F> {
@@ -255,7 +249,7 @@ impl<F: Filesystem + 'static> Inner<F> {
 
     /// The counters of virtqueue `vq` (hiprio, or a request queue).
     fn counters(&self, vq: impl Into<Vq>) -> &crate::stats::QueueStats {
-        &self.stats.queues[vq.into().index()]
+        &self.stats.queues()[vq.into().index()]
     }
 }
 
@@ -337,9 +331,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             queues: request_queues,
             handlers: Mutex::new(Vec::new()),
             epoch: Instant::now(),
-            hiprio_busy: AtomicUsize::new(0),
-            hiprio_vring: std::sync::OnceLock::new(),
-            exit_fds: Mutex::new(Vec::new()),
+            hiprio: hiprio::Hiprio::default(),
+            exit_fds: exit_fds::ExitFds::default(),
             // The hiprio queue's counters and the request queues'.
             stats: DeviceStats::new(1 + queues),
             config_space,
@@ -350,7 +343,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             timeouts: timeouts::Timeouts::new(!cfg.request_timeout.is_zero()),
             lock_calls: lock_calls::LockCalls::default(),
             migration: migration::Migration::default(),
-            stop: AtomicBool::new(false),
             cfg,
         });
         if !inner.cfg.request_timeout.is_zero() {
@@ -460,14 +452,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // More is announced but nothing was popped. Once, that is a
             // chain published after the drain read the avail index: one
             // more pass pops it. Twice in a row, an avail index the queue
-            // refuses (more than a ring ahead) or an unreadable head:
+            // refuses (more than a vring's size ahead) or an unreadable head:
             // stop rather than spin; the next kick retries.
             idle += 1;
             if idle == 2 {
-                self.inner
-                    .counters(q)
-                    .malformed
-                    .fetch_add(1, Ordering::Relaxed);
+                self.inner.counters(q).add_malformed(1);
                 break;
             }
         }
@@ -477,13 +466,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
 impl<F: Filesystem + 'static> Drop for Inner<F> {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
         // The device outlives the daemon's vring threads (each holds a
         // clone): their exit eventfds are unused now.
-        for leaked in lock(&self.exit_fds).drain(..) {
-            // SAFETY: each vring thread holds a clone of the device, so
-            // the last one is gone when its inner part is dropped.
-            unsafe { leaked.close() };
-        }
+        // SAFETY: each vring thread holds a clone of the device, so the
+        // last one is gone when its inner part is dropped.
+        unsafe { self.exit_fds.close_all() };
     }
 }

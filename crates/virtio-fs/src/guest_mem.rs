@@ -220,9 +220,9 @@ impl GuestSpans {
 // spans can never touch memory the daemon's own code uses. The guest
 // reuses the buffers once its request is answered. A request the timeout
 // scanner answers is answered only after `revoke_or_when_idle` found no
-// I/O running, or from the callback the last one's end runs; a ring stop
+// I/O running, or from the callback the last one's end runs; a vring stop
 // revokes and waits for the I/O to end before the guest may reuse the
-// ring (it answers nothing); and `begin_io` fails once revoked. A
+// vring (it answers nothing); and `begin_io` fails once revoked. A
 // request the filesystem answers is answered when the filesystem says its
 // I/O is done: a filesystem that kept the memory and did I/O after
 // answering would write buffers the guest owns again (the guest's data,

@@ -1,4 +1,6 @@
-//! Counters a running device keeps, readable while it runs.
+//! Counters a running device keeps, readable while it runs. The device
+//! adds to them through `add_*` (one relaxed atomic add each); everyone
+//! else reads them.
 
 use fuse_core::abi::Opcode;
 use std::fmt::Write as _;
@@ -12,18 +14,18 @@ const OPCODES: usize = 64;
 #[derive(Debug, Default)]
 pub struct QueueStats {
     /// Chains popped and sent into the engine.
-    pub submitted: AtomicU64,
+    submitted: AtomicU64,
     /// Replies written back to the guest.
-    pub completed: AtomicU64,
+    completed: AtomicU64,
     /// Times the queue stopped popping because admission was full.
-    pub stalls: AtomicU64,
+    stalls: AtomicU64,
     /// Chains refused as malformed.
-    pub malformed: AtomicU64,
+    malformed: AtomicU64,
     /// Rounds in which the watchdog drained the queue because its vring
     /// thread was stuck serving a request in line.
-    pub takeovers: AtomicU64,
+    takeovers: AtomicU64,
     /// Requests the vring thread served itself (no hand-off).
-    pub inline: AtomicU64,
+    inline: AtomicU64,
     /// Answers by opcode: kept per queue, so the thread that answers a
     /// queue's requests (its vring thread, mostly) writes counters no
     /// other queue's thread shares; folded when read.
@@ -40,11 +42,44 @@ impl Default for OpTable {
     }
 }
 
+/// Adds to a counter and reads it: the adds are what the request path
+/// pays, one relaxed atomic add each (no lock, no allocation).
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident, $add:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self) -> u64 {
+                self.$name.load(Ordering::Relaxed)
+            }
+
+            #[inline]
+            pub(crate) fn $add(&self, n: u64) {
+                self.$name.fetch_add(n, Ordering::Relaxed);
+            }
+        )*
+    };
+}
+
 impl QueueStats {
+    counters! {
+        /// Chains popped and sent into the engine.
+        submitted, add_submitted;
+        /// Replies written back to the guest.
+        completed, add_completed;
+        /// Times the queue stopped popping because admission was full.
+        stalls, add_stalls;
+        /// Chains refused as malformed.
+        malformed, add_malformed;
+        /// Rounds in which the watchdog drained the queue because its
+        /// vring thread was stuck serving a request in line.
+        takeovers, add_takeovers;
+        /// Requests the vring thread served itself (no hand-off).
+        inline, add_inline;
+    }
+
     /// Requests popped and not yet answered.
     pub fn in_flight(&self) -> u64 {
-        let s = self.submitted.load(Ordering::Relaxed);
-        s.saturating_sub(self.completed.load(Ordering::Relaxed))
+        self.submitted().saturating_sub(self.completed())
     }
 }
 
@@ -69,20 +104,20 @@ struct OpTotals {
 #[derive(Debug)]
 pub struct DeviceStats {
     /// Index 0 is the hiprio queue, then the request queues.
-    pub queues: Vec<QueueStats>,
+    queues: Vec<QueueStats>,
     /// Requests answered with an error because they outlived the timeout.
-    pub timeouts: AtomicU64,
+    timeouts: AtomicU64,
     /// Requests that ended because the engine connection was aborted.
-    pub aborted: AtomicU64,
-    /// Requests a ring stop gave up on: still unanswered when its wait
-    /// for them ended (`DeviceConfig::ring_stop_drain`).
-    pub lost_on_stop: AtomicU64,
+    aborted: AtomicU64,
+    /// Requests a vring stop gave up on: still unanswered when its wait
+    /// for them ended (`DeviceConfig::vring_stop_drain`).
+    lost_on_stop: AtomicU64,
     /// Host work of given-up requests (host calls, I/O on guest buffers)
-    /// still running when a ring stop or reset stopped waiting for it.
-    pub stuck_on_stop: AtomicU64,
+    /// still running when a vring stop or reset stopped waiting for it.
+    stuck_on_stop: AtomicU64,
     /// Guest FUSE sessions ended by a reset or a new INIT (as DESTROY
     /// ends one).
-    pub sessions_ended: AtomicU64,
+    sessions_ended: AtomicU64,
 }
 
 impl DeviceStats {
@@ -95,6 +130,27 @@ impl DeviceStats {
             stuck_on_stop: AtomicU64::new(0),
             sessions_ended: AtomicU64::new(0),
         }
+    }
+
+    counters! {
+        /// Requests answered with an error because they outlived the
+        /// timeout.
+        timeouts, add_timeouts;
+        /// Requests that ended because the engine connection was aborted.
+        aborted, add_aborted;
+        /// Requests a vring stop gave up on.
+        lost_on_stop, add_lost_on_stop;
+        /// Host work of given-up requests still running when a vring stop
+        /// or reset stopped waiting for it.
+        stuck_on_stop, add_stuck_on_stop;
+        /// Guest FUSE sessions ended by a reset or a new INIT.
+        sessions_ended, add_sessions_ended;
+    }
+
+    /// Each queue's counters: index 0 is the hiprio queue, then the
+    /// request queues (virtqueue order).
+    pub fn queues(&self) -> &[QueueStats] {
+        &self.queues
     }
 
     /// Counts an answer to `opcode` on virtqueue `vq`.
@@ -141,23 +197,23 @@ impl DeviceStats {
             let _ = writeln!(
                 s,
                 "queue {name}: submitted {} completed {} in-flight {} stalls {} malformed {} inline {} takeovers {}",
-                q.submitted.load(Ordering::Relaxed),
-                q.completed.load(Ordering::Relaxed),
+                q.submitted(),
+                q.completed(),
                 q.in_flight(),
-                q.stalls.load(Ordering::Relaxed),
-                q.malformed.load(Ordering::Relaxed),
-                q.inline.load(Ordering::Relaxed),
-                q.takeovers.load(Ordering::Relaxed),
+                q.stalls(),
+                q.malformed(),
+                q.inline(),
+                q.takeovers(),
             );
         }
         let _ = writeln!(
             s,
             "timeouts {} aborted {} lost-on-stop {} stuck-on-stop {} sessions-ended {}",
-            self.timeouts.load(Ordering::Relaxed),
-            self.aborted.load(Ordering::Relaxed),
-            self.lost_on_stop.load(Ordering::Relaxed),
-            self.stuck_on_stop.load(Ordering::Relaxed),
-            self.sessions_ended.load(Ordering::Relaxed)
+            self.timeouts(),
+            self.aborted(),
+            self.lost_on_stop(),
+            self.stuck_on_stop(),
+            self.sessions_ended()
         );
         for code in 0..OPCODES {
             let op = self.op_totals(code);

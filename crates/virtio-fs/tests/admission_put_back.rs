@@ -98,11 +98,11 @@ fn run(event_idx: bool, spread: u64) {
         assert_eq!(h.reply(ra).error, 0);
     }
     fs.release.store(true, Ordering::SeqCst);
-    let s = &h.dev.stats().queues[1];
+    let s = &h.dev.stats().queues()[1];
     eprintln!(
         "stalls {} malformed {} (resumed {stalls_seen}), popped to {}, avail {idx}",
-        s.stalls.load(Ordering::SeqCst),
-        s.malformed.load(Ordering::SeqCst),
+        s.stalls(),
+        s.malformed(),
         vring.queue_next_avail()
     );
     if let Some(i) = stranded {

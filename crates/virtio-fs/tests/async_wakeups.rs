@@ -12,7 +12,7 @@
 //!   serving other requests meanwhile; one the backend cannot cancel keeps
 //!   its answer (and the guest's buffers) until the I/O ends, the queue
 //!   still serving the others;
-//! - a ring stop (GET_VRING_BASE) with such a READ in flight returns once
+//! - a vring stop (GET_VRING_BASE) with such a READ in flight returns once
 //!   the READ was answered (a migration must not lose it); past the
 //!   stop's wait, once the backend gave the READ up, or, if it cannot,
 //!   once its I/O ended.
@@ -30,7 +30,6 @@ use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone, ReadSink
 use fuse_core::{ClientMem, Errno};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -313,17 +312,17 @@ fn serve(name: &str, fs: Hold, request_timeout: Duration) -> Served {
         name,
         fs,
         request_timeout,
-        virtio_fs::DeviceConfig::default().ring_stop_drain,
+        virtio_fs::DeviceConfig::default().vring_stop_drain,
     )
 }
 
-/// `serve` with a ring stop that waits `ring_stop_drain` for the ring's
+/// `serve` with a vring stop that waits `vring_stop_drain` for the vring's
 /// requests.
 fn serve_with(
     name: &str,
     fs: Hold,
     request_timeout: Duration,
-    ring_stop_drain: Duration,
+    vring_stop_drain: Duration,
 ) -> Served {
     let base = std::env::temp_dir().join(format!("fusebox-wakeups-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
@@ -334,7 +333,7 @@ fn serve_with(
         DeviceConfig {
             queue_size: 128,
             request_timeout,
-            ring_stop_drain,
+            vring_stop_drain,
             workers_per_queue: 1,
             // As fusebox runs by default: the vring thread serves in line.
             inline_per_batch: usize::MAX,
@@ -610,7 +609,7 @@ fn a_hung_read_ends_in_the_timeout_while_the_queue_serves_others() {
     assert_eq!((d.out.error, d.out.len, d.used_len), (-libc::EIO, 16, 16));
     assert_eq!(s.fs.interrupts(), vec![unique]);
     assert_eq!(s.fs.held(), 0);
-    assert_eq!(s.dev.stats().timeouts.load(Ordering::Relaxed), 1);
+    assert_eq!(s.dev.stats().timeouts(), 1);
     assert_eq!(s.dev.heads_in_flight(Q), 0);
 
     // The queue goes on serving, READs included (the slot of the timed-out
@@ -636,7 +635,7 @@ fn a_read_the_backend_cannot_cancel_is_answered_when_its_io_ends() {
     let mut s = serve("uncancellable", Hold::new(false), TIMEOUT);
     let unique = start_held_read(&mut s, 0);
     wait_for("the timeout", || {
-        s.dev.stats().timeouts.load(Ordering::Relaxed) == 1 && !s.fs.interrupts().is_empty()
+        s.dev.stats().timeouts() == 1 && !s.fs.interrupts().is_empty()
     });
     assert_eq!(s.fs.interrupts(), vec![unique]);
     assert!(s.reap().is_empty(), "answered while its I/O runs");
@@ -668,68 +667,68 @@ fn a_read_the_backend_cannot_cancel_is_answered_when_its_io_ends() {
 
 /// Asks the device to stop request queue 1 (GET_VRING_BASE, as a VMM does
 /// when the guest resets the device), on a thread of its own.
-fn stop_ring(s: &mut Served) -> JoinHandle<u32> {
+fn stop_vring(s: &mut Served) -> JoinHandle<u32> {
     let fe = s.g().frontend().clone();
     let index = s.g().queue_index(Q);
     std::thread::spawn(move || fe.get_vring_base(index).unwrap())
 }
 
-/// How long the stop tests below let a ring stop wait for its requests.
+/// How long the stop tests below let a vring stop wait for its requests.
 const SHORT_DRAIN: Duration = Duration::from_millis(100);
 
-/// Before a migration the ring's base index goes to the destination, which
+/// Before a migration the vring's base index goes to the destination, which
 /// never sees the chains popped before it: GET_VRING_BASE returns only
 /// once the READ in flight was answered into the used ring (with its data,
 /// not given up), and the base counts it.
 #[test]
-fn a_ring_stop_answers_a_read_in_flight_before_it_returns() {
+fn a_vring_stop_answers_a_read_in_flight_before_it_returns() {
     let mut s = serve("stop-drains", Hold::new(true), Duration::ZERO);
     start_held_read(&mut s, 0);
-    let stop = stop_ring(&mut s);
+    let stop = stop_vring(&mut s);
     std::thread::sleep(Duration::from_millis(200));
     assert!(
         !stop.is_finished(),
-        "the ring went back with a READ unanswered"
+        "the vring went back with a READ unanswered"
     );
     assert!(s.fs.interrupts().is_empty(), "the READ was given up");
     s.fs.release(0);
     wait_for("GET_VRING_BASE", || stop.is_finished());
-    // INIT and the READ were taken from the ring, and both answered.
+    // INIT and the READ were taken from the vring, and both answered.
     assert_eq!(stop.join().unwrap(), 2);
     let done = s.reap();
     assert_eq!(done.len(), 1, "the READ is in the used ring");
     assert_eq!((done[0].slot, done[0].out.error), (1, 0));
     assert_eq!(done[0].used_len, 16 + LEN as u32);
     assert_eq!(s.read_data(1), pattern(0));
-    assert_eq!(s.dev.stats().lost_on_stop.load(Ordering::Relaxed), 0);
+    assert_eq!(s.dev.stats().lost_on_stop(), 0);
     assert_eq!(s.dev.heads_in_flight(Q), 0);
     s.finish();
 }
 
 /// A READ still in flight when the stop's wait ends is given up.
 #[test]
-fn a_ring_stop_gives_up_a_read_in_flight() {
+fn a_vring_stop_gives_up_a_read_in_flight() {
     let mut s = serve_with("stop", Hold::new(true), Duration::ZERO, SHORT_DRAIN);
     let unique = start_held_read(&mut s, 0);
-    let stop = stop_ring(&mut s);
+    let stop = stop_vring(&mut s);
     wait_for("GET_VRING_BASE", || stop.is_finished());
-    // INIT and the READ were taken from the ring.
+    // INIT and the READ were taken from the vring.
     assert_eq!(stop.join().unwrap(), 2);
     // The backend was asked to give the READ up, and did (on the vring
-    // thread, woken by its eventfd) before the ring went back.
+    // thread, woken by its eventfd) before the vring went back.
     assert_eq!(s.fs.interrupts(), vec![unique]);
     assert_eq!(s.fs.held(), 0);
-    assert!(s.reap().is_empty(), "an answer on a stopped ring");
-    assert_eq!(s.dev.stats().lost_on_stop.load(Ordering::Relaxed), 1);
+    assert!(s.reap().is_empty(), "an answer on a stopped vring");
+    assert_eq!(s.dev.stats().lost_on_stop(), 1);
     s.finish();
 }
 
 /// As a device reset waits for DMA: the frontend's GET_VRING_BASE is not
 /// answered while host I/O that cannot be cancelled may still write the
-/// ring's buffers, up to its bound (`ring_stop_drain` again, after the
+/// vring's buffers, up to its bound (`vring_stop_drain` again, after the
 /// drain's): then it is answered, and the I/O still running is counted.
 #[test]
-fn a_ring_stop_waits_for_a_read_the_backend_cannot_cancel_up_to_its_bound() {
+fn a_vring_stop_waits_for_a_read_the_backend_cannot_cancel_up_to_its_bound() {
     let bound = Duration::from_secs(1);
     let mut s = serve_with(
         "stop-uncancellable",
@@ -738,19 +737,22 @@ fn a_ring_stop_waits_for_a_read_the_backend_cannot_cancel_up_to_its_bound() {
         bound,
     );
     let unique = start_held_read(&mut s, 0);
-    let stop = stop_ring(&mut s);
+    let stop = stop_vring(&mut s);
     wait_for("the backend to be asked to give up", || {
         !s.fs.interrupts().is_empty()
     });
     assert_eq!(s.fs.interrupts(), vec![unique]);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!stop.is_finished(), "the ring went back while its I/O runs");
+    assert!(
+        !stop.is_finished(),
+        "the vring went back while its I/O runs"
+    );
     wait_for("GET_VRING_BASE", || stop.is_finished());
     assert_eq!(stop.join().unwrap(), 2);
     let stats = s.dev.stats();
-    assert_eq!(stats.stuck_on_stop.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.stuck_on_stop(), 1);
     s.fs.release(0);
-    assert!(s.reap().is_empty(), "an answer on a stopped ring");
+    assert!(s.reap().is_empty(), "an answer on a stopped vring");
     s.finish();
 }
 

@@ -280,9 +280,7 @@ fn a_timed_out_read_waits_for_io_on_its_buffers_to_end() {
     wait_for("the read to start its I/O", || {
         fs.holding.load(Ordering::SeqCst) == 1
     });
-    wait_for("the timeout", || {
-        h.dev.stats().timeouts.load(Ordering::SeqCst) == 1
-    });
+    wait_for("the timeout", || h.dev.stats().timeouts() == 1);
     assert!(t.elapsed() >= Duration::from_millis(300));
     // Timed out, but the buffers are still being written: no answer yet.
     std::thread::sleep(Duration::from_millis(100));
@@ -320,9 +318,9 @@ fn a_timed_out_read_without_io_is_answered_at_once_and_its_buffers_refused() {
 }
 
 #[test]
-fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
+fn a_large_read_with_junk_after_its_arguments_is_served_synchronously() {
     // Junk after its arguments keeps a READ from being started by
-    // reference: served in line, its reply still reaches guest memory
+    // reference: served synchronously, its reply still reaches guest memory
     // whole, however it compares with the ring entry's buffer.
     let fs = Direct::default();
     let h = Harness::new(
@@ -335,7 +333,7 @@ fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
     );
     let vring = h.vring();
     // The largest READ the device allows (max_write; the engine's payload
-    // buffers are that size): the junk sends it in line.
+    // buffers are that size): the junk has it served synchronously.
     let n = 64 * 1024u32;
     let mut msg = request(Opcode::Read, 11, &read_in(BY_REF, n));
     msg.extend_from_slice(&[0xAA; 8]);
@@ -368,7 +366,10 @@ fn a_large_read_with_junk_after_its_arguments_is_served_in_line() {
     wait_for("the oversized READ", || h.used_idx() == 2);
     let r = h.reply(0x40000);
     assert_eq!((r.unique, r.len), (12, 16));
-    assert!(r.error < 0, "an oversized in-line READ must fail cleanly");
+    assert!(
+        r.error < 0,
+        "an oversized synchronous READ must fail cleanly"
+    );
     let mut msg = request(Opcode::Read, 13, &read_in(BY_REF, 4096));
     msg.extend_from_slice(&[0xAA; 8]);
     let len = msg.len() as u32;
@@ -409,8 +410,8 @@ fn an_abort_waits_for_io_on_the_guests_buffers() {
 }
 
 #[test]
-fn stopping_the_ring_waits_for_io_on_its_buffers() {
-    // Review finding: a ring stop (GET_VRING_BASE, a guest reboot) only
+fn stopping_the_vring_waits_for_io_on_its_buffers() {
+    // Review finding: a vring stop (GET_VRING_BASE, a guest reboot) only
     // dropped late replies; a READ still in the host could write into
     // pages the guest had reused.
     use vhost_user_backend::VhostUserBackend;
@@ -421,7 +422,7 @@ fn stopping_the_ring_waits_for_io_on_its_buffers() {
         fs.clone(),
         DeviceConfig {
             workers_per_queue: 2,
-            ring_stop_drain: Duration::from_millis(50),
+            vring_stop_drain: Duration::from_millis(50),
             ..DeviceConfig::default()
         },
     ));
@@ -438,7 +439,7 @@ fn stopping_the_ring_waits_for_io_on_its_buffers() {
     assert!(!stop.is_finished(), "the stop did not wait for the I/O");
     fs.release.store(true, Ordering::SeqCst);
     stop.join().unwrap();
-    // The reply of the stopped ring never reaches the guest.
+    // The reply of the stopped vring never reaches the guest.
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(h.used_idx(), 0);
 }

@@ -75,7 +75,7 @@ fn a_hung_backend_times_out_and_the_queue_keeps_moving() {
     assert!(t.elapsed() >= Duration::from_millis(1000));
     assert_eq!(h.reply(ra).unique, 1);
     assert_eq!(h.reply(ra).error, Errno::EIO.to_wire());
-    assert_eq!(h.dev.stats().timeouts.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().timeouts(), 1);
     // The backend was asked to give up on exactly that request (the
     // passthrough cancels its io_uring op); it returns, its answer is
     // dropped, the used ring does not move and the guest keeps the EIO.
@@ -105,7 +105,7 @@ fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
     });
     // A holds the only slot: B stays in the avail ring.
     assert_eq!(vring.queue_next_avail(), 1);
-    assert_eq!(h.dev.stats().queues[1].stalls.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().queues()[1].stalls(), 1);
     assert_eq!(h.used_idx(), 0);
     // A's end frees the slot and signals the queue's resume eventfd; the
     // vring thread would then serve the queue again.
@@ -115,7 +115,7 @@ fn a_queue_stalled_on_admission_resumes_when_a_slot_frees() {
     h.resume(&vring, 1);
     wait_for("the second answer", || h.used_idx() == 2);
     assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
-    assert_eq!(h.dev.stats().queues[1].in_flight(), 0);
+    assert_eq!(h.dev.stats().queues()[1].in_flight(), 0);
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
     vhost_user_backend::VhostUserBackend::set_event_idx(&h.dev, true);
     let vring = h.vring();
     vring.set_queue_event_idx(true);
-    // An index more than a ring ahead: nothing can be popped, yet the
+    // An index more than a vring's size ahead: nothing can be popped, yet the
     // queue keeps announcing work.
     h.mem
         .write_obj(QSIZE + 5, vm_memory::GuestAddress(AVAIL + 2))
@@ -138,7 +138,7 @@ fn an_avail_index_far_ahead_does_not_spin_the_vring_thread() {
     });
     rx.recv_timeout(Duration::from_secs(5))
         .expect("the vring thread did not come back");
-    assert!(h.dev.stats().queues[1].malformed.load(Ordering::SeqCst) >= 1);
+    assert!(h.dev.stats().queues()[1].malformed() >= 1);
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn lock_calls_and_releases_are_never_held_back_by_admission() {
 }
 
 #[test]
-fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
+fn a_vring_stop_waits_for_a_workers_answer_before_it_returns() {
     // GET_VRING_BASE before a migration: the request a ring worker is
     // serving is answered into the used ring before the stop returns.
     let fs = HangFs::default();
@@ -185,22 +185,22 @@ fn a_ring_stop_waits_for_a_workers_answer_before_it_returns() {
     std::thread::sleep(Duration::from_millis(150));
     assert!(
         !stop.is_finished(),
-        "the ring went back with a request unanswered"
+        "the vring went back with a request unanswered"
     );
     fs.release.store(true, Ordering::SeqCst);
     stop.join().unwrap();
     assert_eq!(h.used_idx(), 1, "the answer is in the used ring");
     assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
-    assert_eq!(h.dev.stats().lost_on_stop.load(Ordering::SeqCst), 0);
+    assert_eq!(h.dev.stats().lost_on_stop(), 0);
     assert!(fs.interrupted.lock().unwrap().is_empty(), "it was given up");
 }
 
 #[test]
-fn replies_of_a_stopped_ring_never_reach_the_guest() {
+fn replies_of_a_stopped_vring_never_reach_the_guest() {
     let fs = HangFs::default();
     // The stop waits this long for the hung request, then gives it up.
     let cfg = DeviceConfig {
-        ring_stop_drain: Duration::from_millis(50),
+        vring_stop_drain: Duration::from_millis(50),
         ..DeviceConfig::default()
     };
     let h = Harness::new(fs.clone(), cfg);
@@ -212,17 +212,17 @@ fn replies_of_a_stopped_ring_never_reach_the_guest() {
     wait_for("the request to reach the backend", || {
         fs.hung.load(Ordering::SeqCst) == 1
     });
-    // GET_VRING_BASE: the frontend takes the ring back.
+    // GET_VRING_BASE: the frontend takes the vring back.
     vhost_user_backend::VhostUserBackend::stop_vring(&h.dev, 1).unwrap();
-    assert_eq!(h.dev.stats().lost_on_stop.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().lost_on_stop(), 1);
     fs.release.store(true, Ordering::SeqCst);
     wait_for("the backend to finish", || {
         fs.finished.load(Ordering::SeqCst) == 1
     });
     wait_for("the dropped reply to be counted", || {
-        h.dev.stats().aborted.load(Ordering::SeqCst) == 1
+        h.dev.stats().aborted() == 1
     });
-    assert_eq!(h.used_idx(), 0, "a reply reached the stopped ring");
+    assert_eq!(h.used_idx(), 0, "a reply reached the stopped vring");
     assert_eq!(h.reply(ra).unique, 0, "the guest buffer was written");
 }
 
@@ -274,12 +274,12 @@ fn a_vring_thread_stuck_in_line_does_not_stall_its_queue() {
     h.publish(&[a, b]);
     wait_for("B, served by a worker", || h.used_idx() >= 1);
     assert_eq!((h.reply(rb).unique, h.reply(rb).error), (2, 0));
-    let q = &h.dev.stats().queues[1];
-    assert!(q.takeovers.load(Ordering::SeqCst) >= 1);
+    let q = &h.dev.stats().queues()[1];
+    assert!(q.takeovers() >= 1);
     assert!(!kicker.is_finished(), "A should still hang");
     fs.release.store(true, Ordering::SeqCst);
     kicker.join().unwrap();
     wait_for("A", || h.used_idx() == 2);
     assert_eq!((h.reply(ra).unique, h.reply(ra).error), (1, 0));
-    assert_eq!(q.inline.load(Ordering::SeqCst), 1);
+    assert_eq!(q.inline(), 1);
 }

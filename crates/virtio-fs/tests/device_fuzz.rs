@@ -176,7 +176,7 @@ fn round(h: &Harness<MemFs>, rng: &mut Rng, unique: &mut u64) -> (usize, usize) 
         heads[k] = rng.next_u64() as u16;
     }
     if rng.below(50) == 0 {
-        // A flood: one head published again and again (a full ring).
+        // A flood: one head published again and again (a full vring).
         let k = rng.below(heads.len() as u64) as usize;
         let h = heads[k];
         heads.resize(usize::from(QSIZE), h);
@@ -276,11 +276,7 @@ fn hostile_chains_never_crash_the_device() {
         }
     }
     let stats = h.dev.stats();
-    let malformed: u64 = stats
-        .queues
-        .iter()
-        .map(|q| q.malformed.load(std::sync::atomic::Ordering::Relaxed))
-        .sum();
+    let malformed: u64 = stats.queues().iter().map(|q| q.malformed()).sum();
     eprintln!(
         "device fuzz: {iters} rounds, {published} chains, {ok} answered without error, \
          {malformed} refused as malformed\n{}",

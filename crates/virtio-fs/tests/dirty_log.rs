@@ -7,7 +7,7 @@
 //! through vm-memory), its out header, and the used ring; a GETATTR's
 //! reply page and the used ring.
 //!
-//! (That a ring stop answers the requests in flight before it returns,
+//! (That a vring stop answers the requests in flight before it returns,
 //! the other half of migrating, is tested in `async_wakeups.rs`.)
 
 mod common;

@@ -1,7 +1,7 @@
 //! `DeviceConfig::fixed_guest_memory`: guest RAM registered as io_uring
 //! fixed buffers. Over a real vhost-user socket, with the passthrough of an
 //! ext4 directory (whose files take non-blocking I/O, so data goes through
-//! the ring), reads and O_DIRECT writes go as READ(V)_FIXED and
+//! io_uring), reads and O_DIRECT writes go as READ(V)_FIXED and
 //! WRITE(V)_FIXED straight between guest RAM and the file, and the data
 //! is right; with the option off the same traffic uses none.
 
@@ -72,7 +72,7 @@ fn traffic(share: &Path, sock: &Path, fixed: bool) -> passthrough::IoCounts {
     let rw = libc::O_RDWR as u32;
     let (e, o) = c.create(ROOT_ID, b"f", 0o644, rw, 0).unwrap();
     let data = pattern(1 << 20, 7);
-    // Buffered: reads go through the ring on ext4.
+    // Buffered: reads go through io_uring on ext4.
     assert_eq!(c.write(e.nodeid, o.fh, 0, &data, 0).unwrap(), 1 << 20);
     assert_eq!(c.read(e.nodeid, o.fh, 0, 1 << 20).unwrap(), data);
     for off in [0u64, 4096, 12345, 1000 * 1000] {
@@ -81,7 +81,7 @@ fn traffic(share: &Path, sock: &Path, fixed: bool) -> passthrough::IoCounts {
         assert_eq!(got, &data[off as usize..end], "at {off}");
     }
     c.release(e.nodeid, o.fh, rw).unwrap();
-    // O_DIRECT: writes go through the ring too.
+    // O_DIRECT: writes go through io_uring too.
     let d = c.open(e.nodeid, rw | libc::O_DIRECT as u32).unwrap();
     let data2 = pattern(256 << 10, 99);
     assert_eq!(
@@ -108,7 +108,7 @@ fn guest_ram_as_fixed_buffers_carries_reads_and_direct_writes() {
     assert!(on.read_uring > 0, "{on:?}");
     assert!(
         on.read_fixed > 0,
-        "reads through the ring were fixed: {on:?}"
+        "reads through io_uring were fixed: {on:?}"
     );
     assert!(on.write_fixed > 0, "O_DIRECT writes were fixed: {on:?}");
     assert!(on.read_fixed <= on.read_uring && on.write_fixed <= on.write_uring);
@@ -117,13 +117,13 @@ fn guest_ram_as_fixed_buffers_carries_reads_and_direct_writes() {
     assert_eq!((off.read_fixed, off.write_fixed), (0, 0), "{off:?}");
 }
 
-/// A READ the page cache can answer is read in line (preadv2 RWF_NOWAIT on
-/// the queue thread), one across the end of the file too, unless it is
-/// large (then an io-wq worker of the ring copies it); one that would
-/// wait for the disk goes through the ring and is answered when it
+/// A READ the page cache can answer is read synchronously (preadv2
+/// RWF_NOWAIT on the queue thread), one across the end of the file too, unless it is
+/// large (then an io-wq worker of io_uring copies it); one that would
+/// wait for the disk goes through io_uring and is answered when it
 /// completes. All with the right data.
 #[test]
-fn cached_reads_are_answered_in_line_and_cold_or_large_ones_go_through_the_ring() {
+fn cached_reads_are_answered_synchronously_and_cold_or_large_ones_go_through_io_uring() {
     let fs = Ext4::new("cold");
     let share = fs.share();
     let sock = fs.base.join("vfs.sock");
@@ -144,13 +144,13 @@ fn cached_reads_are_answered_in_line_and_cold_or_large_ones_go_through_the_ring(
     let o = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
     let counts = || dev.engine().fs().io_counts();
 
-    // Cached (just written): in line, not on the ring.
+    // Cached (just written): synchronously, not on io_uring.
     let before = counts();
     assert_eq!(
         c.read(e.nodeid, o.fh, 8192, 4096).unwrap(),
         &data[8192..12288]
     );
-    // Across the end of the file: the short answer, in line too.
+    // Across the end of the file: the short answer, synchronously too.
     let end = data.len() as u64 - 1000;
     assert_eq!(
         c.read(e.nodeid, o.fh, end, 4096).unwrap(),
@@ -161,7 +161,7 @@ fn cached_reads_are_answered_in_line_and_cold_or_large_ones_go_through_the_ring(
     assert_eq!(after.read_uring, before.read_uring, "{after:?}");
     assert!(after.read_syscall >= before.read_syscall + 3, "{after:?}");
 
-    // A large one, cached too, goes through the ring (an io-wq worker
+    // A large one, cached too, goes through io_uring (an io-wq worker
     // copies it beside the queue thread), with the right data.
     let before = counts();
     assert_eq!(
@@ -172,7 +172,7 @@ fn cached_reads_are_answered_in_line_and_cold_or_large_ones_go_through_the_ring(
     assert!(after.read_uring > before.read_uring, "{after:?}");
     assert_eq!(after.read_syscall, before.read_syscall, "{after:?}");
 
-    // Dropped from the page cache: through the ring.
+    // Dropped from the page cache: through io_uring.
     let f = std::fs::File::open(share.join("f")).unwrap();
     f.sync_all().unwrap();
     // SAFETY: posix_fadvise on an open fd; no memory arguments.
@@ -200,8 +200,8 @@ fn cached_reads_are_answered_in_line_and_cold_or_large_ones_go_through_the_ring(
     served.join().unwrap();
 }
 
-/// Reads a file through the device (cached reads in line, O_DIRECT ones
-/// through the ring, from two threads) while a third keeps discarding the
+/// Reads a file through the device (cached reads synchronously, O_DIRECT
+/// ones through io_uring, from two threads) while a third keeps discarding the
 /// guest's free buffer pages, as a balloon does; every read must return
 /// the file's data in the pages the guest has now. Returns how many reads
 /// came back wrong.
@@ -263,7 +263,7 @@ fn reads_while_discarding(share: &Path, sock: &Path, fixed: bool) -> usize {
     let counts = dev.engine().fs().io_counts();
     assert!(
         counts.read_uring > 0,
-        "some reads went through the ring: {counts:?}"
+        "some reads went through io_uring: {counts:?}"
     );
     std::fs::remove_file(share.join("d")).unwrap();
     drop(c);

@@ -16,7 +16,7 @@ use virtio_fs::{DeviceConfig, GuestMem};
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::{FromZeros, IntoBytes};
 
-/// Queue 2's rings and data, apart from queue 1's.
+/// Queue 2's vring and data, apart from queue 1's.
 const DESC2: u64 = 0x80000;
 const AVAIL2: u64 = 0x81000;
 const USED2: u64 = 0x82000;
@@ -79,9 +79,9 @@ fn device(spec: &str, queues: u16) -> Arc<Harness<Faulty<MemFs>>> {
     ))
 }
 
-/// Queue 2 of `h`: its own rings in the same guest memory.
+/// Queue 2 of `h`: its own vring in the same guest memory.
 fn vring2(h: &Harness<Faulty<MemFs>>) -> VringRwLock<GuestMem> {
-    ring_at(h, DESC2, AVAIL2, USED2)
+    vring_at(h, DESC2, AVAIL2, USED2)
 }
 
 /// Queue 1's worker, hung in a GETATTR (head 0).
@@ -102,7 +102,7 @@ fn hang_the_worker(h: &Harness<Faulty<MemFs>>, vring: &VringRwLock<GuestMem>) ->
     idx
 }
 
-/// Republishes head `head` `laps` times a full ring, kicking each lap.
+/// Republishes head `head` `laps` times a full vring, kicking each lap.
 fn republish(
     h: &Harness<Faulty<MemFs>>,
     vring: &VringRwLock<GuestMem>,
@@ -187,8 +187,8 @@ fn a_head_republished_while_in_flight_is_refused_and_costs_nothing() {
     flush_chain(&h, std::mem::size_of::<FlushIn>());
     republish(&h, &vring, idx, 2, 40);
     let (t1, m1) = (threads(), rss_kib());
-    let q = &h.dev.stats().queues[1];
-    let malformed = q.malformed.load(std::sync::atomic::Ordering::Relaxed);
+    let q = &h.dev.stats().queues()[1];
+    let malformed = q.malformed();
     println!("republished head: 2560 chains; threads {t0} -> {t1}; RSS {m0} -> {m1} KiB; refused {malformed}");
     assert_eq!(h.dev.heads_in_flight(1), 2, "the GETATTR and one FLUSH");
     assert_eq!(malformed, 2559);
@@ -228,7 +228,7 @@ fn a_flood_of_lock_calls_takes_no_thread_each() {
     let mut idx = hang_the_worker(&h, &vring);
     let (t0, m0) = (threads(), rss_kib());
     let lk = LkIn::new_zeroed();
-    // Distinct heads (a full ring of lock calls at once), then the same
+    // Distinct heads (a full vring of lock calls at once), then the same
     // heads republished without end.
     let mut heads = Vec::new();
     let mut at = DATA + 0x2000;
@@ -325,9 +325,9 @@ fn a_forget_flood_is_served_on_the_hiprio_thread_while_the_workers_hang() {
     assert!(m1 <= m0 + 32 * 1024, "RSS {m0} -> {m1} KiB");
     // The workers are still hung here (`_r` releases them when the test
     // ends).
-    let hiprio = &h.dev.stats().queues[0];
+    let hiprio = &h.dev.stats().queues()[0];
     assert_eq!(
-        hiprio.completed.load(std::sync::atomic::Ordering::Relaxed),
+        hiprio.completed(),
         64,
         "every BATCH_FORGET chain was given back"
     );
@@ -349,7 +349,7 @@ fn a_guest_interrupt_ends_a_parked_lock_wait() {
     wait_for("the SETLKW to park", || fs.parked_locks() == 1);
     // The guest interrupts it on the hiprio queue.
     let h = &g.h;
-    let hp = ring_at(h, 0x60000, 0x61000, 0x62000);
+    let hp = vring_at(h, 0x60000, 0x61000, 0x62000);
     let intr = request(Opcode::Interrupt, 9, InterruptIn { unique: 8 }.as_bytes());
     h.mem.write_slice(&intr, GuestAddress(0x64000)).unwrap();
     let mut d = [0u8; 16];
@@ -507,10 +507,10 @@ fn a_device_reset_ends_the_guests_parked_lock_waits() {
 }
 
 #[test]
-fn a_ring_stop_answers_a_parked_lock_wait_before_it_returns() {
+fn a_vring_stop_answers_a_parked_lock_wait_before_it_returns() {
     let _serial = serial();
     // GET_VRING_BASE (before a migration) returns once every request
-    // popped from the ring is answered: a SETLKW that waits for a lock
+    // popped from the vring is answered: a SETLKW that waits for a lock
     // would hold it for good, so it is interrupted and answered EINTR,
     // well within the stop's wait (5 s).
     let mut g = Guest::new("stoplk");
@@ -526,20 +526,15 @@ fn a_ring_stop_answers_a_parked_lock_wait_before_it_returns() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert_eq!(g.h.used_idx(), g.idx, "the SETLKW is in the used ring");
     assert_eq!((g.h.reply(r).unique, g.h.reply(r).error), (8, -libc::EINTR));
-    assert_eq!(
-        dev.stats()
-            .lost_on_stop
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(dev.stats().lost_on_stop(), 0);
     assert_eq!(fs.parked_locks(), 0);
 }
 
 #[test]
-fn a_ring_stop_ends_every_parked_lock_wait_sent_under_one_guest_unique() {
+fn a_vring_stop_ends_every_parked_lock_wait_sent_under_one_guest_unique() {
     let _serial = serial();
     // A hostile guest sends two SETLKWs under one unique while the first
-    // still waits. Both park; a ring stop must end both (each is kept by
+    // still waits. Both park; a vring stop must end both (each is kept by
     // the engine's own unique), or the first would hold its waiter, and
     // the lock once granted, for good.
     let mut g = Guest::new("duplk");

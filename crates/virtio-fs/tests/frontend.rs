@@ -95,19 +95,15 @@ fn the_engine_drives_the_device_over_vhost_user() {
     // FORGET travels on hiprio; requests spread over both request queues.
     c.forget(f.nodeid, 1);
     let t = std::time::Instant::now();
-    while s.dev.stats().queues[0]
-        .completed
-        .load(std::sync::atomic::Ordering::SeqCst)
-        == 0
-    {
+    while s.dev.stats().queues()[0].completed() == 0 {
         assert!(t.elapsed().as_secs() < 5, "the forget never arrived");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let per = fe.requests_per_queue();
     assert!(per[1] > 0 && per[2] > 0, "requests per queue: {per:?}");
-    let used: Vec<u64> = s.dev.stats().queues[1..]
+    let used: Vec<u64> = s.dev.stats().queues()[1..]
         .iter()
-        .map(|q| q.completed.load(std::sync::atomic::Ordering::SeqCst))
+        .map(|q| q.completed())
         .collect();
     assert_eq!(
         used.iter().sum::<u64>(),

@@ -1,4 +1,4 @@
-//! What a ring stop or a device reset gives up, and what a guest that
+//! What a vring stop or a device reset gives up, and what a guest that
 //! reboots leaves behind: a request given up never acts on the host
 //! afterwards; the vhost-user thread never waits without bound for host
 //! work that hangs; a reset or a new INIT ends the guest's session, its
@@ -32,7 +32,7 @@ const BOUND: Duration = Duration::from_millis(300);
 fn cfg() -> DeviceConfig {
     DeviceConfig {
         queue_size: QSIZE,
-        ring_stop_drain: BOUND,
+        vring_stop_drain: BOUND,
         ..DeviceConfig::default()
     }
 }
@@ -53,7 +53,7 @@ fn truncate_to_zero() -> SetattrIn {
 }
 
 #[test]
-fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
+fn a_setattr_given_up_at_a_vring_stop_never_truncates_the_file() {
     let _serial = serial();
     // The SETATTR is held in front of the passthrough (as by a slow lock
     // or a busy worker) until after the stop gave it up. Once let go, it
@@ -79,7 +79,7 @@ fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
     g.h.dev.stop_vring(1).unwrap();
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     let stats = g.h.dev.stats();
-    assert_eq!(stats.lost_on_stop.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.lost_on_stop(), 1);
     // The hold ends; the request reaches the passthrough, and ends.
     wait_for("the SETATTR to end", || {
         g.h.dev.engine().chan().stats().waiting == 0
@@ -89,11 +89,11 @@ fn a_setattr_given_up_at_a_ring_stop_never_truncates_the_file() {
         b"locked",
         "a request given up truncated the file"
     );
-    assert_eq!(stats.stuck_on_stop.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.stuck_on_stop(), 0);
 }
 
 #[test]
-fn a_request_still_queued_at_a_ring_stop_never_reaches_the_filesystem() {
+fn a_request_still_queued_at_a_vring_stop_never_reaches_the_filesystem() {
     let _serial = serial();
     // The queue's one worker is stuck in a GETATTR, so the SETATTR behind
     // it waits in the engine: given up at the stop, it is answered
@@ -120,7 +120,7 @@ fn a_request_still_queued_at_a_ring_stop_never_reaches_the_filesystem() {
     });
     g.send(Opcode::Setattr, 6, node, truncate_to_zero().as_bytes());
     g.h.dev.stop_vring(1).unwrap();
-    assert_eq!(g.h.dev.stats().lost_on_stop.load(Ordering::Relaxed), 2);
+    assert_eq!(g.h.dev.stats().lost_on_stop(), 2);
     fs.release_hangs();
     wait_for("both to end", || {
         g.h.dev.engine().chan().stats().waiting == 0
@@ -134,7 +134,7 @@ fn a_request_still_queued_at_a_ring_stop_never_reaches_the_filesystem() {
 }
 
 #[test]
-fn a_lock_call_given_up_at_a_ring_stop_never_takes_its_lock() {
+fn a_lock_call_given_up_at_a_vring_stop_never_takes_its_lock() {
     let _serial = serial();
     // Lock calls travel over the engine's device, not the ring: they go
     // under the fence all the same.
@@ -155,7 +155,7 @@ fn a_lock_call_given_up_at_a_ring_stop_never_takes_its_lock() {
         fs.counts().delays.load(Ordering::Relaxed) == 1
     });
     g.h.dev.stop_vring(1).unwrap();
-    assert_eq!(g.h.dev.stats().lost_on_stop.load(Ordering::Relaxed), 1);
+    assert_eq!(g.h.dev.stats().lost_on_stop(), 1);
     wait_for("the SETLK to end", || {
         g.h.dev.engine().chan().stats().waiting == 0
     });
@@ -251,12 +251,12 @@ fn host_work_that_outlives_a_stop_is_waited_for_with_a_bound_and_counted() {
     });
     let took = rx.recv_timeout(Duration::from_secs(10));
     hung.release();
-    let took = took.expect("the ring stop never returned");
+    let took = took.expect("the vring stop never returned");
     // The drain's bound, then the bound of the wait for what it gave up.
     assert!(took < 4 * BOUND, "{took:?}");
     let stats = g.h.dev.stats();
-    assert_eq!(stats.lost_on_stop.load(Ordering::Relaxed), 2);
-    assert_eq!(stats.stuck_on_stop.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.lost_on_stop(), 2);
+    assert_eq!(stats.stuck_on_stop(), 2);
 }
 
 /// The fds this process has open.
@@ -356,14 +356,14 @@ fn a_device_reset_ends_the_guests_session() {
     g.h.dev.reset_device();
     assert_eq!(host_can_lock(&g.dir.join("f")), (true, true));
     assert_eq!(fds(), before, "the session's fds are closed");
-    assert_eq!(g.h.dev.stats().sessions_ended.load(Ordering::Relaxed), 1);
+    assert_eq!(g.h.dev.stats().sessions_ended(), 1);
 }
 
 #[test]
 fn a_new_init_ends_the_old_session_first() {
     let _serial = serial();
-    // What QEMU does on a guest reboot without RESET_DEVICE: every ring
-    // stopped (GET_VRING_BASE), then fresh rings and the rebooted
+    // What QEMU does on a guest reboot without RESET_DEVICE: every vring
+    // stopped (GET_VRING_BASE), then fresh vrings and the rebooted
     // kernel's INIT.
     let mut g = Guest::new("reinit");
     let before = hold_locks_and_files(&mut g);
@@ -371,7 +371,7 @@ fn a_new_init_ends_the_old_session_first() {
     assert_eq!(
         host_can_lock(&g.dir.join("f")),
         (false, false),
-        "a ring stop alone (a paused VM) keeps the session"
+        "a vring stop alone (a paused VM) keeps the session"
     );
     g.restart();
     guest_init(&mut g, 2);
@@ -382,5 +382,5 @@ fn a_new_init_ends_the_old_session_first() {
     let (e, _) = g.call(Opcode::Setlk, 6, node, lk(fh, 1, libc::F_WRLCK).as_bytes());
     assert_eq!(e, 0);
     assert_eq!(host_can_lock(&g.dir.join("f")), (false, true));
-    assert_eq!(g.h.dev.stats().sessions_ended.load(Ordering::Relaxed), 1);
+    assert_eq!(g.h.dev.stats().sessions_ended(), 1);
 }

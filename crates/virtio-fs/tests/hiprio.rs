@@ -43,7 +43,7 @@ impl Filesystem for SlowForget {
     }
 }
 
-/// A FORGET of `nlookup` lookups of node 1 at head 0 of the hiprio ring.
+/// A FORGET of `nlookup` lookups of node 1 at head 0 of the hiprio vring.
 fn forget_chain(h: &Harness<SlowForget>, nlookup: u64) {
     let msg = request(Opcode::Forget, 0, ForgetIn { nlookup }.as_bytes());
     h.chain(0, DATA, &msg, 0);
@@ -72,7 +72,7 @@ fn a_hiprio_stop_waits_for_the_forgets_its_thread_took() {
         "the stop returned (after {waited:?}) before the forget reached the filesystem"
     );
     serving.join().unwrap();
-    assert_eq!(h.dev.stats().queues[0].completed.load(Ordering::SeqCst), 1);
+    assert_eq!(h.dev.stats().queues()[0].completed(), 1);
 }
 
 #[test]
@@ -88,7 +88,7 @@ fn a_forget_is_served_in_the_kick_that_takes_it() {
     assert_eq!(h.dev.engine().chan().forgets_queued(), 0);
 }
 
-/// The hiprio ring, at its own addresses (request queue 0 has the
+/// The hiprio vring, at its own addresses (request queue 0 has the
 /// harness's).
 const HP_DESC: u64 = 0x60000;
 const HP_AVAIL: u64 = 0x61000;
@@ -102,7 +102,7 @@ fn forgets_are_served_while_request_queue_0s_thread_hangs_in_line() {
     let _release = ReleaseOnDrop(fs.release.clone());
     // Vring thread 0's vrings, as the event loop hands them over: hiprio,
     // then request queue 0.
-    let vrings = vec![ring_at(&h, HP_DESC, HP_AVAIL, HP_USED), h.vring()];
+    let vrings = vec![vring_at(&h, HP_DESC, HP_AVAIL, HP_USED), h.vring()];
     let getattr = request_as(Opcode::Getattr, 1, 4242, GetattrIn::new_zeroed().as_bytes());
     let (a, _, _, _) = h.chain(0, DATA, &getattr, 4096);
     h.publish(&[a]);

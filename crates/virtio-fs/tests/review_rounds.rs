@@ -88,12 +88,12 @@ fn a_refused_chain_popped_with_one_that_hangs_in_line_is_answered_meanwhile() {
 }
 
 #[test]
-fn a_malformed_chain_is_not_published_after_its_ring_was_stopped() {
+fn a_malformed_chain_is_not_published_after_its_vring_was_stopped() {
     let fs = HangFs::default();
     let h = Arc::new(Harness::new(
         fs.clone(),
         DeviceConfig {
-            ring_stop_drain: Duration::from_millis(50),
+            vring_stop_drain: Duration::from_millis(50),
             ..inline()
         },
     ));
@@ -108,7 +108,7 @@ fn a_malformed_chain_is_not_published_after_its_ring_was_stopped() {
     wait_for("A to hang in line", || fs.hung.load(Ordering::SeqCst) == 1);
     // Time for the watchdog to see the thread stuck.
     std::thread::sleep(Duration::from_millis(100));
-    // GET_VRING_BASE: the frontend takes the ring back.
+    // GET_VRING_BASE: the frontend takes the vring back.
     vhost_user_backend::VhostUserBackend::stop_vring(&h.dev, 1).unwrap();
     let at_stop = h.used_idx();
     fs.release.store(true, Ordering::SeqCst);
@@ -117,7 +117,7 @@ fn a_malformed_chain_is_not_published_after_its_ring_was_stopped() {
     assert_eq!(
         h.used_idx(),
         at_stop,
-        "a used entry was added to the ring after its stop returned"
+        "a used entry was added to the vring after its stop returned"
     );
 }
 

@@ -84,11 +84,8 @@ fn takeovers_with(inline_per_batch: usize, n: u16, chunk_time: Duration) -> (u64
         assert_eq!((h.reply(*r).unique, h.reply(*r).error), (i as u64 + 1, 0));
     }
     assert_eq!(fs.served.load(Ordering::SeqCst), usize::from(n));
-    let q = &h.dev.stats().queues[1];
-    (
-        q.takeovers.load(Ordering::SeqCst),
-        q.inline.load(Ordering::SeqCst),
-    )
+    let q = &h.dev.stats().queues()[1];
+    (q.takeovers(), q.inline())
 }
 
 /// One kick of `K` served in line, the default chunk time: no takeover
@@ -257,11 +254,6 @@ fn the_rest_of_a_chunk_served_by_complete_inline_is_not_taken_for_stuck() {
         assert_eq!((h.reply(*r).unique, h.reply(*r).error), (i as u64 + 1, 0));
     }
     assert_eq!(fs.served.load(Ordering::SeqCst), 32);
-    let q = &h.dev.stats().queues[1];
-    assert_eq!(
-        q.takeovers.load(Ordering::SeqCst),
-        0,
-        "{} served in line",
-        q.inline.load(Ordering::SeqCst)
-    );
+    let q = &h.dev.stats().queues()[1];
+    assert_eq!(q.takeovers(), 0, "{} served in line", q.inline());
 }

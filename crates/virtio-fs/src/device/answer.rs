@@ -1,5 +1,5 @@
 //! Answering a guest request: the engine's end callback, and the reply
-//! written into the chain and published in the used ring (unless the ring
+//! written into the chain and published in the used ring (unless the vring
 //! was stopped or reset since the chain was popped).
 
 use super::*;
@@ -27,7 +27,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             Ok(reply) => self.answer_with(t, 0, &reply.data, reply.in_client),
             Err(e) => {
                 if e == Errno::ENOTCONN {
-                    self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                    self.inner.stats.add_aborted(1);
                 }
                 self.answer(t, e.to_wire(), &[])
             }
@@ -48,13 +48,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Writes the reply into the chain and returns it to the guest, unless
-    /// its ring was stopped or reset since the chain was popped.
+    /// its vring was stopped or reset since the chain was popped.
     pub(super) fn answer(&self, t: &Ticket, error: i32, payload: &[u8]) {
         self.answer_with(t, error, payload, 0);
     }
 
     /// Returns a chain that cannot carry a reply unused (length 0), unless
-    /// its ring was stopped or reset since it was popped.
+    /// its vring was stopped or reset since it was popped.
     pub(super) fn give_back_unanswered(&self, t: &Ticket) {
         let rq = self.inner.queue(t.queue);
         let gen = read(&rq.gen);
@@ -72,7 +72,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let rq = self.inner.queue(t.queue);
         let gen = read(&rq.gen);
         if gen.n != t.gen {
-            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            self.inner.stats.add_aborted(1);
             return;
         }
         // Given back to the guest below, and free to come again.
@@ -101,10 +101,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // What a migration replays is the INIT the guest was granted.
             self.inner.migration.init_answered(t.unique, error == 0);
         }
-        self.inner
-            .counters(t.queue)
-            .completed
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(t.queue).add_completed(1);
         // The server may have written the chain's pages by host address
         // (a READ by reference): logged here, before the guest has them.
         self.publish(

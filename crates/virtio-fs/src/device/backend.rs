@@ -1,5 +1,5 @@
 //! The vhost-user side of the device: what the frontend asks of a
-//! `VhostUserBackend` (features, config space, ring stop and reset, memory
+//! `VhostUserBackend` (features, config space, vring stop and reset, memory
 //! table, events), split from `device.rs`.
 
 use super::ids::Event;
@@ -57,10 +57,10 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        // GET_VRING_BASE: the frontend takes the ring back and learns how
+        // GET_VRING_BASE: the frontend takes the vring back and learns how
         // far the device popped it; before a migration that index goes to
         // the destination, which never sees a chain popped here. So every
-        // popped chain is answered first (`drain_ring`, bounded): a lock
+        // popped chain is answered first (`drain_vring`, bounded): a lock
         // call that waits is interrupted so that it ends (EINTR) rather
         // than hold the stop. What is still unanswered after the bound is
         // given up (`give_up`): its late reply never reaches the guest,
@@ -73,28 +73,13 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             }
             return Ok(());
         };
-        self.interrupt_waiters(Some(q));
-        self.drain_ring(q);
-        let lost = self.give_up(&[q]);
-        if lost > 0 {
-            self.inner
-                .stats
-                .lost_on_stop
-                .fetch_add(lost as u64, Ordering::Relaxed);
-            // A guest that resets its device again and again must not
-            // flood the log (the count is in `lost_on_stop`).
-            fuse_core::warn_limited!(
-                "queue {} stopped with {lost} request(s) still unanswered; \
-                 they are given up",
-                q.vq()
-            );
-        }
+        self.stop_request_queue(q);
         Ok(())
     }
 
     fn reset_device(&self) {
         // The driver is gone (a reboot, a driver unbind): answers would
-        // land in rings it no longer has, so nothing is drained; what is
+        // land in vrings it no longer has, so nothing is drained; what is
         // in flight is given up at once, and the guest's session ends.
         let all: Vec<RqId> = RqId::all(self.inner.count()).collect();
         self.give_up(&all);
@@ -154,9 +139,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // and never closes it: one fd per vring thread per connection.
         // Remember it (with a duplicate, so that only that very file is
         // ever closed) and close it when the device goes.
-        if let Some(leaked) = exit_fds::Leaked::record(&consumer) {
-            lock(&self.inner.exit_fds).push(leaked);
-        }
+        self.inner.exit_fds.record(&consumer);
         Some((consumer, notifier))
     }
 
@@ -178,7 +161,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             // Thread 0's first vring is hiprio (`Vq::threads`): kept for
             // the watchdog, which serves it while this thread is stuck.
             if let Some(hiprio) = vrings.first() {
-                let _ = self.inner.hiprio_vring.get_or_init(|| hiprio.clone());
+                self.inner.hiprio.keep_vring(hiprio);
             }
         }
         let (vring, q) = match Event::decode(device_event, count) {
@@ -204,7 +187,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
                 let Some(vring) = vrings.get(Vq::Request(q).kick_event()) else {
                     return Ok(());
                 };
-                // The event loop checks a ring's state for kicks only.
+                // The event loop checks a vring's state for kicks only.
                 if q.thread() != thread_id || !vring.get_ref().is_enabled() {
                     return Ok(());
                 }
@@ -217,10 +200,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // An error here would end this vring thread for good: count it and
         // keep serving on the next event instead.
         if self.serve_queue(vring, q).is_err() {
-            self.inner
-                .counters(q)
-                .malformed
-                .fetch_add(1, Ordering::Relaxed);
+            self.inner.counters(q).add_malformed(1);
         }
         Ok(())
     }

@@ -12,12 +12,42 @@
 //! there (a FIFO would hang the daemon, a device node would be opened as
 //! root). Without kcmp (a kernel built without it) nothing is closed.
 
+use fuse_core::locks::lock;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+/// The exit-event fds vhost-user-backend leaks, each with a duplicate
+/// that identifies it. Its own mutex, a leaf.
+#[derive(Debug, Default)]
+pub(super) struct ExitFds(Mutex<Vec<Leaked>>);
+
+impl ExitFds {
+    /// Remembers `fd` (the consumer about to be handed over), to close it
+    /// when the device goes; nothing if no duplicate could be made (the fd
+    /// is then left open).
+    pub(super) fn record(&self, fd: &impl AsRawFd) {
+        if let Some(leaked) = Leaked::record(fd) {
+            lock(&self.0).push(leaked);
+        }
+    }
+
+    /// Closes every recorded fd that is still the file it was.
+    ///
+    /// # Safety
+    ///
+    /// The vring threads that used them (their only users) must have ended.
+    pub(super) unsafe fn close_all(&self) {
+        for leaked in lock(&self.0).drain(..) {
+            // SAFETY: this fn's contract.
+            unsafe { leaked.close() };
+        }
+    }
+}
 
 /// A consumer fd handed to vhost-user-backend, with a duplicate of it
 /// that proves, later, that the number still names the same open file.
 #[derive(Debug)]
-pub(super) struct Leaked {
+struct Leaked {
     fd: RawFd,
     witness: OwnedFd,
 }
@@ -25,7 +55,7 @@ pub(super) struct Leaked {
 impl Leaked {
     /// Records `fd` (the consumer about to be handed over); None if no
     /// duplicate could be made (the fd is then left open, as before).
-    pub(super) fn record(fd: &impl AsRawFd) -> Option<Leaked> {
+    fn record(fd: &impl AsRawFd) -> Option<Leaked> {
         // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an fd the caller owns; the new
         // fd is owned by the OwnedFd below and nothing else.
         let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
@@ -46,7 +76,7 @@ impl Leaked {
     /// # Safety
     ///
     /// The vring thread that used the fd (its only user) must have ended.
-    pub(super) unsafe fn close(self) {
+    unsafe fn close(self) {
         if same_file(self.fd, self.witness.as_raw_fd()) {
             // SAFETY: `fd` is the exit-event consumer this device created
             // and vhost-user-backend registered with `into_raw_fd` and

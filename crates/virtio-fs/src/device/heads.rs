@@ -10,8 +10,8 @@
 //!
 //! Guarded by its own mutex, a leaf lock; taken when a chain is popped
 //! and when it is answered (under the queue's generation read lock, so a
-//! ring stop, which clears the set under the write lock, never races an
-//! answer of the old ring).
+//! vring stop, which clears the set under the write lock, never races an
+//! answer of the old vring).
 
 use fuse_core::locks::lock;
 use std::sync::Mutex;
@@ -52,7 +52,7 @@ impl Heads {
         self.bits()[w] &= !b;
     }
 
-    /// The frontend took the ring back: nothing of it is in flight.
+    /// The frontend took the vring back: nothing of it is in flight.
     pub(super) fn clear(&self) {
         self.bits().fill(0);
     }

@@ -28,7 +28,44 @@ pub(super) enum ForgetsBy {
     Engine,
 }
 
-/// Counts a drain in `Inner::hiprio_busy` until it ends, however it ends.
+/// What the device keeps of the hiprio queue besides its counters: who
+/// is draining it and its vring. Atomics and a set-once cell, no lock.
+#[derive(Default)]
+pub(super) struct Hiprio {
+    /// How many threads are draining it (its vring thread, the watchdog
+    /// standing in for it; counted before they pop): a stop of the hiprio
+    /// queue waits for them, bounded.
+    busy: AtomicUsize,
+    /// Its vring as vring thread 0 first saw it (that thread's first
+    /// vring), for the watchdog: that thread serves request queue 0 too,
+    /// and while it is stuck there the watchdog drains hiprio in its place.
+    vring: std::sync::OnceLock<Vring>,
+}
+
+impl Hiprio {
+    /// Counts a drain until the returned guard drops, however it ends.
+    fn draining(&self) -> Busy<'_> {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(&self.busy)
+    }
+
+    /// Whether a drain is under way.
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst) > 0
+    }
+
+    /// Keeps `vring` as the hiprio vring, unless one was kept before.
+    pub(super) fn keep_vring(&self, vring: &Vring) {
+        let _ = self.vring.get_or_init(|| vring.clone());
+    }
+
+    /// The hiprio vring, once vring thread 0 has seen it.
+    pub(super) fn vring(&self) -> Option<&Vring> {
+        self.vring.get()
+    }
+}
+
+/// Counts a drain in `Hiprio::busy` until it ends, however it ends.
 struct Busy<'a>(&'a AtomicUsize);
 
 impl Drop for Busy<'_> {
@@ -46,7 +83,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     pub(super) fn stop_hiprio(&self) {
         let t = Instant::now();
         let chan = self.inner.engine.chan();
-        while self.inner.hiprio_busy.load(Ordering::SeqCst) > 0 || chan.forgets_queued() > 0 {
+        while self.inner.hiprio.is_busy() || chan.forgets_queued() > 0 {
             if t.elapsed() > HIPRIO_STOP_WAIT {
                 fuse_core::warn_limited!(
                     "the hiprio queue stopped while forgets were still served"
@@ -58,17 +95,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Pops and serves the hiprio queue until it is empty (with
-    /// [`ForgetsBy::Engine`]: at most a ring's worth, and only while the
+    /// [`ForgetsBy::Engine`]: at most a vring's worth, and only while the
     /// engine holds fewer than [`FORGETS_HIGH`] forgets).
     pub(super) fn drain_hiprio(&self, vring: &Vring, by: ForgetsBy) {
         let Some(mem) = self.memory() else { return };
         // Counted before the first pop: a stop that made the queue not
         // ready after that pop sees it (the vring lock orders the two).
-        self.inner.hiprio_busy.fetch_add(1, Ordering::SeqCst);
-        let _busy = Busy(&self.inner.hiprio_busy);
+        let _busy = self.inner.hiprio.draining();
         let qs = &self.inner.counters(Vq::Hiprio);
         let chan = self.inner.engine.chan();
-        // The watchdog takes one ring's worth at a time: a guest that
+        // The watchdog takes one vring's worth at a time: a guest that
         // refills hiprio as fast must not keep it from other queues.
         let most = match by {
             ForgetsBy::Here => usize::MAX,
@@ -88,14 +124,14 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let chain = match popped {
                 Ok(c) => c,
                 Err((head, _)) => {
-                    qs.malformed.fetch_add(1, Ordering::Relaxed);
+                    qs.add_malformed(1);
                     self.publish(vring, &mem, head, &[], 0);
                     continue;
                 }
             };
-            qs.submitted.fetch_add(1, Ordering::Relaxed);
+            qs.add_submitted(1);
             self.forget(&chain, by);
-            qs.completed.fetch_add(1, Ordering::Relaxed);
+            qs.add_completed(1);
             self.publish(vring, &mem, chain.head, chain.writable(), 0);
         }
         if popped_n > 0 {
@@ -148,10 +184,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
             _ => {
-                self.inner
-                    .counters(Vq::Hiprio)
-                    .malformed
-                    .fetch_add(1, Ordering::Relaxed);
+                self.inner.counters(Vq::Hiprio).add_malformed(1);
             }
         }
     }

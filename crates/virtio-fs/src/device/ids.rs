@@ -66,7 +66,7 @@ impl RqId {
     }
 
     /// The device event of its vring thread's io_uring completions (that
-    /// ring's eventfd, registered once the thread has one).
+    /// io_uring's eventfd, registered once the thread has one).
     pub(super) fn completion_event(self, count: usize) -> u64 {
         // After the resume events of all `count` request queues.
         (2 * count + 2 + self.index()) as u64

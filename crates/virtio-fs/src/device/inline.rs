@@ -1,5 +1,5 @@
-//! Serving on the vring thread: each request queue's vring thread serves
-//! the requests it pops itself, through the whole engine (admission,
+//! Serving on the vring thread ("in line"): each request queue's vring
+//! thread serves the requests it pops itself, through the whole engine (admission,
 //! tickets, timeouts), instead of handing each to a ring worker thread
 //! (a wake-up of another thread, most of a request's latency at depth 1),
 //! and keeps many of them in flight.
@@ -8,7 +8,7 @@
 //! requests only while it submits, or on their own commit), up to the
 //! queue's size. Each round `submit.rs` sent to them is one chunk: every
 //! request is started on the thread's host I/O context where the
-//! filesystem can, or served in line and committed at once. Every
+//! filesystem can, or served synchronously and committed at once. Every
 //! `submit_batch` started requests, and at the end of the kick, the
 //! started I/O is submitted and what completed committed; later
 //! completions wake the thread through its epoll. A request that may wait
@@ -126,7 +126,7 @@ impl QueueServer {
 
     /// Serves what this thread's entries hold, up to `budget` requests,
     /// one at a time: starts what the filesystem can (READ, WRITE, FSYNC,
-    /// FSYNCDIR, FALLOCATE), serves the rest in line, and commits each
+    /// FSYNCDIR, FALLOCATE), serves the rest synchronously, and commits each
     /// answer at once (an answer is never held behind the next request,
     /// which may hang in a host call; what is not fetched yet, the watchdog
     /// can hand to the workers). Returns how many it served or started.
@@ -228,7 +228,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Pops and submits until the queue is empty (false) or admission is
     /// full (true: the chain went back to the avail ring), serving on this
     /// thread as it goes: what the filesystem can start is started, the
-    /// rest served in line; then submits the started I/O at once and
+    /// rest served synchronously; then submits the started I/O at once and
     /// answers what completed.
     pub(super) fn drain_requests(&self, vring: &Vring, q: RqId) -> bool {
         let k = self.inner.cfg.inline_per_batch;
@@ -396,10 +396,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             n
         };
         busy_since.store(0, Ordering::SeqCst);
-        self.inner
-            .counters(q)
-            .inline
-            .fetch_add(n as u64, Ordering::Relaxed);
+        self.inner.counters(q).add_inline(n as u64);
         n
     }
 }
@@ -432,10 +429,8 @@ const MARK_AGE: Duration = Duration::from_millis(1);
 /// device.
 pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
     loop {
+        // (Once the device is dropped no upgrade succeeds.)
         let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(Ordering::Relaxed) {
-            return;
-        }
         let now = inner.epoch.elapsed().as_millis() as u64;
         // (A queue is busy only after a kick, which gave it its vring.)
         let stuck: Vec<(RqId, Vring)> = RqId::all(inner.count())
@@ -448,10 +443,7 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
         let dev = FsDevice { inner };
         for (q, vring) in &stuck {
             if vring.get_ref().is_enabled() {
-                dev.inner
-                    .counters(*q)
-                    .takeovers
-                    .fetch_add(1, Ordering::Relaxed);
+                dev.inner.counters(*q).add_takeovers(1);
                 // What the stuck thread's entries got and it has not
                 // begun (the rest of its round) goes to the workers, and
                 // so does what is sent from now on.
@@ -465,7 +457,7 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             // Request queue 0's thread serves hiprio too (`Vq::threads`):
             // stuck, it takes no FORGET or INTERRUPT either.
             if q.thread() == 0 {
-                if let Some(hv) = dev.inner.hiprio_vring.get() {
+                if let Some(hv) = dev.inner.hiprio.vring() {
                     // (Not once stopped: nothing to pop, and each try
                     // would log a not-ready queue.)
                     let live = {

@@ -2,7 +2,7 @@
 //! engine's device, not the ring, and kept by the unique the engine gave
 //! them (the guest's may repeat: a hostile guest can reuse one while it
 //! is in flight), so each can be interrupted when the frontend takes its
-//! ring back, and found by its guest unique when the guest interrupts it.
+//! vring back, and found by its guest unique when the guest interrupts it.
 
 use super::*;
 
@@ -87,7 +87,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Interrupts the lock calls of queue `q` (every queue: None) still in
-    /// flight: the frontend took their ring back (a stop or a reset, as
+    /// flight: the frontend took their vring back (a stop or a reset, as
     /// when the guest reboots), so no answer can reach the guest, and a
     /// parked SETLKW must not hold its waiter thread for good.
     pub(super) fn interrupt_waiters(&self, q: Option<RqId>) {

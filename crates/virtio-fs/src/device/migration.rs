@@ -1,6 +1,6 @@
 //! The device's state in a live migration (VHOST_USER_PROTOCOL_F_DEVICE_STATE).
 //!
-//! With the VM and every ring stopped (their requests answered, see
+//! With the VM and every vring stopped (their requests answered, see
 //! `stop_vring`), QEMU asks the source for its state over a pipe
 //! (SET_DEVICE_STATE_FD, SAVE), hands it to the destination's daemon (LOAD)
 //! and asks each whether that went well (CHECK_DEVICE_STATE, which waits

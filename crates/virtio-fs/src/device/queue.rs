@@ -1,4 +1,4 @@
-//! Each request queue's own state: its ring generation and fence, the
+//! Each request queue's own state: its vring generation and fence, the
 //! heads of its chains in flight, its vring thread's own entries, what it
 //! lent the engine, and its stall and notification state (numbering is in
 //! `ids.rs`). The hiprio queue keeps no state here: each of its chains is
@@ -7,17 +7,18 @@
 
 use super::heads::Heads;
 use super::inline::QueueServer;
+use super::lent::Lent;
 use super::notify::Signals;
-use super::{Ticket, Vring};
+use super::Vring;
 use fuse_core::Fence;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-/// A request queue's ring generation: which chains may still be answered,
+/// A request queue's vring generation: which chains may still be answered,
 /// and the fence every request popped in it goes under.
 pub(super) struct Generation {
-    /// Bumped by each ring stop or reset; a ticket records it at its pop.
+    /// Bumped by each vring stop or reset; a ticket records it at its pop.
     pub(super) n: u64,
     /// Closed when the generation ends: its requests are given up, and
     /// none may act on the host any more (`Ctx::enter_host`).
@@ -34,7 +35,7 @@ impl Generation {
     }
 
     /// Closes the fence and starts a new one, keeping the number (answers
-    /// of the requests under the old fence still reach the ring); returns
+    /// of the requests under the old fence still reach the vring); returns
     /// the old fence.
     pub(super) fn refence(&mut self) -> Arc<Fence> {
         let old = std::mem::replace(&mut self.fence, Fence::new());
@@ -46,9 +47,9 @@ impl Generation {
 /// A request queue's own state. Each field says what guards it; the lock
 /// order is in docs/DESIGN.md ("Lock order").
 pub(super) struct RequestQueue {
-    /// Bumped when the frontend stops or resets the ring. Replies are
+    /// Bumped when the frontend stops or resets the vring. Replies are
     /// written under the read lock, so once `stop_vring` holds the write
-    /// lock no reply of the old ring can reach guest memory.
+    /// lock no reply of the old vring can reach guest memory.
     pub(super) gen: RwLock<Generation>,
     /// The heads of its chains in flight (`heads.rs`: its own mutex, a
     /// leaf; taken under `gen`'s read lock when answering).
@@ -72,10 +73,9 @@ pub(super) struct RequestQueue {
     /// Its vring as its thread first saw it, for the watchdog (set once,
     /// on the first kick).
     pub(super) vring: std::sync::OnceLock<Vring>,
-    /// Requests whose guest buffers are lent to the engine (pruned as they
-    /// go), so a ring stop or reset can take them back (its own mutex, a
-    /// leaf).
-    pub(super) lent: Mutex<Vec<Weak<Ticket>>>,
+    /// The guest buffers it lent to the engine, so a vring stop or reset
+    /// can take them back (`lent.rs`: its own mutex, a leaf).
+    pub(super) lent: Lent,
     /// Requests the timeout scanner answered that the engine still holds
     /// (their heads are back with the guest, which may publish them again):
     /// at the queue's size it stops popping until the engine lets some go,
@@ -100,7 +100,7 @@ impl RequestQueue {
             inline: Mutex::new(None),
             busy_since: AtomicU64::new(0),
             vring: std::sync::OnceLock::new(),
-            lent: Mutex::new(Vec::new()),
+            lent: Lent::default(),
             orphans: AtomicU64::new(0),
             signals: Signals::default(),
         })

@@ -11,7 +11,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// with the ticket as their end (built in place there: `Args` is too
     /// large to move around per request), or refuses it (Err: its ticket,
     /// for [`FsDevice::refuse`]; nothing was answered or pushed). `gen` is
-    /// the queue's generation read before the chain was popped (a ring
+    /// the queue's generation read before the chain was popped (a vring
     /// stopped after that makes it stale); `popped` is when its round was
     /// popped.
     pub(super) fn prepare(
@@ -70,11 +70,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             state: Mutex::new(TicketState::InFlight),
         });
         if lends {
-            let mut lent = lock(&self.inner.queue(q).lent);
-            if lent.len() >= 64 && lent.len().is_power_of_two() {
-                lent.retain(|t| t.strong_count() > 0);
-            }
-            lent.push(Arc::downgrade(&ticket));
+            self.inner.queue(q).lent.lend(&ticket);
         }
         let replyable = ticket.chain.writable_len() >= OUT_HEADER;
         let Some(h) = header else {
@@ -154,10 +150,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Answers a request [`FsDevice::prepare`] refused: EIO, or the chain
     /// given back unused when it has no room for a reply.
     pub(super) fn refuse(&self, t: &Ticket) {
-        self.inner
-            .counters(t.queue)
-            .malformed
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(t.queue).add_malformed(1);
         if t.chain.writable_len() < OUT_HEADER {
             self.give_back_unanswered(t);
         } else if t.claim() {
@@ -205,7 +198,7 @@ fn body_cap(op: Opcode, max_write: usize) -> usize {
 
 /// Whether a request of `op` may change something on the host, and so
 /// goes under its queue's fence (`Generation`): a request given up at a
-/// ring stop must not act afterwards. Those that only read, and those
+/// vring stop must not act afterwards. Those that only read, and those
 /// that only let go of what the session holds, need no fence (and cost
 /// none on their way).
 pub(super) fn changes_host(op: Opcode) -> bool {

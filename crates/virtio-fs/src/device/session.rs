@@ -10,10 +10,10 @@ use super::*;
 
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Ends the guest's session, if one is on (`why` goes to the log).
-    /// Called by a reset, with every ring's requests given up already, or
+    /// Called by a reset, with every vring's requests given up already, or
     /// before a new INIT is sent: then what the old session still has in
     /// flight (a hostile guest's, on other queues: a Linux guest stops its
-    /// rings first) is given up too, its fences closed and waited for
+    /// vrings first) is given up too, its fences closed and waited for
     /// (bounded), so none of it acts, or takes a handle, once the old
     /// session's state is gone.
     pub(super) fn end_session(&self, why: &str) {
@@ -22,13 +22,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 .map(|rq| write(&rq.gen).refence())
                 .collect();
             self.interrupt_waiters(None);
-            let deadline = Instant::now() + self.inner.cfg.ring_stop_drain;
+            let deadline = Instant::now() + self.inner.cfg.vring_stop_drain;
             self.left_running(wait_fences(&old, deadline));
             self.inner.engine.fs().destroy();
-            self.inner
-                .stats
-                .sessions_ended
-                .fetch_add(1, Ordering::Relaxed);
+            self.inner.stats.add_sessions_ended(1);
             log::info!("the guest's FUSE session ended ({why}); what it held is released");
         }
     }

@@ -1,7 +1,7 @@
-//! Live migration and ring stops: the device's writes into guest memory are
-//! logged in the frontend's dirty-page log, and a ring stop
+//! Live migration and vring stops: the device's writes into guest memory are
+//! logged in the frontend's dirty-page log, and a vring stop
 //! (GET_VRING_BASE) answers every request popped from the ring before it
-//! returns ([`FsDevice::drain_ring`]). A stop or a reset then gives up what
+//! returns ([`FsDevice::drain_vring`]). A stop or a reset then gives up what
 //! is left ([`FsDevice::give_up`]): none of it acts on the host afterwards,
 //! and the host work already under way is waited for, with a bound.
 //!
@@ -11,7 +11,7 @@
 //! device-writable descriptors dirty and only then adds the entry. Host
 //! I/O into a chain's buffers has ended before it is answered, and chains
 //! a stop gives up on are marked once their I/O was waited for, so nothing
-//! lands after the mark. See docs/DESIGN.md, "Dirty log and ring stops".
+//! lands after the mark. See docs/DESIGN.md, "Dirty log and vring stops".
 
 use super::*;
 use crate::chain::Seg;
@@ -19,9 +19,9 @@ use fuse_core::Fence;
 use vm_memory::bitmap::Bitmap;
 use vm_memory::GuestMemoryBackend;
 
-/// How long a ring stop waits for its requests when no request timeout
-/// bounds them (`DeviceConfig::ring_stop_drain` overrides it).
-pub(super) const RING_STOP_DRAIN: Duration = Duration::from_secs(5);
+/// How long a vring stop waits for its requests when no request timeout
+/// bounds them (`DeviceConfig::vring_stop_drain` overrides it).
+pub(super) const VRING_STOP_DRAIN: Duration = Duration::from_secs(5);
 
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Returns chain `head` to the guest with `len` bytes written: marks
@@ -61,15 +61,35 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// How long a stop of a ring waits for its requests: until the request
+    /// How long a stop of a vring waits for its requests: until the request
     /// timeout (and the scan that answers it) has passed for all of them,
-    /// or `ring_stop_drain` without a timeout.
+    /// or `vring_stop_drain` without a timeout.
     fn drain_bound(&self) -> Duration {
         let timeout = self.inner.cfg.request_timeout;
         if timeout.is_zero() {
-            self.inner.cfg.ring_stop_drain
+            self.inner.cfg.vring_stop_drain
         } else {
             timeout + timeouts::scan_period(timeout) + Duration::from_millis(100)
+        }
+    }
+
+    /// Stops request queue `q` (GET_VRING_BASE, the queue already not
+    /// ready): interrupts its lock calls, drains it ([`FsDevice::drain_vring`]),
+    /// gives up what is left ([`FsDevice::give_up`]) and counts that in
+    /// `lost_on_stop`.
+    pub(super) fn stop_request_queue(&self, q: RqId) {
+        self.interrupt_waiters(Some(q));
+        self.drain_vring(q);
+        let lost = self.give_up(&[q]);
+        if lost > 0 {
+            self.inner.stats.add_lost_on_stop(lost as u64);
+            // A guest that resets its device again and again must not
+            // flood the log (the count is in `lost_on_stop`).
+            fuse_core::warn_limited!(
+                "queue {} stopped with {lost} request(s) still unanswered; \
+                 they are given up",
+                q.vq()
+            );
         }
     }
 
@@ -83,7 +103,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// locks they take (the queue's `gen`, `heads` and `inline`, the vring
     /// lock), only the vhost-user handler's, which none of them takes.
     /// Returns how many are still unanswered.
-    pub(super) fn drain_ring(&self, q: RqId) -> usize {
+    pub(super) fn drain_vring(&self, q: RqId) -> usize {
         let rq = self.inner.queue(q);
         let heads = &rq.heads;
         // A pop that raced the queue going not ready has claimed its head
@@ -109,13 +129,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
     }
 
-    /// Gives up what the rings of `queues` still have in flight (after a
+    /// Gives up what the vrings of `queues` still have in flight (after a
     /// stop's drain, or at a reset): ends each queue's generation under
     /// its `gen` write lock (taken after every answer under way wrote its
-    /// used entry; from then on the old ring's answers are dropped, and the
+    /// used entry; from then on the old vring's answers are dropped, and the
     /// fence its requests went under is closed, so none of them acts on
     /// the host any more), takes back the guest buffers lent to the engine
-    /// and ends parked lock calls. Then waits, until `ring_stop_drain` has
+    /// and ends parked lock calls. Then waits, until `vring_stop_drain` has
     /// passed, for the host work already under way (I/O on the taken-back
     /// buffers, host calls inside the closed fences); what still runs then
     /// is logged and counted in `stuck_on_stop`, and left to finish. Returns
@@ -128,10 +148,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let mut g = write(&rq.gen);
             lost += rq.heads.count();
             fences.push(g.end());
-            // Nothing of the old ring is in flight any more.
+            // Nothing of the old vring is in flight any more.
             rq.heads.clear();
         }
-        let deadline = Instant::now() + self.inner.cfg.ring_stop_drain;
+        let deadline = Instant::now() + self.inner.cfg.vring_stop_drain;
         let mut stuck = 0;
         for &q in queues {
             stuck += self.take_back_buffers(q, deadline);
@@ -148,56 +168,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if stuck == 0 {
             return;
         }
-        self.inner
-            .stats
-            .stuck_on_stop
-            .fetch_add(stuck as u64, Ordering::Relaxed);
+        self.inner.stats.add_stuck_on_stop(stuck as u64);
         fuse_core::warn_limited!(
             "{stuck} host call(s) or I/O of given-up requests still running \
              {:?} after they were given up; left to finish",
-            self.inner.cfg.ring_stop_drain
+            self.inner.cfg.vring_stop_drain
         );
-    }
-
-    /// Takes back the guest buffers request queue `q` lent to the engine
-    /// (its ring was stopped or reset, so the guest may reuse them at
-    /// once): every lent buffer is revoked (no host I/O may start on it),
-    /// its request interrupted in the backend (cancelling an io_uring
-    /// operation), and the I/O already running on it is waited for, as a
-    /// device reset waits for DMA, but not past `deadline`. Returns how
-    /// many buffers still had I/O running then.
-    fn take_back_buffers(&self, q: RqId, deadline: Instant) -> usize {
-        let lent = &self.inner.queue(q).lent;
-        let tickets: Vec<Arc<Ticket>> = std::mem::take(&mut *lock(lent))
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for t in &tickets {
-            if let Some(c) = &t.client {
-                if !c.revoke() {
-                    let unique = t.engine_unique.load(Ordering::Relaxed);
-                    if unique != 0 {
-                        self.inner.engine.fs().interrupt(unique);
-                    }
-                }
-            }
-        }
-        let mut busy = 0;
-        for t in &tickets {
-            if let Some(c) = &t.client {
-                if !c.wait_idle_until(deadline) {
-                    busy += 1;
-                }
-                // Never answered, but a READ may have filled some of it.
-                self.mark_written(t.chain.mem(), t.chain.writable());
-            }
-        }
-        busy
     }
 }
 
 /// Waits, until `deadline`, for the host calls inside `fences` (closed) to
-/// end, polling as `drain_ring` does; returns how many still run.
+/// end, polling as `drain_vring` does; returns how many still run.
 pub(super) fn wait_fences(fences: &[Arc<Fence>], deadline: Instant) -> usize {
     let mut nap = Duration::from_micros(50);
     while fences.iter().any(|f| f.inside() > 0) && Instant::now() < deadline {

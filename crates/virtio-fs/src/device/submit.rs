@@ -7,7 +7,7 @@
 //! early at a chain that does not go into the batch (its *tail*): a
 //! malformed or refused chain is answered right after the send, still
 //! under `pop_lock`; a lock call is sent before the round is served; an
-//! INIT after it, and only if the ring was not stopped meanwhile.
+//! INIT after it, and only if the vring was not stopped meanwhile.
 //!
 //! When admission is full, the refused chains and the tail go back to the
 //! avail ring (under `pop_lock`), so nothing popped is held unsent, and the
@@ -130,9 +130,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             }
             let (sent, gen, tail) = {
                 let _pop = lock(&rq.pop_lock);
-                // Before the pop: a ring stopped after it leaves these
+                // Before the pop: a vring stopped after it leaves these
                 // chains with the old generation, so their answers never
-                // reach the new ring.
+                // reach the new vring.
                 let gen = read(&rq.gen).n;
                 let want = want.min(left_before(vring, end));
                 if want == 0 || self.pop_round(vring, &mem, q, gen, want, round) == 0 {
@@ -201,7 +201,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let chain = match popped {
                 Ok(c) if heads.claim(c.head) => c,
                 // A head republished while the device still serves it:
-                // the guest broke the ring's rules; it gets nothing back.
+                // the guest broke the vring's rules; it gets nothing back.
                 Ok(_) => {
                     round.tail = Some(Tail::Malformed(None));
                     break;
@@ -274,9 +274,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
         }
-        qs.submitted.fetch_add(taken as u64, Ordering::Relaxed);
+        qs.add_submitted(taken as u64);
         for (t, e) in failed {
-            self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            self.inner.stats.add_aborted(1);
             if t.claim() {
                 self.answer(&t, e.to_wire(), &[]);
             }
@@ -306,7 +306,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         let stalled = &rq.stalled;
         stalled.store(true, Ordering::SeqCst);
-        qs.stalls.fetch_add(1, Ordering::Relaxed);
+        qs.add_stalls(1);
         // A slot freed between the refusal and the flag would not wake
         // us: look once more.
         let s = self.inner.engine.chan().stats();
@@ -322,17 +322,14 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// frees them). They wait on a thread of their own, which only the
     /// gate holds.
     fn send_lock(&self, q: RqId, args: Args, ticket: &Arc<Ticket>) {
-        self.inner
-            .counters(q)
-            .submitted
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_submitted(1);
         self.inner.timeouts.track(ticket.clone());
         self.send_lock_call(args, ticket);
     }
 
     /// Sends a guest INIT that ended a round popped in generation `gen`
     /// (no queue lock held): a guest that rebooted sends no DESTROY, so
-    /// its INIT ends the old session first. A ring stopped since the pop
+    /// its INIT ends the old session first. A vring stopped since the pop
     /// gave the INIT up: it then does nothing. INIT is FORCE, so admission
     /// never refuses it.
     fn send_init(&self, q: RqId, gen: u64, args: Args, ticket: Arc<Ticket>) {
@@ -343,17 +340,14 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // Kept for a live migration: the destination replays it.
         self.inner.migration.note_init(ticket.unique, &args.body);
         let end = EndFn::Shared(ticket.clone());
-        self.inner
-            .counters(q)
-            .submitted
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_submitted(1);
         match self.inner.engine.chan().try_send_background(args, end) {
             Ok(unique) => {
                 ticket.engine_unique.store(unique, Ordering::Relaxed);
                 self.inner.timeouts.track(ticket);
             }
             Err(TrySendError::Closed(e)) => {
-                self.inner.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                self.inner.stats.add_aborted(1);
                 if ticket.claim() {
                     self.answer(&ticket, e.to_wire(), &[]);
                 }
@@ -377,10 +371,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         q: RqId,
         head: Option<u16>,
     ) {
-        self.inner
-            .counters(q)
-            .malformed
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_malformed(1);
         if let Some(head) = head {
             if !self.inner.queue(q).heads.in_flight(head) {
                 // Refused before anything was written to it.
@@ -432,10 +423,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         let stalled = &rq.stalled;
         stalled.store(true, Ordering::SeqCst);
-        self.inner
-            .counters(q)
-            .stalls
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters(q).add_stalls(1);
         // One that ended between the look and the flag would not wake us.
         if orphans.load(Ordering::SeqCst) < max && stalled.swap(false, Ordering::SeqCst) {
             return false;
@@ -456,7 +444,7 @@ fn avail_index(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) -> u16 {
 
 /// Chains announced up to avail index `end` that are not popped yet (0
 /// when the queue's next index is past `end`, or `end` is more than a
-/// ring ahead of it: a pop would find nothing there).
+/// vring's size ahead of it: a pop would find nothing there).
 fn left_before(vring: &Vring, end: u16) -> usize {
     let v = vring.get_ref();
     let queue = v.get_queue();

@@ -25,7 +25,7 @@ pub(super) struct Ticket {
     /// The unique the server sees (0 until sent).
     pub(super) engine_unique: AtomicU64,
     /// The generation of its queue when popped: a reply for an older one
-    /// (the ring was stopped or reset since) is dropped.
+    /// (the vring was stopped or reset since) is dropped.
     pub(super) gen: u64,
     pub(super) opcode: u32,
     /// The request queue it was popped from.

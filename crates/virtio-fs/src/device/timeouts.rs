@@ -87,10 +87,8 @@ impl Timeouts {
 /// Answers requests that outlived the timeout, oldest first.
 pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
     loop {
+        // (Once the device is dropped no upgrade succeeds.)
         let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(Ordering::Relaxed) {
-            return;
-        }
         let timeout = inner.cfg.request_timeout;
         let dev = FsDevice { inner };
         let expired = dev.inner.timeouts.take_expired(timeout);
@@ -115,7 +113,7 @@ pub(super) fn scan_timeouts<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 };
                 now
             };
-            dev.inner.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            dev.inner.stats.add_timeouts(1);
             // The engine still holds it (unless it ended meanwhile): an
             // orphan until it ends.
             if t.orphan

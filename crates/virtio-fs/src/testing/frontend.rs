@@ -33,8 +33,8 @@ use zerocopy::FromBytes;
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
-/// Room for one queue's rings.
-const RING_AREA: u64 = 64 * 1024;
+/// Room for one queue's vring (descriptor table, avail and used rings).
+const VRING_AREA: u64 = 64 * 1024;
 /// Where a reply's out header goes in its slot: its data then starts on a
 /// page, as a guest kernel's READ pages do (so a backend can do O_DIRECT
 /// straight into them). Each slot has a page to spare for this.
@@ -112,7 +112,7 @@ enum Slot {
     InFlight(u64),
 }
 
-/// Ring addresses and slot buffers of one queue, and its slot table.
+/// Vring addresses and slot buffers of one queue, and its slot table.
 struct Queue {
     size: u16,
     desc: u64,
@@ -182,9 +182,9 @@ impl VhostFrontend {
         let mut layout = Vec::new();
         let mut at = 0u64;
         for q in 0..nq {
-            let rings = at;
-            at += RING_AREA;
-            layout.push((rings, at));
+            let vring = at;
+            at += VRING_AREA;
+            layout.push((vring, at));
             at += u64::from(slots_of(q)) * 2 * max;
         }
         let mem_size = at;
@@ -227,8 +227,8 @@ impl VhostFrontend {
         }])
         .map_err(FrontendError::Vhost)?;
         let mut queues = Vec::new();
-        for (q, &(rings, bufs)) in layout.iter().enumerate() {
-            let (desc, avail, used) = (rings, rings + 16 * u64::from(size), rings + 32 * 1024);
+        for (q, &(vring, bufs)) in layout.iter().enumerate() {
+            let (desc, avail, used) = (vring, vring + 16 * u64::from(size), vring + 32 * 1024);
             let kick = EventFd::new(0).map_err(FrontendError::Event)?;
             let call = EventFd::new(0).map_err(FrontendError::Event)?;
             fe.set_vring_num(q, size).map_err(FrontendError::Vhost)?;
@@ -463,8 +463,8 @@ fn submit(s: &Shared, dev: &Device) {
         {
             let mut st = lock(&q.state);
             let idx = st.avail_idx;
-            let ring = GuestAddress(q.avail + 4 + 2 * u64::from(idx % q.size));
-            let _ = s.mem.write_obj(head, ring);
+            let avail_entry = GuestAddress(q.avail + 4 + 2 * u64::from(idx % q.size));
+            let _ = s.mem.write_obj(head, avail_entry);
             // The entry before the index that publishes it.
             fence(Ordering::SeqCst);
             st.avail_idx = idx.wrapping_add(1);

@@ -206,7 +206,7 @@ impl GuestDriver {
         let data = cfg.slot_data.next_multiple_of(PAGE);
         // Per queue: descriptors, avail and used rings (page-aligned), then
         // the slots (hiprio gets a few small ones).
-        let ring_bytes = (16 * u64::from(size)).next_multiple_of(PAGE)
+        let vring_bytes = (16 * u64::from(size)).next_multiple_of(PAGE)
             + (6 + 2 * u64::from(size)).next_multiple_of(PAGE)
             + (6 + 8 * u64::from(size)).next_multiple_of(PAGE);
         let mut layout = Vec::new();
@@ -218,7 +218,7 @@ impl GuestDriver {
                 u64::from(cfg.slots)
             };
             layout.push(at);
-            at += ring_bytes + slots * (SLOT_HEAD + if q == 0 { 0 } else { data });
+            at += vring_bytes + slots * (SLOT_HEAD + if q == 0 { 0 } else { data });
         }
         let file = super::memfd(at).map_err(GuestError::Setup)?;
         let fo = FileOffset::new(file.try_clone().map_err(GuestError::Setup)?, 0);
@@ -288,7 +288,7 @@ impl GuestDriver {
                 desc,
                 avail,
                 used,
-                slots: base + ring_bytes,
+                slots: base + vring_bytes,
                 kick,
                 call,
                 avail_idx: 0,
@@ -521,7 +521,7 @@ impl GuestDriver {
         if old == new {
             return false;
         }
-        // The ring entries before the index that publishes them.
+        // The avail ring entries before the index that publishes them.
         fence(Ordering::SeqCst);
         let _ = self.mem.write_obj(new, GuestAddress(vq.avail + 2));
         // The index before reading whether the device wants a kick.

@@ -306,7 +306,7 @@ impl<F: Filesystem + 'static> Guest<F> {
         }
     }
 
-    /// Fresh rings, as a rebooted guest's driver sets them up (the device
+    /// Fresh vrings, as a rebooted guest's driver sets them up (the device
     /// is told nothing: the frontend's stop or reset came before).
     pub fn restart(&mut self) {
         self.h.reset();
@@ -376,7 +376,7 @@ pub fn lk(fh: u64, owner: u64, typ: i32) -> fuse_core::abi::LkIn {
 }
 
 /// A split virtqueue at its own addresses in `h`'s guest memory.
-pub fn ring_at<F: Filesystem + 'static>(
+pub fn vring_at<F: Filesystem + 'static>(
     h: &Harness<F>,
     desc: u64,
     avail: u64,
