@@ -2,8 +2,8 @@
 //!
 //! Queue 0 is the hiprio queue (FORGET, BATCH_FORGET, INTERRUPT); queues
 //! 1..=N are request queues, each served by its own vring thread and mapped
-//! to its own engine ring queue (`queue.rs`: an [`RqId`] names one, its
-//! state is one [`RequestQueue`]). Guest requests become background
+//! to its own engine ring queue (an [`RqId`] names one, `ids.rs`; its
+//! state is one [`RequestQueue`], `queue.rs`). Guest requests become background
 //! requests of the engine a round at a time (`submit.rs`); when admission
 //! is full the queue leaves the refused chains in the avail ring and
 //! resumes when a request ends. Each request has one [`Ticket`], answered
@@ -206,7 +206,7 @@ struct Inner<F: Filesystem + 'static> {
     event_idx: AtomicBool,
     acked: AtomicU64,
     /// Each request queue's own state, by [`RqId`] (the hiprio queue has
-    /// none: see `queue.rs`).
+    /// none: see `ids.rs`).
     queues: Vec<RequestQueue>,
     /// The daemon's vring threads' event loops, by thread index
     /// (`RqId::thread`; to add a request queue's completion eventfd once its thread

@@ -155,7 +155,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         }
         // A thread's vrings (`queues_per_thread`) come numbered from 0 as
         // device events; the events past num_queues are the device's own
-        // (`queue.rs`: `Event`).
+        // (`ids.rs`: `Event`).
         let count = self.inner.count();
         if thread_id == 0 {
             // Thread 0's first vring is hiprio (`Vq::threads`): kept for
