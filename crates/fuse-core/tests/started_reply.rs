@@ -29,9 +29,9 @@ impl RingSlot for Slot {
     }
 }
 
-/// The in-line path answers `n.min(size)` (dispatch.rs `write_client` and
-/// `call`); a started WRITE's answer must not claim more than the WRITE
-/// carried either.
+/// The in-line path answers `n.min(size)` (dispatch/client_mem.rs
+/// `write_client` and dispatch/ops.rs `call`); a started WRITE's answer
+/// must not claim more than the WRITE carried either.
 #[test]
 fn a_started_writes_reply_never_exceeds_the_requests_size() {
     let mut h = UringReqHeader::default();
