@@ -13,23 +13,34 @@
 //! move through [`EntState`], only on the serving thread. That thread waits
 //! in one io_uring_enter, holding `State`'s mutex; other threads only wake
 //! it ([`KernelQueue::wake_queue`]: an eventfd its ring polls).
+//!
+//! Entries and their states are in `entry`, waiting for completions in
+//! `wait`, and the host's switch and CPU helpers in `host`.
 
 pub(crate) mod arena;
+mod entry;
+mod host;
 pub mod serve;
+mod wait;
+
+pub use entry::{EntState, KernelSlot};
+pub use host::{enable, pin_to_cpu, possible_cpus};
 
 use crate::devfuse::DevFuse;
+use entry::Ent;
 use fuse_core::abi::{
-    notify, uring, InHeader, NotifyRetrieveOut, Opcode, OutHeader, UringCmdReq, UringReqHeader,
+    notify, uring, InHeader, NotifyRetrieveOut, Opcode, UringCmdReq, UringReqHeader,
 };
 use fuse_core::locks::{get_mut, lock};
-use fuse_core::server::{RingSlot, RingTransport};
+use fuse_core::server::RingTransport;
 use fuse_core::Errno;
 use host_io::sys;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
-use zerocopy::{FromBytes, IntoBytes};
+use wait::submit_and_wait;
+use zerocopy::IntoBytes;
 
 /// user_data of the eventfd poll.
 const WAKE: u64 = u64::MAX;
@@ -50,116 +61,6 @@ pub enum KernelUringError {
     /// /sys/module/fuse/parameters/enable_uring could not be set.
     #[error("enabling FUSE-over-io_uring (/sys/module/fuse/parameters/enable_uring)")]
     Enable(#[source] std::io::Error),
-}
-
-/// Where an entry is in its life (the kernel's own states in brackets):
-///
-/// ```text
-///  New ─REGISTER─▶ Fetching ─CQE 0─▶ Fetched ─take─▶ Serving ─answered──────▶ Fetching
-///  [INVALID]       [AVAILABLE,                       [USERSPACE]  │         (COMMIT_AND_FETCH)
-///                   FUSE_REQ]                                     ├─I/O started─▶ Started
-///                                                                 │   Started ─I/O done─▶ Fetching
-///                                                                 └─SETLKW waits─▶ Parked
-///                                                                     Parked ─answer─▶ Fetching
-///  Fetching ─CQE error (ENOTCONN at teardown)─▶ dropped (memory ours again)
-/// ```
-///
-/// Started: a READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE whose host I/O
-/// runs. `Fetching` entries are in `State::inflight` and `Fetched` ones in
-/// `State::done`, both guarded by the `Shared::state` mutex; `Serving`,
-/// `Started` and `Parked` ones are the serving thread's own (its maps, no
-/// lock). Only the serving thread moves entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntState {
-    /// Made, no command sent yet.
-    New,
-    /// REGISTER or COMMIT_AND_FETCH in flight: the kernel may write the
-    /// header and the payload (in `State::inflight`).
-    Fetching,
-    /// Its command completed with a request (in `State::done`).
-    Fetched,
-    /// Taken by the serving thread, being served in line.
-    Serving,
-    /// A READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE whose host I/O runs (a
-    /// READ's into the payload buffer, a WRITE's from it).
-    Started,
-    /// A request that waits for something outside the server (SETLKW).
-    Parked,
-}
-
-impl EntState {
-    /// Whether the lifecycle allows `self` → `to`.
-    fn may_become(self, to: EntState) -> bool {
-        use EntState::*;
-        matches!(
-            (self, to),
-            (New, Fetching)
-                | (Fetching, Fetched)
-                | (Fetched, Serving)
-                | (Serving, Started | Parked | Fetching)
-                | (Started | Parked, Fetching)
-        )
-    }
-}
-
-/// One ring entry's memory.
-struct Ent {
-    id: u64,
-    state: EntState,
-    header: UringReqHeader,
-    payload: arena::Payload,
-    iov: [libc::iovec; 2],
-}
-
-impl Ent {
-    fn step(&mut self, to: EntState) {
-        debug_assert!(
-            self.state.may_become(to),
-            "entry {}: {:?} -> {:?}",
-            self.id,
-            self.state,
-            to
-        );
-        self.state = to;
-    }
-}
-
-// SAFETY: the raw pointers in `iov` point into the same Box (header) and
-// into the payload slot the entry holds; the entry moves between threads
-// only as a whole.
-unsafe impl Send for Ent {}
-
-/// An entry holding a request, between its completion and its commit.
-pub struct KernelSlot {
-    ent: Box<Ent>,
-}
-
-impl std::fmt::Debug for KernelSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KernelSlot")
-            .field("id", &self.ent.id)
-            .field("state", &self.ent.state)
-            .finish()
-    }
-}
-
-impl KernelSlot {
-    /// The entry's state.
-    pub fn state(&self) -> EntState {
-        self.ent.state
-    }
-    /// Moves a fetched entry on (`Serving`, then `Started` or `Parked`);
-    /// the serving thread's own bookkeeping, checked against the lifecycle.
-    pub fn set_state(&mut self, to: EntState) {
-        self.ent.step(to);
-    }
-    fn is_read(&self) -> bool {
-        self.in_header().opcode == fuse_core::abi::Opcode::Read as u32
-    }
-    /// Whether the request is a WRITE.
-    pub fn is_write(&self) -> bool {
-        self.in_header().opcode == fuse_core::abi::Opcode::Write as u32
-    }
 }
 
 struct State {
@@ -203,46 +104,6 @@ impl std::fmt::Debug for KernelQueue {
             .field("qid", &self.shared.qid)
             .finish_non_exhaustive()
     }
-}
-
-/// Sets `/sys/module/fuse/parameters/enable_uring` (before the mount's
-/// INIT, which offers FUSE_OVER_IO_URING only when it is on).
-pub fn enable() -> Result<(), KernelUringError> {
-    const P: &str = "/sys/module/fuse/parameters/enable_uring";
-    if std::fs::read_to_string(P).is_ok_and(|v| v.trim() == "Y") {
-        return Ok(());
-    }
-    std::fs::write(P, "Y").map_err(KernelUringError::Enable)
-}
-
-/// Pins the calling thread to `cpu` (the kernel queues a request on the
-/// queue of the CPU that submitted it; serving it there avoids a
-/// cross-CPU wake-up, and [`KernelQueue::nudge`] reaches only the queue of
-/// the CPU it runs on). False when that is refused: a CPU outside the
-/// daemon's cpuset (a container's, systemd's AllowedCPUs).
-pub fn pin_to_cpu(cpu: usize) -> bool {
-    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
-        return false;
-    }
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it
-    // (cpu is checked against its size above) and sched_setaffinity reads
-    // it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
-}
-
-/// The kernel's queue count: one per possible CPU.
-pub fn possible_cpus() -> usize {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
-    let max = s
-        .trim()
-        .split(',')
-        .filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
-        .max();
-    max.map_or(1, |m| m + 1)
 }
 
 impl KernelQueue {
@@ -399,10 +260,11 @@ impl KernelQueue {
     }
 
     /// Queues the COMMIT_AND_FETCH of a served entry (its reply set with
-    /// [`RingSlot::set_reply`]); submitted with the next wait. The memory
-    /// its slot lent the filesystem is taken back first: kept past the
-    /// answer, it gets EIO, and I/O still running on it (a started READ
-    /// committed before its completion) is waited for, never raced.
+    /// [`fuse_core::server::RingSlot::set_reply`]); submitted with the next
+    /// wait. The memory its slot lent the filesystem is taken back first:
+    /// kept past the answer, it gets EIO, and I/O still running on it (a
+    /// started READ committed before its completion) is waited for, never
+    /// raced.
     pub fn commit_slot(&self, slot: KernelSlot) -> Result<u64, Errno> {
         let commit_id = slot.ent.header.ring_ent_in_out.commit_id;
         self.send(slot.ent, uring::CMD_COMMIT_AND_FETCH, commit_id)
@@ -423,36 +285,6 @@ impl KernelQueue {
             Errno(libc::ECANCELED) => Errno::ENOTCONN,
             e => e,
         })
-    }
-
-    /// Submits the queued commits and waits, in one io_uring_enter, until
-    /// something happens: an entry got a request or a command failed, the
-    /// wake eventfd was written, or `async_fd` (the filesystem's completion
-    /// eventfd, polled on this ring) became readable. Returns whether that
-    /// poll fired (then read the eventfd before waiting again, or the
-    /// poll, re-armed, fires at once).
-    pub fn wait(&self, async_fd: Option<i32>) -> Result<bool, Errno> {
-        let mut st = self.state();
-        if !st.done.is_empty() || self.stopping() {
-            return Ok(std::mem::take(&mut st.async_fired));
-        }
-        if !st.wake_armed {
-            push_poll(&mut st, self.shared.wake.as_raw_fd(), WAKE)?;
-            st.wake_armed = true;
-        }
-        if let (Some(fd), None, false) = (async_fd, st.async_armed, st.async_fired) {
-            // The fd is the filesystem's per-thread eventfd, open while
-            // this thread lives (a poll on a closed fd just completes).
-            push_poll(&mut st, fd, ASYNC)?;
-            st.async_armed = Some(fd);
-        }
-        if !st.async_fired {
-            submit_and_wait(&mut st)?;
-        } else if !st.ring.submission().is_empty() {
-            st.ring.submit().map_err(|e| sys::errno_of(&e))?;
-        }
-        self.reap(&mut st);
-        Ok(std::mem::take(&mut st.async_fired))
     }
 
     /// Gets the kernel to hand the requests waiting in this queue to its
@@ -531,79 +363,6 @@ impl KernelQueue {
     pub fn qid(&self) -> u16 {
         self.shared.qid
     }
-
-    fn reap(&self, st: &mut State) {
-        let cqes: Vec<(u64, i32)> = st
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (ud, res) in cqes {
-            if ud == ASYNC {
-                st.async_armed = None;
-                st.async_fired = true;
-                continue;
-            }
-            if ud == WAKE {
-                st.wake_armed = false;
-                sys::eventfd_drain(self.shared.wake.as_raw_fd());
-                continue;
-            }
-            let Some(ent) = st.inflight.remove(&ud) else {
-                continue;
-            };
-            if res == 0 {
-                let mut ent = ent;
-                ent.step(EntState::Fetched);
-                st.done.push_back(ent);
-            } else {
-                // The command ended without a request (teardown: ENOTCONN,
-                // or a refused REGISTER). The memory is ours again.
-                st.failed.get_or_insert(Errno(-res));
-                drop(ent);
-            }
-        }
-    }
-}
-
-/// Submits what is queued and waits for one completion. A transient
-/// failure (a signal, EAGAIN, EBUSY, ENOMEM: the queued commits are still
-/// in the SQ ring and go with the next attempt) returns Ok after a short
-/// pause (none for a signal), for the caller to look again.
-fn submit_and_wait(st: &mut State) -> Result<(), Errno> {
-    match st.ring.submit_and_wait(1) {
-        Ok(_) => Ok(()),
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
-            ) =>
-        {
-            if e.raw_os_error() != Some(libc::EINTR) {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            Ok(())
-        }
-        Err(e) => Err(sys::errno_of(&e)),
-    }
-}
-
-/// Queues a one-shot POLLIN poll of `fd` tagged `ud`, making room in the
-/// SQ ring (submitting what is queued) if it is full: a wait without its
-/// polls could sleep through the events they stand for.
-fn push_poll(st: &mut State, fd: i32, ud: u64) -> Result<(), Errno> {
-    let poll: squeue::Entry128 = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-        .build()
-        .user_data(ud)
-        .into();
-    // SAFETY: a poll SQE points at no memory.
-    if unsafe { st.ring.submission().push(&poll) }.is_ok() {
-        return Ok(());
-    }
-    st.ring.submit().map_err(|e| sys::errno_of(&e))?;
-    // SAFETY: as above.
-    unsafe { st.ring.submission().push(&poll) }
-        .map_err(|squeue::PushError { .. }| Errno(libc::EBUSY))
 }
 
 /// Sets `sqe->len` (REGISTER's iovec count), which `UringCmd80` leaves 0.
@@ -616,66 +375,6 @@ fn with_len(sqe: squeue::Entry128, len: u32) -> squeue::Entry128 {
     raw[24..28].copy_from_slice(&len.to_ne_bytes());
     // SAFETY: the same bytes back, with one plain integer field changed.
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
-}
-
-impl RingSlot for KernelSlot {
-    fn in_header(&self) -> InHeader {
-        InHeader::read_from_prefix(&self.ent.header.in_out)
-            .map(|(h, _)| h)
-            .unwrap_or_default()
-    }
-    fn request_payload_len(&self) -> usize {
-        (self.ent.header.ring_ent_in_out.payload_sz as usize).min(self.ent.payload.len())
-    }
-    fn is_zero_copy(&self) -> bool {
-        self.ent.header.ring_ent_in_out.flags & uring::ENT_ZERO_COPY != 0
-    }
-    /// A READ's payload buffer is its [`RingSlot::client_mem`]: the data
-    /// is read there by reference, and no slice of it is handed out. Any
-    /// other request's buffer is taken back from the memory lent of it
-    /// before (a WRITE's [`RingSlot::write_mem`]): that memory gets EIO
-    /// from then on, so start a WRITE from it before asking for the slice
-    /// (`serve_slot` does), and a started WRITE's slice waits for its I/O.
-    fn parts_mut(&mut self) -> (&mut UringReqHeader, &mut [u8]) {
-        let read = self.is_read();
-        let e = &mut *self.ent;
-        if read {
-            return (&mut e.header, &mut []);
-        }
-        // SAFETY: the entry is held by the serving thread (a `KernelSlot`
-        // exists only between its command's completion and its next
-        // `send`), so the kernel does not touch the slot; its `Payload` is
-        // the only one of its slot (`register_entry` gives each entry a
-        // slot of its own); `slice_mut` takes the slot back from every
-        // `PayloadMem` made of it, and no new one can be made while the
-        // slice mutably borrows the entry.
-        (&mut e.header, unsafe { e.payload.slice_mut() })
-    }
-    fn client_mem(&self) -> Option<Arc<dyn fuse_core::ClientMem>> {
-        self.is_read()
-            .then(|| Arc::new(self.ent.payload.client_mem()) as Arc<dyn fuse_core::ClientMem>)
-    }
-    /// A WRITE's data is at the start of the payload buffer (its
-    /// `fuse_write_in` in the header); its reply, a `fuse_write_out`, goes
-    /// to the payload once the write is over
-    /// ([`fuse_core::server::complete_started`]).
-    fn write_mem(&self) -> Option<Arc<dyn fuse_core::ClientMem>> {
-        (self.is_write() && !self.is_zero_copy()).then(|| {
-            let len = self.request_payload_len();
-            Arc::new(self.ent.payload.client_mem_of(len)) as Arc<dyn fuse_core::ClientMem>
-        })
-    }
-    fn set_reply(&mut self, error: i32, len: usize) {
-        let unique = self.in_header().unique;
-        let len = if error == 0 { len } else { 0 };
-        let out = OutHeader {
-            len: (std::mem::size_of::<OutHeader>() + len) as u32,
-            error,
-            unique,
-        };
-        self.ent.header.in_out[..std::mem::size_of::<OutHeader>()].copy_from_slice(out.as_bytes());
-        self.ent.header.ring_ent_in_out.payload_sz = len as u32;
-    }
 }
 
 impl RingTransport for KernelQueue {
@@ -762,28 +461,5 @@ impl Drop for Shared {
         for (_, ent) in st.inflight.drain() {
             Box::leak(ent);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::EntState::*;
-
-    #[test]
-    fn the_entry_lifecycle_allows_only_its_transitions() {
-        assert!(New.may_become(Fetching));
-        assert!(Fetching.may_become(Fetched));
-        assert!(Fetched.may_become(Serving));
-        for s in [Started, Parked, Fetching] {
-            assert!(Serving.may_become(s));
-        }
-        assert!(Started.may_become(Fetching));
-        assert!(Parked.may_become(Fetching));
-        // A fetched entry is never committed unserved, a started READ never
-        // re-served, and nothing skips its command.
-        assert!(!Fetched.may_become(Fetching));
-        assert!(!Started.may_become(Serving));
-        assert!(!New.may_become(Fetched));
-        assert!(!Fetching.may_become(Serving));
     }
 }
