@@ -15,12 +15,15 @@
 //! uid it runs as (docs/SECURITY.md, "ID translation").
 
 mod backing;
+mod caller;
 mod client_io;
+mod config;
 mod creds;
 mod entry;
 mod file;
 mod fs;
 mod idmap;
+mod init;
 mod inode;
 mod io;
 mod label;
@@ -34,6 +37,7 @@ mod xattrmap;
 // The system calls live in host-io; `super::sys` in the modules names them.
 use host_io::sys;
 
+pub use config::{CachePolicy, Config};
 pub use creds::Groups;
 pub use idmap::{Forbidden, IdMap, IdMapError, IdMapping};
 pub use inode::{FdBudget, InodeKey};
@@ -45,17 +49,15 @@ pub use xattrmap::{Mapped, XattrMap, XattrMapError};
 /// The file capabilities' xattr.
 const CAPS_XATTR: &[u8] = b"security.capability";
 
-use creds::{Caps, Cred, CredGuard};
 use file::Handles;
-use fuse_core::abi::{fopen, init, Attr};
-use fuse_core::server::{Ctx, Entry};
+use fuse_core::abi::Attr;
+use fuse_core::server::Entry;
 use fuse_core::Errno;
 use inode::{Found, InodeData, InodeTable};
 use std::ffi::{CStr, CString};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Errors setting up the passthrough.
 #[derive(Debug, thiserror::Error)]
@@ -72,154 +74,6 @@ pub enum PassthroughError {
     /// The shared directory is not a directory.
     #[error("{0} is not a directory")]
     NotDir(String),
-}
-
-/// What the client may cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CachePolicy {
-    /// Nothing: zero timeouts, direct I/O.
-    Never,
-    /// Names and attributes for a day, data never (direct I/O).
-    Metadata,
-    /// Names and attributes for a second, data until it changes.
-    #[default]
-    Auto,
-    /// Everything for a day; data and directory pages kept across opens.
-    Always,
-}
-
-impl CachePolicy {
-    fn timeout(self) -> Duration {
-        match self {
-            CachePolicy::Never => Duration::ZERO,
-            CachePolicy::Auto => Duration::from_secs(1),
-            CachePolicy::Metadata | CachePolicy::Always => Duration::from_secs(86400),
-        }
-    }
-}
-
-/// Options of the passthrough.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Cache policy.
-    pub cache: CachePolicy,
-    /// Negotiate the writeback cache.
-    pub writeback: bool,
-    /// Refuse every change with EROFS.
-    pub readonly: bool,
-    /// Serve extended attributes (off: ENOSYS, and the client stops asking).
-    pub xattr: bool,
-    /// `--xattrmap`: how xattr names are renamed, hidden or refused
-    /// between the client and the host (`xattrmap.rs`); None: unchanged.
-    pub xattrmap: Option<XattrMap>,
-    /// POSIX ACLs: INIT must agree on FUSE_POSIX_ACL (the client then
-    /// enforces ACLs and default permissions itself), DONT_MASK and
-    /// SETXATTR_EXT, or fails with EPROTO. Needs `xattr`.
-    pub posix_acl: bool,
-    /// With `posix_acl`: a client that cannot negotiate ACLs is served
-    /// without them (as if `posix_acl` were off) instead of refused.
-    pub posix_acl_optional: bool,
-    /// Security labels (virtiofsd's `--security-label`): INIT offers
-    /// FUSE_SECURITY_CTX, and the label a client sends with a creating
-    /// request is set on the new host inode before the reply (`label.rs`),
-    /// or the request fails and nothing is made. A client that cannot
-    /// negotiate it fails INIT with EPROTO. Needs `xattr`.
-    pub security_label: bool,
-    /// With `security_label`: a client that cannot negotiate
-    /// FUSE_SECURITY_CTX is served without labels instead of refused.
-    pub security_label_optional: bool,
-    /// Without `posix_acl`: pass the ACL xattrs (`system.posix_acl_access`,
-    /// `system.posix_acl_default`) through as any other. Right for host
-    /// mounts: every call runs as the caller with its real groups, so the
-    /// host enforces the ACLs. Off (guests, whose groups the host does not
-    /// know), they are refused with EOPNOTSUPP and left out of listxattr,
-    /// as virtiofsd does.
-    pub pass_acl_xattrs: bool,
-    /// Direct-I/O opens get FOPEN_PARALLEL_DIRECT_WRITES; such writers hold
-    /// the inode lock shared.
-    pub parallel_direct_writes: bool,
-    /// Keep file handles instead of an O_PATH fd per inode where the host
-    /// filesystem supports them (needs CAP_DAC_READ_SEARCH).
-    pub inode_file_handles: bool,
-    /// Cap on fds the daemon holds (inodes, open files, lock fds); beyond
-    /// it requests get EMFILE.
-    pub max_fds: usize,
-    /// Run operations under the caller's credentials.
-    pub creds: bool,
-    /// Where supplementary groups come from.
-    pub groups: Groups,
-    /// Data I/O through io_uring (off: pread/pwrite).
-    pub io_uring: bool,
-    /// Mark directories on another mount than their parent with
-    /// FUSE_ATTR_SUBMOUNT (when the client negotiates FUSE_SUBMOUNTS), so
-    /// the client gives them their own superblock and st_dev.
-    pub announce_submounts: bool,
-    /// Host mounts: negotiate FUSE_PASSTHROUGH and let the kernel do the
-    /// reads, writes and mmaps of open files on the host files itself
-    /// (see `backing.rs`). Needs [`PassthroughFs::attach_device`] before
-    /// INIT and CAP_SYS_ADMIN; excludes the writeback cache.
-    pub kernel_passthrough: bool,
-    /// Offer FUSE_FLOCK_LOCKS: the client sends flock(2) locks to the
-    /// daemon, which holds them on the host file. Off, the client keeps
-    /// them to itself (virtiofsd's `-o no_flock`).
-    pub flock_locks: bool,
-    /// Offer FUSE_POSIX_LOCKS: the client sends fcntl(2) record locks to
-    /// the daemon. Off, the client keeps them to itself (`-o
-    /// no_posix_lock`).
-    pub posix_locks: bool,
-    /// Offer READDIRPLUS (FUSE_DO_READDIRPLUS and READDIRPLUS_AUTO). Off,
-    /// the client lists directories with READDIR and looks each entry up
-    /// (virtiofsd's `--no-readdirplus`).
-    pub readdirplus: bool,
-    /// Offer FUSE_HANDLE_KILLPRIV_V2 when `creds` is on (writes and
-    /// truncates then run as the caller, so the host clears setuid/setgid
-    /// itself). Off (virtiofsd's `--no-killpriv-v2`), the client clears
-    /// them with a SETATTR of the mode, which runs as the caller too.
-    pub killpriv_v2: bool,
-    /// Open host files with the O_DIRECT the client asks for. Off
-    /// (virtiofsd's `-o no_allow_direct_io`), O_DIRECT is dropped from the
-    /// host open and the file is served through the host's page cache.
-    pub direct_io: bool,
-    /// How the client's uids become the host's and back (virtiofsd's
-    /// `--translate-uid`); the default translates nothing.
-    pub translate_uid: IdMap,
-    /// The same for gids (`--translate-gid`).
-    pub translate_gid: IdMap,
-    /// Live migration (`--migration-mode` and the like; `migrate.rs`).
-    pub migration: MigrationConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            cache: CachePolicy::Auto,
-            writeback: false,
-            readonly: false,
-            xattr: true,
-            xattrmap: None,
-            posix_acl: false,
-            posix_acl_optional: false,
-            security_label: false,
-            security_label_optional: false,
-            pass_acl_xattrs: false,
-            parallel_direct_writes: true,
-            inode_file_handles: false,
-            max_fds: 65536,
-            creds: sys::geteuid() == 0,
-            groups: Groups::None,
-            io_uring: true,
-            announce_submounts: false,
-            kernel_passthrough: false,
-            flock_locks: true,
-            posix_locks: true,
-            readdirplus: true,
-            killpriv_v2: true,
-            direct_io: true,
-            translate_uid: IdMap::default(),
-            translate_gid: IdMap::default(),
-            migration: MigrationConfig::default(),
-        }
-    }
 }
 
 /// The passthrough filesystem.
@@ -489,85 +343,6 @@ impl PassthroughFs {
         self.handles.max_parallel()
     }
 
-    /// `ctx`'s credentials on the host (its groups read only with creds
-    /// on): its uid, gid and groups translated by [`Config::translate_uid`]
-    /// and [`Config::translate_gid`]. EPERM if one is forbidden (then no
-    /// host ID may act for it), with creds on or off.
-    fn caller(&self, ctx: &Ctx) -> Result<Cred, Errno> {
-        let groups = if self.cfg.creds {
-            self.cfg.groups
-        } else {
-            Groups::None
-        };
-        let mut c = Cred::of(ctx, groups);
-        c.uid = self.cfg.translate_uid.to_host(c.uid)?;
-        c.gid = self.cfg.translate_gid.to_host(c.gid)?;
-        if !self.cfg.translate_gid.is_identity() {
-            c.groups = (c.groups.iter())
-                .map(|&g| self.cfg.translate_gid.to_host(g))
-                .collect::<Result<_, _>>()?;
-        }
-        Ok(c)
-    }
-
-    /// Whether a client could act as host gid `gid` itself: some client
-    /// gid translates to it (it is not forbidden, and not a host gid no
-    /// client gid reaches).
-    fn claimable_gid(&self, gid: u32) -> bool {
-        let t = &self.cfg.translate_gid;
-        t.to_host(t.to_guest(gid)).ok() == Some(gid)
-    }
-
-    /// The host uid an inode `cred` makes is owned by: its own when
-    /// operations run as the caller, else the daemon's.
-    fn owner_of(&self, cred: &Cred) -> u32 {
-        if self.cfg.creds {
-            cred.uid
-        } else {
-            sys::geteuid()
-        }
-    }
-
-    /// Whether `ctx` acts on the host as `cred` does, groups aside: the
-    /// same translated uid and gid, so the same capabilities too (EPERM
-    /// if forbidden).
-    fn acts_as(&self, ctx: &Ctx, cred: &Cred) -> Result<bool, Errno> {
-        Ok(self.cfg.translate_uid.to_host(ctx.uid)? == cred.uid
-            && self.cfg.translate_gid.to_host(ctx.gid)? == cred.gid)
-    }
-
-    /// The attributes the client gets for `st`: owner and group translated
-    /// to the client's IDs.
-    fn attr(&self, st: &libc::statx) -> Attr {
-        let mut a = attr_of(st);
-        a.uid = self.cfg.translate_uid.to_guest(a.uid);
-        a.gid = self.cfg.translate_gid.to_guest(a.gid);
-        a
-    }
-
-    /// The caller's credentials in force until the guard drops.
-    fn creds(&self, ctx: &Ctx) -> Result<CredGuard, Errno> {
-        self.creds_as(&self.caller(ctx)?, Caps::Caller)
-    }
-
-    /// [`PassthroughFs::creds`] for an operation that may allocate space
-    /// (new inodes, directory entries, xattr values): never with
-    /// CAP_SYS_RESOURCE, root callers included, so quotas and reserved
-    /// blocks bind them as they bind data writes.
-    fn creds_allocating(&self, ctx: &Ctx) -> Result<CredGuard, Errno> {
-        self.creds_as(&self.caller(ctx)?, Caps::ALLOCATE)
-    }
-
-    /// `cred` in force, with the capabilities `caps` leaves, until the
-    /// guard drops.
-    fn creds_as(&self, cred: &Cred, caps: Caps) -> Result<CredGuard, Errno> {
-        if self.cfg.creds {
-            CredGuard::enter(cred, caps)
-        } else {
-            Ok(CredGuard::none())
-        }
-    }
-
     fn writable(&self) -> Result<(), Errno> {
         if self.cfg.readonly {
             Err(Errno(libc::EROFS))
@@ -683,102 +458,5 @@ impl PassthroughFs {
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
             STATX_MASK,
         )
-    }
-
-    fn init_flags(&self, capable: u64) -> Result<u64, Errno> {
-        let mut f = init::DONT_MASK
-            | init::ATOMIC_O_TRUNC
-            | init::PARALLEL_DIROPS
-            // Shared mmap of files opened with FOPEN_DIRECT_IO (cache
-            // never/metadata); without it the client refuses with ENODEV.
-            | init::DIRECT_IO_ALLOW_MMAP;
-        if self.cfg.posix_locks {
-            f |= init::POSIX_LOCKS;
-        }
-        if self.cfg.flock_locks {
-            f |= init::FLOCK_LOCKS;
-        }
-        if self.cfg.readdirplus {
-            f |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO;
-        }
-        if self.offers_passthrough() {
-            f |= init::PASSTHROUGH;
-        } else if self.writeback() {
-            f |= init::WRITEBACK_CACHE;
-        }
-        if self.cfg.creds && self.cfg.killpriv_v2 {
-            // Writes and truncates run as the caller, so the host kernel
-            // clears setuid/setgid bits exactly as it would locally.
-            f |= init::HANDLE_KILLPRIV_V2;
-        }
-        if self.cfg.announce_submounts {
-            f |= init::SUBMOUNTS;
-        }
-        if self.cfg.creds && self.cfg.groups == Groups::None {
-            // A guest's kernel tells which of its caller's groups a new
-            // inode's parent has (FUSE_EXT_GROUPS), the one group the
-            // host needs to give it the mode the guest already allowed.
-            f |= init::CREATE_SUPP_GROUP;
-        }
-        let acl = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
-        if self.cfg.posix_acl && (capable & acl == acl || !self.cfg.posix_acl_optional) {
-            if capable & acl != acl {
-                // --posix-acl promises ACLs the client enforces; a
-                // client that cannot gets no connection.
-                return Err(Errno(libc::EPROTO));
-            }
-            f |= acl;
-        }
-        if self.cfg.security_label && self.cfg.xattr {
-            if capable & init::SECURITY_CTX != 0 {
-                f |= init::SECURITY_CTX;
-            } else if !self.cfg.security_label_optional {
-                // --security-label=always: a client that would create
-                // inodes without telling their labels gets no connection
-                // (virtiofsd answers EPROTO too).
-                return Err(Errno(libc::EPROTO));
-            }
-        }
-        self.posix_acl.store(
-            f & init::POSIX_ACL != 0,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.submounts.store(
-            f & capable & init::SUBMOUNTS != 0,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.backing
-            .set_active(f & capable & init::PASSTHROUGH != 0);
-        Ok(f & capable)
-    }
-
-    /// Kernel passthrough is configured and has its connection.
-    fn offers_passthrough(&self) -> bool {
-        self.cfg.kernel_passthrough && self.backing.attached()
-    }
-
-    /// The writeback cache is asked for (never with kernel passthrough,
-    /// which the kernel turns off when both are negotiated).
-    fn writeback(&self) -> bool {
-        self.cfg.writeback && self.cfg.cache != CachePolicy::Never && !self.offers_passthrough()
-    }
-
-    /// FUSE_POSIX_ACL is in force.
-    fn posix_acl(&self) -> bool {
-        self.posix_acl.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn open_flags(&self, direct: bool, dir: bool) -> u32 {
-        let mut f = 0;
-        match self.cfg.cache {
-            CachePolicy::Never | CachePolicy::Metadata if !dir => f |= fopen::DIRECT_IO,
-            CachePolicy::Always if dir => f |= fopen::CACHE_DIR,
-            CachePolicy::Always => f |= fopen::KEEP_CACHE,
-            _ => {}
-        }
-        if !dir && self.cfg.parallel_direct_writes && (direct || f & fopen::DIRECT_IO != 0) {
-            f |= fopen::PARALLEL_DIRECT_WRITES;
-        }
-        f
     }
 }
