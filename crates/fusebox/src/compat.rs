@@ -605,5 +605,9 @@ where
 mod tests;
 
 #[cfg(test)]
+#[path = "compat_suboption_tests.rs"]
+mod suboption_tests;
+
+#[cfg(test)]
 #[path = "compat_translate_tests.rs"]
 mod translate_tests;
