@@ -52,7 +52,7 @@ fn a_started_writes_reply_never_exceeds_the_requests_size() {
         payload: vec![0; 8192],
         reply: None,
     };
-    // A write_async that reports more than it was given.
+    // A start_write that reports more than it was given.
     complete_started(&mut s, Ok(8192));
     assert_eq!(s.reply, Some((0, 8)));
     let out = WriteOut::read_from_prefix(&s.payload).unwrap().0;
@@ -110,7 +110,7 @@ fn write_slot(unique: u64, size: u32) -> Slot {
     }
 }
 
-/// A serving loop's `InFlight`: a request whose completion came before it
+/// A serving loop's `StartedIo`: a request whose completion came before it
 /// was held (the filesystem answered inside its start) is answered at
 /// once; one completed later is answered when the loop takes its
 /// completions, with the reply rule applied (a WRITE's `fuse_write_out`);
@@ -118,9 +118,9 @@ fn write_slot(unique: u64, size: u32) -> Slot {
 /// back; a completion of a request it does not hold is dropped.
 #[test]
 fn in_flight_answers_by_the_reply_rule_when_its_completions_are_taken() {
-    use fuse_core::server::{InFlight, IoDone};
+    use fuse_core::server::{IoDone, StartedIo};
     use fuse_core::Fence;
-    let mut f: InFlight<Slot> = InFlight::new();
+    let mut f: StartedIo<Slot> = StartedIo::new();
     // Handed back before it is held.
     f.completions().complete(IoDone::new(2), Ok(100));
     let s = f.hold(2, write_slot(2, 4096)).expect("answered at once");

@@ -480,7 +480,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
     // Where requests are kept in flight, READs are started without
     // waiting even under a plan: a hang then holds its entry (slot), not
     // the serving thread.
-    let faulty = Faulty::new(fs, plan).with_async_reads(a.io_uring || dev_depth.is_some());
+    let faulty = Faulty::new(fs, plan).with_started_reads(a.io_uring || dev_depth.is_some());
     let disp = Arc::new(Dispatcher::new(faulty, scfg));
     let signals = signals::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     // The kernel checks permissions itself (`default_permissions`), as a

@@ -73,9 +73,9 @@ struct State {
     next_slot: usize,
     wake_armed: bool,
     /// The fd a poll on the filesystem's completion eventfd is armed for.
-    async_armed: Option<i32>,
+    started_armed: Option<i32>,
     /// Set when that poll completed (the eventfd is to be read).
-    async_fired: bool,
+    started_fired: bool,
     /// The first error a command completed with (teardown: ENOTCONN).
     failed: Option<Errno>,
 }
@@ -160,8 +160,8 @@ impl KernelQueue {
                     arena,
                     next_slot: 0,
                     wake_armed: false,
-                    async_armed: None,
-                    async_fired: false,
+                    started_armed: None,
+                    started_fired: false,
                     failed: None,
                 }),
                 wake,

@@ -105,7 +105,7 @@ impl Filesystem for Keeper {
         Ok(())
     }
 
-    fn read_async(
+    fn start_read(
         &self,
         _: &mut (),
         out: &mut fuse_core::server::Completions,
@@ -128,7 +128,7 @@ impl Filesystem for Keeper {
         Ok(())
     }
 
-    fn write_async(
+    fn start_write(
         &self,
         _: &mut (),
         out: &mut fuse_core::server::Completions,

@@ -117,7 +117,7 @@ impl Filesystem for PassthroughFs {
     ) -> FsResult<usize> {
         self.op_read(ctx, handle, offset, sink)
     }
-    fn read_async(
+    fn start_read(
         &self,
         io: &mut PassthroughIo,
         out: &mut Completions,
@@ -129,9 +129,9 @@ impl Filesystem for PassthroughFs {
         mem: std::sync::Arc<dyn fuse_core::ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
-        self.op_read_async(io, out, ctx.unique, handle, offset, len, mem, done)
+        self.op_start_read(io, out, ctx.unique, handle, offset, len, mem, done)
     }
-    fn write_async(
+    fn start_write(
         &self,
         io: &mut PassthroughIo,
         _: &mut Completions,
@@ -143,9 +143,9 @@ impl Filesystem for PassthroughFs {
         flags: u32,
         done: IoDone,
     ) -> Result<(), IoDone> {
-        self.op_write_async(io, ctx, handle, offset, mem, flags, done)
+        self.op_start_write(io, ctx, handle, offset, mem, flags, done)
     }
-    fn fsync_async(
+    fn start_fsync(
         &self,
         io: &mut PassthroughIo,
         _: &mut Completions,
@@ -156,9 +156,9 @@ impl Filesystem for PassthroughFs {
         _dir: bool,
         done: IoDone,
     ) -> Result<(), IoDone> {
-        self.op_fsync_async(io, ctx.unique, handle, datasync, done)
+        self.op_start_fsync(io, ctx.unique, handle, datasync, done)
     }
-    fn fallocate_async(
+    fn start_fallocate(
         &self,
         io: &mut PassthroughIo,
         _: &mut Completions,
@@ -170,19 +170,19 @@ impl Filesystem for PassthroughFs {
         length: u64,
         done: IoDone,
     ) -> Result<(), IoDone> {
-        self.op_fallocate_async(io, ctx, handle, mode, offset, length, done)
+        self.op_start_fallocate(io, ctx, handle, mode, offset, length, done)
     }
-    fn submit_async(&self, io: &mut PassthroughIo) {
-        self.op_submit_async(io)
+    fn submit_started(&self, io: &mut PassthroughIo) {
+        self.op_submit_started(io)
     }
-    fn complete_async(&self, io: &mut PassthroughIo, out: &mut Completions) -> usize {
-        self.op_complete_async(io, out)
+    fn collect_started(&self, io: &mut PassthroughIo, out: &mut Completions) -> usize {
+        self.op_collect_started(io, out)
     }
-    fn async_in_flight(&self, io: &PassthroughIo) -> usize {
-        self.op_async_in_flight(io)
+    fn started_in_flight(&self, io: &PassthroughIo) -> usize {
+        self.op_started_in_flight(io)
     }
-    fn async_fd(&self, io: &PassthroughIo) -> Option<i32> {
-        self.op_async_fd(io)
+    fn started_fd(&self, io: &PassthroughIo) -> Option<i32> {
+        self.op_started_fd(io)
     }
     fn write(
         &self,

@@ -1,8 +1,8 @@
 //! Host I/O started without waiting on a serving loop's own io_uring
 //! ([`PassthroughIo`], made by `Filesystem::new_io` and owned by the
-//! loop): queued by the `*_async` calls, submitted by `submit_async`
+//! loop): queued by the `*_async` calls, submitted by `submit_started`
 //! (several per system call, or each at once), answered by
-//! `complete_async` when the ring's eventfd (`async_fd`) says so.
+//! `collect_started` when the ring's eventfd (`started_fd`) says so.
 //!
 //! READs go straight into the client's memory, held for I/O
 //! (`ClientMem::begin_io`) until the completion, and only on files with
@@ -198,7 +198,7 @@ fn driver_errno(e: host_io::DriverError) -> Errno {
 
 impl PassthroughFs {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_read_async(
+    pub(super) fn op_start_read(
         &self,
         io: &mut PassthroughIo,
         out: &mut Completions,
@@ -317,7 +317,7 @@ impl PassthroughFs {
     /// file's writes gave the host before it was issued: the client sends
     /// FSYNC after the writes it covers were answered, and an answered
     /// write is on the host.
-    pub(super) fn op_fsync_async(
+    pub(super) fn op_start_fsync(
         &self,
         io: &mut PassthroughIo,
         unique: u64,
@@ -362,7 +362,7 @@ impl PassthroughFs {
         Ok(())
     }
 
-    pub(super) fn op_submit_async(&self, io: &mut PassthroughIo) {
+    pub(super) fn op_submit_started(&self, io: &mut PassthroughIo) {
         if io.idle() {
             return;
         }
@@ -371,7 +371,11 @@ impl PassthroughFs {
         }
     }
 
-    pub(super) fn op_complete_async(&self, io: &mut PassthroughIo, out: &mut Completions) -> usize {
+    pub(super) fn op_collect_started(
+        &self,
+        io: &mut PassthroughIo,
+        out: &mut Completions,
+    ) -> usize {
         if io.idle() {
             return 0;
         }
@@ -457,11 +461,11 @@ impl PassthroughFs {
         n
     }
 
-    pub(super) fn op_async_in_flight(&self, io: &PassthroughIo) -> usize {
+    pub(super) fn op_started_in_flight(&self, io: &PassthroughIo) -> usize {
         io.pending.len() + io.no_data.len()
     }
 
-    pub(super) fn op_async_fd(&self, io: &PassthroughIo) -> Option<i32> {
+    pub(super) fn op_started_fd(&self, io: &PassthroughIo) -> Option<i32> {
         io.eventfd.as_ref().map(AsRawFd::as_raw_fd)
     }
 }

@@ -93,7 +93,7 @@ fn ctx(unique: u64) -> Ctx<'static> {
 
 /// Two serving loops on one thread, each with its own context: a WRITE
 /// started on the first is never handed back by the second's
-/// `complete_async`, however long it is asked, and the first's hands it
+/// `collect_started`, however long it is asked, and the first's hands it
 /// back. (Per-thread state handed a thread's completions to whichever
 /// loop asked first.)
 #[test]
@@ -111,7 +111,7 @@ fn a_started_write_is_completed_by_the_loop_that_owns_its_context_only() {
     let page = Page::new(0x42);
     let mem: Arc<dyn ClientMem> = page.clone();
     let unique = 1 << 42;
-    fs.write_async(
+    fs.start_write(
         &mut a,
         &mut done_a,
         &ctx(unique),
@@ -123,10 +123,10 @@ fn a_started_write_is_completed_by_the_loop_that_owns_its_context_only() {
         IoDone::new(unique),
     )
     .expect("an O_DIRECT write to ext4 is started");
-    assert_eq!(fs.async_in_flight(&a), 1);
-    assert_eq!(fs.async_in_flight(&b), 0);
-    fs.submit_async(&mut a);
-    fs.submit_async(&mut b);
+    assert_eq!(fs.started_in_flight(&a), 1);
+    assert_eq!(fs.started_in_flight(&b), 0);
+    fs.submit_started(&mut a);
+    fs.submit_started(&mut b);
     // Long enough for the write to land on the host.
     let t = Instant::now();
     while std::fs::read(m.path("f")).unwrap() != vec![0x42u8; 4096] {
@@ -134,15 +134,15 @@ fn a_started_write_is_completed_by_the_loop_that_owns_its_context_only() {
         std::thread::sleep(Duration::from_millis(1));
     }
     for _ in 0..50 {
-        assert_eq!(fs.complete_async(&mut b, &mut done_b), 0);
+        assert_eq!(fs.collect_started(&mut b, &mut done_b), 0);
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(done_b.is_empty(), "another loop took the completion");
     assert_eq!(page.held.load(Ordering::SeqCst), 1, "memory let go early");
     let t = Instant::now();
-    while fs.async_in_flight(&a) > 0 {
+    while fs.started_in_flight(&a) > 0 {
         assert!(t.elapsed() < Duration::from_secs(10), "never completed");
-        fs.complete_async(&mut a, &mut done_a);
+        fs.collect_started(&mut a, &mut done_a);
     }
     let got: Vec<_> = done_a.drain().collect();
     assert_eq!(got, vec![(unique, Ok(4096))]);

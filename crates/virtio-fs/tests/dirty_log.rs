@@ -8,7 +8,7 @@
 //! reply page and the used ring.
 //!
 //! (That a vring stop answers the requests in flight before it returns,
-//! the other half of migrating, is tested in `async_wakeups.rs`.)
+//! the other half of migrating, is tested in `started_wakeups.rs`.)
 
 mod common;
 

@@ -121,8 +121,8 @@ fn requests_served_in_line_after_the_submit_are_not_taken_for_stuck_long_chunks(
     assert_eq!(takeovers, 0, "{inline} served in line");
 }
 
-/// READs started (`read_async`) and completed at the next
-/// `complete_async`; GETATTR of an inode from [`SLOW`] on takes [`EACH`].
+/// READs started (`start_read`) and completed at the next
+/// `collect_started`; GETATTR of an inode from [`SLOW`] on takes [`EACH`].
 #[derive(Clone, Default)]
 struct QuickReads {
     held: Arc<Mutex<Vec<Held>>>,
@@ -162,7 +162,7 @@ impl Filesystem for QuickReads {
         // Every READ here is started.
         Err(Errno::EPROTO)
     }
-    fn read_async(
+    fn start_read(
         &self,
         _: &mut (),
         _: &mut Completions,
@@ -180,7 +180,7 @@ impl Filesystem for QuickReads {
         self.held.lock().unwrap().push((mem, done));
         Ok(())
     }
-    fn complete_async(&self, _: &mut (), out: &mut Completions) -> usize {
+    fn collect_started(&self, _: &mut (), out: &mut Completions) -> usize {
         let ready: Vec<_> = std::mem::take(&mut *self.held.lock().unwrap());
         let n = ready.len();
         for (mem, done) in ready {

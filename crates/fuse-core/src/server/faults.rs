@@ -4,8 +4,8 @@
 //! host mount) can be shown to survive a backend that misbehaves. What to
 //! inject is a [`FaultPlan`].
 //!
-//! With [`Faulty::with_async_reads`], a READ that the transport offers to
-//! start without waiting ([`Filesystem::read_async`]) gets its fault
+//! With [`Faulty::with_started_reads`], a READ that the transport offers to
+//! start without waiting ([`Filesystem::start_read`]) gets its fault
 //! without blocking the serving thread: a hung READ holds its answer (and
 //! its request's place in the transport) until interrupted or released, a
 //! gathered one is read at once and answered when its gather is complete.
@@ -15,9 +15,9 @@
 //!
 //! The plan is in `plan`; the forwarding [`Filesystem`] impl in `forward`.
 
-mod async_reads;
 mod forward;
 mod plan;
+mod started_reads;
 
 use super::{Ctx, Filesystem, FsResult};
 use crate::abi::Opcode;
@@ -25,9 +25,9 @@ use crate::chan::Errno;
 use crate::sync::{lock, wait, Arc, AtomicU64, Condvar, Mutex, Ordering};
 use std::collections::HashSet;
 
-use async_reads::Back;
-pub use async_reads::FaultyIo;
 pub use plan::{Fault, FaultPlan, PlanError, Rule};
+use started_reads::Back;
+pub use started_reads::FaultyIo;
 
 /// Faults injected so far, by kind.
 #[derive(Debug, Default)]
@@ -66,11 +66,11 @@ pub struct Faulty<F> {
     draw: Mutex<(u64, Vec<u64>, Vec<u64>)>,
     hung: Mutex<Hung>,
     hung_cv: Condvar,
-    /// Calls held by `gather` (see [`async_reads::Gather`]).
-    gather: Arc<Mutex<async_reads::Gather>>,
+    /// Calls held by `gather` (see [`started_reads::Gather`]).
+    gather: Arc<Mutex<started_reads::Gather>>,
     gather_cv: Condvar,
     /// READs offered to start without waiting get their faults so.
-    async_reads: bool,
+    started_reads: bool,
     counts: FaultCounts,
 }
 
@@ -94,17 +94,17 @@ impl<F: Filesystem> Faulty<F> {
             hung_cv: Condvar::new(),
             gather: Arc::default(),
             gather_cv: Condvar::new(),
-            async_reads: false,
+            started_reads: false,
             counts: FaultCounts::default(),
         }
     }
 
     /// Applies the plan to READs the transport offers to start without
-    /// waiting ([`Filesystem::read_async`]) without blocking its thread
+    /// waiting ([`Filesystem::start_read`]) without blocking its thread
     /// (see the module docs). Off by default: such READs then go the usual
     /// way whenever there is a plan.
-    pub fn with_async_reads(mut self, on: bool) -> Self {
-        self.async_reads = on;
+    pub fn with_started_reads(mut self, on: bool) -> Self {
+        self.started_reads = on;
         self
     }
 

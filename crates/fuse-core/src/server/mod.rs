@@ -24,7 +24,7 @@ mod worker;
 
 pub use dispatch::{DeferFn, Dispatcher, Handled, Outcome, ServerConfig};
 pub use engine::{Engine, EngineConfig};
-pub use started::{Completions, InFlight, Start, Wake};
+pub use started::{Completions, Start, StartedIo, Wake};
 pub use uring_worker::{
     answer_slot, complete_started, run_ring_worker, serve_slot, RingSlot, RingTransport, Served,
 };
@@ -175,12 +175,12 @@ impl Drop for Deferred {
 }
 
 /// The token of a READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE whose host
-/// I/O a filesystem started without waiting ([`Filesystem::read_async`]
+/// I/O a filesystem started without waiting ([`Filesystem::start_read`]
 /// and the others): the request's unique, and the fence guard that keeps
 /// started host I/O that changes something counted under its request's
 /// fence until it is handed back (its host I/O is over by then). The
 /// filesystem hands it back with the result into the serving loop's [`Completions`] (from
-/// [`Filesystem::complete_async`] on that loop's thread, or before the
+/// [`Filesystem::collect_started`] on that loop's thread, or before the
 /// start returns); one that declines gives it back unused. A token dropped
 /// instead answers nothing: its request stays held until its loop ends
 /// (then the transport fails it).
@@ -292,7 +292,7 @@ pub trait Filesystem: Send + Sync {
 
     /// The host I/O context of a serving loop; `wake` wakes that loop when
     /// I/O it started ends on another thread (to take it with
-    /// [`Filesystem::complete_async`]).
+    /// [`Filesystem::collect_started`]).
     fn new_io(&self, wake: Wake) -> Self::Io;
 
     /// INIT: `capable` are the INIT flags the kernel offers; returns those
@@ -619,13 +619,13 @@ pub trait Filesystem: Send + Sync {
     /// memory `mem` (a guest's buffers, by reference) without waiting for
     /// it, on the serving loop's I/O context `io`: Ok once `done` will be
     /// handed back with the bytes read, into the loop's completions from
-    /// [`Filesystem::complete_async`] with this `io`, or was into `out`
+    /// [`Filesystem::collect_started`] with this `io`, or was into `out`
     /// before returning (a read that did not have to wait: the page cache
     /// held the data); Err(done) to have the READ served as usual
     /// ([`Filesystem::read`]). Started I/O runs once
-    /// [`Filesystem::submit_async`] is called.
+    /// [`Filesystem::submit_started`] is called.
     #[allow(clippy::too_many_arguments)]
-    fn read_async(
+    fn start_read(
         &self,
         io: &mut Self::Io,
         out: &mut Completions,
@@ -641,16 +641,16 @@ pub trait Filesystem: Send + Sync {
     }
     /// Starts a WRITE of all of the client's memory `mem` (the request's
     /// data, by reference) at `offset` without waiting, as
-    /// [`Filesystem::read_async`] starts a READ: Ok once `done` will be
+    /// [`Filesystem::start_read`] starts a READ: Ok once `done` will be
     /// handed back with the bytes written (from
-    /// [`Filesystem::complete_async`] with this `io`), or was into `out`
+    /// [`Filesystem::collect_started`] with this `io`), or was into `out`
     /// before returning; Err(done) to have
     /// the WRITE served as usual ([`Filesystem::write`], with the same
     /// data). `flags` are `fuse_write_in.write_flags`. The write must have
     /// the effects [`Filesystem::write`] would (credentials, setuid and
     /// setgid clearing, limits), and `mem` stays untouched until `done`.
     #[allow(clippy::too_many_arguments)]
-    fn write_async(
+    fn start_write(
         &self,
         io: &mut Self::Io,
         out: &mut Completions,
@@ -665,15 +665,15 @@ pub trait Filesystem: Send + Sync {
         Err(done)
     }
     /// Starts an FSYNC (or, with `dir`, an FSYNCDIR) of `handle` without
-    /// waiting, as [`Filesystem::read_async`] starts a READ: Ok once `done`
+    /// waiting, as [`Filesystem::start_read`] starts a READ: Ok once `done`
     /// will be handed back with `Ok(0)` or the error (from
-    /// [`Filesystem::complete_async`] with this `io`), or was into `out`
+    /// [`Filesystem::collect_started`] with this `io`), or was into `out`
     /// before returning; Err(done) to have it served as usual
     /// ([`Filesystem::fsync`], [`Filesystem::fsyncdir`]). The sync must
     /// cover what [`Filesystem::fsync`] would: every write answered before
     /// it was started.
     #[allow(clippy::too_many_arguments)]
-    fn fsync_async(
+    fn start_fsync(
         &self,
         io: &mut Self::Io,
         out: &mut Completions,
@@ -687,12 +687,12 @@ pub trait Filesystem: Send + Sync {
         Err(done)
     }
     /// Starts a FALLOCATE of `handle` without waiting, as
-    /// [`Filesystem::fsync_async`] starts a sync: Ok once `done` will be
+    /// [`Filesystem::start_fsync`] starts a sync: Ok once `done` will be
     /// handed back with `Ok(0)` or the error, or was before returning;
     /// Err(done) to have it served as usual ([`Filesystem::fallocate`]),
     /// which must then answer it with the same effects.
     #[allow(clippy::too_many_arguments)]
-    fn fallocate_async(
+    fn start_fallocate(
         &self,
         io: &mut Self::Io,
         out: &mut Completions,
@@ -708,20 +708,20 @@ pub trait Filesystem: Send + Sync {
     }
     /// Submits the I/O started on `io` since the last call (one system
     /// call for all of it).
-    fn submit_async(&self, io: &mut Self::Io) {}
+    fn submit_started(&self, io: &mut Self::Io) {}
     /// Hands the tokens of `io`'s finished I/O back into `out` with their
     /// results, without waiting; returns how many.
-    fn complete_async(&self, io: &mut Self::Io, out: &mut Completions) -> usize {
+    fn collect_started(&self, io: &mut Self::Io, out: &mut Completions) -> usize {
         0
     }
     /// I/O started on `io` that has not completed yet.
-    fn async_in_flight(&self, io: &Self::Io) -> usize {
+    fn started_in_flight(&self, io: &Self::Io) -> usize {
         0
     }
     /// A file descriptor that is readable (and may be read to reset) when
     /// `io`'s started I/O has completions to take: a serving loop waits on
     /// it together with its other events. None before `io` started any.
-    fn async_fd(&self, io: &Self::Io) -> Option<i32> {
+    fn started_fd(&self, io: &Self::Io) -> Option<i32> {
         None
     }
     /// TMPFILE: an unnamed file in `parent`, opened.

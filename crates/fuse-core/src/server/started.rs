@@ -3,12 +3,12 @@
 //! unique, their completions, and the reply rule applied when a
 //! completion is taken ([`complete_started`]).
 //!
-//! Every serving loop owns one [`InFlight`] and the host I/O context made
+//! Every serving loop owns one [`StartedIo`] and the host I/O context made
 //! for it ([`Filesystem::new_io`]), lent together to [`super::serve_slot`]
 //! as a [`Start`]: the loop that owns the context alone completes what was
 //! started on it. Each started request's [`IoDone`] comes back with its
-//! result into the [`Completions`]; [`InFlight::hold`] answers at once a
-//! request already complete, [`InFlight::take_completed`] sets the replies
+//! result into the [`Completions`]; [`StartedIo::hold`] answers at once a
+//! request already complete, [`StartedIo::take_completed`] sets the replies
 //! of the rest. Nothing here is shared: no lock, no allocation per request.
 //!
 //! [`Served::Started`]: super::Served::Started
@@ -71,27 +71,27 @@ pub struct Start<'a, I> {
 }
 
 /// The started requests of one serving loop (see the module docs).
-pub struct InFlight<S> {
+pub struct StartedIo<S> {
     /// Requests whose host I/O runs, by unique.
     slots: IdMap<u64, S>,
     /// Their completions, as the filesystem hands them back.
     done: Completions,
-    /// Room for the completions [`InFlight::take_completed`] takes.
+    /// Room for the completions [`StartedIo::take_completed`] takes.
     taken: Vec<(u64, FsResult<usize>)>,
 }
 
-impl<S> std::fmt::Debug for InFlight<S> {
+impl<S> std::fmt::Debug for StartedIo<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InFlight")
+        f.debug_struct("StartedIo")
             .field("held", &self.slots.len())
             .field("done", &self.done.len())
             .finish_non_exhaustive()
     }
 }
 
-impl<S> Default for InFlight<S> {
+impl<S> Default for StartedIo<S> {
     fn default() -> Self {
-        InFlight {
+        StartedIo {
             slots: IdMap::default(),
             done: Completions::default(),
             taken: Vec::new(),
@@ -99,7 +99,7 @@ impl<S> Default for InFlight<S> {
     }
 }
 
-impl<S: RingSlot> InFlight<S> {
+impl<S: RingSlot> StartedIo<S> {
     /// An empty one.
     pub fn new() -> Self {
         Self::default()

@@ -18,7 +18,7 @@ use super::DevFuse;
 use crate::kernel_uring::arena::{Arena, Payload, PAGE};
 use fuse_core::abi::{self, InHeader, Opcode, Operation, UringReqHeader, WriteIn};
 use fuse_core::server::{
-    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, InFlight, IoDone, RingSlot, Start,
+    Deferred, DeviceEnd, Dispatcher, Filesystem, Handled, IoDone, RingSlot, Start, StartedIo,
 };
 use fuse_core::{ClientMem, Errno};
 use host_io::sys;
@@ -129,7 +129,7 @@ pub struct DevWorker {
     /// Slots holding no request.
     free: Vec<usize>,
     /// Started requests and their completions.
-    started: InFlight<Started>,
+    started: StartedIo<Started>,
     /// Room for the requests [`DevWorker::answer`] takes.
     answering: Vec<Started>,
     /// Written when a completion is given on another thread.
@@ -161,7 +161,7 @@ impl DevWorker {
             dev: dev.clone_nonblocking()?,
             free: (0..arena.slots()).rev().collect(),
             arena,
-            started: InFlight::new(),
+            started: StartedIo::new(),
             answering: Vec::new(),
             wake,
             out: vec![0u8; DATA],
@@ -187,14 +187,14 @@ impl DevWorker {
                 // at the pass's end, a pass's reads reach the disk together
                 // and come back together.
                 if self.started.len() != started {
-                    disp.fs().submit_async(io);
+                    disp.fs().submit_started(io);
                 }
             }
             if !self.started.is_empty() {
                 // Nothing left to submit (each was submitted as it
                 // started; taking completions submits what is queued
                 // anyway).
-                disp.fs().complete_async(io, self.started.completions());
+                disp.fs().collect_started(io, self.started.completions());
             }
             busy |= self.answer();
             if !busy {
@@ -437,7 +437,7 @@ impl DevWorker {
         }
         fds.push(dev);
         fds.push(ev(self.wake.as_raw_fd()));
-        if let Some(fd) = disp.fs().async_fd(io) {
+        if let Some(fd) = disp.fs().started_fd(io) {
             fds.push(ev(fd));
         }
         // SAFETY: `fds` is a live array of that many pollfds.

@@ -17,7 +17,7 @@ use super::{EntState, KernelQueue, KernelSlot};
 use fuse_core::abi::Opcode;
 use fuse_core::locks::lock;
 use fuse_core::server::RingSlot;
-use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, InFlight, Served, Start};
+use fuse_core::server::{serve_slot, Deferred, Dispatcher, Filesystem, Served, Start, StartedIo};
 use fuse_core::Errno;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -83,7 +83,7 @@ struct Server<'a, F: Filesystem> {
     io: F::Io,
     /// Requests whose host I/O runs (`Started` entries) and their
     /// completions.
-    started: InFlight<KernelSlot>,
+    started: StartedIo<KernelSlot>,
     /// Requests waiting for something outside the server (`Parked`).
     parked: HashMap<u64, KernelSlot>,
     /// Answered parked requests (errno, as [`Deferred`] gives it).
@@ -110,7 +110,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 let q = q.clone();
                 Arc::new(move || q.wake_queue())
             }),
-            started: InFlight::new(),
+            started: StartedIo::new(),
             parked: HashMap::new(),
             answered: Arc::new(Mutex::new(Vec::new())),
             extra: 0,
@@ -134,7 +134,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 // module's doc: submitted once a pass, the pass's reads
                 // reached the disk together and came back together).
                 if self.stats.started != started {
-                    self.disp.fs().submit_async(&mut self.io);
+                    self.disp.fs().submit_started(&mut self.io);
                 }
             }
             self.nudge();
@@ -145,8 +145,8 @@ impl<'a, F: Filesystem> Server<'a, F> {
             if self.q.stopping() {
                 return Err(Errno::ENOTCONN);
             }
-            if self.q.wait(self.disp.fs().async_fd(&self.io))? {
-                if let Some(fd) = self.disp.fs().async_fd(&self.io) {
+            if self.q.wait(self.disp.fs().started_fd(&self.io))? {
+                if let Some(fd) = self.disp.fs().started_fd(&self.io) {
                     // The filesystem's non-blocking eventfd: that resets it.
                     host_io::sys::eventfd_drain(fd);
                 }
@@ -197,7 +197,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
                 }
                 self.stats.max_in_flight = self.stats.max_in_flight.max(self.started.len() + 1);
                 slot.set_state(EntState::Started);
-                // Answered before read_async returned (the page cache held
+                // Answered before start_read returned (the page cache held
                 // it): its commit goes with this pass.
                 if let Some(slot) = self.started.hold(unique, slot) {
                     self.q.commit_slot(slot)?;
@@ -253,7 +253,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
         if !self.started.is_empty() {
             self.disp
                 .fs()
-                .complete_async(&mut self.io, self.started.completions());
+                .collect_started(&mut self.io, self.started.completions());
         }
         let mut failed = Ok(());
         self.started.take_completed(|slot| {

@@ -13,32 +13,32 @@ use std::os::fd::AsRawFd;
 impl KernelQueue {
     /// Submits the queued commits and waits, in one io_uring_enter, until
     /// something happens: an entry got a request or a command failed, the
-    /// wake eventfd was written, or `async_fd` (the filesystem's completion
+    /// wake eventfd was written, or `started_fd` (the filesystem's completion
     /// eventfd, polled on this ring) became readable. Returns whether that
     /// poll fired (then read the eventfd before waiting again, or the
     /// poll, re-armed, fires at once).
-    pub fn wait(&self, async_fd: Option<i32>) -> Result<bool, Errno> {
+    pub fn wait(&self, started_fd: Option<i32>) -> Result<bool, Errno> {
         let mut st = self.state();
         if !st.done.is_empty() || self.stopping() {
-            return Ok(std::mem::take(&mut st.async_fired));
+            return Ok(std::mem::take(&mut st.started_fired));
         }
         if !st.wake_armed {
             push_poll(&mut st, self.shared.wake.as_raw_fd(), WAKE)?;
             st.wake_armed = true;
         }
-        if let (Some(fd), None, false) = (async_fd, st.async_armed, st.async_fired) {
+        if let (Some(fd), None, false) = (started_fd, st.started_armed, st.started_fired) {
             // The fd is the filesystem's per-thread eventfd, open while
             // this thread lives (a poll on a closed fd just completes).
             push_poll(&mut st, fd, ASYNC)?;
-            st.async_armed = Some(fd);
+            st.started_armed = Some(fd);
         }
-        if !st.async_fired {
+        if !st.started_fired {
             submit_and_wait(&mut st)?;
         } else if !st.ring.submission().is_empty() {
             st.ring.submit().map_err(|e| sys::errno_of(&e))?;
         }
         self.reap(&mut st);
-        Ok(std::mem::take(&mut st.async_fired))
+        Ok(std::mem::take(&mut st.started_fired))
     }
 
     pub(super) fn reap(&self, st: &mut State) {
@@ -49,8 +49,8 @@ impl KernelQueue {
             .collect();
         for (ud, res) in cqes {
             if ud == ASYNC {
-                st.async_armed = None;
-                st.async_fired = true;
+                st.started_armed = None;
+                st.started_fired = true;
                 continue;
             }
             if ud == WAKE {

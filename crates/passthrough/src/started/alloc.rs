@@ -1,4 +1,4 @@
-//! FALLOCATEs started without waiting (`Filesystem::fallocate_async`): the
+//! FALLOCATEs started without waiting (`Filesystem::start_fallocate`): the
 //! kernel runs each on one of the ring's io-wq workers (a fallocate may
 //! wait for the disk: zeroing or punching a large range, allocating in a
 //! full filesystem), so the serving thread goes on at once. Files without
@@ -37,7 +37,7 @@ impl PassthroughFs {
     /// usual way, which answers it with the same effects or the errno this
     /// would not give.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn op_fallocate_async(
+    pub(crate) fn op_start_fallocate(
         &self,
         io: &mut PassthroughIo,
         ctx: &Ctx,
@@ -74,7 +74,7 @@ impl PassthroughFs {
         let t = Target::Fd(h.fd.raw());
         let id = io.ring(&self.io_stats).and_then(|(d, personas)| {
             // Always one (the daemon's own with credential switching off):
-            // see `op_fsync_async`.
+            // see `op_start_fsync`.
             let personality = Some(personas.get(d, &creds).ok()?);
             d.start_fallocate(t, mode as i32, off, len, ctx.unique, personality)
                 .ok()

@@ -1,6 +1,6 @@
-//! WRITEs started without waiting (`Filesystem::write_async`): queued on
+//! WRITEs started without waiting (`Filesystem::start_write`): queued on
 //! the serving loop's ring straight from the client's memory, submitted by
-//! `submit_async`, answered by `complete_async`, with the effects of the
+//! `submit_started`, answered by `collect_started`, with the effects of the
 //! usual path (`op_write`): its credentials, setuid and setgid clearing by
 //! the host, a renamed capability xattr cleared, short writes continued.
 //!
@@ -125,7 +125,7 @@ impl PassthroughFs {
     /// gives `done` back (unused) to have it served the usual way, which
     /// answers it with the same effects, or with the errno this would not.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn op_write_async(
+    pub(crate) fn op_start_write(
         &self,
         io: &mut super::PassthroughIo,
         ctx: &Ctx,

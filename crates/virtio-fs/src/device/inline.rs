@@ -22,7 +22,7 @@ use super::{FsDevice, Inner, Vring};
 use fuse_core::abi::{Opcode, ReadIn};
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::locks::lock;
-use fuse_core::server::{serve_slot, Dispatcher, Filesystem, InFlight, Served, Start};
+use fuse_core::server::{serve_slot, Dispatcher, Filesystem, Served, Start, StartedIo};
 use fuse_core::Chan;
 use fuse_core::Errno;
 use std::any::Any;
@@ -53,8 +53,8 @@ pub(crate) struct QueueServer {
     /// Requests whose host I/O runs, by unique: the entries they hold (one
     /// dropped with the server fails its request: the ring answers EIO),
     /// and their completions, as the filesystem hands them back (from
-    /// `complete_async` on this thread).
-    started: InFlight<Fetched>,
+    /// `collect_started` on this thread).
+    started: StartedIo<Fetched>,
     /// Requests started since the last submit and still running (READ,
     /// WRITE, FSYNC, FSYNCDIR, FALLOCATE).
     fresh: usize,
@@ -81,7 +81,7 @@ impl QueueServer {
             ents: Vec::new(),
             max_ents: max_ents.max(1),
             io: None,
-            started: InFlight::new(),
+            started: StartedIo::new(),
             fresh: 0,
             fd_registered: None,
             scratch: vec![0u8; 64 * 1024],
@@ -143,7 +143,7 @@ impl QueueServer {
             let start = io_of(&mut self.io, disp).map(|io| Start { io, done });
             match serve_slot(disp, &mut f, &mut self.scratch, None, start) {
                 Served::Started => {
-                    // Answered before read_async returned (the page cache
+                    // Answered before start_read returned (the page cache
                     // held it): committed now.
                     if let Some(f) = self.started.hold(unique, f) {
                         commit(&self.ring, f);
@@ -174,9 +174,9 @@ impl QueueServer {
 
     /// The fd that is readable when this thread's started I/O has
     /// completions to take (None before it started any).
-    fn async_fd<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Option<i32> {
+    fn started_fd<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> Option<i32> {
         let io = io_of(&mut self.io, disp)?;
-        disp.fs().async_fd(io)
+        disp.fs().started_fd(io)
     }
 
     /// Requests started since the last submit and still running.
@@ -185,7 +185,7 @@ impl QueueServer {
     }
 
     /// Submits the I/O started since the last call, then commits what has
-    /// completed (the filesystem's `complete_async` reports it here).
+    /// completed (the filesystem's `collect_started` reports it here).
     /// Returns how many requests it answered.
     pub(crate) fn complete<F: Filesystem>(&mut self, disp: &Dispatcher<F>) -> usize {
         if self.started.is_empty() {
@@ -193,8 +193,8 @@ impl QueueServer {
         }
         self.fresh = 0;
         if let Some(io) = io_of(&mut self.io, disp) {
-            disp.fs().submit_async(io);
-            disp.fs().complete_async(io, self.started.completions());
+            disp.fs().submit_started(io);
+            disp.fs().collect_started(io, self.started.completions());
         }
         let commits = &mut self.commits;
         let n = self.started.take_completed(|f| commits.push(f));
@@ -332,7 +332,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             && self.serve_inline(s, q, usize::MAX, self.busy_mark(Instant::now())) > 0
         {}
         if s.fd_registered.is_none() {
-            if let Some(fd) = s.async_fd(disp) {
+            if let Some(fd) = s.started_fd(disp) {
                 let h = lock(&self.inner.handlers)
                     .get(q.thread())
                     .and_then(Weak::upgrade);

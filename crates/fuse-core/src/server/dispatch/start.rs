@@ -10,7 +10,7 @@ use crate::server::{Filesystem, IoDone, Start};
 
 impl<F: Filesystem> Dispatcher<F> {
     /// Starts a READ into the client's memory `mem` without waiting, when
-    /// the filesystem can ([`Filesystem::read_async`]): Ok once `done` will
+    /// the filesystem can ([`Filesystem::start_read`]): Ok once `done` will
     /// answer it (with the bytes read, which are in `mem`); Err(done) for
     /// any other request, or a READ the filesystem serves the usual way.
     pub fn start_read(
@@ -26,7 +26,7 @@ impl<F: Filesystem> Dispatcher<F> {
         let h = &req.header;
         let ctx = ctx_of(h);
         let len = (arg.size as usize).min(mem.len());
-        self.fs.read_async(
+        self.fs.start_read(
             start.io,
             start.done,
             &ctx,
@@ -40,7 +40,7 @@ impl<F: Filesystem> Dispatcher<F> {
     }
 
     /// Offers a decoded WRITE to the filesystem to start without waiting
-    /// ([`Filesystem::write_async`]), its data being all of `mem` (the
+    /// ([`Filesystem::start_write`]), its data being all of `mem` (the
     /// request's `size` bytes; anything else is served the usual way).
     /// Err(done) (unused) when it is not a WRITE or the filesystem
     /// declines; then serve the request as usual.
@@ -59,7 +59,7 @@ impl<F: Filesystem> Dispatcher<F> {
         }
         let h = &req.header;
         let ctx = ctx_of(h);
-        self.fs.write_async(
+        self.fs.start_write(
             start.io,
             start.done,
             &ctx,
@@ -74,8 +74,8 @@ impl<F: Filesystem> Dispatcher<F> {
 
     /// Offers a decoded FSYNC, FSYNCDIR or FALLOCATE (a request that
     /// carries no data and answers none) to the filesystem to start
-    /// without waiting ([`Filesystem::fsync_async`],
-    /// [`Filesystem::fallocate_async`]): Ok once `done` will answer it;
+    /// without waiting ([`Filesystem::start_fsync`],
+    /// [`Filesystem::start_fallocate`]): Ok once `done` will answer it;
     /// Err(done) (unused) for any other request, or when the filesystem
     /// declines: then serve it as usual.
     pub fn start_no_data(
@@ -91,7 +91,7 @@ impl<F: Filesystem> Dispatcher<F> {
             Operation::Fsync { arg } => (arg, false),
             Operation::Fsyncdir { arg } => (arg, true),
             Operation::Fallocate { arg } => {
-                return self.fs.fallocate_async(
+                return self.fs.start_fallocate(
                     start.io,
                     start.done,
                     &ctx,
@@ -106,7 +106,7 @@ impl<F: Filesystem> Dispatcher<F> {
             _ => return Err(done),
         };
         let datasync = arg.fsync_flags & abi::flags::FSYNC_FDATASYNC != 0;
-        self.fs.fsync_async(
+        self.fs.start_fsync(
             start.io,
             start.done,
             &ctx,

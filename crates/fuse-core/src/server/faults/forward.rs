@@ -3,7 +3,7 @@
 //! fail it first; READ and WRITE may also run on part of their data.
 //! Calls that carry no request (init, forget, state) are not faulted.
 
-use super::{async_reads, cut, Back, Decision, Fault, Faulty, FaultyIo};
+use super::{cut, started_reads, Back, Decision, Fault, Faulty, FaultyIo};
 use crate::abi::{Attr, Kstatfs, Opcode, SetattrIn, Statx};
 use crate::chan::{ClientMem, Errno};
 use crate::server::{
@@ -184,7 +184,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             }
         }
     }
-    fn read_async(
+    fn start_read(
         &self,
         io: &mut FaultyIo<F::Io>,
         out: &mut crate::server::Completions,
@@ -197,7 +197,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         done: crate::server::IoDone,
     ) -> Result<(), crate::server::IoDone> {
         if self.plan.rules.is_empty() {
-            return self.inner.read_async(
+            return self.inner.start_read(
                 &mut io.inner,
                 out,
                 ctx,
@@ -209,12 +209,12 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
                 done,
             );
         }
-        // Without async faults, READs go the usual way, where the plan
+        // Without started-I/O faults, READs go the usual way, where the plan
         // applies.
-        if !self.async_reads {
+        if !self.started_reads {
             return Err(done);
         }
-        let read = async_reads::Read {
+        let read = started_reads::Read {
             ctx,
             inode,
             handle,
@@ -225,7 +225,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         self.read_started(io, out, read, done);
         Ok(())
     }
-    fn write_async(
+    fn start_write(
         &self,
         io: &mut FaultyIo<F::Io>,
         out: &mut crate::server::Completions,
@@ -241,7 +241,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         if !self.plan.rules.is_empty() {
             return Err(done);
         }
-        self.inner.write_async(
+        self.inner.start_write(
             &mut io.inner,
             out,
             ctx,
@@ -253,7 +253,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             done,
         )
     }
-    fn fsync_async(
+    fn start_fsync(
         &self,
         io: &mut FaultyIo<F::Io>,
         out: &mut crate::server::Completions,
@@ -269,9 +269,9 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             return Err(done);
         }
         self.inner
-            .fsync_async(&mut io.inner, out, ctx, inode, handle, datasync, dir, done)
+            .start_fsync(&mut io.inner, out, ctx, inode, handle, datasync, dir, done)
     }
-    fn fallocate_async(
+    fn start_fallocate(
         &self,
         io: &mut FaultyIo<F::Io>,
         out: &mut crate::server::Completions,
@@ -287,7 +287,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         if !self.plan.rules.is_empty() {
             return Err(done);
         }
-        self.inner.fallocate_async(
+        self.inner.start_fallocate(
             &mut io.inner,
             out,
             ctx,
@@ -299,21 +299,21 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             done,
         )
     }
-    fn submit_async(&self, io: &mut FaultyIo<F::Io>) {
-        self.inner.submit_async(&mut io.inner)
+    fn submit_started(&self, io: &mut FaultyIo<F::Io>) {
+        self.inner.submit_started(&mut io.inner)
     }
-    fn complete_async(
+    fn collect_started(
         &self,
         io: &mut FaultyIo<F::Io>,
         out: &mut crate::server::Completions,
     ) -> usize {
         self.completed(io, out)
     }
-    fn async_in_flight(&self, io: &FaultyIo<F::Io>) -> usize {
-        self.inner.async_in_flight(&io.inner)
+    fn started_in_flight(&self, io: &FaultyIo<F::Io>) -> usize {
+        self.inner.started_in_flight(&io.inner)
     }
-    fn async_fd(&self, io: &FaultyIo<F::Io>) -> Option<i32> {
-        self.inner.async_fd(&io.inner)
+    fn started_fd(&self, io: &FaultyIo<F::Io>) -> Option<i32> {
+        self.inner.started_fd(&io.inner)
     }
     fn write(
         &self,

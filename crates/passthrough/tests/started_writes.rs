@@ -1,7 +1,7 @@
-//! WRITEs started without waiting (`Filesystem::write_async`) on the test
+//! WRITEs started without waiting (`Filesystem::start_write`) on the test
 //! thread's own io_uring, straight from client memory (a raw allocation
-//! standing in for guest RAM), submitted with one `submit_async` and
-//! answered by `complete_async`, as a transport drives them. The files are
+//! standing in for guest RAM), submitted with one `submit_started` and
+//! answered by `collect_started`, as a transport drives them. The files are
 //! opened through the engine's embedded client; the started writes go to
 //! the served `PassthroughFs` directly, on this thread. Needs root (mount,
 //! loop devices, other users' credentials).
@@ -148,7 +148,7 @@ impl Loop {
     }
 
     fn submit(&mut self, fs: &PassthroughFs) {
-        fs.submit_async(&mut self.io);
+        fs.submit_started(&mut self.io);
     }
 
     /// The answer of started request `unique`, if taken.
@@ -175,7 +175,7 @@ fn start(
 ) -> Option<u64> {
     let done = IoDone::new(ctx.unique);
     let m: Arc<dyn ClientMem> = mem.clone();
-    fs.write_async(&mut lp.io, &mut lp.done, ctx, node, fh, off, m, flags, done)
+    fs.start_write(&mut lp.io, &mut lp.done, ctx, node, fh, off, m, flags, done)
         .ok()
         .map(|()| ctx.unique)
 }
@@ -185,9 +185,9 @@ fn start(
 fn run(fs: &PassthroughFs, lp: &mut Loop) {
     lp.submit(fs);
     let t = Instant::now();
-    while fs.async_in_flight(&lp.io) > 0 {
+    while fs.started_in_flight(&lp.io) > 0 {
         assert!(t.elapsed() < Duration::from_secs(20), "writes never ended");
-        if fs.complete_async(&mut lp.io, &mut lp.done) == 0 {
+        if fs.collect_started(&mut lp.io, &mut lp.done) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -249,7 +249,7 @@ fn sixteen_started_writes_land_byte_for_byte() {
         .expect("an O_DIRECT write to ext4 is started");
         started.push((mem, rx));
     }
-    assert_eq!(fs.async_in_flight(&lp.io), 16);
+    assert_eq!(fs.started_in_flight(&lp.io), 16);
     assert!(
         fs.max_parallel_writers() >= 16,
         "started writes are writers"
@@ -422,7 +422,7 @@ fn writes_the_usual_path_refuses_are_declined_or_fail_alike() {
         Err(Errno::EBADF)
     );
     assert_eq!(mem.held(), 0, "a declined write holds no memory");
-    assert_eq!(fs.async_in_flight(&lp.io), 0);
+    assert_eq!(fs.started_in_flight(&lp.io), 0);
     assert!(std::fs::read(m.path("f")).unwrap() == vec![7u8; 8192]);
 
     // A read-only share: declined, and the in-line write says EROFS.

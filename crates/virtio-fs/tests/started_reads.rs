@@ -1,4 +1,4 @@
-//! READs started without waiting (`Filesystem::read_async`): one kick of a
+//! READs started without waiting (`Filesystem::start_read`): one kick of a
 //! request queue puts every READ the guest posted in flight at once, from
 //! the queue's one thread, before any of them completes; each is answered
 //! when the filesystem reports it done, in the order it completes.
@@ -22,14 +22,14 @@ struct Held {
     done: IoDone,
 }
 
-/// Starts every READ and completes none until `submit_async` saw them all
+/// Starts every READ and completes none until `submit_started` saw them all
 /// (`want` of them): then completes them in reverse order.
 #[derive(Clone, Default)]
 struct Gate {
     held: Arc<Mutex<Vec<Held>>>,
     /// The threads that started READs.
     threads: Arc<Mutex<Vec<ThreadId>>>,
-    /// READs in flight at each `submit_async`.
+    /// READs in flight at each `submit_started`.
     submits: Arc<Mutex<Vec<usize>>>,
     want: usize,
 }
@@ -50,7 +50,7 @@ impl Filesystem for Gate {
         Err(Errno::EPROTO)
     }
 
-    fn read_async(
+    fn start_read(
         &self,
         _: &mut (),
         _: &mut fuse_core::server::Completions,
@@ -78,12 +78,12 @@ impl Filesystem for Gate {
         Ok(())
     }
 
-    fn submit_async(&self, _: &mut ()) {
+    fn submit_started(&self, _: &mut ()) {
         let n = self.held.lock().unwrap().len();
         self.submits.lock().unwrap().push(n);
     }
 
-    fn complete_async(&self, _: &mut (), out: &mut fuse_core::server::Completions) -> usize {
+    fn collect_started(&self, _: &mut (), out: &mut fuse_core::server::Completions) -> usize {
         let mut held = self.held.lock().unwrap();
         if held.len() < self.want {
             return 0;
@@ -99,7 +99,7 @@ impl Filesystem for Gate {
         n
     }
 
-    fn async_in_flight(&self, _: &()) -> usize {
+    fn started_in_flight(&self, _: &()) -> usize {
         self.held.lock().unwrap().len()
     }
 }

@@ -1,4 +1,4 @@
-//! Faults of READs started without waiting ([`Filesystem::read_async`]),
+//! Faults of READs started without waiting ([`Filesystem::start_read`]),
 //! and the `gather` fault: none of them blocks the serving thread.
 
 use super::{cut, Fault, Faulty};
@@ -21,7 +21,7 @@ type Answer = (IoDone, FsResult<usize>);
 
 /// Answers of a serving loop's READs given on another thread (an
 /// interrupt, a release, a gather closed elsewhere), taken by its next
-/// `complete_async`, and its wake-up.
+/// `collect_started`, and its wake-up.
 #[derive(Clone)]
 pub(super) struct Back {
     list: Arc<Mutex<Vec<Answer>>>,
@@ -109,7 +109,7 @@ impl Gather {
     }
 }
 
-/// A READ to start, as `read_async` got it.
+/// A READ to start, as `start_read` got it.
 pub(super) struct Read<'a, F: Filesystem> {
     pub(super) ctx: &'a Ctx<'a>,
     pub(super) inode: F::Inode,
@@ -198,10 +198,10 @@ impl<F: Filesystem> Faulty<F> {
     pub(super) fn completed(&self, io: &mut FaultyIo<F::Io>, out: &mut Completions) -> usize {
         let before = out.len();
         if self.plan.rules.is_empty() {
-            self.inner.complete_async(&mut io.inner, out);
+            self.inner.collect_started(&mut io.inner, out);
         } else {
             let mut inner = Completions::default();
-            self.inner.complete_async(&mut io.inner, &mut inner);
+            self.inner.collect_started(&mut io.inner, &mut inner);
             self.inner_done(&mut inner, out);
         }
         let given = std::mem::take(&mut *lock(&io.back.list));
@@ -285,7 +285,7 @@ impl<F: Filesystem> Faulty<F> {
         let done =
             match self
                 .inner
-                .read_async(io, out, ctx, inode, handle, offset, len, mem.clone(), done)
+                .start_read(io, out, ctx, inode, handle, offset, len, mem.clone(), done)
             {
                 Ok(()) => return,
                 Err(done) => done,

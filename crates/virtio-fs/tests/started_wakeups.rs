@@ -3,7 +3,7 @@
 //! thread blocked in epoll) and a guest driver on the other end:
 //!
 //! - a completion that arrives while the thread waits for a kick is
-//!   answered at once: the filesystem's completion eventfd (`async_fd`) is
+//!   answered at once: the filesystem's completion eventfd (`started_fd`) is
 //!   in the thread's epoll, so no kick is needed;
 //! - a kick that arrives while READs are in flight is served at once,
 //!   without waiting for those completions;
@@ -17,10 +17,10 @@
 //!   stop's wait, once the backend gave the READ up, or, if it cannot,
 //!   once its I/O ended.
 //!
-//! The filesystem here holds each READ it starts (`read_async`) until the
+//! The filesystem here holds each READ it starts (`start_read`) until the
 //! test releases it from its own thread, or (if it is interruptible) until
 //! `interrupt` names it; either then signals its eventfd, and the vring
-//! thread's next `complete_async` writes the data into guest memory as the
+//! thread's next `collect_started` writes the data into guest memory as the
 //! kernel would and calls the READ's `IoDone`.
 
 mod common;
@@ -42,10 +42,10 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 /// Request queue 1.
 const Q: usize = 1;
-/// READs at this offset or beyond complete at the next `complete_async`
+/// READs at this offset or beyond complete at the next `collect_started`
 /// (a cached read); the others are held.
 const QUICK: u64 = 1 << 40;
-/// A READ at this offset is answered inside `read_async` (the page cache
+/// A READ at this offset is answered inside `start_read` (the page cache
 /// held it).
 const IN_LINE: u64 = 1 << 41;
 /// A GETATTR of this inode blocks until the test opens the gate (a host
@@ -70,7 +70,7 @@ struct Started {
     off: u64,
     mem: Arc<dyn ClientMem>,
     done: IoDone,
-    /// Set when it is to complete (at the next `complete_async`).
+    /// Set when it is to complete (at the next `collect_started`).
     result: Option<FsResult<usize>>,
 }
 
@@ -78,9 +78,9 @@ struct Started {
 struct Log {
     /// (unique, offset) of every READ started, in order.
     started: Vec<(u64, u64)>,
-    /// The kernel thread id `read_async` ran on (the vring thread).
+    /// The kernel thread id `start_read` ran on (the vring thread).
     starter: Option<i32>,
-    /// Thread ids of the `complete_async` calls that completed READs.
+    /// Thread ids of the `collect_started` calls that completed READs.
     completers: Vec<i32>,
     /// Uniques `interrupt` was called with.
     interrupts: Vec<u64>,
@@ -114,7 +114,7 @@ fn kernel_write(mem: &dyn ClientMem, data: &[u8]) {
         let n = s.len.min(data.len() - at);
         for i in 0..n {
             // SAFETY: the READ holds `mem` for I/O (`begin_io` in
-            // `read_async`; `end_io` only after this), so by `ClientMem`'s
+            // `start_read`; `end_io` only after this), so by `ClientMem`'s
             // contract every span is mapped, writable memory of this
             // process that is no Rust object and that the guest does not
             // reuse meanwhile; `i < s.len`. Volatile: the guest shares it.
@@ -213,11 +213,11 @@ impl Filesystem for Hold {
     }
 
     fn read(&self, _: &Ctx, _: u64, _: u64, _: u64, _: &mut dyn ReadSink) -> FsResult<usize> {
-        // Every READ here must be started (read_async).
+        // Every READ here must be started (start_read).
         Err(Errno::EPROTO)
     }
 
-    fn read_async(
+    fn start_read(
         &self,
         _: &mut (),
         out: &mut Completions,
@@ -253,7 +253,7 @@ impl Filesystem for Hold {
         Ok(())
     }
 
-    fn complete_async(&self, _: &mut (), out: &mut Completions) -> usize {
+    fn collect_started(&self, _: &mut (), out: &mut Completions) -> usize {
         let ready: Vec<Started> = {
             let mut reads = self.0.reads.lock().unwrap();
             let (ready, held) = reads.drain(..).partition(|r| r.result.is_some());
@@ -276,11 +276,11 @@ impl Filesystem for Hold {
         n
     }
 
-    fn async_in_flight(&self, _: &()) -> usize {
+    fn started_in_flight(&self, _: &()) -> usize {
         self.held()
     }
 
-    fn async_fd(&self, _: &()) -> Option<i32> {
+    fn started_fd(&self, _: &()) -> Option<i32> {
         Some(self.0.efd.as_raw_fd())
     }
 
@@ -757,7 +757,7 @@ fn a_vring_stop_waits_for_a_read_the_backend_cannot_cancel_up_to_its_bound() {
 }
 
 /// Answers given in line are not held behind a host call that then hangs
-/// in line: a GETATTR served, and a READ answered inside `read_async`,
+/// in line: a GETATTR served, and a READ answered inside `start_read`,
 /// reach the guest while the next request of the same kick blocks the
 /// vring thread (the watchdog, which takes the queue over, signals them).
 #[test]

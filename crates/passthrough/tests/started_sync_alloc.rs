@@ -1,5 +1,5 @@
 //! FSYNCs and FALLOCATEs started without waiting
-//! (`Filesystem::fsync_async`, `Filesystem::fallocate_async`) on the test
+//! (`Filesystem::start_fsync`, `Filesystem::start_fallocate`) on the test
 //! thread's own io_uring, as a transport's serving thread starts them: the
 //! thread queues the op, submits, goes on, and takes the answer when the
 //! ring's io-wq worker has waited for the disk. The files are written
@@ -52,7 +52,7 @@ impl Loop {
     }
 
     fn submit(&mut self, m: &Mount) {
-        m.fs().submit_async(&mut self.io);
+        m.fs().submit_started(&mut self.io);
     }
 
     /// The answer of started request `unique`, if taken.
@@ -70,7 +70,7 @@ fn start(m: &Mount, lp: &mut Loop, node: u64, fh: u64, datasync: bool) -> Option
     let ctx = ctx();
     let done = IoDone::new(ctx.unique);
     m.fs()
-        .fsync_async(
+        .start_fsync(
             &mut lp.io,
             &mut lp.done,
             &ctx,
@@ -99,7 +99,7 @@ fn start_alloc(
 ) -> Option<u64> {
     let done = IoDone::new(ctx.unique);
     m.fs()
-        .fallocate_async(
+        .start_fallocate(
             &mut lp.io,
             &mut lp.done,
             ctx,
@@ -117,9 +117,9 @@ fn start_alloc(
 /// Takes completions until nothing this loop started is in flight.
 fn run(m: &Mount, lp: &mut Loop) {
     let t = Instant::now();
-    while m.fs().async_in_flight(&lp.io) > 0 {
+    while m.fs().started_in_flight(&lp.io) > 0 {
         assert!(t.elapsed() < Duration::from_secs(60), "syncs never ended");
-        if m.fs().complete_async(&mut lp.io, &mut lp.done) == 0 {
+        if m.fs().collect_started(&mut lp.io, &mut lp.done) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -151,13 +151,13 @@ fn a_sync_of_dirty_data_runs_on_while_the_thread_goes_on() {
     let before = m.fs().io_counts().syncs_started;
     let a = start(&m, &mut lp, node, fh, false).expect("an fsync of an ext4 file is started");
     let b = start(&m, &mut lp, node2, fh2, true).expect("an fdatasync of an ext4 file is started");
-    assert_eq!(m.fs().async_in_flight(&lp.io), 2);
+    assert_eq!(m.fs().started_in_flight(&lp.io), 2);
     assert!(lp.answer(a).is_err(), "answered before it was submitted");
     lp.submit(&m);
     // The submit hands the syncs to io-wq workers and returns: 64 MiB are
     // still being written back when it does.
     assert!(
-        m.fs().async_in_flight(&lp.io) >= 1 && lp.answer(a).is_err(),
+        m.fs().started_in_flight(&lp.io) >= 1 && lp.answer(a).is_err(),
         "the submit waited for the sync"
     );
     run(&m, &mut lp);
@@ -317,7 +317,7 @@ fn an_ext4_directory_sync_is_started() {
     let c = ctx();
     let rx = c.unique;
     let done = IoDone::new(rx);
-    let started = m.fs().fsync_async(
+    let started = m.fs().start_fsync(
         &mut lp.io,
         &mut lp.done,
         &c,
