@@ -246,6 +246,20 @@ wait_console() {
 	done
 }
 
+# Whether the guest suite's last GUEST-SUITE line in $work/console.log
+# says failed=0; if not, says so as $1 and shows the console's last $2
+# lines.
+guest_suite_passed() {
+	local result
+	result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1 || true)
+	case $result in
+	*"failed=0"*) return 0 ;;
+	esac
+	echo "$1: FAIL guest suite: ${result:-no result}"
+	tail -n "$2" "$work/console.log"
+	return 1
+}
+
 # Makes the run's directory $work (/tmp/fusebox-NAME.XXXXXX) with the
 # shared directory $share, the socket path $sock and $work/extra (files
 # for the initramfs). At exit QEMU ($qpid) and the daemon ($fpid) are

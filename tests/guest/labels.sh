@@ -79,11 +79,7 @@ wait_fusebox_exit labels
 touch "$work/console.log"
 grep -aE '^(PASS|FAIL|GUEST|LABEL)' "$work/console.log" || true
 grep -a "SELinux: .*\(error\|invalid\|not valid\|denied\)" "$work/console.log" || true
-result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1 || true)
-case $result in
-	*"failed=0"*) ;;
-	*) echo "labels: FAIL guest: ${result:-no result}"; tail -30 "$work/console.log"; status=1 ;;
-esac
+guest_suite_passed labels 30 || status=1
 
 hfail=0
 w=$share/labels

@@ -105,11 +105,7 @@ echo "guest-run: guest ran $(( $(date +%s) - start )) s"
 wait_fusebox_exit guest-run
 
 grep -E '^(PASS|FAIL|GUEST)' "$work/console.log" || true
-result=$(grep -a 'GUEST-SUITE' "$work/console.log" | tail -1 || true)
-case $result in
-	*"failed=0"*) ;;
-	*) echo "guest-run: FAIL guest suite: ${result:-no result}"; tail -40 "$work/console.log"; status=1 ;;
-esac
+guest_suite_passed guest-run 40 || status=1
 
 # The host's half: what the guest left in the shared directory.
 hfail=0

@@ -174,6 +174,28 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 die() { log "FAIL $*"; exit 1; }
 
+# The guest of the $1 side (source, destination) powered off: its QEMU
+# (pid in the variable named $2) must exit with 0 within $tmo s, then its
+# daemon ($4, pid in the variable named $3) within 10 s. Clears the
+# variables of what exited (the cleanup stops the rest); fails, logged,
+# otherwise.
+powered_off() {
+	local side=$1 q=${!2} d=${!3} rc=0 qrc=0 drc=0
+	timeout "$tmo" tail --pid="$q" -f /dev/null || { log "FAIL the $side QEMU did not exit after the guest"; rc=1; }
+	wait "$q" 2>/dev/null || qrc=$?
+	printf -v "$2" ''
+	[ "$qrc" = 0 ] || { log "FAIL the $side QEMU exited with $qrc"; rc=1; }
+	if wait_until 100 0.1 gone "$d"; then
+		wait "$d" 2>/dev/null || drc=$?
+		printf -v "$3" ''
+		log "$side QEMU exited; daemon $4 exited with $drc"
+	else
+		log "FAIL daemon $4 still running 10 s after the $side QEMU exited"
+		rc=1
+	fi
+	return $rc
+}
+
 # The guest: the test guest's kernel and initramfs, with /migrate.sh and
 # /migcheck appended as a second cpio archive.
 mkdir "$work/extra"
@@ -402,20 +424,7 @@ print("total %s ms, downtime %s ms, setup %s ms, %s MiB transferred" % (m.get("t
 	fi
 
 	# The destination's guest powers off; its daemon goes then.
-	timeout "$tmo" tail --pid="$qb" -f /dev/null || { log "FAIL the destination QEMU did not exit after the guest"; fail=1; }
-	qrc=0
-	wait "$qb" 2>/dev/null || qrc=$?
-	qb=
-	[ "$qrc" = 0 ] || { log "FAIL the destination QEMU exited with $qrc"; fail=1; }
-	if wait_until 100 0.1 gone "$pb"; then
-		brc=0
-		wait "$pb" 2>/dev/null || brc=$?
-		pb=
-		log "destination QEMU exited; daemon B exited with $brc"
-	else
-		log "FAIL daemon B still running 10 s after the destination QEMU exited"
-		fail=1
-	fi
+	powered_off destination qb pb B || fail=1
 
 else # outcome source: the migration failed, the guest goes on where it was.
 	for _ in $(seq 100); do
@@ -496,20 +505,7 @@ else # outcome source: the migration failed, the guest goes on where it was.
 		fail=1
 	fi
 	# The guest powers off; the source QEMU exits, its daemon then.
-	timeout "$tmo" tail --pid="$qa" -f /dev/null || { log "FAIL the source QEMU did not exit after the guest"; fail=1; }
-	qrc=0
-	wait "$qa" 2>/dev/null || qrc=$?
-	qa=
-	[ "$qrc" = 0 ] || { log "FAIL the source QEMU exited with $qrc"; fail=1; }
-	if wait_until 100 0.1 gone "$pa"; then
-		arc=0
-		wait "$pa" 2>/dev/null || arc=$?
-		pa=
-		log "source QEMU exited; daemon A exited with $arc"
-	else
-		log "FAIL daemon A still running 10 s after the source QEMU exited"
-		fail=1
-	fi
+	powered_off source qa pa A || fail=1
 fi
 if grep -q panicked "$work"/daemon-*.log; then
 	log "FAIL a daemon panicked"
