@@ -2,7 +2,7 @@
 //! The vhost-user device's per-request engine bookkeeping, without the
 //! virtqueue and without host I/O: what a request queue's thread does for
 //! each request it pops when it serves in line (virtio-fs
-//! `device.rs::submit_requests` and `device/inline.rs::QueueServer`):
+//! `device/submit.rs` and `device/inline.rs::QueueServer`):
 //!
 //! - build the request's `Args` and its ticket (an `Arc`, cloned into the
 //!   end callback with a `Weak` of the device);

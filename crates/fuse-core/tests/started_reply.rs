@@ -29,7 +29,7 @@ impl RingSlot for Slot {
     }
 }
 
-/// The in-line path answers `n.min(size)` (dispatch/client_mem.rs
+/// The synchronous path answers `n.min(size)` (dispatch/client_mem.rs
 /// `write_client` and dispatch/ops.rs `call`); a started WRITE's answer
 /// must not claim more than the WRITE carried either.
 #[test]

@@ -1,13 +1,15 @@
-//! Thin wrappers over the syscalls the passthrough uses. Every one takes
-//! file descriptors it borrows and names as C strings, and returns the
+//! Thin wrappers over the passthrough's raw syscalls (`host-mount` uses
+//! some and keeps its /dev/fuse ioctls, mount and mappings beside the code
+//! that needs them). Every one takes file descriptors it borrows and
+//! names as C strings, and returns the
 //! kernel's errno unchanged. All are safe but [`preadv_nowait`], an
 //! `unsafe fn` whose caller vouches for the memory it reads into, and
 //! `wake::kick`, whose caller vouches that the thread it signals lives
 //! (`locks.rs`, under the waiters' lock).
 //!
-//! Every raw syscall of the passthrough is here, in one file on purpose
-//! (past the usual length): one flat list of wrappers to audit in one read.
-//! The only other `unsafe` in the passthrough is I/O on a client's memory
+//! One file on purpose (past the usual length): one flat list of wrappers
+//! to audit in one read. The only other `unsafe` in the passthrough is I/O
+//! on a client's memory
 //! (fuse-core's `unsafe trait ClientMem`), discharged where the memory is
 //! held for I/O: `client_io.rs` (its `IoGuard`), and `started.rs` and
 //! `started/write.rs` (between `begin_io` and `end_io`).

@@ -1,9 +1,7 @@
-//! The host kernel's FUSE-over-io_uring ring: [`KernelQueue`], one queue
-//! of it (the kernel has one per possible CPU), each with its own io_uring
-//! of 128-byte SQEs on `/dev/fuse`, served either by [`serve::serve_queue`]
-//! (many requests in flight per thread: `fusebox mount --io-uring`) or, as
-//! a [`fuse_core::server::RingTransport`], by `run_ring_worker` (one
-//! request at a time).
+//! The host kernel's FUSE-over-io_uring ring: a [`KernelQueue`] (one per
+//! possible CPU) has its own io_uring of 128-byte SQEs on `/dev/fuse`,
+//! served by [`serve::serve_queue`] (`fusebox mount --io-uring`) or, as a
+//! [`fuse_core::server::RingTransport`], by `run_ring_worker`.
 //!
 //! An entry's header and iovec pair live in a `Box` owned by the in-flight
 //! table while its command is in flight and by the serving thread in
@@ -14,8 +12,7 @@
 //! in one io_uring_enter, holding `State`'s mutex; other threads only wake
 //! it ([`KernelQueue::wake_queue`]: an eventfd its ring polls).
 //!
-//! Entries and their states are in `entry`, waiting for completions in
-//! `wait`, and the host's switch and CPU helpers in `host`.
+//! Entries are in `entry`, waiting in `wait`, host and CPU helpers in `host`.
 
 pub(crate) mod arena;
 mod entry;

@@ -8,7 +8,7 @@
 //!
 //! The raw syscalls change only the calling thread. io_uring takes the
 //! submitter's credentials with each op (issued inline in io_uring_enter,
-//! or captured when punted to io-wq), and every data op served in line is
+//! or captured when punted to io-wq), and every data op served synchronously is
 //! waited for before the call returns, so ops submitted under a
 //! [`CredGuard`] run as the caller. A started op, submitted later, carries
 //! its credentials in a registered personality (`started/write.rs`).

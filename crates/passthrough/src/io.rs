@@ -1,4 +1,4 @@
-//! Data I/O of the passthrough served in line: READ and WRITE go straight
+//! Data I/O of the passthrough served synchronously: READ and WRITE go straight
 //! between the request's buffer and the host file through an io_uring
 //! [`Driver`] taken from the filesystem's pool for the call (made when none
 //! is free, given back after; its ops are cancellable by FUSE_INTERRUPT
@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 /// The filesystem's I/O state: how data I/O was done ([read, write] x
 /// [io_uring, syscall]), the ops in flight by request unique, for
-/// FUSE_INTERRUPT, and the rings of the I/O served in line.
+/// FUSE_INTERRUPT, and the rings of the I/O served synchronously.
 #[derive(Debug, Default)]
 pub struct IoStats {
     counts: [[std::sync::atomic::AtomicU64; 2]; 2],
@@ -30,9 +30,9 @@ pub struct IoStats {
     allocs_started: std::sync::atomic::AtomicU64,
     /// Ops in flight on the workers' rings, by request unique.
     pub cancels: std::sync::Arc<host_io::CancelRegistry>,
-    /// Rings free for I/O served in line (each taken for one call).
+    /// Rings free for I/O served synchronously (each taken for one call).
     drivers: Mutex<Vec<Driver>>,
-    /// A ring could not be set up: I/O in line goes through syscalls.
+    /// A ring could not be set up: synchronous I/O goes through syscalls.
     no_ring: AtomicBool,
 }
 

@@ -49,7 +49,7 @@ struct Pending {
 /// cache holds them, and run on its io-wq workers (IOSQE_ASYNC): the copy
 /// of a large read would hold the serving thread, which meanwhile pops and
 /// starts the next ones, and a guest with several large reads queued has
-/// them copied on as many cores. Shorter ones cost less in line than a
+/// them copied on as many cores. Shorter ones cost less synchronously than a
 /// hand-off to a worker thread (docs/BENCHMARKS.md, "vhost-user-fs
 /// device").
 const PARALLEL_READ: usize = 256 * 1024;
@@ -217,7 +217,7 @@ impl PassthroughFs {
         };
         let large = len >= PARALLEL_READ;
         // Files without non-blocking reads (io_uring would hand each read
-        // to a worker) are read in line, large ones aside.
+        // to a worker) are read synchronously, large ones aside.
         if (!h.uring && !large) || (h.odirect && !aligned(&*mem)) {
             return Err(done);
         }
@@ -225,7 +225,7 @@ impl PassthroughFs {
             // The client took its memory back: the usual path says EIO.
             return Err(done);
         }
-        // What the page cache holds is read now, in line: a cached read
+        // What the page cache holds is read now, synchronously: a cached read
         // started on the ring costs more than it does (the ring's own
         // bookkeeping, an eventfd signal, a wake-up) and completes inside
         // the submit anyway. Only what would wait for the disk goes on.
@@ -309,7 +309,7 @@ impl PassthroughFs {
     }
 
     /// Starts an fsync (fdatasync with `datasync`) of handle `fh` on `io`'s
-    /// ring, or gives `done` back to have it served in line.
+    /// ring, or gives `done` back to have it served synchronously.
     /// Only files with non-blocking I/O are synced so: where a sync waits
     /// for a disk, the ring's io-wq worker waits instead of this thread;
     /// on the others (tmpfs, whose sync has nothing to write) the hand-off
@@ -342,7 +342,7 @@ impl PassthroughFs {
         }
         let t = Target::Fd(h.fd.raw());
         let id = io.ring(&self.io_stats).and_then(|(d, personas)| {
-            // The daemon's own credentials, as in line: without a
+            // The daemon's own credentials, as on the synchronous path: without a
             // personality the kernel would take whatever the thread has
             // when something submits it (another request's, served in
             // line with its caller's credentials in force).

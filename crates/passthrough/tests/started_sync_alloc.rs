@@ -65,7 +65,7 @@ impl Loop {
 }
 
 /// Offers the FSYNC of `fh` to the served filesystem: its unique if
-/// started, None if declined (then it is served in line).
+/// started, None if declined (then it is served synchronously).
 fn start(m: &Mount, lp: &mut Loop, node: u64, fh: u64, datasync: bool) -> Option<u64> {
     let ctx = ctx();
     let done = IoDone::new(ctx.unique);
@@ -171,7 +171,7 @@ fn a_sync_of_dirty_data_runs_on_while_the_thread_goes_on() {
 #[test]
 fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
     // tmpfs has nothing to write back (and no non-blocking I/O): its sync
-    // costs less in line than a hand-off to a worker.
+    // costs less synchronously than a hand-off to a worker.
     let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(1));
     let mut lp = Loop::new(&m);
     let (node, fh) = dirty_file(&m, b"f", 4096);
@@ -277,7 +277,7 @@ fn a_started_fallocate_runs_as_its_caller() {
 
 /// A write-only handle cannot be read to probe its file for non-blocking
 /// I/O; a read-only reopen tells instead. On tmpfs its syncs and
-/// FALLOCATEs then stay in line, as a readable handle's do (a failed probe
+/// FALLOCATEs then stay synchronous, as a readable handle's do (a failed probe
 /// must not count as "supported").
 #[test]
 fn a_write_only_tmpfs_handle_stays_in_line() {
@@ -327,7 +327,7 @@ fn an_ext4_directory_sync_is_started() {
         true,
         done,
     );
-    assert!(started.is_ok(), "FSYNCDIR served in line");
+    assert!(started.is_ok(), "FSYNCDIR served synchronously");
     lp.submit(&m);
     run(&m, &mut lp);
     assert_eq!(lp.answer(rx).unwrap(), Ok(0));
@@ -336,8 +336,8 @@ fn an_ext4_directory_sync_is_started() {
 }
 
 /// A FALLOCATE on a read-only share is declined (the usual path says
-/// EROFS), one of an immutable file fails as in line (EPERM, after the
-/// retry in line), and both paths remove the capability xattr renamed by
+/// EROFS), one of an immutable file fails as it does synchronously (EPERM, after the
+/// retry synchronously), and both paths remove the capability xattr renamed by
 /// `--xattrmap`, as the host removes a real one.
 #[test]
 fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
@@ -399,7 +399,7 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
     m.client.fallocate(node, fh, 0, 0, 1 << 20).unwrap();
     assert!(
         !has_caps(),
-        "an in-line FALLOCATE left the renamed capability"
+        "a synchronous FALLOCATE left the renamed capability"
     );
     set_caps();
     let rx =

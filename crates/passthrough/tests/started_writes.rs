@@ -331,12 +331,16 @@ fn a_started_write_clears_setuid_as_the_inline_write_does() {
     assert_eq!(answer(&mut lp, rx.to_owned()), Ok(4096));
     assert_eq!(mode(&prog), 0o755, "the started write kept setuid/setgid");
 
-    // As the in-line write does.
+    // As the synchronous write does.
     set_mode(&prog, 0o6755);
     assert_eq!(user.write(node, uo.fh, 4096, &data, 0), Ok(4096));
-    assert_eq!(mode(&prog), 0o755, "the in-line write kept setuid/setgid");
+    assert_eq!(
+        mode(&prog),
+        0o755,
+        "the synchronous write kept setuid/setgid"
+    );
 
-    // A root caller keeps them, in line and started...
+    // A root caller keeps them, synchronously and started...
     set_mode(&prog, 0o6755);
     assert_eq!(m.client.write(node, ro.fh, 0, &data, 0), Ok(4096));
     let rx = start(fs, &mut lp, &ctx(0, 0), node, ro.fh, 0, &mem, 0).expect("started");
@@ -401,7 +405,7 @@ fn writes_the_usual_path_refuses_are_declined_or_fail_alike() {
     let mem = Mem::new(&data, 0);
 
     // A read-only handle: started, and the host refuses it as it refuses
-    // the in-line write.
+    // the synchronous write.
     let o = m.client.open(node, libc::O_RDONLY as u32 | DIRECT).unwrap();
     assert_eq!(m.client.write(node, o.fh, 0, &data, 0), Err(Errno::EBADF));
     let rx = start(fs, &mut lp, &ctx(0, 0), node, o.fh, 0, &mem, 0).expect("started");
@@ -425,7 +429,7 @@ fn writes_the_usual_path_refuses_are_declined_or_fail_alike() {
     assert_eq!(fs.started_in_flight(&lp.io), 0);
     assert!(std::fs::read(m.path("f")).unwrap() == vec![7u8; 8192]);
 
-    // A read-only share: declined, and the in-line write says EROFS.
+    // A read-only share: declined, and the synchronous write says EROFS.
     drop(m);
     let m = mount(Config {
         readonly: true,
@@ -465,7 +469,7 @@ fn unaligned_memory_to_an_o_direct_handle_is_declined() {
     let skewed = Mem::new(&data, 512);
     assert!(start(fs, &mut lp, &ctx(0, 0), e.nodeid, o.fh, 0, &skewed, 0).is_none());
     assert_eq!(skewed.held(), 0);
-    // The in-line path writes it through a bounce buffer.
+    // The synchronous path writes it through a bounce buffer.
     assert_eq!(m.client.write(e.nodeid, o.fh, 0, &data, 0), Ok(4096));
     // Aligned, the same write is started.
     let aligned = Mem::new(&data, 0);
@@ -535,7 +539,7 @@ fn more_callers_than_the_ring_keeps_personalities_for() {
     m.client.release(e.nodeid, o.fh, 0).unwrap();
 }
 
-/// The in-line write removes a renamed `security.capability`
+/// The synchronous write removes a renamed `security.capability`
 /// (`--xattrmap`) once its data is written; a started write removes it
 /// when it starts, as the host clears a real one. (Removed only when its
 /// completion was taken, a thread that ended first, on a connection abort
@@ -567,10 +571,13 @@ fn a_write_that_landed_when_its_thread_ended_still_cleared_mapped_caps() {
     let o = m.client.open(node, RW | DIRECT).unwrap();
     let data = vec![0x42u8; 4096];
 
-    // In line: written, and the renamed capability is gone.
+    // Synchronously: written, and the renamed capability is gone.
     set_caps();
     assert_eq!(m.client.write(node, o.fh, 0, &data, 0), Ok(4096));
-    assert!(!has_caps(), "the in-line write left the mapped capability");
+    assert!(
+        !has_caps(),
+        "the synchronous write left the mapped capability"
+    );
 
     // Started on a serving loop that ends (its thread with it) before it
     // takes the completion.

@@ -11,9 +11,8 @@
 //! gathered one is read at once and answered when its gather is complete.
 //! An answer given on another thread (an interrupt, a release, a gather's
 //! last call) goes to the serving loop that started the READ, through its
-//! [`FaultyIo`], and wakes it.
-//!
-//! The plan is in `plan`; the forwarding [`Filesystem`] impl in `forward`.
+//! [`FaultyIo`], and wakes it. The plan is in `plan`, the forwarding
+//! [`Filesystem`] impl in `forward`.
 
 mod forward;
 mod plan;

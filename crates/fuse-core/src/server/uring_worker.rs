@@ -32,7 +32,7 @@ pub trait RingSlot {
     /// A WRITE's data (the request payload) as client memory, for a WRITE
     /// started without waiting ([`Dispatcher::start_write`]); its reply
     /// still goes where any WRITE's does, set by the transport when the
-    /// write completes. None: WRITEs are served in line.
+    /// write completes. None: WRITEs are served synchronously.
     fn write_mem(&self) -> Option<Arc<dyn ClientMem>> {
         None
     }
@@ -193,7 +193,7 @@ pub fn complete_started<S: RingSlot + ?Sized>(f: &mut S, r: super::FsResult<usiz
     let in_header = f.is_zero_copy() || f.client_mem().is_some();
     let (header, payload) = f.parts_mut();
     // Never more than the WRITE carried (its fuse_write_in is still in
-    // op_in), as the in-line path answers.
+    // op_in), as the synchronous path answers.
     let size = <abi::WriteIn as zerocopy::FromBytes>::read_from_prefix(&header.op_in[..])
         .map_or(0, |(w, _)| w.size);
     let out = abi::WriteOut {

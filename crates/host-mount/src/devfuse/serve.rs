@@ -8,7 +8,7 @@
 //! to the next page. A READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE the
 //! filesystem can start ([`Dispatcher::start_read`],
 //! [`Dispatcher::start_write`], [`Dispatcher::start_no_data`]) keeps its
-//! slot and is submitted at once; the rest is served in line and answered,
+//! slot and is submitted at once; the rest is served synchronously and answered,
 //! its slot free. Once no request waits, completions are answered (one
 //! `writev` each) and the thread waits in one `poll` (its fd while a slot is
 //! free, the filesystem's eventfd, its wake eventfd). A parked SETLKW holds
@@ -134,7 +134,7 @@ pub struct DevWorker {
     answering: Vec<Started>,
     /// Written when a completion is given on another thread.
     wake: Arc<OwnedFd>,
-    /// In-line replies.
+    /// Synchronous replies.
     out: Vec<u8>,
     stats: DevStats,
 }
@@ -338,7 +338,7 @@ impl DevWorker {
         let (hdr, op_in) = head.split_at(std::mem::size_of::<InHeader>());
         let hdr: InHeader = zerocopy::FromBytes::read_from_bytes(hdr).ok()?;
         // Only READs and WRITEs are started by reference: every other
-        // request is decoded once, in line, not here first.
+        // request is decoded once, synchronously, not here first.
         let by_ref = [abi::Opcode::Read as u32, abi::Opcode::Write as u32];
         if hdr.len as usize != n || hdr.total_extlen != 0 || !by_ref.contains(&hdr.opcode) {
             return None;

@@ -35,7 +35,7 @@ pub enum EntState {
     Fetching,
     /// Its command completed with a request (in `State::done`).
     Fetched,
-    /// Taken by the serving thread, being served in line.
+    /// Taken by the serving thread, being served synchronously.
     Serving,
     /// A READ, WRITE, FSYNC, FSYNCDIR or FALLOCATE whose host I/O runs (a
     /// READ's into the payload buffer, a WRITE's from it).

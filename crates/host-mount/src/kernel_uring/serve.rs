@@ -6,7 +6,7 @@
 //! start runs on the thread's host I/O context ([`Filesystem::new_io`]),
 //! straight on the entry's payload buffer, and is submitted as soon as it
 //! is started (once a pass, a pass's reads would reach the disk, and come
-//! back, as one convoy); the rest is served in line. The COMMIT_AND_FETCHes
+//! back, as one convoy); the rest is served synchronously. The COMMIT_AND_FETCHes
 //! of what is answered go to the kernel in the one `io_uring_enter` that
 //! also waits for new requests, the filesystem's completion eventfd and
 //! [`KernelQueue::wake_queue`]. A parked SETLKW keeps its entry, another is

@@ -1,5 +1,5 @@
 //! Data on open handles: READ and WRITE (through io_uring where the
-//! handle's file does non-blocking I/O, in line otherwise, or straight
+//! handle's file does non-blocking I/O, synchronously otherwise, or straight
 //! into the client's memory), and FLUSH, FSYNC, FALLOCATE, LSEEK and
 //! COPY_FILE_RANGE. A writeback WRITE runs as the handle's opener.
 
@@ -54,7 +54,7 @@ impl PassthroughFs {
     }
 
     /// Who a WRITE on `h` with `write_flags` runs as, and with which
-    /// capabilities (in line, or started: `started/write.rs`).
+    /// capabilities (synchronously, or started: `started/write.rs`).
     ///
     /// Every write runs under credentials, so the host applies quotas,
     /// reserved blocks and setuid clearing as for a local writer. A
@@ -173,7 +173,7 @@ impl PassthroughFs {
         self.fallocate_as(&h, &cred, mode, off, len)
     }
 
-    /// FALLOCATE through `h` in line, as `cred`.
+    /// FALLOCATE through `h` synchronously, as `cred`.
     pub(super) fn fallocate_as(
         &self,
         h: &HandleData,

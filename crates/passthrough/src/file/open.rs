@@ -1,6 +1,6 @@
 //! Making and dropping handles: OPEN, CREATE and TMPFILE (run as the
 //! caller, a new inode labelled before it is entered), RELEASE, and the
-//! choice, per device, of io_uring or in-line data I/O for a handle.
+//! choice, per device, of io_uring or synchronous data I/O for a handle.
 
 use super::HandleData;
 use crate::backing::Grant;
@@ -27,7 +27,7 @@ impl PassthroughFs {
             return v;
         }
         // A write-only fd cannot be read to probe: a read-only reopen of
-        // the same file can. Not known either way: in line (taking the
+        // the same file can. Not known either way: synchronously (taking the
         // ring there would send every op of such a handle on a file with
         // no non-blocking I/O, tmpfs, to io-wq).
         let probed = sys::supports_nowait(fd.raw()).or_else(|| {

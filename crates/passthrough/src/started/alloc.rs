@@ -3,11 +3,11 @@
 //! wait for the disk: zeroing or punching a large range, allocating in a
 //! full filesystem), so the serving thread goes on at once. Files without
 //! non-blocking I/O (tmpfs, where a fallocate only takes pages) are served
-//! in line.
+//! synchronously.
 //!
 //! **Credentials.** As the usual path (`op_fallocate`): the caller's,
 //! without CAP_SYS_RESOURCE, in a personality of the ring (`write.rs`). One
-//! refused with EACCES or EPERM is done again in line, as a refused write
+//! refused with EACCES or EPERM is done again synchronously, as a refused write
 //! is (a security module may refuse ops run with a personality).
 //!
 //! **Locking.** The usual path holds the inode's `io_lock` exclusively; a
@@ -102,7 +102,7 @@ impl PassthroughFs {
 
     /// The answer of the started FALLOCATE `a` through `h` whose
     /// completion gave `r`: refused with EACCES or EPERM, it is done again
-    /// in line (see the module docs).
+    /// synchronously (see the module docs).
     pub(super) fn fallocate_finished(
         &self,
         h: &HandleData,

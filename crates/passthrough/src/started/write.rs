@@ -197,7 +197,7 @@ impl PassthroughFs {
     }
 
     /// The answer of the started write `p` (its `WriteOp` `w` taken out)
-    /// whose last completion gave `r`: the rest written in line first if
+    /// whose last completion gave `r`: the rest written synchronously first if
     /// a continuation could not be started (`stalled`). A first write the
     /// kernel refused with EACCES or EPERM, nothing written, is written in
     /// line: a security module may refuse ops that carry a personality
@@ -229,7 +229,7 @@ impl PassthroughFs {
         r
     }
 
-    /// Writes bytes `p.got..p.len` of `p` in line, with `creds` in force,
+    /// Writes bytes `p.got..p.len` of `p` synchronously, with `creds` in force,
     /// as the usual path would; how many were written, or the error of
     /// the first call.
     ///

@@ -1,6 +1,6 @@
 //! Live migration and vring stops: the device's writes into guest memory are
 //! logged in the frontend's dirty-page log, and a vring stop
-//! (GET_VRING_BASE) answers every request popped from the ring before it
+//! (GET_VRING_BASE) answers every request popped from the vring before it
 //! returns ([`FsDevice::drain_vring`]). A stop or a reset then gives up what
 //! is left ([`FsDevice::give_up`]): none of it acts on the host afterwards,
 //! and the host work already under way is waited for, with a bound.
@@ -94,7 +94,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Waits (bounded: [`FsDevice::drain_bound`]) until every chain popped
-    /// from request queue `q`'s ring is back in its used ring, answered.
+    /// from request queue `q`'s vring is back in its used ring, answered.
     /// Called by `stop_vring` on the vhost-user thread after the handler
     /// marked the queue not ready, so nothing more is popped; the answers
     /// come from the threads that answer anyway (ring workers, the vring

@@ -235,7 +235,7 @@ impl<F: Filesystem> Faulty<F> {
         }
     }
 
-    /// Reads now (started, or in line) and answers when the round of
+    /// Reads now (started, or synchronously) and answers when the round of
     /// `gather=n` it joins is complete.
     fn gathered(
         &self,
@@ -271,7 +271,7 @@ impl<F: Filesystem> Faulty<F> {
         self.answer_gathered();
     }
 
-    /// Starts the READ on the filesystem, or reads it in line when the
+    /// Starts the READ on the filesystem, or reads it synchronously when the
     /// filesystem serves it the usual way; `done` answers it either way.
     fn start(&self, io: &mut F::Io, out: &mut Completions, read: Read<'_, F>, done: IoDone) {
         let Read {
