@@ -1,7 +1,7 @@
 //! [`Filesystem`] for [`PassthroughFs`]: each operation forwards to the
 //! module that implements it. An operation that changes the host first
 //! enters its request's fence ([`Ctx::enter_host`]): a request its client
-//! gave up (a device's stopped ring) fails with EINTR instead of acting,
+//! gave up (a device's stopped vring) fails with EINTR instead of acting,
 //! and one already acting is counted until it returns.
 
 use super::{PassthroughFs, PassthroughIo};
