@@ -9,11 +9,10 @@
 
 mod common;
 
-use common::{Kind, Mount, Via};
+use common::{Kind, Loop, Mount, Via};
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone};
-use passthrough::{Config, PassthroughIo};
-use std::collections::HashMap;
+use fuse_core::server::{Ctx, Filesystem, IoDone};
+use passthrough::Config;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -31,36 +30,6 @@ fn ctx_as(uid: u32, gid: u32) -> Ctx<'static> {
         gid,
         pid: 1,
         ..Ctx::default()
-    }
-}
-
-/// This thread as a serving loop: the host I/O context it owns, its
-/// completions, and the answers taken so far by unique.
-struct Loop {
-    io: PassthroughIo,
-    done: Completions,
-    answers: HashMap<u64, FsResult<usize>>,
-}
-
-impl Loop {
-    fn new(m: &Mount) -> Loop {
-        Loop {
-            io: m.fs().new_io(std::sync::Arc::new(|| {})),
-            done: Completions::default(),
-            answers: HashMap::new(),
-        }
-    }
-
-    fn submit(&mut self, m: &Mount) {
-        m.fs().submit_started(&mut self.io);
-    }
-
-    /// The answer of started request `unique`, if taken.
-    fn answer(&mut self, unique: u64) -> Result<FsResult<usize>, &'static str> {
-        for (u, r) in self.done.drain() {
-            self.answers.insert(u, r);
-        }
-        self.answers.remove(&unique).ok_or("not answered")
     }
 }
 
@@ -145,7 +114,7 @@ fn dirty_file(m: &Mount, name: &[u8], len: usize) -> (u64, u64) {
 #[test]
 fn a_sync_of_dirty_data_runs_on_while_the_thread_goes_on() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"f", 64 << 20);
     let (node2, fh2) = dirty_file(&m, b"g", 1 << 20);
     let before = m.fs().io_counts().syncs_started;
@@ -153,7 +122,7 @@ fn a_sync_of_dirty_data_runs_on_while_the_thread_goes_on() {
     let b = start(&m, &mut lp, node2, fh2, true).expect("an fdatasync of an ext4 file is started");
     assert_eq!(m.fs().started_in_flight(&lp.io), 2);
     assert!(lp.answer(a).is_err(), "answered before it was submitted");
-    lp.submit(&m);
+    lp.submit(m.fs());
     // The submit hands the syncs to io-wq workers and returns: 64 MiB are
     // still being written back when it does.
     assert!(
@@ -173,7 +142,7 @@ fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
     // tmpfs has nothing to write back (and no non-blocking I/O): its sync
     // costs less synchronously than a hand-off to a worker.
     let m = Mount::new(Kind::Tmpfs, Config::default(), Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"f", 4096);
     assert!(
         start(&m, &mut lp, node, fh, false).is_none(),
@@ -185,7 +154,7 @@ fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
     );
     // An unknown handle: the usual path answers it (EBADF).
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     assert!(start(&m, &mut lp, ROOT_ID, 0xdead_beef, false).is_none());
     // Without io_uring nothing is started.
     let cfg = Config {
@@ -193,7 +162,7 @@ fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
         ..Config::default()
     };
     let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"f", 4096);
     assert!(start(&m, &mut lp, node, fh, false).is_none());
     assert!(start_alloc(&m, &mut lp, &ctx(), node, fh, 0, 0, 4096).is_none());
@@ -204,7 +173,7 @@ fn syncs_that_would_not_wait_or_cannot_start_are_declined() {
 #[test]
 fn started_fallocates_allocate_punch_and_keep_the_size_as_asked() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"f", 1 << 20);
     let before = m.fs().io_counts().allocs_started;
     let grow = start_alloc(&m, &mut lp, &ctx(), node, fh, 0, 0, 8 << 20).expect("started");
@@ -219,7 +188,7 @@ fn started_fallocates_allocate_punch_and_keep_the_size_as_asked() {
         16 << 20,
     )
     .expect("started");
-    lp.submit(&m);
+    lp.submit(m.fs());
     run(&m, &mut lp);
     assert_eq!(lp.answer(grow).unwrap(), Ok(0));
     assert_eq!(lp.answer(keep).unwrap(), Ok(0));
@@ -255,14 +224,14 @@ fn started_fallocates_allocate_punch_and_keep_the_size_as_asked() {
 #[test]
 fn a_started_fallocate_runs_as_its_caller() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"f", 4096);
     let path = m.path("f");
     std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
     let rx =
         start_alloc(&m, &mut lp, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
-    lp.submit(&m);
+    lp.submit(m.fs());
     run(&m, &mut lp);
     assert_eq!(lp.answer(rx).unwrap(), Ok(0));
     let mode =
@@ -286,7 +255,7 @@ fn a_write_only_tmpfs_handle_stays_in_line() {
         ..Config::default()
     };
     let m = Mount::new(Kind::Tmpfs, cfg, Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (e, o) = m
         .client
         .create(ROOT_ID, b"w", 0o644, libc::O_WRONLY as u32, 0)
@@ -310,7 +279,7 @@ fn a_write_only_tmpfs_handle_stays_in_line() {
 #[test]
 fn an_ext4_directory_sync_is_started() {
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"f", 4096);
     let d = m.client.mkdir(ROOT_ID, b"d", 0o755, 0).unwrap();
     let o = m.client.opendir(d.nodeid).unwrap();
@@ -328,7 +297,7 @@ fn an_ext4_directory_sync_is_started() {
         done,
     );
     assert!(started.is_ok(), "FSYNCDIR served synchronously");
-    lp.submit(&m);
+    lp.submit(m.fs());
     run(&m, &mut lp);
     assert_eq!(lp.answer(rx).unwrap(), Ok(0));
     m.client.releasedir(d.nodeid, o.fh).unwrap();
@@ -346,7 +315,7 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
         ..Config::default()
     };
     let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     std::fs::write(m.path("f"), [0u8; 4096]).unwrap();
     let e = m.client.lookup(ROOT_ID, b"f").unwrap();
     let o = m.client.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
@@ -362,7 +331,7 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
 
     let m = Mount::new(Kind::Ext4, Config::default(), Via::Device(1));
 
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"i", 4096);
     common::run(
         std::process::Command::new("chattr")
@@ -371,7 +340,7 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
     );
     let rx =
         start_alloc(&m, &mut lp, &ctx_as(1000, 1000), node, fh, 0, 0, 1 << 20).expect("started");
-    lp.submit(&m);
+    lp.submit(m.fs());
     run(&m, &mut lp);
     let started = lp.answer(rx).unwrap();
     let inline = m.client.fallocate(node, fh, 0, 0, 1 << 20);
@@ -390,7 +359,7 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
         ..Config::default()
     };
     let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
-    let mut lp = Loop::new(&m);
+    let mut lp = Loop::new(m.fs());
     let (node, fh) = dirty_file(&m, b"prog", 8192);
     let host = m.path("prog");
     let set_caps = || xattr_set(&host, "user.virtiofs.security.capability", b"caps");
@@ -404,7 +373,7 @@ fn started_fallocates_fail_and_clear_capabilities_as_in_line() {
     set_caps();
     let rx =
         start_alloc(&m, &mut lp, &ctx_as(1000, 1000), node, fh, 0, 0, 2 << 20).expect("started");
-    lp.submit(&m);
+    lp.submit(m.fs());
     run(&m, &mut lp);
     assert_eq!(lp.answer(rx).unwrap(), Ok(0));
     assert!(

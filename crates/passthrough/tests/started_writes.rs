@@ -8,14 +8,13 @@
 
 mod common;
 
-use common::{Kind, Mount, Via};
+use common::{Kind, Loop, Mount, Via};
 use fuse_core::abi::flags::WRITE_KILL_SUIDGID;
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone};
+use fuse_core::server::{Ctx, Filesystem, FsResult, IoDone};
 use fuse_core::{ClientMem, Errno, HostSpan};
-use passthrough::{CachePolicy, Config, PassthroughFs, PassthroughIo};
+use passthrough::{CachePolicy, Config, PassthroughFs};
 use std::alloc::Layout;
-use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
@@ -127,36 +126,6 @@ fn ctx(uid: u32, gid: u32) -> Ctx<'static> {
         gid,
         pid: 1,
         ..Ctx::default()
-    }
-}
-
-/// This thread as a serving loop: the host I/O context it owns, its
-/// completions, and the answers taken so far by unique.
-struct Loop {
-    io: PassthroughIo,
-    done: Completions,
-    answers: HashMap<u64, FsResult<usize>>,
-}
-
-impl Loop {
-    fn new(fs: &PassthroughFs) -> Loop {
-        Loop {
-            io: fs.new_io(Arc::new(|| {})),
-            done: Completions::default(),
-            answers: HashMap::new(),
-        }
-    }
-
-    fn submit(&mut self, fs: &PassthroughFs) {
-        fs.submit_started(&mut self.io);
-    }
-
-    /// The answer of started request `unique`, if taken.
-    fn answer(&mut self, unique: u64) -> Result<FsResult<usize>, &'static str> {
-        for (u, r) in self.done.drain() {
-            self.answers.insert(u, r);
-        }
-        self.answers.remove(&unique).ok_or("not answered")
     }
 }
 

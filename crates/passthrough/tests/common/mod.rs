@@ -9,8 +9,10 @@ use fuse_core::client::Client;
 use fuse_core::server::{
     run_device_worker, run_ring_worker, serve_device, Dispatcher, ServerConfig,
 };
+use fuse_core::server::{Completions, Filesystem, FsResult};
 use fuse_core::{Chan, ChanConfig};
-use passthrough::{Config, PassthroughFs};
+use passthrough::{Config, PassthroughFs, PassthroughIo};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -275,4 +277,34 @@ pub fn chmod(c: &Client, node: u64, mode: u32) -> Result<(), fuse_core::Errno> {
         ..Default::default()
     };
     c.setattr(node, &sa).map(drop)
+}
+
+/// This thread as a serving loop: the host I/O context it owns, its
+/// completions, and the answers taken so far by unique.
+pub struct Loop {
+    pub io: PassthroughIo,
+    pub done: Completions,
+    answers: HashMap<u64, FsResult<usize>>,
+}
+
+impl Loop {
+    pub fn new(fs: &PassthroughFs) -> Loop {
+        Loop {
+            io: fs.new_io(Arc::new(|| {})),
+            done: Completions::default(),
+            answers: HashMap::new(),
+        }
+    }
+
+    pub fn submit(&mut self, fs: &PassthroughFs) {
+        fs.submit_started(&mut self.io);
+    }
+
+    /// The answer of started request `unique`, if taken.
+    pub fn answer(&mut self, unique: u64) -> Result<FsResult<usize>, &'static str> {
+        for (u, r) in self.done.drain() {
+            self.answers.insert(u, r);
+        }
+        self.answers.remove(&unique).ok_or("not answered")
+    }
 }
