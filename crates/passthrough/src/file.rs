@@ -48,12 +48,13 @@ impl HandleData {
     }
 }
 
-/// The handle table. Keyed with the standard (randomly keyed) hasher, not
+/// The handle table. Keyed with a randomly seeded hasher, not
 /// `fuse_core::fasthash`: a migration's state stream, which is not
-/// trusted, gives the ids of the handles it brings.
+/// trusted, gives the ids of the handles it brings. foldhash rather than
+/// the standard SipHash: every READ and WRITE looks its handle up here.
 #[derive(Debug, Default)]
 pub struct Handles {
-    map: RwLock<HashMap<u64, Arc<HandleData>>>,
+    map: RwLock<HashMap<u64, Arc<HandleData>, foldhash::fast::RandomState>>,
     /// Handles a migration could not take up (`--migration-on-error
     /// guest-error`): EIO until released.
     lost: RwLock<std::collections::HashSet<u64>>,
