@@ -21,6 +21,7 @@ use inline::QueueServer;
 use notify::{notify, Chunks};
 use queue::RequestQueue;
 use ticket::{Finish, Ticket, TicketState, ORPHAN_ENDED, ORPHAN_NO, ORPHAN_YES};
+use used::Used;
 
 mod answer;
 mod backend;
@@ -40,6 +41,7 @@ mod stop;
 mod submit;
 mod ticket;
 mod timeouts;
+mod used;
 use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{

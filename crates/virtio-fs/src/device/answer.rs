@@ -62,8 +62,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return;
         }
         rq.heads.release(t.chain.head);
-        self.publish(&t.vring, t.chain.mem(), t.chain.head, t.chain.writable(), 0);
-        notify(&t.vring);
+        let used = &rq.signals.used;
+        self.publish(
+            &t.vring,
+            used,
+            t.chain.mem(),
+            t.chain.head,
+            t.chain.writable(),
+            0,
+        );
+        notify(&t.vring, used, Some(t.chain.mem()));
     }
 
     /// [`FsDevice::answer`] for a reply whose last `in_guest` payload bytes
@@ -106,11 +114,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // (a READ by reference): logged here, before the guest has them.
         self.publish(
             &t.vring,
+            &rq.signals.used,
             t.chain.mem(),
             t.chain.head,
             t.chain.writable(),
             written,
         );
-        rq.signals.answered(&t.vring);
+        rq.signals.answered(&t.vring, t.chain.mem());
     }
 }

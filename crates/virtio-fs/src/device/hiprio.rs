@@ -40,6 +40,8 @@ pub(super) struct Hiprio {
     /// vring), for the watchdog: that thread serves request queue 0 too,
     /// and while it is stuck there the watchdog drains hiprio in its place.
     vring: std::sync::OnceLock<Vring>,
+    /// Its used ring.
+    pub(super) used: Used,
 }
 
 impl Hiprio {
@@ -103,6 +105,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // ready after that pop sees it (the vring lock orders the two).
         let _busy = self.inner.hiprio.draining();
         let qs = &self.inner.counters(Vq::Hiprio);
+        let used = &self.inner.hiprio.used;
         let chan = self.inner.engine.chan();
         // The watchdog takes one vring's worth at a time: a guest that
         // refills hiprio as fast must not keep it from other queues.
@@ -125,17 +128,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 Ok(c) => c,
                 Err((head, _)) => {
                     qs.add_malformed(1);
-                    self.publish(vring, &mem, head, &[], 0);
+                    self.publish(vring, used, &mem, head, &[], 0);
                     continue;
                 }
             };
             qs.add_submitted(1);
             self.forget(&chain, by);
             qs.add_completed(1);
-            self.publish(vring, &mem, chain.head, chain.writable(), 0);
+            self.publish(vring, used, &mem, chain.head, chain.writable(), 0);
         }
         if popped_n > 0 {
-            notify(vring);
+            notify(vring, used, Some(&mem));
         }
     }
 

@@ -2,13 +2,24 @@
 //! in line rather than one per answer ([`Signals`]), and how the chunks
 //! are cut ([`Chunks`]).
 
-use super::Vring;
+use super::used::Used;
+use super::{GuestMmap, Vring};
+use crate::chain::Mem;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use vhost_user_backend::VringT;
 
-/// Signals the guest if it wants to hear about used buffers now.
-pub(super) fn notify(vring: &Vring) {
-    if vring.needs_notification().unwrap_or(true) {
+/// Signals the guest if it wants to hear about the used buffers `used`
+/// published on `vring` since the last look (always when no guest memory
+/// is at hand to read its wish in: a spurious signal is harmless).
+pub(super) fn notify(vring: &Vring, used: &Used, mem: Option<&GuestMmap>) {
+    let wanted = match mem {
+        Some(mem) => used.needs_notification(vring, mem),
+        None => {
+            used.forget_unsignalled(vring);
+            true
+        }
+    };
+    if wanted {
         let _ = vring.signal_used_queue();
     }
 }
@@ -35,22 +46,24 @@ pub(super) struct Signals {
     owner: AtomicUsize,
     /// The owner answered since it opened the batch.
     owed: AtomicBool,
+    /// The queue's used ring.
+    pub(super) used: Used,
 }
 
 impl Signals {
-    /// An answer was published on the queue's `vring`: signalled now, or
-    /// when this thread's open batch closes.
-    pub(super) fn answered(&self, vring: &Vring) {
+    /// An answer was published on the queue's `vring` (in `mem`):
+    /// signalled now, or when this thread's open batch closes.
+    pub(super) fn answered(&self, vring: &Vring, mem: &GuestMmap) {
         if self.owner.load(Ordering::Relaxed) == this_thread() {
             self.owed.store(true, Ordering::Relaxed);
         } else {
-            notify(vring);
+            notify(vring, &self.used, Some(mem));
         }
     }
 
     /// Opens a batch on this thread (a batch opened inside an open one is
-    /// part of it).
-    pub(super) fn open<'a>(&'a self, vring: &'a Vring) -> SignalBatch<'a> {
+    /// part of it); `mem` is where the guest's wish is read when it closes.
+    pub(super) fn open<'a>(&'a self, vring: &'a Vring, mem: Option<Mem>) -> SignalBatch<'a> {
         let me = this_thread();
         let outer = self.owner.load(Ordering::Relaxed) != me;
         if outer {
@@ -59,6 +72,7 @@ impl Signals {
         SignalBatch {
             signals: self,
             vring,
+            mem,
             outer,
         }
     }
@@ -68,6 +82,7 @@ impl Signals {
 pub(super) struct SignalBatch<'a> {
     signals: &'a Signals,
     vring: &'a Vring,
+    mem: Option<Mem>,
     outer: bool,
 }
 
@@ -76,7 +91,7 @@ impl Drop for SignalBatch<'_> {
         if self.outer {
             self.signals.owner.store(0, Ordering::Relaxed);
             if self.signals.owed.swap(false, Ordering::Relaxed) {
-                notify(self.vring);
+                notify(self.vring, &self.signals.used, self.mem.as_deref());
             }
         }
     }

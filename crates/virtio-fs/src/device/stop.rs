@@ -26,18 +26,20 @@ pub(super) const VRING_STOP_DRAIN: Duration = Duration::from_secs(5);
 impl<F: Filesystem + 'static> FsDevice<F> {
     /// Returns chain `head` to the guest with `len` bytes written: marks
     /// `writable` (the chain's device-writable descriptors) dirty in the
-    /// migration log, then adds the used entry (which vm-memory logs). The
-    /// one way a used entry is published.
+    /// migration log, then adds the used entry to `vring`'s used ring
+    /// (`used.rs`, which logs its own writes). The one way a used entry is
+    /// published.
     pub(super) fn publish(
         &self,
         vring: &Vring,
+        used: &Used,
         mem: &GuestMmap,
         head: u16,
         writable: &[Seg],
         len: u32,
     ) {
         self.mark_written(mem, writable);
-        let _ = vring.add_used(head, len);
+        used.add(vring, mem, head, len);
     }
 
     /// Marks `segs` dirty in the migration log, if one is set: one mark

@@ -375,8 +375,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if let Some(head) = head {
             if !self.inner.queue(q).heads.in_flight(head) {
                 // Refused before anything was written to it.
-                self.publish(vring, mem, head, &[], 0);
-                notify(vring);
+                let used = &self.inner.queue(q).signals.used;
+                self.publish(vring, used, mem, head, &[], 0);
+                notify(vring, used, Some(mem));
             }
         }
     }
