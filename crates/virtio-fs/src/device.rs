@@ -20,8 +20,8 @@ use ids::{RqId, Vq, HIPRIO};
 use inline::QueueServer;
 use notify::{notify, Chunks};
 use queue::RequestQueue;
+use rings::Used;
 use ticket::{Finish, Ticket, TicketState, ORPHAN_ENDED, ORPHAN_NO, ORPHAN_YES};
-use used::Used;
 
 mod answer;
 mod backend;
@@ -36,12 +36,12 @@ mod migration;
 mod notify;
 mod queue;
 mod request;
+mod rings;
 mod session;
 mod stop;
 mod submit;
 mod ticket;
 mod timeouts;
-mod used;
 use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{

@@ -2,7 +2,7 @@
 //! in line rather than one per answer ([`Signals`]), and how the chunks
 //! are cut ([`Chunks`]).
 
-use super::used::Used;
+use super::rings::Used;
 use super::{GuestMmap, Vring};
 use crate::chain::Mem;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

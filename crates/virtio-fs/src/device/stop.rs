@@ -27,7 +27,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Returns chain `head` to the guest with `len` bytes written: marks
     /// `writable` (the chain's device-writable descriptors) dirty in the
     /// migration log, then adds the used entry to `vring`'s used ring
-    /// (`used.rs`, which logs its own writes). The one way a used entry is
+    /// (`rings.rs`, which logs its own writes). The one way a used entry is
     /// published.
     pub(super) fn publish(
         &self,

@@ -390,8 +390,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let (head, table, size) = {
             let mut v = vring.get_mut();
             let queue = v.get_queue_mut();
-            let chain = queue.pop_descriptor_chain(&**mem)?;
-            (chain.head_index(), queue.desc_table(), queue.size())
+            let head = rings::pop_head(queue, mem)?;
+            (head, queue.desc_table(), queue.size())
         };
         let max = u64::from(self.inner.cfg.max_write) + 64 * 1024;
         Some(

@@ -1,24 +1,30 @@
-//! A vring's used ring, written by the device itself: each used element
-//! and the used index go to guest memory through one slice of the region
-//! that holds the ring (virtio-queue's `add_used` walks vm-memory's
-//! generic range iterator three times per element). The rules are the
-//! split virtqueue's, as virtio-queue keeps them: the element is written
-//! before the index is stored (Release), the queue's `next_used` moves on
-//! with it, and with VIRTIO_RING_F_EVENT_IDX the guest is signalled when
-//! the used index passed its `used_event` since the last decision. That
-//! decision needs the count of elements published since it (virtio-queue's
-//! private `num_added`), so it is made here too ([`Used::needs_notification`]).
-//! Both run under the vring's write lock.
+//! A vring's avail and used rings, read and written by the device itself
+//! through one slice of the memory region that holds each ring
+//! (virtio-queue's `pop_descriptor_chain` and `add_used` walk vm-memory's
+//! generic ranged access two and three times per chain). The rules are
+//! the split virtqueue's, as virtio-queue keeps them:
+//! - a head is popped when the avail index (read with Acquire) is past
+//!   the queue's `next_avail`, from the ring entry it points at (Acquire);
+//! - a used element is written before the used index is stored
+//!   (Release), and the queue's `next_used` moves on with it;
+//! - with VIRTIO_RING_F_EVENT_IDX the guest is signalled when the used
+//!   index passed its `used_event` since the last decision. That needs
+//!   the count of elements published since it (virtio-queue's private
+//!   `num_added`), so the decision is made here too
+//!   ([`Used::needs_notification`]).
+//!
+//! All of it runs under the vring's write lock. A ring that is not in one
+//! region falls back to vm-memory's ranged access.
 
 use super::{GuestMmap, Vring};
 use std::num::Wrapping;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 use vhost_user_backend::VringT;
-use virtio_queue::QueueT;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-/// Bytes before the used ring's elements (flags, idx).
-const USED_HEADER: u64 = 4;
+/// Bytes before either ring's entries (flags, idx).
+const RING_HEADER: u64 = 4;
 /// One used element (id, len).
 const USED_ELEM: u64 = 8;
 
@@ -50,17 +56,17 @@ impl Used {
         elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
         elem[4..].copy_from_slice(&len.to_le_bytes());
         let idx = (next + Wrapping(1)).0.to_le();
-        let ring_bytes = USED_HEADER + USED_ELEM * u64::from(size);
+        let ring_bytes = RING_HEADER + USED_ELEM * u64::from(size);
         let written = match mem.get_slice(ring, ring_bytes as usize) {
             // The whole ring in one region (always, in practice): one
             // lookup; the slice's writes log themselves dirty.
             Ok(s) => {
-                let at = (USED_HEADER + USED_ELEM * slot) as usize;
+                let at = (RING_HEADER + USED_ELEM * slot) as usize;
                 s.write_slice(&elem, at).is_ok() && s.store(idx, 2, Ordering::Release).is_ok()
             }
             // Across regions: vm-memory's ranged access, as virtio-queue.
             Err(_) => {
-                let Some(at) = ring.0.checked_add(USED_HEADER + USED_ELEM * slot) else {
+                let Some(at) = ring.0.checked_add(RING_HEADER + USED_ELEM * slot) else {
                     return false;
                 };
                 mem.write_slice(&elem, GuestAddress(at)).is_ok()
@@ -100,7 +106,7 @@ impl Used {
         fence(Ordering::SeqCst);
         let at = q
             .avail_ring()
-            .checked_add(USED_HEADER + 2 * u64::from(q.size()));
+            .checked_add(RING_HEADER + 2 * u64::from(q.size()));
         let Some(Ok(event)) = at.map(|a| mem.load::<u16>(GuestAddress(a), Ordering::Relaxed))
         else {
             return true;
@@ -110,6 +116,35 @@ impl Used {
         let old = used_idx - added;
         used_idx - event - Wrapping(1) < used_idx - old
     }
+}
+
+/// Pops the next head the guest made available on `q`, in `mem` (None:
+/// none, the queue is not set up, or the avail index is more than the
+/// queue's size ahead). The head is not checked against
+/// the queue's size: walking its chain does that.
+pub(super) fn pop_head(q: &mut Queue, mem: &GuestMmap) -> Option<u16> {
+    let (size, ring) = (q.size(), q.avail_ring());
+    if !q.ready() || ring == 0 || size == 0 {
+        return None;
+    }
+    let next = q.next_avail();
+    let bytes = RING_HEADER + 2 * u64::from(size);
+    let head = match mem.get_slice(GuestAddress(ring), bytes as usize) {
+        Ok(s) => {
+            let avail = u16::from_le(s.load::<u16>(2, Ordering::Acquire).ok()?);
+            // More than a ring's worth ahead: the guest broke the rules
+            // (virtio-queue refuses it too), and nothing is popped.
+            if avail == next || avail.wrapping_sub(next) > size {
+                return None;
+            }
+            let at = RING_HEADER as usize + 2 * usize::from(next % size);
+            u16::from_le(s.load::<u16>(at, Ordering::Acquire).ok()?)
+        }
+        // Across regions: virtio-queue's own pop.
+        Err(_) => return q.pop_descriptor_chain(mem).map(|c| c.head_index()),
+    };
+    q.set_next_avail(next.wrapping_add(1));
+    Some(head)
 }
 
 #[cfg(test)]
@@ -124,7 +159,7 @@ mod tests {
     const DESC: u64 = 0x1000;
     const AVAIL: u64 = 0x2000;
     const USED: u64 = 0x3000;
-    const RING_BYTES: usize = (USED_HEADER + USED_ELEM * SIZE as u64) as usize;
+    const RING_BYTES: usize = (RING_HEADER + USED_ELEM * SIZE as u64) as usize;
     /// Where guest memory is split in two regions, in [`split_memory`].
     const EDGE: u64 = 0x4000;
 
@@ -174,7 +209,7 @@ mod tests {
             theirs.set_ready(true);
             let used = Used::default();
             let (om, tm) = (ours_mem.memory(), theirs_mem.memory());
-            let event_at = GuestAddress(AVAIL + USED_HEADER + 2 * u64::from(SIZE));
+            let event_at = GuestAddress(AVAIL + RING_HEADER + 2 * u64::from(SIZE));
             let mut rng = Rng::new(0x05ed);
             let mut wanted = 0;
             // Past a wrap of the 16-bit index.
@@ -211,6 +246,70 @@ mod tests {
             assert_eq!(a, b);
             // Both kinds of decision were taken.
             assert!(wanted > 100, "{wanted}");
+        }
+    }
+
+    /// Heads popped here and by virtio-queue's `pop_descriptor_chain`
+    /// from the same avail rings are the same, in one region and across
+    /// two; neither pops past the avail index, nor at all while the index
+    /// is more than a ring ahead.
+    #[test]
+    fn pops_heads_as_virtio_queue_does() {
+        for (memory, avail_at) in [
+            (memory as fn() -> GuestMem, AVAIL),
+            (split_memory, EDGE - 6),
+        ] {
+            let (ours_mem, theirs_mem) = (memory(), memory());
+            let (om, tm) = (ours_mem.memory(), theirs_mem.memory());
+            let mut ours = Queue::new(SIZE).unwrap();
+            let mut theirs = Queue::new(SIZE).unwrap();
+            for q in [&mut ours, &mut theirs] {
+                q.set_desc_table_address(Some(DESC as u32), Some(0));
+                q.set_avail_ring_address(Some(avail_at as u32), Some(0));
+                q.set_used_ring_address(Some(USED as u32), Some(0));
+                q.set_ready(true);
+            }
+            let mut rng = Rng::new(0xa7a1);
+            let mut avail = 0u16;
+            let mut popped = 0;
+            for _ in 0..70_000u32 {
+                let ahead = avail.wrapping_sub(theirs.next_avail());
+                if rng.below(50) == 0 {
+                    // A hostile avail index, more than a ring ahead:
+                    // neither pops; then the true one is back.
+                    let bogus = theirs
+                        .next_avail()
+                        .wrapping_add(SIZE + 1 + rng.below(1000) as u16);
+                    for m in [&om, &tm] {
+                        m.write_obj(bogus.to_le(), GuestAddress(avail_at + 2))
+                            .unwrap();
+                    }
+                    assert_eq!(pop_head(&mut ours, &om), None);
+                    assert!(theirs.pop_descriptor_chain(&*tm).is_none());
+                    for m in [&om, &tm] {
+                        m.write_obj(avail.to_le(), GuestAddress(avail_at + 2))
+                            .unwrap();
+                    }
+                } else if ahead < SIZE && rng.below(2) == 0 {
+                    // The guest offers a head (any value) and moves on.
+                    let slot = u64::from(avail % SIZE);
+                    let head = rng.next_u64() as u16;
+                    let at = GuestAddress(avail_at + RING_HEADER + 2 * slot);
+                    avail = avail.wrapping_add(1);
+                    for m in [&om, &tm] {
+                        m.write_obj(head.to_le(), at).unwrap();
+                        m.write_obj(avail.to_le(), GuestAddress(avail_at + 2))
+                            .unwrap();
+                    }
+                } else {
+                    let a = pop_head(&mut ours, &om);
+                    let b = theirs.pop_descriptor_chain(&*tm).map(|c| c.head_index());
+                    assert_eq!(a, b);
+                    popped += usize::from(a.is_some());
+                }
+                assert_eq!(ours.next_avail(), theirs.next_avail());
+            }
+            assert!(popped > 1000, "{popped}");
         }
     }
 
