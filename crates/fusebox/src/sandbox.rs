@@ -208,19 +208,26 @@ extern "C" {
 /// there would hang the thread, a device node would be opened as root):
 /// the time zone (`/etc/localtime`, for any libc call that formats local
 /// time; the log itself stamps UTC or nothing), and whether a
-/// thread's malloc heap may shrink (`/proc/sys/vm/overcommit_memory`,
+/// thread's glibc malloc heap may shrink (`/proc/sys/vm/overcommit_memory`,
 /// read on the first shrink of a heap other than the main one; a thread
-/// that frees what it allocated makes one now).
+/// that frees what it allocated with glibc's malloc makes one now: Rust's
+/// allocations go to mimalloc, glibc's own to its malloc). The same
+/// thread is the first besides the main one to allocate with mimalloc,
+/// which counts the host's NUMA nodes then (`/sys/devices/system/node`).
 pub fn load_lazy_files() {
     // SAFETY: tzset has no arguments; it only reads the environment and
     // the time zone file into glibc's own state.
     unsafe { tzset() };
     let shrink = std::thread::Builder::new().spawn(|| {
-        let chunks: Vec<Vec<u8>> = (0..64)
-            .map(|_| std::hint::black_box(Vec::with_capacity(100 * 1024)))
+        let chunks: Vec<*mut libc::c_void> = (0..64)
+            // SAFETY: malloc of a nonzero size; a null result is freed
+            // below as well, which free allows.
+            .map(|_| unsafe { libc::malloc(100 * 1024) })
             .collect();
         for c in chunks.into_iter().rev() {
-            drop(std::hint::black_box(c));
+            // SAFETY: each pointer came from glibc's malloc above and is
+            // freed once.
+            unsafe { libc::free(std::hint::black_box(c)) };
         }
     });
     if let Ok(t) = shrink {

@@ -53,6 +53,9 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_restart_syscall,
     libc::SYS_sched_yield,
     libc::SYS_sched_getaffinity,
+    // mimalloc (the allocator): a new thread's heap asks for its NUMA node
+    // when the host has more than one.
+    libc::SYS_getcpu,
     libc::SYS_sched_setaffinity,
     libc::SYS_nanosleep,
     libc::SYS_clock_nanosleep,
@@ -229,6 +232,20 @@ mod tests {
         install(Seccomp::Kill).unwrap();
         let t = std::thread::spawn(|| std::fs::read_to_string("/proc/self/status").unwrap());
         assert!(t.join().unwrap().contains("Seccomp:\t2"));
+        // The allocator's NUMA query on a multi-node host, made here on
+        // any host.
+        let (mut cpu, mut node) = (0u32, 0u32);
+        // SAFETY: getcpu writes two u32s through valid pointers; the
+        // cache argument is unused since Linux 2.6.24 (NULL).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_getcpu,
+                &mut cpu as *mut u32,
+                &mut node as *mut u32,
+                std::ptr::null_mut::<libc::c_void>(),
+            )
+        };
+        assert_eq!(r, 0);
         println!("FILTERED-AND-ALIVE");
         // SAFETY: ptrace(PTRACE_TRACEME) has no memory arguments; the
         // filter kills the process before it runs.
