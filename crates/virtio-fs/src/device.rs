@@ -203,6 +203,10 @@ struct Inner<F: Filesystem + 'static> {
     cfg: DeviceConfig,
     config_space: Vec<u8>,
     mem: RwLock<Option<GuestMem>>,
+    /// Bumped each time `mem` is replaced (after it is): an answer to a
+    /// chain translated before goes to the used ring through the current
+    /// memory, as vhost-user-backend's own `add_used` did.
+    mem_gen: AtomicU64,
     /// Guest RAM as a client map (with `cfg.fixed_guest_memory`).
     maps: MapCache,
     event_idx: AtomicBool,
@@ -339,6 +343,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             stats: DeviceStats::new(1 + queues),
             config_space,
             mem: RwLock::new(None),
+            mem_gen: AtomicU64::new(0),
             maps: MapCache::default(),
             event_idx: AtomicBool::new(false),
             acked: AtomicU64::new(0),

@@ -63,15 +63,22 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         }
         rq.heads.release(t.chain.head);
         let used = &rq.signals.used;
-        self.publish(
-            &t.vring,
-            used,
-            t.chain.mem(),
-            t.chain.head,
-            t.chain.writable(),
-            0,
-        );
-        notify(&t.vring, used, Some(t.chain.mem()));
+        let current = self.memory_since(t);
+        let mem = current.as_deref().unwrap_or(t.chain.mem());
+        self.publish(&t.vring, used, mem, t.chain.head, t.chain.writable(), 0);
+        notify(&t.vring, used, Some(mem));
+    }
+
+    /// The guest memory `t`'s answer is published through (its used
+    /// element, the dirty marks of its buffers): None while the memory
+    /// table is the one its chain was translated in (then the chain's),
+    /// else the current one, where the used ring and the log now are.
+    fn memory_since(&self, t: &Ticket) -> Option<GuestMemoryLoadGuard<GuestMmap>> {
+        if t.mem_gen == self.inner.mem_gen.load(Ordering::SeqCst) {
+            None
+        } else {
+            self.memory()
+        }
     }
 
     /// [`FsDevice::answer`] for a reply whose last `in_guest` payload bytes
@@ -112,14 +119,17 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         self.inner.counters(t.queue).add_completed(1);
         // The server may have written the chain's pages by host address
         // (a READ by reference): logged here, before the guest has them.
+        let current = self.memory_since(t);
+        let mem = current.as_deref().unwrap_or(t.chain.mem());
+        let used = &rq.signals.used;
         self.publish(
             &t.vring,
-            &rq.signals.used,
-            t.chain.mem(),
+            used,
+            mem,
             t.chain.head,
             t.chain.writable(),
             written,
         );
-        rq.signals.answered(&t.vring, t.chain.mem());
+        rq.signals.answered(&t.vring, mem);
     }
 }

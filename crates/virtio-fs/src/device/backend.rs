@@ -122,6 +122,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
         *write(&self.inner.mem) = Some(mem);
+        self.inner.mem_gen.fetch_add(1, Ordering::SeqCst);
         self.inner.maps.clear();
         Ok(())
     }

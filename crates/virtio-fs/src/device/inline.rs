@@ -249,7 +249,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         s.prefer();
         let stalled = self.submit_requests(vring, q, Some((s, k)));
         if s.unprefer() {
-            let _signals = self.inner.queue(q).signals.open(vring, self.memory());
+            let _signals = self.inner.queue(q).signals.open(vring, &self.inner.mem);
             self.serve_inline(s, q, usize::MAX, self.busy_mark(Instant::now()));
         }
         self.complete_inline(s, q);
@@ -273,7 +273,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     ) -> usize {
         let signals = &self.inner.queue(q).signals;
         let per_submit = self.inner.cfg.submit_batch.max(1);
-        let mut batch = signals.open(vring, self.memory());
+        let mut batch = signals.open(vring, &self.inner.mem);
         let chunk_time = self.inner.cfg.chunk_time;
         let began = Instant::now();
         // (None: a chunk time too long to add is never reached.)
@@ -304,7 +304,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // Signalled now; the rest of the round in a batch of its own.
                 slow = true;
                 drop(batch);
-                batch = signals.open(vring, self.memory());
+                batch = signals.open(vring, &self.inner.mem);
                 due = now.checked_add(chunk_time);
             }
             if now >= mark_due {
@@ -326,7 +326,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // once, when all are in its used ring (inside a chunk of requests
         // served in line, with that chunk's).
         while {
-            let _batch = rq.vring.get().map(|v| rq.signals.open(v, self.memory()));
+            let _batch = rq.vring.get().map(|v| rq.signals.open(v, &self.inner.mem));
             s.complete(disp)
         } > 0
             && self.serve_inline(s, q, usize::MAX, self.busy_mark(Instant::now())) > 0

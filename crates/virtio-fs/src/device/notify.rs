@@ -3,10 +3,12 @@
 //! are cut ([`Chunks`]).
 
 use super::rings::Used;
-use super::{GuestMmap, Vring};
-use crate::chain::Mem;
+use super::{GuestMem, GuestMmap, Vring};
+use fuse_core::locks::read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::RwLock;
 use vhost_user_backend::VringT;
+use vm_memory::GuestAddressSpace;
 
 /// Signals the guest if it wants to hear about the used buffers `used`
 /// published on `vring` since the last look (always when no guest memory
@@ -62,8 +64,13 @@ impl Signals {
     }
 
     /// Opens a batch on this thread (a batch opened inside an open one is
-    /// part of it); `mem` is where the guest's wish is read when it closes.
-    pub(super) fn open<'a>(&'a self, vring: &'a Vring, mem: Option<Mem>) -> SignalBatch<'a> {
+    /// part of it); when it closes owing a signal, the guest's wish is
+    /// read in the device's memory then (`mem`).
+    pub(super) fn open<'a>(
+        &'a self,
+        vring: &'a Vring,
+        mem: &'a RwLock<Option<GuestMem>>,
+    ) -> SignalBatch<'a> {
         let me = this_thread();
         let outer = self.owner.load(Ordering::Relaxed) != me;
         if outer {
@@ -82,7 +89,7 @@ impl Signals {
 pub(super) struct SignalBatch<'a> {
     signals: &'a Signals,
     vring: &'a Vring,
-    mem: Option<Mem>,
+    mem: &'a RwLock<Option<GuestMem>>,
     outer: bool,
 }
 
@@ -91,7 +98,8 @@ impl Drop for SignalBatch<'_> {
         if self.outer {
             self.signals.owner.store(0, Ordering::Relaxed);
             if self.signals.owed.swap(false, Ordering::Relaxed) {
-                notify(self.vring, &self.signals.used, self.mem.as_deref());
+                let mem = read(self.mem).as_ref().map(GuestAddressSpace::memory);
+                notify(self.vring, &self.signals.used, mem.as_deref());
             }
         }
     }

@@ -10,14 +10,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Reads a request chain into engine arguments, pushed onto `sends`
     /// with the ticket as their end (built in place there: `Args` is too
     /// large to move around per request), or refuses it (Err: its ticket,
-    /// for [`FsDevice::refuse`]; nothing was answered or pushed). `gen` is
-    /// the queue's generation read before the chain was popped (a vring
+    /// for [`FsDevice::refuse`]; nothing was answered or pushed). The
+    /// chain comes with the memory generation it was translated in. `gen`
+    /// is the queue's generation read before the chain was popped (a vring
     /// stopped after that makes it stale); `popped` is when its round was
     /// popped.
     pub(super) fn prepare(
         &self,
         vring: &Vring,
-        chain: Chain,
+        (chain, mem_gen): (Chain, u64),
         q: RqId,
         gen: u64,
         popped: Instant,
@@ -63,6 +64,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             queue: q,
             started: popped,
             chain,
+            mem_gen,
             vring: vring.clone(),
             dev: Arc::downgrade(&self.inner) as Weak<dyn Finish>,
             client,

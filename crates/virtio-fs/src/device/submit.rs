@@ -105,7 +105,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let mut end = None;
         loop {
             // Each round: serving may have taken long, and the memory
-            // table may have changed meanwhile.
+            // table may have changed meanwhile. (Its generation first: a
+            // change between the two only makes answers look it up again.)
+            let mem_gen = self.inner.mem_gen.load(Ordering::SeqCst);
             let Some(mem) = self.memory() else {
                 return false;
             };
@@ -135,7 +137,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // reach the new vring.
                 let gen = read(&rq.gen).n;
                 let want = want.min(left_before(vring, end));
-                if want == 0 || self.pop_round(vring, &mem, q, gen, want, round) == 0 {
+                if want == 0 || self.pop_round(vring, (&mem, mem_gen), q, gen, want, round) == 0 {
                     return false;
                 }
                 let sent = self.send_round(vring, q, round);
@@ -182,7 +184,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     fn pop_round(
         &self,
         vring: &Vring,
-        mem: &GuestMemoryLoadGuard<GuestMmap>,
+        (mem, mem_gen): (&GuestMemoryLoadGuard<GuestMmap>, u64),
         q: RqId,
         gen: u64,
         want: usize,
@@ -212,13 +214,14 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             };
             // Its arguments go onto `round.sends` in place.
-            let ticket = match self.prepare(vring, chain, q, gen, popped_at, &mut round.sends) {
-                Ok(t) => t,
-                Err(t) => {
-                    round.tail = Some(Tail::Refused(t));
-                    break;
-                }
-            };
+            let ticket =
+                match self.prepare(vring, (chain, mem_gen), q, gen, popped_at, &mut round.sends) {
+                    Ok(t) => t,
+                    Err(t) => {
+                        round.tail = Some(Tail::Refused(t));
+                        break;
+                    }
+                };
             let op = Opcode::from_u32(ticket.opcode);
             if op.is_some_and(request::changes_host) {
                 if let Some((args, _)) = round.sends.last_mut() {

@@ -35,6 +35,9 @@ pub(super) struct Ticket {
     pub(super) started: Instant,
     /// The chain, which keeps the guest memory its answer goes to mapped.
     pub(super) chain: Chain,
+    /// The device's memory generation (`Inner::mem_gen`) when the chain
+    /// was translated.
+    pub(super) mem_gen: u64,
     /// The vring its answer goes to.
     pub(super) vring: Vring,
     /// The device that answers it when the engine ends its request (the
