@@ -48,10 +48,12 @@ impl HandleData {
     }
 }
 
-/// The handle table. Keyed with a randomly seeded hasher, not
+/// The handle table. Keyed with a hasher seeded per process, not
 /// `fuse_core::fasthash`: a migration's state stream, which is not
-/// trusted, gives the ids of the handles it brings. foldhash rather than
-/// the standard SipHash: every READ and WRITE looks its handle up here.
+/// trusted, gives the ids of the handles it brings, once and without
+/// seeing the seed. foldhash (not built to resist an attacker who can
+/// probe it, which nobody here can) rather than the standard SipHash:
+/// every READ and WRITE looks its handle up here.
 #[derive(Debug, Default)]
 pub struct Handles {
     map: RwLock<HashMap<u64, Arc<HandleData>, foldhash::fast::RandomState>>,
