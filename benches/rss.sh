@@ -9,14 +9,14 @@
 # of requests it held at once (admission keeps the rest in the avail
 # rings). Needs root (tmpfs mount).
 #
-#   benches/rss.sh [SECONDS]
+#   benches/rss.sh [SECONDS]   (FUSEBOX_BIN: another fusebox build)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../scripts/lib.sh
 . "$root/scripts/lib.sh"
 secs=${1:-5}
 build_fusebox
-fb=$root/target/release/fusebox
+fb=${FUSEBOX_BIN:-$root/target/release/fusebox}
 load=$root/target/release/fusebox-load
 work=$(mktemp -d /tmp/fusebox-rss.XXXXXX)
 mkdir -p "$work/share"

@@ -1,6 +1,7 @@
 //! `fusebox`: share a host directory with a VM as a vhost-user-fs device,
 //! or serve it to the host kernel over FUSE.
 
+mod allocator;
 mod caps;
 mod cli;
 mod compat;
@@ -12,12 +13,6 @@ mod seccomp;
 mod signals;
 mod userns;
 mod vhost;
-
-/// mimalloc rather than glibc's malloc: a batch of requests allocates and
-/// frees more blocks of one size than glibc's per-thread cache holds, and
-/// the rest take its slow path (docs/BENCHMARKS.md, "fifth steps").
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Says why the daemon stops: on stderr, whatever the log's destination
 /// (a start error may come before the log is set up), and in the log too
