@@ -177,6 +177,27 @@ mod tests {
         )
     }
 
+    /// A ready vring of [`SIZE`] on `mem`, its used ring at `used_at`.
+    fn vring(mem: &GuestMem, used_at: u64, event_idx: bool) -> Vring {
+        let vring = Vring::new(mem.clone(), SIZE).unwrap();
+        vring.set_queue_info(DESC, AVAIL, used_at).unwrap();
+        vring.set_queue_size(SIZE);
+        vring.set_queue_event_idx(event_idx);
+        vring.set_queue_ready(true);
+        vring
+    }
+
+    /// A ready virtio-queue `Queue` of [`SIZE`] with its rings there.
+    fn queue(avail_at: u64, used_at: u64, event_idx: bool) -> Queue {
+        let mut q = Queue::new(SIZE).unwrap();
+        q.set_desc_table_address(Some(DESC as u32), Some(0));
+        q.set_avail_ring_address(Some(avail_at as u32), Some(0));
+        q.set_used_ring_address(Some(used_at as u32), Some(0));
+        q.set_event_idx(event_idx);
+        q.set_ready(true);
+        q
+    }
+
     /// The same steps on [`Used`] and on virtio-queue's own `Queue`, each
     /// on its own guest memory, give the same used rings, the same
     /// `next_used` and the same notification decisions, with EVENT_IDX
@@ -196,17 +217,8 @@ mod tests {
     fn same_as_virtio_queue(memory: fn() -> GuestMem, used_at: u64) {
         for event_idx in [true, false] {
             let (ours_mem, theirs_mem) = (memory(), memory());
-            let vring = Vring::new(ours_mem.clone(), SIZE).unwrap();
-            vring.set_queue_info(DESC, AVAIL, used_at).unwrap();
-            vring.set_queue_size(SIZE);
-            vring.set_queue_event_idx(event_idx);
-            vring.set_queue_ready(true);
-            let mut theirs = Queue::new(SIZE).unwrap();
-            theirs.set_desc_table_address(Some(DESC as u32), Some(0));
-            theirs.set_avail_ring_address(Some(AVAIL as u32), Some(0));
-            theirs.set_used_ring_address(Some(used_at as u32), Some(0));
-            theirs.set_event_idx(event_idx);
-            theirs.set_ready(true);
+            let vring = vring(&ours_mem, used_at, event_idx);
+            let mut theirs = queue(AVAIL, used_at, event_idx);
             let used = Used::default();
             let (om, tm) = (ours_mem.memory(), theirs_mem.memory());
             let event_at = GuestAddress(AVAIL + RING_HEADER + 2 * u64::from(SIZE));
@@ -267,14 +279,8 @@ mod tests {
         ] {
             let (ours_mem, theirs_mem) = (memory(), memory());
             let (om, tm) = (ours_mem.memory(), theirs_mem.memory());
-            let mut ours = Queue::new(SIZE).unwrap();
-            let mut theirs = Queue::new(SIZE).unwrap();
-            for q in [&mut ours, &mut theirs] {
-                q.set_desc_table_address(Some(DESC as u32), Some(0));
-                q.set_avail_ring_address(Some(avail_at as u32), Some(0));
-                q.set_used_ring_address(Some(USED as u32), Some(0));
-                q.set_ready(true);
-            }
+            let mut ours = queue(avail_at, USED, false);
+            let mut theirs = queue(avail_at, USED, false);
             let mut rng = Rng::new(0xa7a1);
             let mut avail = 0u16;
             let mut popped = 0;
@@ -346,10 +352,7 @@ mod tests {
     #[test]
     fn a_bad_head_or_ring_publishes_nothing() {
         let mem = memory();
-        let vring = Vring::new(mem.clone(), SIZE).unwrap();
-        vring.set_queue_info(DESC, AVAIL, USED).unwrap();
-        vring.set_queue_size(SIZE);
-        vring.set_queue_ready(true);
+        let vring = vring(&mem, USED, false);
         let m = mem.memory();
         let used = Used::default();
         assert!(!used.add(&vring, &m, SIZE, 1));
