@@ -240,15 +240,22 @@ impl InodeData {
     }
 }
 
+/// A map keyed with a hasher seeded per process: foldhash rather than the
+/// standard SipHash, as for the handle table (`file::Handles`), since
+/// nearly every request looks its inode up here. Node ids are the
+/// daemon's own, or a migration stream's, given once without seeing the
+/// seed; inode keys are the host's.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 struct Maps {
-    by_id: HashMap<u64, Arc<InodeData>>,
-    by_key: HashMap<InodeKey, u64>,
-    mounts: HashMap<u64, Arc<CountedFd>>,
+    by_id: Map<u64, Arc<InodeData>>,
+    by_key: Map<InodeKey, u64>,
+    mounts: Map<u64, Arc<CountedFd>>,
     /// Node ids a migration could not take up (`--migration-on-error
     /// guest-error`), with their lookup references: requests naming them
     /// get EIO until the client forgets them.
-    lost: HashMap<u64, u64>,
+    lost: Map<u64, u64>,
     next: u64,
 }
 
