@@ -344,10 +344,8 @@ impl Bench {
         while let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) {
             served += 1;
             let disp: &Dispatcher<NullFs> = self.engine.dispatcher();
-            let start = Start {
-                io: &mut (),
-                done: &mut self.done,
-            };
+            let mut io = ();
+            let start = Start::new(&mut io, &mut self.done);
             serve_slot(disp, &mut f, &mut self.scratch, None, Some(start));
             // QueueServer::commit
             let area = f.commit_cmd();
@@ -398,10 +396,8 @@ impl Bench {
             served += got;
             let disp: &Dispatcher<NullFs> = self.engine.dispatcher();
             for f in &mut self.fetched {
-                let start = Start {
-                    io: &mut (),
-                    done: &mut self.done,
-                };
+                let mut io = ();
+                let start = Start::new(&mut io, &mut self.done);
                 serve_slot(disp, f, &mut self.scratch, None, Some(start));
             }
             let committed = self.ring.commit_batch(&mut self.fetched, None);

@@ -62,12 +62,36 @@ impl Completions {
 
 /// What a serving loop lends to start host I/O: its filesystem's I/O
 /// context and where completions go.
-#[derive(Debug)]
 pub struct Start<'a, I> {
     /// The loop's host I/O context.
     pub io: &'a mut I,
     /// The loop's completions.
     pub done: &'a mut Completions,
+    /// Called by [`super::serve_slot`] before it serves the request
+    /// synchronously (a host call that may block): a loop that holds
+    /// answers back to give them together gives them here, so none waits
+    /// behind a call that may hang.
+    pub before_sync: Option<&'a mut dyn FnMut()>,
+}
+
+impl<'a, I> Start<'a, I> {
+    /// A loop's context and completions, holding no answers back.
+    pub fn new(io: &'a mut I, done: &'a mut Completions) -> Start<'a, I> {
+        Start {
+            io,
+            done,
+            before_sync: None,
+        }
+    }
+}
+
+impl<I> std::fmt::Debug for Start<'_, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Start")
+            .field("done", &self.done)
+            .field("before_sync", &self.before_sync.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The started requests of one serving loop (see the module docs).

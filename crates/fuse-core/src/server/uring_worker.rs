@@ -342,6 +342,9 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
             } else {
                 &mut *outp
             };
+            if let Some(f) = start.as_mut().and_then(|s| s.before_sync.as_mut()) {
+                f();
+            }
             match disp.handle_client_with(&req, out, defer, client.as_deref(), fence.as_ref()) {
                 Handled::Reply(o) => Some(o),
                 Handled::NoReply => None,
@@ -373,10 +376,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
 
 /// The loop's context of `start`, lent again (for one offer).
 fn lend<'b, I>(start: &'b mut Option<Start<'_, I>>) -> Option<Start<'b, I>> {
-    start.as_mut().map(|s| Start {
-        io: &mut *s.io,
-        done: &mut *s.done,
-    })
+    start.as_mut().map(|s| Start::new(&mut *s.io, &mut *s.done))
 }
 
 /// Answers of parked requests, waiting for their worker.

@@ -258,10 +258,7 @@ impl DevWorker {
             Operation::Fsync { .. } | Operation::Fsyncdir { .. } | Operation::Fallocate { .. }
         ) && disp
             .start_no_data(
-                Start {
-                    io,
-                    done: self.started.completions(),
-                },
+                Start::new(io, self.started.completions()),
                 &req,
                 IoDone::new(unique),
             )
@@ -358,10 +355,7 @@ impl DevWorker {
         };
         let m: Arc<dyn ClientMem> = Arc::new(slot.client_mem_at(PAGE, size as usize));
         let done = IoDone::new(unique);
-        let start = Start {
-            io,
-            done: self.started.completions(),
-        };
+        let start = Start::new(io, self.started.completions());
         let r = if read {
             disp.start_read(start, &req, &m, done)
         } else {

@@ -178,10 +178,7 @@ impl<'a, F: Filesystem> Server<'a, F> {
             &mut slot,
             &mut self.scratch,
             Some(&defer),
-            Some(Start {
-                io: &mut self.io,
-                done: self.started.completions(),
-            }),
+            Some(Start::new(&mut self.io, self.started.completions())),
         ) {
             Served::Started => {
                 self.stats.started += 1;

@@ -6,9 +6,12 @@
 //!
 //! It owns entries of its engine ring queue, reserved for it (they take
 //! requests only while it submits, or on their own commit), up to the
-//! queue's size. Each round `submit.rs` sent to them is one chunk: every
+//! queue's size. Each round `submit.rs` sent to them is one chunk, or
+//! several after a round of READs the page cache held ([`Chunks`]): every
 //! request is started on the thread's host I/O context where the
-//! filesystem can, or served synchronously and committed at once. Every
+//! filesystem can, or served synchronously. The answers given at once
+//! with no call that may block are committed together; one served
+//! synchronously is committed at once, after those before it. Every
 //! `submit_batch` started requests, and at the end of the kick, the
 //! started I/O is submitted and what completed committed; later
 //! completions wake the thread through its epoll. A request that may wait
@@ -61,7 +64,8 @@ pub(crate) struct QueueServer {
     /// The filesystem's completion fd is in this thread's epoll.
     pub(super) fd_registered: Option<i32>,
     scratch: Vec<u8>,
-    /// Completed started requests to commit (kept for its room).
+    /// Answered requests to commit together (kept for its room): never
+    /// across a call that may block, empty between calls.
     commits: Vec<Fetched>,
     /// A READ or WRITE of at least [`LARGE`] bytes was served since the
     /// last [`QueueServer::take_large`].
@@ -124,52 +128,81 @@ impl QueueServer {
         }
     }
 
-    /// Serves what this thread's entries hold, up to `budget` requests,
-    /// one at a time: starts what the filesystem can (READ, WRITE, FSYNC,
-    /// FSYNCDIR, FALLOCATE), serves the rest synchronously, and commits each
-    /// answer at once (an answer is never held behind the next request,
-    /// which may hang in a host call; what is not fetched yet, the watchdog
-    /// can hand to the workers). Returns how many it served or started.
-    pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> usize {
-        let mut n = 0;
-        while n < budget {
-            let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) else {
+    /// Serves what this thread's entries hold, up to `budget` requests:
+    /// starts what the filesystem can (READ, WRITE, FSYNC, FSYNCDIR,
+    /// FALLOCATE) and serves the rest synchronously. The answers given
+    /// with no host call that may block (a READ the page cache held) are
+    /// committed together, when it returns or before it serves a request
+    /// synchronously; after a request served synchronously it returns,
+    /// that answer committed too. So no answer waits behind a call that
+    /// may hang (what is not fetched yet, the watchdog can hand to the
+    /// workers).
+    pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> Serving {
+        let QueueServer {
+            ring,
+            qid,
+            io,
+            started,
+            fresh,
+            scratch,
+            commits,
+            large,
+            ..
+        } = self;
+        let mut out = Serving::default();
+        while out.served < budget {
+            let Ok(Some(mut f)) = ring.fetch_own(*qid) else {
                 break;
             };
-            n += 1;
-            self.large |= moves_much(&mut f);
+            out.served += 1;
+            *large |= moves_much(&mut f);
             let unique = f.in_header().unique;
-            let done = self.started.completions();
-            let start = io_of(&mut self.io, disp).map(|io| Start { io, done });
-            match serve_slot(disp, &mut f, &mut self.scratch, None, start) {
-                Served::Started => {
+            // When the answers held before a synchronous call were given.
+            let mut given_at = None;
+            let served = {
+                let held = !commits.is_empty();
+                let mut give_held = || {
+                    commit_all(ring, commits);
+                    given_at = Some(Instant::now());
+                };
+                let start = io_of(io, disp).map(|io| Start {
+                    io,
+                    done: started.completions(),
+                    before_sync: if held { Some(&mut give_held) } else { None },
+                });
+                serve_slot(disp, &mut f, scratch, None, start)
+            };
+            match served {
+                Served::Started => match started.hold(unique, f) {
                     // Answered before start_read returned (the page cache
-                    // held it): committed now.
-                    if let Some(f) = self.started.hold(unique, f) {
-                        commit(&self.ring, f);
-                        continue;
+                    // held it).
+                    Some(f) => commits.push(f),
+                    None => {
+                        *fresh += 1;
+                        out.pending += 1;
                     }
-                    self.fresh += 1;
-                }
+                },
                 // Nothing parks here (no Deferred is offered), but a
                 // request answered either way is committed.
-                Served::Answered | Served::Parked => commit(&self.ring, f),
+                Served::Answered | Served::Parked => {
+                    // After the answers before it (given already when it
+                    // was served synchronously).
+                    if !commits.is_empty() {
+                        commit_all(ring, commits);
+                    }
+                    commit(ring, f);
+                    out.sync_since = Some(given_at);
+                    return out;
+                }
             }
         }
-        n
+        commit_all(ring, commits);
+        out
     }
 
     /// Whether a large READ or WRITE was served since the last call.
     pub(crate) fn take_large(&mut self) -> bool {
         std::mem::take(&mut self.large)
-    }
-
-    /// Commits the answered entries in `commits` at once (no host call
-    /// runs between them). One the ring refuses (torn down, or refused:
-    /// its request then ends with EIO) is dropped.
-    fn commit_all(&mut self) {
-        self.ring.commit_batch(&mut self.commits, None);
-        self.commits.clear();
     }
 
     /// The fd that is readable when this thread's started I/O has
@@ -198,17 +231,41 @@ impl QueueServer {
         }
         let commits = &mut self.commits;
         let n = self.started.take_completed(|f| commits.push(f));
-        self.commit_all();
+        commit_all(&self.ring, commits);
         n
     }
 }
 
-/// Commits `f`'s reply on `ring`.
+/// Commits the answered entries in `commits` on `ring` at once (no host
+/// call runs between them) and empties it. One the ring refuses (torn
+/// down, or refused: its request then ends with EIO) is dropped.
+fn commit_all(ring: &RingEnd, commits: &mut Vec<Fetched>) {
+    if commits.len() > 1 {
+        ring.commit_batch(commits, None);
+        commits.clear();
+    } else if let Some(f) = commits.pop() {
+        commit(ring, f);
+    }
+}
+
+/// Commits `f`'s reply on `ring` (torn down, or refused, which drops the
+/// request with EIO: the entry is gone or back to available either way).
 fn commit(ring: &RingEnd, f: Fetched) {
     let area = f.commit_cmd();
-    // Torn down (or refused, which drops the request with EIO): the entry
-    // is gone or back to available either way.
     let _ = ring.commit(&area, f, None);
+}
+
+/// What one [`QueueServer::serve`] call did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Serving {
+    /// Requests served or started.
+    pub(crate) served: usize,
+    /// Of them, started and still running.
+    pub(crate) pending: usize,
+    /// The last was served synchronously (Some); then since when, if the
+    /// answers before it were given first (Some(Some)), else since the
+    /// call began.
+    pub(crate) sync_since: Option<Option<Instant>>,
 }
 
 /// `disp`'s filesystem's host I/O context in `slot`, made there on first
@@ -257,12 +314,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 
     /// Serves the `n` requests of a round just sent to this thread's
-    /// entries as one chunk ([`Chunks`]): one guest notification for their
-    /// answers, or one more right after a slow request (it took a tenth of
-    /// the chunk time: a metadata call, not a cached read) and each time
-    /// serving took the chunk time, so the guest hears of a slow answer as
-    /// it is done. Submits the I/O started once `submit_batch` requests
-    /// are waiting. Returns how many it served.
+    /// entries in chunks ([`Chunks`]): one guest notification for each
+    /// chunk's answers, or one more right after a slow request (it took a
+    /// tenth of the chunk time: a metadata call, not a cached read) and
+    /// each time serving took the chunk time, so the guest hears of a slow
+    /// answer as it is done. Submits the I/O started once `submit_batch`
+    /// requests are waiting. Returns how many it served.
     pub(super) fn serve_chunk(
         &self,
         vring: &Vring,
@@ -273,6 +330,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     ) -> usize {
         let signals = &self.inner.queue(q).signals;
         let per_submit = self.inner.cfg.submit_batch.max(1);
+        let chunk = chunks.next_len();
         let mut batch = signals.open(vring, &self.inner.mem);
         let chunk_time = self.inner.cfg.chunk_time;
         let began = Instant::now();
@@ -283,36 +341,53 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // The watchdog's mark moves on at least every MARK_AGE while
         // requests are done, however long the chunk may last.
         let mut mark_due = began + MARK_AGE;
-        let mut slow = false;
+        let (mut slow, mut quick) = (false, true);
         s.take_large();
-        let mut served = 0;
+        let (mut served, mut unsignalled) = (0, 0);
         while served < n {
-            if self.serve_inline(s, q, 1, mark) == 0 {
+            // Up to the end of the chunk (`unsignalled` < `chunk` here).
+            let want = (n - served)
+                .min(chunk.saturating_sub(unsignalled).max(1))
+                .min(per_submit.saturating_sub(s.unsubmitted()).max(1));
+            let r = self.serve_piece(s, q, want, mark);
+            if r.served == 0 {
                 break;
             }
-            served += 1;
+            served += r.served;
+            unsignalled += r.served;
+            quick &= r.sync_since.is_none() && r.pending == 0;
             let now = Instant::now();
-            // What the request took, not the submit of the batch of I/O
-            // it completed (its own clock read, once per batch).
-            let took = now.saturating_duration_since(last);
+            // What a request took, not the submit of the batch of I/O it
+            // completed (its own clock read, once per batch): the last
+            // one's, from when the answers before it were given, when it
+            // was served synchronously; else each one's share.
+            let took = match r.sync_since {
+                Some(since) => now.saturating_duration_since(since.unwrap_or(last)),
+                None => now.saturating_duration_since(last) / r.served as u32,
+            };
             last = now;
             if s.unsubmitted() >= per_submit {
                 self.complete_inline(s, q);
                 last = Instant::now();
             }
-            if took >= slow_request || due.is_some_and(|d| now >= d) {
-                // Signalled now; the rest of the round in a batch of its own.
-                slow = true;
+            let slow_now = took >= slow_request || due.is_some_and(|d| now >= d);
+            if slow_now || (unsignalled >= chunk && served < n) {
+                // Signalled now; the rest of the round in batches of its
+                // own.
+                slow |= slow_now;
+                unsignalled = 0;
                 drop(batch);
                 batch = signals.open(vring, &self.inner.mem);
-                due = now.checked_add(chunk_time);
+                if slow_now {
+                    due = now.checked_add(chunk_time);
+                }
             }
             if now >= mark_due {
                 (mark, mark_due) = (self.busy_mark(now), now + MARK_AGE);
             }
         }
         drop(batch);
-        chunks.served(slow || s.take_large());
+        chunks.served(slow || s.take_large(), quick && served == n);
         served
     }
 
@@ -378,26 +453,33 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let busy_since = &self.inner.queue(q).busy_since;
         busy_since.store(mark, Ordering::SeqCst);
         let disp = self.inner.engine.dispatcher();
-        let n = if budget == 1 {
-            s.serve(disp, 1)
-        } else {
-            // Several: the mark moves on every MARK_AGE while they get
-            // done, so only one that takes STUCK looks stuck.
-            let mut due = Instant::now() + MARK_AGE;
-            let mut n = 0;
-            while n < budget && s.serve(disp, 1) == 1 {
-                n += 1;
-                let now = Instant::now();
-                if now >= due {
-                    busy_since.store(self.busy_mark(now), Ordering::SeqCst);
-                    due = now + MARK_AGE;
-                }
+        // The mark moves on every MARK_AGE while they get done, so only
+        // one that takes STUCK looks stuck.
+        let mut due = Instant::now() + MARK_AGE;
+        let mut n = 0;
+        while n < budget && s.serve(disp, 1).served == 1 {
+            n += 1;
+            let now = Instant::now();
+            if now >= due {
+                busy_since.store(self.busy_mark(now), Ordering::SeqCst);
+                due = now + MARK_AGE;
             }
-            n
-        };
+        }
         busy_since.store(0, Ordering::SeqCst);
         self.inner.counters(q).add_inline(n as u64);
         n
+    }
+
+    /// Serves one piece of a chunk, up to `budget` requests, in one
+    /// [`QueueServer::serve`] call (their answers given together), marking
+    /// the queue busy for the watchdog meanwhile (since `mark`).
+    fn serve_piece(&self, s: &mut QueueServer, q: RqId, budget: usize, mark: u64) -> Serving {
+        let busy_since = &self.inner.queue(q).busy_since;
+        busy_since.store(mark, Ordering::SeqCst);
+        let r = s.serve(self.inner.engine.dispatcher(), budget);
+        busy_since.store(0, Ordering::SeqCst);
+        self.inner.counters(q).add_inline(r.served as u64);
+        r
     }
 }
 

@@ -2,8 +2,9 @@
 //! **pop** up to [`ROUND`] chains (each read into engine arguments and a
 //! ticket, `request.rs`), **send** them to the engine as one batch (one
 //! lock for their admission, one for their ring entries, one clock read),
-//! and, on the vring thread, **serve** what its own entries got as one
-//! chunk (`inline.rs`, `notify.rs`: a round is a chunk there). A round ends
+//! and, on the vring thread, **serve** what its own entries got in chunks
+//! (`inline.rs`, `notify.rs`: a round there is one chunk, or up to
+//! [`ROUND`] requests after a round of READs the page cache held). A round ends
 //! early at a chain that does not go into the batch (its *tail*): a
 //! malformed or refused chain is answered right after the send, still
 //! under `pop_lock`; a lock call is sent before the round is served; an
@@ -125,7 +126,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             let mut want = ROUND.min(left);
             if let Some((s, k)) = inline.as_mut() {
                 if served < *k {
-                    want = want.min(*k - served).min(chunks.next_len());
+                    want = want.min(*k - served).min(chunks.round_len());
                     // Entries of this thread free for all of them.
                     s.make_room(want);
                 }
