@@ -140,9 +140,10 @@ pub struct DeviceConfig {
     /// the workers meanwhile. See `device/inline.rs`.
     pub inline_per_batch: usize,
     /// Requests in a chunk of a vring thread serving in line (at least 1):
-    /// it pops that many at a time and signals their in-line answers with
-    /// one guest notification (a slow request at once, and after a slow or
-    /// large one the next chunk is single: `chunk_time`); and started
+    /// it pops that many at a time (up to 16 after a round of READs the
+    /// page cache held, still served in chunks) and signals their in-line
+    /// answers with one guest notification (a slow request at once, and
+    /// after a slow or large one the next chunks are single: `chunk_time`); and started
     /// requests (READ, WRITE, FSYNC, FSYNCDIR, FALLOCATE) it lets gather
     /// before it submits them and answers what completed. Small chunks let
     /// a guest that reaps while the device works refill its queue sooner

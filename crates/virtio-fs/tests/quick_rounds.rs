@@ -4,33 +4,45 @@
 //! with a request served synchronously keeps rounds of one chunk, so the
 //! guest hears of its first answers before the rest of its queue is
 //! popped. Either way every answer reaches the guest, each chunk's
-//! together.
+//! together. The answers given at once are held only across start offers:
+//! a request served synchronously finds those before it in the used ring,
+//! and a start offer that blocks after all leaves them to the watchdog.
 
 mod common;
 
 use common::*;
 use fuse_core::abi::{Attr, Opcode, ReadIn};
 use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone, ReadSink};
-use fuse_core::{ClientMem, Errno};
+use fuse_core::ClientMem;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
-use virtio_fs::{DeviceConfig, FsDevice};
+use virtio_fs::{DeviceConfig, FsDevice, GuestMmap};
+use vm_memory::{Bytes, GuestAddress};
 use zerocopy::{FromZeros, IntoBytes};
 
 /// Answers READs at once in `start_read` (as a page-cache hit) and
 /// GETATTRs synchronously; records, for each request it serves, how many
-/// chains the device had popped beyond it.
+/// chains the device had popped beyond it, and for each GETATTR the used
+/// ring's index. The READ at `block_at` blocks in `start_read` (a start
+/// offer that should not, but does) until `open`.
 #[derive(Clone, Default)]
 struct Cached {
     dev: Arc<Mutex<Option<FsDevice<Cached>>>>,
+    mem: Arc<Mutex<Option<GuestMmap>>>,
     /// Requests served so far.
     served: Arc<Mutex<u64>>,
     /// Chains popped beyond each request as it was served.
     ahead: Arc<Mutex<Vec<u64>>>,
+    /// The used index each GETATTR saw.
+    used_at_getattr: Arc<Mutex<Vec<u16>>>,
+    block_at: Option<u64>,
+    blocked: Arc<AtomicBool>,
+    open: Arc<AtomicBool>,
 }
 
 impl Cached {
@@ -58,12 +70,23 @@ impl Filesystem for Cached {
 
     fn getattr(&self, _: &Ctx, ino: u64, _: Option<u64>) -> FsResult<(Attr, Duration)> {
         self.note();
+        let mem = self.mem.lock().unwrap();
+        let used: u16 = mem
+            .as_ref()
+            .unwrap()
+            .read_obj(GuestAddress(USED + 2))
+            .unwrap();
+        self.used_at_getattr.lock().unwrap().push(used);
         dir_attr(ino)
     }
 
-    fn read(&self, _: &Ctx, _: u64, _: u64, _: u64, _: &mut dyn ReadSink) -> FsResult<usize> {
-        // Every READ here is started.
-        Err(Errno::EPROTO)
+    fn read(&self, _: &Ctx, _: u64, _: u64, off: u64, sink: &mut dyn ReadSink) -> FsResult<usize> {
+        // Only the workers read so (after the watchdog took a queue over):
+        // the vring thread starts every READ.
+        let buf = sink.buffer();
+        let n = buf.len();
+        buf.copy_from_slice(&data(off, n));
+        Ok(n)
     }
 
     fn start_read(
@@ -82,6 +105,12 @@ impl Filesystem for Cached {
             return Err(done);
         }
         self.note();
+        if self.block_at == Some(off) {
+            self.blocked.store(true, Ordering::SeqCst);
+            while !self.open.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let r = mem.write_at(0, &data(off, len)).map(|()| len);
         mem.end_io();
         out.complete(done, r);
@@ -92,13 +121,12 @@ impl Filesystem for Cached {
 const N: usize = 32;
 const LEN: usize = 512;
 
-/// One kick of `N` requests (READs, or GETATTRs when `getattr`), served in
-/// line in chunks of 4 (none taken for slow); checks every answer and
-/// that the guest was signalled once per chunk; returns how many chains
-/// were popped beyond each request as it was served.
-fn kick(getattr: bool) -> Vec<u64> {
-    let fs = Cached::default();
-    let h = Harness::new(
+/// A harness serving `fs` in line in chunks of 4 (none taken for slow),
+/// with `N` requests posted: a GETATTR where `getattr(i)`, else a READ of
+/// offset `i * 4096`; and an eventfd for its signals. Returns the
+/// harness, the reply addresses and the eventfd.
+fn post(fs: &Cached, getattr: impl Fn(usize) -> bool) -> (Arc<Harness<Cached>>, Vec<u64>, File) {
+    let h = Arc::new(Harness::new(
         fs.clone(),
         DeviceConfig {
             inline_per_batch: usize::MAX,
@@ -107,24 +135,28 @@ fn kick(getattr: bool) -> Vec<u64> {
             chunk_time: Duration::from_secs(1),
             ..DeviceConfig::default()
         },
-    );
+    ));
     *fs.dev.lock().unwrap() = Some(h.dev.clone());
-    let vring = h.vring();
-    // SAFETY: eventfd makes a new fd, owned by `call` from here on.
-    let call = unsafe { File::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK)) };
-    vring.set_call(Some(call.try_clone().unwrap()));
+    *fs.mem.lock().unwrap() = Some(h.mem.clone());
+    // SAFETY: eventfd has no preconditions; its result is checked before
+    // `call` takes ownership of it.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
+    assert!(efd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    // SAFETY: `efd` is a new fd that nothing else owns.
+    let call = unsafe { File::from_raw_fd(efd) };
     let (mut d, mut at) = (0u16, DATA);
     let (mut heads, mut replies) = (Vec::new(), Vec::new());
-    for i in 0..N as u64 {
-        let msg = if getattr {
-            request(Opcode::Getattr, 100 + i, &[0u8; 16])
+    for i in 0..N {
+        let unique = 100 + i as u64;
+        let msg = if getattr(i) {
+            request(Opcode::Getattr, unique, &[0u8; 16])
         } else {
             let body = ReadIn {
-                offset: i * 4096,
+                offset: i as u64 * 4096,
                 size: LEN as u32,
                 ..ReadIn::new_zeroed()
             };
-            request(Opcode::Read, 100 + i, body.as_bytes())
+            request(Opcode::Read, unique, body.as_bytes())
         };
         let (head, reply, next_d, next_at) = h.chain(d, at, &msg, 16 + 4096);
         heads.push(head);
@@ -132,19 +164,36 @@ fn kick(getattr: bool) -> Vec<u64> {
         (d, at) = (next_d, (next_at + 63) & !63);
     }
     h.publish(&heads);
-    h.kick(&vring, 1);
+    (h, replies, call)
+}
+
+/// Checks every answer: each READ's data, each GETATTR's success.
+fn check_answers(h: &Harness<Cached>, replies: &[u64], getattr: impl Fn(usize) -> bool) {
     assert_eq!(h.used_idx(), N as u16, "every request answered");
     for (i, reply) in replies.iter().enumerate() {
         let r = h.reply(*reply);
         assert_eq!((r.unique, r.error), (100 + i as u64, 0), "request {i}");
-        if !getattr {
+        if !getattr(i) {
             assert_eq!(r.len, 16 + LEN as u32);
             let mut got = vec![0u8; LEN];
-            vm_memory::Bytes::read_slice(&h.mem, &mut got, vm_memory::GuestAddress(reply + 16))
+            h.mem
+                .read_slice(&mut got, GuestAddress(reply + 16))
                 .unwrap();
             assert_eq!(got, data(i as u64 * 4096, LEN), "READ {i}");
         }
     }
+}
+
+/// One kick of `N` requests (READs, or GETATTRs when `getattr`); checks
+/// every answer and that the guest was signalled once per chunk; returns
+/// how many chains were popped beyond each request as it was served.
+fn kick(getattr: bool) -> Vec<u64> {
+    let fs = Cached::default();
+    let (h, replies, call) = post(&fs, |_| getattr);
+    let vring = h.vring();
+    vring.set_call(Some(call.try_clone().unwrap()));
+    h.kick(&vring, 1);
+    check_answers(&h, &replies, |_| getattr);
     // An eventfd reads as the number of signals since the last read.
     let mut signals = [0u8; 8];
     (&call).read_exact(&mut signals).unwrap();
@@ -175,4 +224,56 @@ fn cached_reads_are_popped_sixteen_at_a_time_after_a_quick_round() {
 fn requests_served_synchronously_keep_rounds_of_one_chunk() {
     let ahead = kick(true);
     assert!(ahead.iter().all(|&a| a <= 3), "{ahead:?}");
+}
+
+#[test]
+fn a_request_served_synchronously_finds_the_answers_before_it_given() {
+    // Round 1: READs 0-3 (quick); round 2 pops 16: READs 4 and 5 answered
+    // at once and held, then the GETATTR (6), served synchronously.
+    const G: usize = 6;
+    let fs = Cached::default();
+    let (h, replies, _call) = post(&fs, |i| i == G);
+    let vring = h.vring();
+    h.kick(&vring, 1);
+    check_answers(&h, &replies, |i| i == G);
+    assert_eq!(*fs.used_at_getattr.lock().unwrap(), [G as u16]);
+    fs.dev.lock().unwrap().take();
+    let ahead = fs.ahead.lock().unwrap().clone();
+    assert!(ahead[4] >= 12, "round 2 was not a quick one's: {ahead:?}");
+    // Round 2 had a synchronous request: round 3 (from request 20) is one
+    // chunk (and quick: round 4 pops more again).
+    assert!(ahead[20..24].iter().all(|&a| a <= 3), "{ahead:?}");
+    assert!(ahead[24] >= 4, "{ahead:?}");
+}
+
+#[test]
+fn answers_held_when_a_start_offer_blocks_are_given_by_the_watchdog() {
+    // READs 4 and 5 answered at once and held; READ 6 blocks in its start
+    // offer: the watchdog commits 4 and 5 (READs 0-3 went with round 1).
+    let fs = Cached {
+        block_at: Some(6 * 4096),
+        ..Cached::default()
+    };
+    let (h, replies, _call) = post(&fs, |_| false);
+    let vring = h.vring();
+    let (h2, v2) = (h.clone(), vring.clone());
+    let kicker = std::thread::spawn(move || h2.kick(&v2, 1));
+    wait_for("READ 6 to block", || fs.blocked.load(Ordering::SeqCst));
+    // (The workers answer what the watchdog hands them meanwhile: READs
+    // 4 and 5 are looked for by their own replies.)
+    let given = |i: usize| h.reply(replies[i]).unique == 100 + i as u64;
+    let t = Instant::now();
+    while !(given(4) && given(5)) && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let both = given(4) && given(5);
+    fs.open.store(true, Ordering::SeqCst);
+    kicker.join().unwrap();
+    assert!(
+        both,
+        "READs 4 and 5, held when READ 6 blocked, were not given"
+    );
+    wait_for("every answer", || h.used_idx() == N as u16);
+    check_answers(&h, &replies, |_| false);
+    fs.dev.lock().unwrap().take();
 }

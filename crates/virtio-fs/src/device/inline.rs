@@ -30,7 +30,7 @@ use fuse_core::Chan;
 use fuse_core::Errno;
 use std::any::Any;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
@@ -131,13 +131,19 @@ impl QueueServer {
     /// Serves what this thread's entries hold, up to `budget` requests:
     /// starts what the filesystem can (READ, WRITE, FSYNC, FSYNCDIR,
     /// FALLOCATE) and serves the rest synchronously. The answers given
-    /// with no host call that may block (a READ the page cache held) are
-    /// committed together, when it returns or before it serves a request
-    /// synchronously; after a request served synchronously it returns,
-    /// that answer committed too. So no answer waits behind a call that
-    /// may hang (what is not fetched yet, the watchdog can hand to the
-    /// workers).
-    pub(crate) fn serve<F: Filesystem>(&mut self, disp: &Dispatcher<F>, budget: usize) -> Serving {
+    /// at once by a start offer (a READ the page cache held) wait in
+    /// `held` to be committed together, when it returns or before it serves
+    /// a request synchronously (a host call that may block); after a
+    /// request served synchronously it returns, that answer committed
+    /// after them. A start offer must not block; if one does, the watchdog
+    /// commits what `held` holds (and what is not fetched yet, it hands to
+    /// the workers).
+    pub(crate) fn serve<F: Filesystem>(
+        &mut self,
+        disp: &Dispatcher<F>,
+        held: &Held,
+        budget: usize,
+    ) -> Serving {
         let QueueServer {
             ring,
             qid,
@@ -150,6 +156,9 @@ impl QueueServer {
             ..
         } = self;
         let mut out = Serving::default();
+        // Answers this call put in `held` (the watchdog may have taken
+        // them since: then giving finds none).
+        let mut holding = false;
         while out.served < budget {
             let Ok(Some(mut f)) = ring.fetch_own(*qid) else {
                 break;
@@ -160,15 +169,14 @@ impl QueueServer {
             // When the answers held before a synchronous call were given.
             let mut given_at = None;
             let served = {
-                let held = !commits.is_empty();
                 let mut give_held = || {
-                    commit_all(ring, commits);
+                    held.give(ring, commits);
                     given_at = Some(Instant::now());
                 };
                 let start = io_of(io, disp).map(|io| Start {
                     io,
                     done: started.completions(),
-                    before_sync: if held { Some(&mut give_held) } else { None },
+                    before_sync: if holding { Some(&mut give_held) } else { None },
                 });
                 serve_slot(disp, &mut f, scratch, None, start)
             };
@@ -176,27 +184,33 @@ impl QueueServer {
                 Served::Started => match started.hold(unique, f) {
                     // Answered before start_read returned (the page cache
                     // held it).
-                    Some(f) => commits.push(f),
+                    Some(f) => {
+                        held.push(f);
+                        holding = true;
+                    }
                     None => {
                         *fresh += 1;
                         out.pending += 1;
                     }
                 },
                 // Nothing parks here (no Deferred is offered), but a
-                // request answered either way is committed.
+                // request answered either way is committed, after the
+                // answers before it (given already if it was served
+                // synchronously).
                 Served::Answered | Served::Parked => {
-                    // After the answers before it (given already when it
-                    // was served synchronously).
-                    if !commits.is_empty() {
-                        commit_all(ring, commits);
+                    if holding && given_at.is_none() {
+                        held.give(ring, commits);
                     }
-                    commit(ring, f);
+                    commits.push(f);
+                    commit_all(ring, commits);
                     out.sync_since = Some(given_at);
                     return out;
                 }
             }
         }
-        commit_all(ring, commits);
+        if holding {
+            held.give(ring, commits);
+        }
         out
     }
 
@@ -240,19 +254,31 @@ impl QueueServer {
 /// call runs between them) and empties it. One the ring refuses (torn
 /// down, or refused: its request then ends with EIO) is dropped.
 fn commit_all(ring: &RingEnd, commits: &mut Vec<Fetched>) {
-    if commits.len() > 1 {
+    if !commits.is_empty() {
         ring.commit_batch(commits, None);
         commits.clear();
-    } else if let Some(f) = commits.pop() {
-        commit(ring, f);
     }
 }
 
-/// Commits `f`'s reply on `ring` (torn down, or refused, which drops the
-/// request with EIO: the entry is gone or back to available either way).
-fn commit(ring: &RingEnd, f: Fetched) {
-    let area = f.commit_cmd();
-    let _ = ring.commit(&area, f, None);
+/// The answers a request queue's vring thread gave at once (start offers
+/// answered from the page cache), held to be committed together: its own
+/// mutex, a leaf, taken for each push and each give, never held across a
+/// commit. The watchdog takes them from a thread stuck meanwhile.
+#[derive(Default)]
+pub(crate) struct Held(Mutex<Vec<Fetched>>);
+
+impl Held {
+    fn push(&self, f: Fetched) {
+        lock(&self.0).push(f);
+    }
+
+    /// Commits every answer held, in the order given, on `ring` (any end
+    /// of the engine's ring: each entry knows its own), through `spare`
+    /// (empty, kept for its room).
+    pub(crate) fn give(&self, ring: &RingEnd, spare: &mut Vec<Fetched>) {
+        std::mem::swap(&mut *lock(&self.0), spare);
+        commit_all(ring, spare);
+    }
 }
 
 /// What one [`QueueServer::serve`] call did.
@@ -262,9 +288,10 @@ pub(crate) struct Serving {
     pub(crate) served: usize,
     /// Of them, started and still running.
     pub(crate) pending: usize,
-    /// The last was served synchronously (Some); then since when, if the
-    /// answers before it were given first (Some(Some)), else since the
-    /// call began.
+    /// The last was served synchronously, or answered without the
+    /// filesystem (a request given up, one that does not decode): Some;
+    /// then since when, if the answers before it were given first
+    /// (Some(Some)), else since the call began (Some(None)).
     pub(crate) sync_since: Option<Option<Instant>>,
 }
 
@@ -330,7 +357,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     ) -> usize {
         let signals = &self.inner.queue(q).signals;
         let per_submit = self.inner.cfg.submit_batch.max(1);
-        let chunk = chunks.next_len();
+        // Requests per chunk: one after a slow or large one.
+        let mut chunk = chunks.next_len();
         let mut batch = signals.open(vring, &self.inner.mem);
         let chunk_time = self.inner.cfg.chunk_time;
         let began = Instant::now();
@@ -367,27 +395,30 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             };
             last = now;
             if s.unsubmitted() >= per_submit {
-                self.complete_inline(s, q);
+                // (The rest of the round is served here, in its chunks.)
+                self.complete_started(s, q);
                 last = Instant::now();
             }
-            let slow_now = took >= slow_request || due.is_some_and(|d| now >= d);
+            let large = s.take_large();
+            let slow_now = large || took >= slow_request || due.is_some_and(|d| now >= d);
             if slow_now || (unsignalled >= chunk && served < n) {
-                // Signalled now; the rest of the round in batches of its
-                // own.
-                slow |= slow_now;
+                // Signalled now; the rest of the round in chunks of its
+                // own, single ones after a slow or large request.
+                if slow_now {
+                    slow = true;
+                    chunk = 1;
+                }
                 unsignalled = 0;
                 drop(batch);
                 batch = signals.open(vring, &self.inner.mem);
-                if slow_now {
-                    due = now.checked_add(chunk_time);
-                }
+                due = now.checked_add(chunk_time);
             }
             if now >= mark_due {
                 (mark, mark_due) = (self.busy_mark(now), now + MARK_AGE);
             }
         }
         drop(batch);
-        chunks.served(slow || s.take_large(), quick && served == n);
+        chunks.served(slow, quick && served == n);
         served
     }
 
@@ -395,17 +426,33 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// completed, and what the entries took meanwhile; makes sure the
     /// thread's completion eventfd is in its epoll.
     pub(super) fn complete_inline(&self, s: &mut QueueServer, q: RqId) {
-        let disp = self.inner.engine.dispatcher();
-        let rq = self.inner.queue(q);
-        // The answers of one reaped batch of completions signal the guest
-        // once, when all are in its used ring (inside a chunk of requests
-        // served in line, with that chunk's).
-        while {
-            let _batch = rq.vring.get().map(|v| rq.signals.open(v, &self.inner.mem));
-            s.complete(disp)
-        } > 0
+        while self.complete_once(s, q) > 0
             && self.serve_inline(s, q, usize::MAX, self.busy_mark(Instant::now())) > 0
         {}
+        self.register_started_fd(s, q);
+    }
+
+    /// Inside a round ([`FsDevice::serve_chunk`], which serves what the
+    /// entries hold in its chunks): submits the I/O this queue's thread
+    /// started and answers what has completed.
+    fn complete_started(&self, s: &mut QueueServer, q: RqId) {
+        self.complete_once(s, q);
+        self.register_started_fd(s, q);
+    }
+
+    /// Submits the started I/O and answers what completed; the answers of
+    /// one reaped batch of completions signal the guest once, when all are
+    /// in its used ring (inside a chunk of requests served in line, with
+    /// that chunk's). Returns how many it answered.
+    fn complete_once(&self, s: &mut QueueServer, q: RqId) -> usize {
+        let rq = self.inner.queue(q);
+        let _batch = rq.vring.get().map(|v| rq.signals.open(v, &self.inner.mem));
+        s.complete(self.inner.engine.dispatcher())
+    }
+
+    /// Makes sure the thread's completion eventfd is in its epoll.
+    fn register_started_fd(&self, s: &mut QueueServer, q: RqId) {
+        let disp = self.inner.engine.dispatcher();
         if s.fd_registered.is_none() {
             if let Some(fd) = s.started_fd(disp) {
                 let h = lock(&self.inner.handlers)
@@ -457,7 +504,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // one that takes STUCK looks stuck.
         let mut due = Instant::now() + MARK_AGE;
         let mut n = 0;
-        while n < budget && s.serve(disp, 1).served == 1 {
+        let held = &self.inner.queue(q).held;
+        while n < budget && s.serve(disp, held, 1).served == 1 {
             n += 1;
             let now = Instant::now();
             if now >= due {
@@ -476,7 +524,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     fn serve_piece(&self, s: &mut QueueServer, q: RqId, budget: usize, mark: u64) -> Serving {
         let busy_since = &self.inner.queue(q).busy_since;
         busy_since.store(mark, Ordering::SeqCst);
-        let r = s.serve(self.inner.engine.dispatcher(), budget);
+        let held = &self.inner.queue(q).held;
+        let r = s.serve(self.inner.engine.dispatcher(), held, budget);
         busy_since.store(0, Ordering::SeqCst);
         self.inner.counters(q).add_inline(r.served as u64);
         r
@@ -530,6 +579,9 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
                 // begun (the rest of its round) goes to the workers, and
                 // so does what is sent from now on.
                 let ring = dev.inner.engine.chan().ring_end(false);
+                // The answers it gave at once and holds (a start offer
+                // blocked after them): committed here, signalled at once.
+                dev.inner.queue(*q).held.give(&ring, &mut Vec::new());
                 let _ = ring.hand_back_own(q.ring_queue());
                 dev.submit_requests(vring, *q, None);
                 // The stuck thread may hold answers it gave in line,

@@ -6,7 +6,7 @@
 //! bump, nothing lent; its counters and busy count are the device's.
 
 use super::heads::Heads;
-use super::inline::QueueServer;
+use super::inline::{Held, QueueServer};
 use super::lent::Lent;
 use super::notify::Signals;
 use super::Vring;
@@ -84,6 +84,10 @@ pub(super) struct RequestQueue {
     /// Its guest notifications, one per chunk its vring thread answers
     /// (atomic: `notify.rs`).
     pub(super) signals: Signals,
+    /// The answers its vring thread gave at once and has not committed
+    /// yet (`inline.rs`: its own mutex, a leaf; the watchdog takes them
+    /// from a stuck thread).
+    pub(super) held: Held,
 }
 
 impl RequestQueue {
@@ -103,6 +107,7 @@ impl RequestQueue {
             lent: Lent::default(),
             orphans: AtomicU64::new(0),
             signals: Signals::default(),
+            held: Held::default(),
         })
     }
 }

@@ -4,7 +4,8 @@
 //! lock for their admission, one for their ring entries, one clock read),
 //! and, on the vring thread, **serve** what its own entries got in chunks
 //! (`inline.rs`, `notify.rs`: a round there is one chunk, or up to
-//! [`ROUND`] requests after a round of READs the page cache held). A round ends
+//! `QUICK_ROUND` requests after a round of READs the page cache held). A
+//! round ends
 //! early at a chain that does not go into the batch (its *tail*): a
 //! malformed or refused chain is answered right after the send, still
 //! under `pop_lock`; a lock call is sent before the round is served; an
