@@ -136,12 +136,13 @@ impl QueueServer {
     /// a request synchronously (a host call that may block); after a
     /// request served synchronously it returns, that answer committed
     /// after them. A start offer must not block; if one does, the watchdog
-    /// commits what `held` holds (and what is not fetched yet, it hands to
-    /// the workers).
+    /// commits what `held` holds (then, racing this thread, in no set
+    /// order with its next answers; virtio does not ask for one) and hands
+    /// to the workers what is not fetched yet.
     pub(crate) fn serve<F: Filesystem>(
         &mut self,
         disp: &Dispatcher<F>,
-        held: &Held,
+        held: &HeldAnswers,
         budget: usize,
     ) -> Serving {
         let QueueServer {
@@ -265,9 +266,9 @@ fn commit_all(ring: &RingEnd, commits: &mut Vec<Fetched>) {
 /// mutex, a leaf, taken for each push and each give, never held across a
 /// commit. The watchdog takes them from a thread stuck meanwhile.
 #[derive(Default)]
-pub(crate) struct Held(Mutex<Vec<Fetched>>);
+pub(crate) struct HeldAnswers(Mutex<Vec<Fetched>>);
 
-impl Held {
+impl HeldAnswers {
     fn push(&self, f: Fetched) {
         lock(&self.0).push(f);
     }
@@ -555,9 +556,9 @@ const STUCK: Duration = Duration::from_millis(20);
 const MARK_AGE: Duration = Duration::from_millis(1);
 
 /// Keeps queues moving while their vring thread is stuck serving in line:
-/// every few milliseconds it pops what the guest added to such a queue and
-/// submits it to the engine, whose worker threads serve it. Ends with the
-/// device.
+/// every few milliseconds it commits the answers such a thread holds
+/// ([`HeldAnswers`]), pops what the guest added to its queue and submits it to
+/// the engine, whose worker threads serve it. Ends with the device.
 pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
     loop {
         // (Once the device is dropped no upgrade succeeds.)
@@ -573,19 +574,21 @@ pub(super) fn watchdog<F: Filesystem + 'static>(weak: Weak<Inner<F>>) {
             .collect();
         let dev = FsDevice { inner };
         for (q, vring) in &stuck {
+            let ring = dev.inner.engine.chan().ring_end(false);
+            // The answers the stuck thread gave at once and holds (a start
+            // offer blocked after them): committed here, signalled at once
+            // (each goes through its own vring's generation, so a disabled
+            // vring does not keep them).
+            dev.inner.queue(*q).held.give(&ring, &mut Vec::new());
             if vring.get_ref().is_enabled() {
                 dev.inner.counters(*q).add_takeovers(1);
                 // What the stuck thread's entries got and it has not
                 // begun (the rest of its round) goes to the workers, and
                 // so does what is sent from now on.
-                let ring = dev.inner.engine.chan().ring_end(false);
-                // The answers it gave at once and holds (a start offer
-                // blocked after them): committed here, signalled at once.
-                dev.inner.queue(*q).held.give(&ring, &mut Vec::new());
                 let _ = ring.hand_back_own(q.ring_queue());
                 dev.submit_requests(vring, *q, None);
-                // The stuck thread may hold answers it gave in line,
-                // their signal waiting for the end of its chunk.
+                // The stuck thread may still owe the guest a signal for
+                // answers it committed in line (its chunk's).
                 notify(
                     vring,
                     &dev.inner.queue(*q).signals.used,

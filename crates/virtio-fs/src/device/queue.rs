@@ -6,7 +6,7 @@
 //! bump, nothing lent; its counters and busy count are the device's.
 
 use super::heads::Heads;
-use super::inline::{Held, QueueServer};
+use super::inline::{HeldAnswers, QueueServer};
 use super::lent::Lent;
 use super::notify::Signals;
 use super::Vring;
@@ -54,7 +54,7 @@ pub(super) struct RequestQueue {
     /// The heads of its chains in flight (`heads.rs`: its own mutex, a
     /// leaf; taken under `gen`'s read lock when answering).
     pub(super) heads: Heads,
-    /// Held from popping a chain until it is submitted or put back, so the
+    /// HeldAnswers from popping a chain until it is submitted or put back, so the
     /// vring thread and the watchdog never interleave a pop with another's
     /// rewind.
     pub(super) pop_lock: Mutex<()>,
@@ -87,7 +87,7 @@ pub(super) struct RequestQueue {
     /// The answers its vring thread gave at once and has not committed
     /// yet (`inline.rs`: its own mutex, a leaf; the watchdog takes them
     /// from a stuck thread).
-    pub(super) held: Held,
+    pub(super) held: HeldAnswers,
 }
 
 impl RequestQueue {
@@ -107,7 +107,7 @@ impl RequestQueue {
             lent: Lent::default(),
             orphans: AtomicU64::new(0),
             signals: Signals::default(),
-            held: Held::default(),
+            held: HeldAnswers::default(),
         })
     }
 }

@@ -5,11 +5,10 @@
 //! and, on the vring thread, **serve** what its own entries got in chunks
 //! (`inline.rs`, `notify.rs`: a round there is one chunk, or up to
 //! `QUICK_ROUND` requests after a round of READs the page cache held). A
-//! round ends
-//! early at a chain that does not go into the batch (its *tail*): a
-//! malformed or refused chain is answered right after the send, still
-//! under `pop_lock`; a lock call is sent before the round is served; an
-//! INIT after it, and only if the vring was not stopped meanwhile.
+//! round ends early at a chain that does not go into the batch (its
+//! *tail*): a malformed or refused chain is answered right after the send,
+//! still under `pop_lock`; a lock call is sent before the round is served;
+//! an INIT after it, and only if the vring was not stopped meanwhile.
 //!
 //! When admission is full, the refused chains and the tail go back to the
 //! avail ring (under `pop_lock`), so nothing popped is held unsent, and the
