@@ -19,7 +19,7 @@ use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use vhost_user_backend::VringT;
 use virtio_fs::{DeviceConfig, FsDevice, GuestMmap};
 use vm_memory::{Bytes, GuestAddress};
@@ -297,11 +297,7 @@ fn held_answers_given_by_the_watchdog() -> Option<()> {
     // (The workers answer what the watchdog hands them meanwhile: READs
     // 4 and 5 are looked for by their own replies.)
     let given = |i: usize| h.reply(replies[i]).unique == 100 + i as u64;
-    let t = Instant::now();
-    while !(given(4) && given(5)) && t.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let both = given(4) && given(5);
+    let both = within(Duration::from_secs(2), || given(4) && given(5));
     fs.open.store(true, Ordering::SeqCst);
     kicker.join().unwrap();
     assert!(

@@ -7,7 +7,7 @@ use common::*;
 use fuse_core::abi::{InHeader, Opcode, ReadIn};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use virtio_fs::DeviceConfig;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -25,18 +25,6 @@ fn inline() -> DeviceConfig {
         workers_per_queue: 2,
         ..DeviceConfig::default()
     }
-}
-
-/// Polls `f` for `d`; whether it held.
-fn within(d: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < d {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    f()
 }
 
 #[test]

@@ -241,6 +241,18 @@ pub fn serve_device<F: Filesystem + 'static>(
     })
 }
 
+/// Polls `f` every 2 ms for `d`; whether it held.
+pub fn within(d: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < d {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    f()
+}
+
 /// Polls `f` every 2 ms until it holds; fails the test after 20 s.
 pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let t = std::time::Instant::now();
