@@ -1,16 +1,22 @@
 #![allow(missing_docs)]
-//! Three ways to serve a batch of 16 cached 4 KiB READs (what a vring
-//! thread has after a guest's kick at depth 16), per READ:
+//! Ways to serve a batch of 16 cached 4 KiB READs (what a vring thread
+//! has after a guest's kick at depth 16), per READ:
 //! - `preadv2_nowait`: one preadv2(RWF_NOWAIT) each (what the device does);
 //! - `uring_batch`: 16 READs on an io_uring with the file registered, one
 //!   io_uring_enter for the batch (submit and wait), 16 completions reaped;
 //! - `mmap_copy`: a copy out of a shared mapping of the file (no system
 //!   call; a daemon would also need a SIGBUS fence for a host truncation
-//!   and a page-cache residency check, which are not counted here).
+//!   and a page-cache residency check, which are not counted here);
+//! - `mincore_copy`, `cachestat_copy`: the same copy after a residency
+//!   check of the READ's pages and the page after (mincore on the
+//!   mapping, cachestat on the fd): a system call per READ again;
+//! - `cachestat_whole_file`, `statx`: what the passthrough's mapped reads
+//!   pay per check of a whole file instead (per batch here, not per READ).
 //!
 //! The file lives in FUSEBOX_BENCH_DIR (default /var/tmp: this machine's
 //! disk, ext4) and is read once before measuring, so every READ hits the
-//! page cache. Results: docs/BENCHMARKS.md, "Warm reads: three ways".
+//! page cache. Results: docs/BENCHMARKS.md, "Warm reads: three ways" and
+//! "Mapped reads".
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use io_uring::{opcode, types, IoUring};
@@ -122,6 +128,65 @@ fn bench(c: &mut Criterion) {
                 buf.copy_from_slice(src);
             }
             std::hint::black_box(&bufs);
+        })
+    });
+    // The residency checks a mapped copy would need per READ: the pages
+    // the READ covers and the one after (cached => the file goes on past
+    // the READ), by mincore on the mapping or by cachestat on the fd.
+    let mut vec = [0u8; 2];
+    let mut walk = Walk(1);
+    g.bench_function("mincore_copy", |b| {
+        b.iter(|| {
+            for buf in bufs.iter_mut() {
+                let off = walk.next() as usize;
+                let pages = if off + 2 * LEN <= FILE as usize { 2 } else { 1 };
+                // SAFETY: `off` is page-aligned inside the mapping; `vec`
+                // has room for `pages` bytes.
+                let r = unsafe {
+                    libc::mincore(
+                        map.cast::<u8>().add(off).cast(),
+                        pages * LEN,
+                        vec.as_mut_ptr(),
+                    )
+                };
+                assert_eq!(r, 0);
+                assert!(vec[..pages].iter().all(|v| v & 1 == 1));
+                // SAFETY: as in mmap_copy.
+                let src = unsafe { std::slice::from_raw_parts(map.cast::<u8>().add(off), LEN) };
+                buf.copy_from_slice(src);
+            }
+            std::hint::black_box(&bufs);
+        })
+    });
+    let mut walk = Walk(1);
+    g.bench_function("cachestat_copy", |b| {
+        b.iter(|| {
+            for buf in bufs.iter_mut() {
+                let off = walk.next() as usize;
+                let st = host_io::mapped::cachestat(fd, off as u64, 2 * LEN as u64).unwrap();
+                assert!(st.cache >= 1);
+                // SAFETY: as in mmap_copy.
+                let src = unsafe { std::slice::from_raw_parts(map.cast::<u8>().add(off), LEN) };
+                buf.copy_from_slice(src);
+            }
+            std::hint::black_box(&bufs);
+        })
+    });
+    g.bench_function("cachestat_whole_file", |b| {
+        b.iter(|| {
+            let st = host_io::mapped::cachestat(fd, 0, FILE).unwrap();
+            assert_eq!(st.cache, FILE / LEN as u64);
+        })
+    });
+    g.bench_function("statx", |b| {
+        b.iter(|| {
+            let st = host_io::sys::statx(
+                fd,
+                c"",
+                libc::AT_EMPTY_PATH,
+                libc::STATX_TYPE | libc::STATX_SIZE,
+            );
+            assert_eq!(st.unwrap().stx_size, FILE);
         })
     });
     g.finish();

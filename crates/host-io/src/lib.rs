@@ -7,10 +7,13 @@
 //!   their buffers until the kernel is done with them.
 //! - [`CancelRegistry`]: a request's started host I/O, by unique, for
 //!   FUSE_INTERRUPT.
+//! - [`mapped`]: reads out of a shared mapping of a host file, fenced
+//!   against the SIGBUS of a host truncation.
 //! - [`sys`]: thin wrappers over system calls, one flat list to audit.
 
 mod cancel;
 mod driver;
+pub mod mapped;
 pub mod sys;
 
 pub use cancel::CancelRegistry;

@@ -1,0 +1,390 @@
+//! Reads out of a shared mapping of a host file ([`FileMap`]): a copy, no
+//! system call per read. Two things stand between such a copy and a read's
+//! semantics, and both are handled here:
+//!
+//! - **A truncation on the host.** A page of the mapping wholly past the
+//!   file's end raises SIGBUS on access. Every access goes through one
+//!   copy routine (`rep movsb`, below); a SIGBUS whose instruction is that
+//!   routine's is turned into a failed copy ([`MapRead::Fault`]) by the
+//!   process's SIGBUS handler ([`install_fence`]); any other SIGBUS goes on
+//!   to the handler that was there before, or kills the process as it
+//!   would have. The daemon never dies of a host truncation.
+//! - **The end of the file.** Bytes past the end in the file's last page
+//!   read as zeros through a mapping, where a read must come back short.
+//!   So before the copy one byte of the page after the range's last page
+//!   is read through the same routine: that page exists only if the file
+//!   goes on past the range. A read that reaches the file's last page
+//!   (or the mapping's end) is [`MapRead::Outside`]: the caller reads it
+//!   the usual way.
+//!
+//! What is not handled here is residency: a page not in the page cache is
+//! read from the disk by the copy's page fault, on the calling thread.
+//! [`cachestat`] tells the caller how much of a file is cached.
+//!
+//! Only on x86_64 Linux (the copy routine and the register it fixes up);
+//! elsewhere [`FileMap::new`] answers [`MapError::Unsupported`].
+
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+
+/// The page size the probe steps by (x86_64 Linux: 4 KiB).
+const PAGE: u64 = 4096;
+
+/// Why a file could not be mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// Mapped reads exist only on x86_64 Linux.
+    #[error("mapped reads need x86_64 Linux")]
+    Unsupported,
+    /// The SIGBUS handler could not be installed.
+    #[error("installing the SIGBUS handler for mapped reads")]
+    Fence(#[source] std::io::Error),
+    /// mmap refused the file.
+    #[error("mapping the file")]
+    Mmap(#[source] std::io::Error),
+    /// Nothing to map.
+    #[error("the file is empty")]
+    Empty,
+}
+
+/// What [`FileMap::read_into`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapRead {
+    /// Copied, all of it: the file goes on past the range.
+    Done(usize),
+    /// Not tried: the range (or the page after it) is not inside the
+    /// mapping, or the file has no page after the range (it ends in the
+    /// range's last page, or before).
+    Outside,
+    /// A SIGBUS stopped the copy or the probe (the file was truncated, or
+    /// the destination's memory is gone); the destination may hold part
+    /// of the range.
+    Fault,
+}
+
+/// A shared, read-only mapping of a host file, from offset 0 for the
+/// file's size when it was made (rounded up to a page). Unmapped on drop.
+#[derive(Debug)]
+pub struct FileMap {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; it is only read, through
+// `fault_copy`, and unmapped once, by the owner's drop.
+unsafe impl Send for FileMap {}
+// SAFETY: as for Send: `&FileMap` allows only reads of the mapping.
+unsafe impl Sync for FileMap {}
+
+impl FileMap {
+    /// Maps `size` bytes of `fd` (which must be open for reading) shared
+    /// and read-only; installs the SIGBUS handler first.
+    pub fn new(fd: RawFd, size: u64) -> Result<FileMap, MapError> {
+        install_fence()?;
+        if size == 0 {
+            return Err(MapError::Empty);
+        }
+        let len = usize::try_from(size.div_ceil(PAGE) * PAGE).map_err(|e| {
+            MapError::Mmap(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+        })?;
+        // SAFETY: a new mapping at an address the kernel picks; no memory
+        // of this process is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(MapError::Mmap(std::io::Error::last_os_error()));
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or(MapError::Mmap(std::io::Error::from(
+            std::io::ErrorKind::AddrNotAvailable,
+        )))?;
+        Ok(FileMap { base, len })
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never: a map is at least a page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the file's bytes from `off` on into `iovs`, in order, if
+    /// the file goes on past them (see the module docs).
+    ///
+    /// # Safety
+    ///
+    /// Every iovec must describe mapped, writable memory that no Rust
+    /// reference points into, for the duration of the call (as for
+    /// preadv).
+    pub unsafe fn read_into(&self, off: u64, iovs: &[libc::iovec]) -> MapRead {
+        let total: usize = iovs.iter().map(|v| v.iov_len).sum();
+        if total == 0 {
+            return MapRead::Outside;
+        }
+        // The first byte of the page after the range's last.
+        let Some(probe) = off
+            .checked_add(total as u64 - 1)
+            .map(|last| (last / PAGE + 1) * PAGE)
+        else {
+            return MapRead::Outside;
+        };
+        if probe >= self.len as u64 {
+            return MapRead::Outside;
+        }
+        let mut byte = 0u8;
+        // SAFETY: `probe` is inside the mapping (checked above); `byte` is
+        // a local no reference points into.
+        if unsafe { fault_copy(&mut byte, self.base.as_ptr().add(probe as usize), 1) }.is_err() {
+            return MapRead::Fault;
+        }
+        let mut at = off as usize;
+        for v in iovs {
+            // SAFETY: `at..at + iov_len` is inside the mapping (it ends
+            // before `probe`); the destination is the caller's contract.
+            let r = unsafe {
+                fault_copy(
+                    v.iov_base.cast::<u8>(),
+                    self.base.as_ptr().add(at),
+                    v.iov_len,
+                )
+            };
+            if r.is_err() {
+                return MapRead::Fault;
+            }
+            at += v.iov_len;
+        }
+        MapRead::Done(total)
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; no borrow of it
+        // outlives `self`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A file's page-cache state for a range (cachestat(2), Linux 6.5):
+/// pages cached, dirty, under writeback, evicted, recently evicted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct CacheStat {
+    /// Pages of the range in the page cache.
+    pub cache: u64,
+    /// Of them, dirty.
+    pub dirty: u64,
+    /// Of them, under writeback.
+    pub writeback: u64,
+    /// Pages of the range evicted from the page cache.
+    pub evicted: u64,
+    /// Of them, evicted recently (they would be in a larger cache).
+    pub recently_evicted: u64,
+}
+const _: () = assert!(std::mem::size_of::<CacheStat>() == 40);
+
+/// cachestat(2)'s range argument.
+#[repr(C)]
+struct CacheStatRange {
+    off: u64,
+    len: u64,
+}
+const _: () = assert!(std::mem::size_of::<CacheStatRange>() == 16);
+
+/// cachestat(2)'s number (the same in every architecture's table).
+pub const SYS_CACHESTAT: libc::c_long = 451;
+
+/// How much of `len` bytes of `fd` from `off` the page cache holds (`len`
+/// 0: to the end of the file).
+pub fn cachestat(fd: RawFd, off: u64, len: u64) -> Result<CacheStat, fuse_core::Errno> {
+    let range = CacheStatRange { off, len };
+    let mut st = CacheStat::default();
+    // SAFETY: cachestat reads `range` and writes `st`, both locals of the
+    // uapi's layout (size-checked above).
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd,
+            &range as *const CacheStatRange,
+            &mut st as *mut CacheStat,
+            0u32,
+        )
+    };
+    if r < 0 {
+        return Err(crate::sys::errno());
+    }
+    Ok(st)
+}
+
+/// Whether a copy stopped short (a SIGBUS in it).
+struct Faulted;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod fence {
+    use super::{Faulted, MapError};
+    use std::sync::OnceLock;
+
+    // `fault_copy(dst, src, len)`: `rep movsb`, returning 0, or, when a
+    // SIGBUS stopped it, the bytes it had left (the handler moves the
+    // instruction pointer from the `rep movsb` to the fixup, rcx holds
+    // what is left). The direction flag is clear on entry (SysV ABI).
+    std::arch::global_asm!(
+        ".pushsection .text.host_io_fault_copy,\"ax\",@progbits",
+        ".p2align 4",
+        ".globl host_io_fault_copy",
+        ".hidden host_io_fault_copy",
+        ".type host_io_fault_copy,@function",
+        "host_io_fault_copy:",
+        "    mov rcx, rdx",
+        ".globl host_io_fault_copy_insn",
+        ".hidden host_io_fault_copy_insn",
+        "host_io_fault_copy_insn:",
+        "    rep movsb",
+        "    xor eax, eax",
+        "    ret",
+        ".globl host_io_fault_copy_fixup",
+        ".hidden host_io_fault_copy_fixup",
+        "host_io_fault_copy_fixup:",
+        "    mov rax, rcx",
+        "    ret",
+        ".size host_io_fault_copy, .-host_io_fault_copy",
+        ".popsection",
+    );
+
+    extern "C" {
+        fn host_io_fault_copy(dst: *mut u8, src: *const u8, len: usize) -> usize;
+        static host_io_fault_copy_insn: u8;
+        static host_io_fault_copy_fixup: u8;
+    }
+
+    /// The handler that was installed before the fence (std's stack
+    /// overflow handler, as a rule), set once before the fence is.
+    static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+    /// Whether the fence is in (or why it could not be put in).
+    static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+
+    /// Copies `len` bytes from `src` to `dst`, or stops at a SIGBUS.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges are mapped (a SIGBUS aside), `dst` writable with no
+    /// Rust reference into it, and the fence installed.
+    pub(super) unsafe fn fault_copy(
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), Faulted> {
+        // SAFETY: the caller's contract; the routine touches only the two
+        // ranges and the registers the C ABI lets it clobber.
+        match unsafe { host_io_fault_copy(dst, src, len) } {
+            0 => Ok(()),
+            _ => Err(Faulted),
+        }
+    }
+
+    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // SAFETY: installed with SA_SIGINFO, so `ctx` is the interrupted
+        // context the kernel saved (restored from it when this returns).
+        let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
+        let rip = &mut uc.uc_mcontext.gregs[libc::REG_RIP as usize];
+        // Only the symbols' addresses are taken (no read of them).
+        let (insn, fixup) = (
+            std::ptr::addr_of!(host_io_fault_copy_insn) as usize,
+            std::ptr::addr_of!(host_io_fault_copy_fixup) as usize,
+        );
+        if *rip as usize == insn {
+            *rip = fixup as libc::greg_t;
+            return;
+        }
+        // Not the copy's: whoever handled SIGBUS before, or the default
+        // action (this handler goes, the access faults again and kills).
+        match PREVIOUS.get() {
+            Some(p)
+                if p.sa_sigaction != libc::SIG_DFL
+                    && p.sa_sigaction != libc::SIG_IGN
+                    && p.sa_flags & libc::SA_SIGINFO != 0 =>
+            {
+                // SAFETY: a handler installed with SA_SIGINFO has this
+                // signature; it gets what the kernel gave this one.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(p.sa_sigaction) };
+                f(sig, info, ctx);
+            }
+            Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
+                // SAFETY: a handler installed without SA_SIGINFO takes the
+                // signal number alone.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(p.sa_sigaction) };
+                f(sig);
+            }
+            _ => {
+                // SAFETY: sigaction is async-signal-safe; a zeroed action
+                // with SIG_DFL is the default disposition.
+                unsafe {
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+                }
+            }
+        }
+    }
+
+    /// Installs the SIGBUS handler (once per process).
+    pub(super) fn install() -> Result<(), MapError> {
+        let r = INSTALLED.get_or_init(|| {
+            // SAFETY: sigaction reads `act` and writes `old`, both locals;
+            // `on_sigbus` is async-signal-safe (it touches the context,
+            // a static set before it is installed, and sigaction).
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+                    return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+                }
+                let _ = PREVIOUS.set(old);
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = on_sigbus as *const () as usize;
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut act.sa_mask);
+                if libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) != 0 {
+                    return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+                }
+            }
+            Ok(())
+        });
+        (*r).map_err(|e| MapError::Fence(std::io::Error::from_raw_os_error(e)))
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod fence {
+    use super::{Faulted, MapError};
+
+    pub(super) unsafe fn fault_copy(_: *mut u8, _: *const u8, _: usize) -> Result<(), Faulted> {
+        Err(Faulted)
+    }
+
+    pub(super) fn install() -> Result<(), MapError> {
+        Err(MapError::Unsupported)
+    }
+}
+
+use fence::fault_copy;
+
+/// Installs the process's SIGBUS handler that lets a mapped read fail
+/// instead of killing the process (done by [`FileMap::new`]; call it before
+/// a seccomp filter that refuses rt_sigaction).
+pub fn install_fence() -> Result<(), MapError> {
+    fence::install()
+}
+
+#[cfg(test)]
+mod tests;
