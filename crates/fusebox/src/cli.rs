@@ -303,6 +303,11 @@ pub struct VhostArgs {
     /// Data I/O with pread/pwrite only.
     #[arg(long)]
     pub no_io_uring: bool,
+    /// Read cached data with preadv2 or io_uring only: no copies out of a
+    /// shared mapping of a host file the page cache holds whole (which
+    /// take no system call per READ; docs/DESIGN.md, "Mapped reads").
+    #[arg(long)]
+    pub no_mapped_reads: bool,
     /// Register guest RAM as io_uring fixed buffers, so data I/O through
     /// the ring is READ_FIXED/WRITE_FIXED at the guest address. This pins
     /// all of guest RAM in host memory, and breaks anything that discards

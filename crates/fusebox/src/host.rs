@@ -111,6 +111,11 @@ pub struct MountArgs {
     /// Data I/O with pread/pwrite only.
     #[arg(long)]
     no_io_uring: bool,
+    /// Read cached data with preadv2 or io_uring only: no copies out of a
+    /// shared mapping of a host file the page cache holds whole (which
+    /// take no system call per READ; docs/DESIGN.md, "Mapped reads").
+    #[arg(long)]
+    no_mapped_reads: bool,
     /// Serve requests over the kernel's FUSE-over-io_uring ring (one queue
     /// per possible CPU); FORGET and INTERRUPT still come over /dev/fuse.
     /// Sets /sys/module/fuse/parameters/enable_uring.
@@ -425,6 +430,7 @@ pub fn run(a: MountArgs) -> Result<(), HostError> {
         // Callers are host processes: their groups are in /proc.
         groups: Groups::Proc,
         io_uring: !a.no_io_uring,
+        mapped_reads: !a.no_mapped_reads,
         kernel_passthrough: a.kernel_passthrough,
         translate_uid,
         translate_gid,

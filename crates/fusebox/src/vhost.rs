@@ -138,11 +138,13 @@ fn report(dev: &FsDevice<Faulty<PassthroughFs>>) -> String {
     let n = dev.engine().fs().inner().io_counts();
     format!(
         "{}host I/O: reads {} through io_uring ({} into fixed guest memory), {} by syscall; \
+         {} copied from a mapping of the file; \
          writes {} through io_uring ({} from fixed guest memory), {} by syscall",
         dev.report(),
         n.read_uring,
         n.read_fixed,
         n.read_syscall,
+        n.read_mapped,
         n.write_uring,
         n.write_fixed,
         n.write_syscall
@@ -290,6 +292,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         // Guest pids mean nothing on the host: no /proc groups.
         groups: Groups::None,
         io_uring: !a.no_io_uring,
+        mapped_reads: !a.no_mapped_reads,
         announce_submounts: a.announce_submounts,
         flock_locks: !a.no_flock,
         posix_locks: !a.no_posix_lock,

@@ -26,7 +26,7 @@ use std::sync::{Mutex, OnceLock};
 /// passthrough call from the delegate's fsuid (an NFS server with
 /// root_squash, or a FUSE server below, decides by it), so those files are
 /// served by the daemon as the caller.
-const LOCAL_FS: [i64; 6] = [
+pub(crate) const LOCAL_FS: [i64; 6] = [
     0xEF53,
     0x5846_5342,
     0x9123_683E,

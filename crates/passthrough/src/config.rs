@@ -82,6 +82,10 @@ pub struct Config {
     pub groups: Groups,
     /// Data I/O through io_uring (off: pread/pwrite).
     pub io_uring: bool,
+    /// With `io_uring`: cached READs of a file the page cache holds whole
+    /// are copied out of a shared mapping of it, no system call each
+    /// (`mapped.rs`).
+    pub mapped_reads: bool,
     /// Mark directories on another mount than their parent with
     /// FUSE_ATTR_SUBMOUNT (when the client negotiates FUSE_SUBMOUNTS), so
     /// the client gives them their own superblock and st_dev.
@@ -141,6 +145,7 @@ impl Default for Config {
             creds: sys::geteuid() == 0,
             groups: Groups::None,
             io_uring: true,
+            mapped_reads: true,
             announce_submounts: false,
             kernel_passthrough: false,
             flock_locks: true,

@@ -35,6 +35,9 @@ pub struct HandleData {
     backing: bool,
     /// Serialises seek + getdents on a directory handle.
     dir: Mutex<()>,
+    /// Its mapping for cached READs and their residency checks
+    /// (`mapped.rs`).
+    pub(crate) map: crate::mapped::MapSlot,
     /// Who opened it (uid, gid, and the groups it had then): a writeback
     /// WRITE runs as the opener, since the client kernel sends those with
     /// uid = gid = 0 and a flusher thread's pid (`force && nocreds`).

@@ -28,6 +28,8 @@ pub struct IoStats {
     syncs_started: std::sync::atomic::AtomicU64,
     /// FALLOCATEs started so.
     allocs_started: std::sync::atomic::AtomicU64,
+    /// READs copied out of a mapping of the file.
+    mapped: std::sync::atomic::AtomicU64,
     /// Ops in flight on the workers' rings, by request unique.
     pub cancels: std::sync::Arc<host_io::CancelRegistry>,
     /// Rings free for I/O served synchronously (each taken for one call).
@@ -43,6 +45,10 @@ impl IoStats {
     }
     pub(super) fn count_fixed(&self, write: bool) {
         self.fixed[usize::from(write)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub(super) fn count_mapped(&self) {
+        self.mapped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     pub(super) fn count_sync_started(&self) {
         self.syncs_started
@@ -69,6 +75,7 @@ impl IoStats {
             allocs_started: self
                 .allocs_started
                 .load(std::sync::atomic::Ordering::Relaxed),
+            read_mapped: self.mapped.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -95,6 +102,9 @@ pub struct IoCounts {
     pub syncs_started: u64,
     /// FALLOCATEs started so.
     pub allocs_started: u64,
+    /// READs copied out of a shared mapping of the file (counted apart
+    /// from the others).
+    pub read_mapped: u64,
 }
 
 pub(super) fn errno(e: std::io::Error) -> Errno {

@@ -28,6 +28,7 @@ mod inode;
 mod io;
 mod label;
 mod locks;
+mod mapped;
 mod migrate;
 mod started;
 #[cfg(feature = "test-utils")]

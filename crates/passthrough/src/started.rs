@@ -216,14 +216,32 @@ impl PassthroughFs {
             return Err(done);
         };
         let large = len >= PARALLEL_READ;
+        // A cached READ of a file the page cache holds whole may be copied
+        // out of a mapping of it, whatever its file system.
+        let mapped = self.cfg.mapped_reads && !h.odirect && !large;
         // Files without non-blocking reads (io_uring would hand each read
         // to a worker) are read synchronously, large ones aside.
-        if (!h.uring && !large) || (h.odirect && !aligned(&*mem)) {
+        let ring = !((!h.uring && !large) || (h.odirect && !aligned(&*mem)));
+        if !mapped && !ring {
             return Err(done);
         }
         if !mem.begin_io() {
             // The client took its memory back: the usual path says EIO.
             return Err(done);
+        }
+        if mapped {
+            // SAFETY: as for the preadv2 below: the memory is held for
+            // I/O and the iovecs stay inside its spans.
+            if let Some(n) = unsafe { h.map.read(h.fd.raw(), off, &iovecs(mem.spans(), 0, len)) } {
+                self.io_stats.count_mapped();
+                mem.end_io();
+                out.complete(done, Ok(n));
+                return Ok(());
+            }
+            if !ring {
+                mem.end_io();
+                return Err(done);
+            }
         }
         // What the page cache holds is read now, synchronously: a cached read
         // started on the ring costs more than it does (the ring's own

@@ -8,115 +8,21 @@
 
 mod common;
 
-use common::{Kind, Loop, Mount, Via};
+use common::{Kind, Loop, Mem, Mount, Via};
 use fuse_core::abi::flags::WRITE_KILL_SUIDGID;
 use fuse_core::abi::ROOT_ID;
 use fuse_core::server::{Ctx, Filesystem, FsResult, IoDone};
-use fuse_core::{ClientMem, Errno, HostSpan};
+use fuse_core::{ClientMem, Errno};
 use passthrough::{CachePolicy, Config, PassthroughFs};
-use std::alloc::Layout;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const RW: u32 = libc::O_RDWR as u32;
 const DIRECT: u32 = libc::O_DIRECT as u32;
 const USER: u32 = 1000;
-
-/// Client memory: one raw, page-aligned allocation (no Rust object)
-/// holding the data, in one span or several, counting its I/O holds.
-#[derive(Debug)]
-struct Mem {
-    base: usize,
-    layout: Layout,
-    spans: Vec<HostSpan>,
-    held: AtomicIsize,
-}
-
-impl Mem {
-    /// `data` in one span from byte `skew` of the allocation.
-    fn new(data: &[u8], skew: usize) -> Arc<Mem> {
-        Mem::make(data, skew, data.len())
-    }
-
-    /// `data` from the start of the allocation, in spans of `piece` bytes.
-    fn split(data: &[u8], piece: usize) -> Arc<Mem> {
-        Mem::make(data, 0, piece)
-    }
-
-    fn make(data: &[u8], skew: usize, piece: usize) -> Arc<Mem> {
-        let layout = Layout::from_size_align(data.len() + skew, 4096).unwrap();
-        // SAFETY: a non-zero size (the tests write at least one byte).
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!base.is_null());
-        // SAFETY: `data.len()` bytes from `skew` lie inside the allocation,
-        // which no Rust reference points into.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(skew), data.len()) };
-        let at = base as usize + skew;
-        let spans = (0..data.len())
-            .step_by(piece)
-            .map(|k| HostSpan {
-                addr: at + k,
-                len: piece.min(data.len() - k),
-            })
-            .collect();
-        Arc::new(Mem {
-            base: base as usize,
-            layout,
-            spans,
-            held: AtomicIsize::new(0),
-        })
-    }
-
-    /// `begin_io` calls not yet ended.
-    fn held(&self) -> isize {
-        self.held.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Mem {
-    fn drop(&mut self) {
-        assert_eq!(self.held(), 0, "memory freed while held for I/O");
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.base as *mut u8, self.layout) };
-    }
-}
-
-// SAFETY: the spans lie in the allocation, which stays until the last
-// reference goes (a started write holds one until its completion) and is
-// only touched through raw pointers; the tests never reuse it.
-unsafe impl ClientMem for Mem {
-    fn spans(&self) -> &[HostSpan] {
-        &self.spans
-    }
-    fn begin_io(&self) -> bool {
-        self.held.fetch_add(1, Ordering::SeqCst);
-        true
-    }
-    fn end_io(&self) {
-        self.held.fetch_sub(1, Ordering::SeqCst);
-    }
-    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
-        if off.checked_add(buf.len()).is_none_or(|e| e > self.len()) {
-            return Err(Errno::EIO);
-        }
-        // SAFETY: the spans are contiguous, so the data is too: inside it
-        // (checked).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.spans[0].addr + off) as *const u8,
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
-        Ok(())
-    }
-    fn write_at(&self, _off: usize, _buf: &[u8]) -> Result<(), Errno> {
-        Err(Errno::EIO)
-    }
-}
 
 fn ctx(uid: u32, gid: u32) -> Ctx<'static> {
     static UNIQUE: AtomicU64 = AtomicU64::new(1 << 40);

@@ -53,6 +53,7 @@ fn memfd(len: u64) -> File {
 /// The guest, its open file, and the dirty log it set.
 struct Migrating {
     base: PathBuf,
+    dev: virtio_fs::FsDevice<passthrough::PassthroughFs>,
     guest: Option<GuestDriver>,
     daemon: Option<std::thread::JoinHandle<()>>,
     nodeid: u64,
@@ -71,7 +72,7 @@ impl Migrating {
         std::fs::create_dir_all(base.join("share")).unwrap();
         std::fs::write(base.join("share/f"), pattern(4 * LEN)).unwrap();
         let sock = base.join("vfs.sock");
-        let (_dev, daemon) = common::serve_passthrough(
+        let (dev, daemon) = common::serve_passthrough(
             &base.join("share"),
             &sock,
             passthrough::Config::default(),
@@ -160,6 +161,7 @@ impl Migrating {
         fe.get_features().unwrap();
         Migrating {
             base,
+            dev,
             guest: Some(g),
             daemon: Some(daemon),
             nodeid,
@@ -167,6 +169,11 @@ impl Migrating {
             log,
             log_len,
         }
+    }
+
+    /// READs the passthrough copied out of a mapping of the file.
+    fn mapped(&self) -> u64 {
+        self.dev.engine().fs().io_counts().read_mapped
     }
 
     fn g(&mut self) -> &mut GuestDriver {
@@ -236,7 +243,9 @@ fn pages(at: GuestAddress, len: u64) -> impl Iterator<Item = u64> {
     at.0 / PAGE..(at.0 + len).div_ceil(PAGE)
 }
 
-fn reads_and_replies_are_logged(name: &str, cfg: DeviceConfig) {
+/// `warm`: READs before the one whose pages are checked, enough for the
+/// passthrough to read the file through its mapping.
+fn reads_and_replies_are_logged(name: &str, cfg: DeviceConfig, warm: usize) {
     let mut m = Migrating::start(name, cfg);
     // Before any request, at most the used ring: the queue's thread may
     // still be writing its avail event there after answering the OPEN.
@@ -255,21 +264,27 @@ fn reads_and_replies_are_logged(name: &str, cfg: DeviceConfig) {
         ..ReadIn::new_zeroed()
     };
     let nodeid = m.nodeid;
-    m.g()
-        .post(
-            Q,
-            1,
-            &Req {
-                opcode: Opcode::Read,
-                nodeid,
-                args: body.as_bytes(),
-                data_out: 0,
-                reply: LEN as u32,
-            },
-        )
-        .unwrap();
+    let read = Req {
+        opcode: Opcode::Read,
+        nodeid,
+        args: body.as_bytes(),
+        data_out: 0,
+        reply: LEN as u32,
+    };
+    for _ in 0..warm {
+        m.g().post(Q, 1, &read).unwrap();
+        assert_eq!(m.answer(1).out.error, 0);
+    }
+    m.clear();
+    let mapped = m.mapped();
+    m.g().post(Q, 1, &read).unwrap();
     let d = m.answer(1);
     assert_eq!((d.out.error, d.used_len), (0, 16 + LEN as u32));
+    assert_eq!(
+        m.mapped() - mapped,
+        u64::from(warm > 0),
+        "copied from a mapping"
+    );
     let data_at = m.g().slot_data(Q, 1);
     let mut got = vec![0u8; LEN];
     m.g().memory().read_slice(&mut got, data_at).unwrap();
@@ -322,6 +337,7 @@ fn the_device_logs_every_page_it_writes_served_by_workers() {
             inline_per_batch: 0,
             ..DeviceConfig::default()
         },
+        0,
     );
 }
 
@@ -335,5 +351,20 @@ fn the_device_logs_every_page_it_writes_served_in_line() {
             inline_per_batch: usize::MAX,
             ..DeviceConfig::default()
         },
+        0,
+    );
+}
+
+/// READs served by the vring thread, copied out of a mapping of the file
+/// (it is cached whole once the first READs are done).
+#[test]
+fn the_device_logs_every_page_it_writes_from_a_mapped_file() {
+    reads_and_replies_are_logged(
+        "mapped",
+        DeviceConfig {
+            inline_per_batch: usize::MAX,
+            ..DeviceConfig::default()
+        },
+        20,
     );
 }

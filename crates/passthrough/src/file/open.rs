@@ -109,6 +109,7 @@ impl PassthroughFs {
                 odirect: flags & libc::O_DIRECT != 0,
                 backing,
                 dir: Mutex::new(()),
+                map: Default::default(),
                 opener,
             },
             at,

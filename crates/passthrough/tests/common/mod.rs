@@ -10,12 +10,13 @@ use fuse_core::server::{
     run_device_worker, run_ring_worker, serve_device, Dispatcher, ServerConfig,
 };
 use fuse_core::server::{Completions, Filesystem, FsResult};
-use fuse_core::{Chan, ChanConfig};
+use fuse_core::{Chan, ChanConfig, ClientMem, Errno, HostSpan};
 use passthrough::{Config, PassthroughFs, PassthroughIo};
+use std::alloc::Layout;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
 use std::sync::Arc;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -306,5 +307,105 @@ impl Loop {
             self.answers.insert(u, r);
         }
         self.answers.remove(&unique).ok_or("not answered")
+    }
+}
+
+/// Client memory: one raw, page-aligned allocation (no Rust object)
+/// holding the data, in one span or several, counting its I/O holds.
+#[derive(Debug)]
+pub struct Mem {
+    base: usize,
+    layout: Layout,
+    spans: Vec<HostSpan>,
+    held: AtomicIsize,
+}
+
+impl Mem {
+    /// `data` in one span from byte `skew` of the allocation.
+    pub fn new(data: &[u8], skew: usize) -> Arc<Mem> {
+        Mem::make(data, skew, data.len())
+    }
+
+    /// `data` from the start of the allocation, in spans of `piece` bytes.
+    pub fn split(data: &[u8], piece: usize) -> Arc<Mem> {
+        Mem::make(data, 0, piece)
+    }
+
+    fn make(data: &[u8], skew: usize, piece: usize) -> Arc<Mem> {
+        let layout = Layout::from_size_align(data.len() + skew, 4096).unwrap();
+        // SAFETY: a non-zero size (the tests write at least one byte).
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!base.is_null());
+        // SAFETY: `data.len()` bytes from `skew` lie inside the allocation,
+        // which no Rust reference points into.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(skew), data.len()) };
+        let at = base as usize + skew;
+        let spans = (0..data.len())
+            .step_by(piece)
+            .map(|k| HostSpan {
+                addr: at + k,
+                len: piece.min(data.len() - k),
+            })
+            .collect();
+        Arc::new(Mem {
+            base: base as usize,
+            layout,
+            spans,
+            held: AtomicIsize::new(0),
+        })
+    }
+
+    /// What the memory holds now.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.read_at(0, &mut v).unwrap();
+        v
+    }
+
+    /// `begin_io` calls not yet ended.
+    pub fn held(&self) -> isize {
+        self.held.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        assert_eq!(self.held(), 0, "memory freed while held for I/O");
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.base as *mut u8, self.layout) };
+    }
+}
+
+// SAFETY: the spans lie in the allocation, which stays until the last
+// reference goes (a started write holds one until its completion) and is
+// only touched through raw pointers; the tests never reuse it.
+unsafe impl ClientMem for Mem {
+    fn spans(&self) -> &[HostSpan] {
+        &self.spans
+    }
+    fn begin_io(&self) -> bool {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+    fn end_io(&self) {
+        self.held.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
+        if off.checked_add(buf.len()).is_none_or(|e| e > self.len()) {
+            return Err(Errno::EIO);
+        }
+        // SAFETY: the spans are contiguous, so the data is too: inside it
+        // (checked).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.spans[0].addr + off) as *const u8,
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        Ok(())
+    }
+    fn write_at(&self, _off: usize, _buf: &[u8]) -> Result<(), Errno> {
+        Err(Errno::EIO)
     }
 }

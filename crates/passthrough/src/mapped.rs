@@ -1,0 +1,201 @@
+//! Cached READs copied out of a shared mapping of the host file
+//! (`host_io::mapped`), with no system call per read, on files the page
+//! cache holds whole.
+//!
+//! A copy from a mapping cannot ask the page cache not to wait: a page it
+//! lacks is read from the disk in the copy's page fault, on the serving
+//! thread. So a handle reads through its mapping only while a check found
+//! every page of the file cached (cachestat(2) over the whole file, with
+//! its size from statx), and for at most a period after it
+//! ([`MIN_PERIOD_MS`], or 64 times what the check took, whichever is
+//! longer); then the next read checks again. A page evicted within the
+//! period costs one blocking fault. A file found not wholly cached is read
+//! the usual way (preadv2(RWF_NOWAIT), the ring) and checked again after
+//! twice as many reads as before, so a cold file pays for few checks.
+//!
+//! Reads that reach the file's last page, and a mapped read that faulted
+//! (a truncation on the host), also go the usual way, which gets the
+//! length and the errors right; a fault also ends the period.
+
+use host_io::mapped::{cachestat, FileMap, MapRead};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// The shortest time a check holds, in ms.
+const MIN_PERIOD_MS: u64 = 10;
+/// Reads a handle serves the usual way before its first check.
+const FIRST_WAIT: u32 = 16;
+/// The most reads between checks of a file found not wholly cached.
+const MAX_WAIT: u32 = 1 << 16;
+/// The most mappings the process holds at once (each is one of the
+/// process's at most `vm.max_map_count` memory areas).
+const MAX_MAPPINGS: usize = 4096;
+
+/// Mappings alive in the process.
+static MAPPINGS: AtomicUsize = AtomicUsize::new(0);
+
+/// A handle's mapping and the state of its residency checks. Shared by
+/// every thread that reads the handle; the atomics are hints each
+/// protected by nothing more (a lost update only moves a check).
+#[derive(Debug, Default)]
+pub(crate) struct MapSlot {
+    /// The mapping, made by the first check that found the file wholly
+    /// cached; None for good when it cannot be (not a regular file, not
+    /// on a local file system, opened write-only, too many mappings, mmap
+    /// refused).
+    map: OnceLock<Option<FileMap>>,
+    /// When (coarse ms, [`now_ms`]) a check last found the file wholly
+    /// cached; 0 when the last check did not, or none ran.
+    fresh_at: AtomicU64,
+    /// How long that check holds, in ms.
+    period: AtomicU64,
+    /// Reads offered since the last check.
+    reads: AtomicU32,
+    /// Reads to offer before the next check (0: [`FIRST_WAIT`]).
+    wait: AtomicU32,
+    /// A thread is checking.
+    checking: AtomicBool,
+}
+
+impl MapSlot {
+    /// Reads `iovs`' length from `off` of `fd` (this handle's file)
+    /// through the mapping when it may (see the module docs): Some(bytes
+    /// read, all asked for), or None to read it the usual way.
+    ///
+    /// # Safety
+    ///
+    /// As for preadv: every iovec describes mapped, writable memory that
+    /// no Rust reference points into, for the duration of the call.
+    pub(crate) unsafe fn read(&self, fd: RawFd, off: u64, iovs: &[libc::iovec]) -> Option<usize> {
+        if let Some(None) = self.map.get() {
+            return None;
+        }
+        let now = now_ms();
+        let fresh = self.fresh_at.load(Ordering::Relaxed);
+        if fresh == 0 || now.saturating_sub(fresh) >= self.period.load(Ordering::Relaxed) {
+            let wait = match self.wait.load(Ordering::Relaxed) {
+                0 => FIRST_WAIT,
+                w => w,
+            };
+            if self.reads.fetch_add(1, Ordering::Relaxed) + 1 < wait || !self.check(fd, now) {
+                return None;
+            }
+        }
+        let map = self.map.get()?.as_ref()?;
+        // SAFETY: the caller's contract.
+        match unsafe { map.read_into(off, iovs) } {
+            MapRead::Done(n) => Some(n),
+            MapRead::Outside => None,
+            MapRead::Fault => {
+                self.fresh_at.store(0, Ordering::Relaxed);
+                self.reads.store(0, Ordering::Relaxed);
+                self.wait.store(FIRST_WAIT, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Checks whether the page cache holds all of `fd`'s file (mapping it
+    /// the first time it does), and sets the next check; false also when
+    /// another thread is checking.
+    fn check(&self, fd: RawFd, now: u64) -> bool {
+        if self.checking.swap(true, Ordering::Acquire) {
+            return false;
+        }
+        let t = std::time::Instant::now();
+        let whole = self.whole_file_cached(fd);
+        let took_us = t.elapsed().as_micros() as u64;
+        self.reads.store(0, Ordering::Relaxed);
+        if whole {
+            self.period
+                .store(MIN_PERIOD_MS.max(64 * took_us / 1000), Ordering::Relaxed);
+            self.fresh_at.store(now.max(1), Ordering::Relaxed);
+            // Checked again at the first read after the period.
+            self.wait.store(1, Ordering::Relaxed);
+        } else {
+            self.fresh_at.store(0, Ordering::Relaxed);
+            let w = self.wait.load(Ordering::Relaxed).max(FIRST_WAIT / 2);
+            self.wait
+                .store(w.saturating_mul(2).min(MAX_WAIT), Ordering::Relaxed);
+        }
+        self.checking.store(false, Ordering::Release);
+        whole
+    }
+
+    /// The check itself: a regular file, not empty, every page cached,
+    /// and mapped (or mappable now).
+    fn whole_file_cached(&self, fd: RawFd) -> bool {
+        if matches!(self.map.get(), Some(None)) {
+            return false;
+        }
+        let mask = libc::STATX_TYPE | libc::STATX_SIZE;
+        let Ok(st) = host_io::sys::statx(fd, c"", libc::AT_EMPTY_PATH, mask) else {
+            return false;
+        };
+        if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFREG {
+            let _ = self.map.set(None);
+            return false;
+        }
+        if st.stx_size == 0 {
+            return false;
+        }
+        let Ok(cs) = cachestat(fd, 0, 0) else {
+            return false;
+        };
+        if cs.cache < st.stx_size.div_ceil(4096) {
+            return false;
+        }
+        self.map
+            .get_or_init(|| {
+                // Local files only: a network or FUSE file's cached pages
+                // may be stale (its read revalidates them), and a FUSE
+                // file's page fault could come back to this daemon.
+                let local =
+                    host_io::sys::fs_magic(fd).is_ok_and(|m| crate::backing::LOCAL_FS.contains(&m));
+                if local {
+                    map_file(fd, st.stx_size)
+                } else {
+                    None
+                }
+            })
+            .is_some()
+    }
+}
+
+impl Drop for MapSlot {
+    fn drop(&mut self) {
+        if let Some(Some(_)) = self.map.get() {
+            MAPPINGS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A new mapping of `size` bytes of `fd`, counted in [`MAPPINGS`]; None
+/// past [`MAX_MAPPINGS`] or when mmap refuses.
+fn map_file(fd: RawFd, size: u64) -> Option<FileMap> {
+    if MAPPINGS.fetch_add(1, Ordering::Relaxed) >= MAX_MAPPINGS {
+        MAPPINGS.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    match FileMap::new(fd, size) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            MAPPINGS.fetch_sub(1, Ordering::Relaxed);
+            log::debug!("not mapping a file for reads: {e}");
+            None
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC_COARSE in ms (a vDSO read, no system call; a few ms
+/// of resolution is plenty for the period).
+fn now_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the local `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}

@@ -1,0 +1,213 @@
+//! Cached READs copied out of a shared mapping of the host file
+//! (`Config::mapped_reads`): offered with `Filesystem::start_read` on this
+//! thread, as a serving loop does, into client memory standing in for guest
+//! RAM; the file opened through the engine's embedded client. A file the
+//! page cache holds whole is read through its mapping after the first
+//! reads; the answers are the file's bytes, short at its end, and a
+//! truncation on the host gives a short read, not zeros and not a SIGBUS
+//! that kills. Needs root (mount, loop devices).
+
+mod common;
+
+use common::{Kind, Loop, Mem, Mount, Via};
+use fuse_core::abi::ROOT_ID;
+use fuse_core::server::{Ctx, Filesystem, FsResult, IoDone};
+use fuse_core::ClientMem;
+use passthrough::Config;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const PAGE: usize = 4096;
+/// The test file: 64 pages.
+const SIZE: usize = 64 * PAGE;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i / 3 % 251) as u8 ^ seed).collect()
+}
+
+/// Offers a READ of `len` bytes at `off` of handle `fh` to `m`'s
+/// filesystem on `lp`, as a serving loop does: a cached read is answered
+/// at once; one it declines (a file with no non-blocking reads, such as
+/// tmpfs, not read through a mapping) is served the usual way, through
+/// the client. Returns the answer and the bytes read.
+fn read(
+    m: &Mount,
+    lp: &mut Loop,
+    (node, fh): (u64, u64),
+    off: u64,
+    len: usize,
+) -> (FsResult<usize>, Vec<u8>) {
+    static UNIQUE: AtomicU64 = AtomicU64::new(1 << 40);
+    let ctx = Ctx {
+        unique: UNIQUE.fetch_add(2, Ordering::Relaxed),
+        ..Ctx::default()
+    };
+    let mem = Mem::new(&vec![0xee; len], 0);
+    let c: Arc<dyn ClientMem> = mem.clone();
+    let fs = m.fs();
+    if fs
+        .start_read(
+            &mut lp.io,
+            &mut lp.done,
+            &ctx,
+            node,
+            fh,
+            off,
+            len,
+            c,
+            IoDone::new(ctx.unique),
+        )
+        .is_err()
+    {
+        assert_eq!(mem.held(), 0, "memory held by a declined read");
+        let got = m.client.read(node, fh, off, len as u32).unwrap();
+        return (Ok(got.len()), got);
+    }
+    let r = lp
+        .answer(ctx.unique)
+        .expect("a cached read is answered at once");
+    assert_eq!(mem.held(), 0, "memory held after the answer");
+    (r, mem.bytes())
+}
+
+/// A mount of `kind` with a file "f" of `SIZE` pattern bytes, in the
+/// page cache, open through the client: (mount, node, handle, data).
+fn setup(kind: Kind, cfg: Config) -> (Mount, u64, u64, Vec<u8>) {
+    let m = Mount::new(kind, cfg, Via::Device(1));
+    let data = pattern(SIZE, 0);
+    std::fs::write(m.path("f"), &data).unwrap();
+    let e = m.client.lookup(ROOT_ID, b"f").unwrap();
+    let o = m.client.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    (m, e.nodeid, o.fh, data)
+}
+
+/// Reads every page but the last, twice over, checking each answer.
+fn read_all(m: &Mount, lp: &mut Loop, h: (u64, u64), data: &[u8]) {
+    for round in 0..2 {
+        for p in 0..SIZE / PAGE - 1 {
+            let off = p * PAGE + round * 100;
+            let (r, got) = read(m, lp, h, off as u64, PAGE);
+            assert_eq!(r, Ok(PAGE), "page {p}");
+            assert!(
+                got[..PAGE] == data[off..off + PAGE],
+                "page {p}: wrong bytes"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_wholly_cached_file_is_read_through_its_mapping() {
+    for kind in [Kind::Ext4, Kind::Tmpfs] {
+        let (m, node, fh, data) = setup(kind, Config::default());
+        let fs = m.fs();
+        let mut lp = Loop::new(fs);
+        let before = fs.io_counts();
+        read_all(&m, &mut lp, (node, fh), &data);
+        let n = fs.io_counts().read_mapped - before.read_mapped;
+        // All but the reads before the first check.
+        assert!(n >= 2 * 63 - 16, "{kind:?}: {n} mapped reads");
+        // The file's last page: its end is not to be had from a mapping.
+        let (r, got) = read(&m, &mut lp, (node, fh), (SIZE - PAGE + 10) as u64, PAGE);
+        assert_eq!(r, Ok(PAGE - 10));
+        assert!(got[..PAGE - 10] == data[SIZE - PAGE + 10..]);
+        // A host write shows through at once.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("f"))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"host", 5 * PAGE as u64).unwrap();
+        let mapped = fs.io_counts().read_mapped;
+        let (r, got) = read(&m, &mut lp, (node, fh), 5 * PAGE as u64, PAGE);
+        assert_eq!(r, Ok(PAGE));
+        assert_eq!(&got[..4], b"host");
+        assert_eq!(fs.io_counts().read_mapped, mapped + 1, "{kind:?}");
+        m.client.release(node, fh, 0).unwrap();
+    }
+}
+
+#[test]
+fn off_the_mapped_reads_go_the_usual_way() {
+    let cfg = Config {
+        mapped_reads: false,
+        ..Config::default()
+    };
+    let (m, node, fh, data) = setup(Kind::Ext4, cfg);
+    let fs = m.fs();
+    let mut lp = Loop::new(fs);
+    read_all(&m, &mut lp, (node, fh), &data);
+    assert_eq!(fs.io_counts().read_mapped, 0);
+    m.client.release(node, fh, 0).unwrap();
+}
+
+#[test]
+fn a_truncation_on_the_host_gives_short_reads_not_zeros() {
+    for kind in [Kind::Ext4, Kind::Tmpfs] {
+        let (m, node, fh, data) = setup(kind, Config::default());
+        let fs = m.fs();
+        let mut lp = Loop::new(fs);
+        read_all(&m, &mut lp, (node, fh), &data);
+        // Cut to 100 bytes into page 10: pages 11 and on are gone under
+        // the mapping, page 10's tail reads as zeros through it.
+        let cut = 10 * PAGE + 100;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("f"))
+            .unwrap();
+        f.set_len(cut as u64).unwrap();
+        let (r, got) = read(&m, &mut lp, (node, fh), 10 * PAGE as u64, PAGE);
+        assert_eq!(r, Ok(100), "{kind:?}: the read in the cut page");
+        assert!(got[..100] == data[10 * PAGE..cut]);
+        let (r, _) = read(&m, &mut lp, (node, fh), 20 * PAGE as u64, PAGE);
+        assert_eq!(r, Ok(0), "{kind:?}: a read past the new end");
+        let (r, got) = read(&m, &mut lp, (node, fh), 10 * PAGE as u64 - 50, PAGE);
+        assert_eq!(r, Ok(150), "{kind:?}: a read across the new end");
+        assert!(got[..150] == data[10 * PAGE - 50..cut]);
+        // Written back whole: the mapped reads resume.
+        std::os::unix::fs::FileExt::write_all_at(&f, &data, 0).unwrap();
+        let before = fs.io_counts().read_mapped;
+        for _ in 0..40 {
+            let (r, got) = read(&m, &mut lp, (node, fh), 0, PAGE);
+            assert_eq!(r, Ok(PAGE));
+            assert!(got == data[..PAGE]);
+        }
+        assert!(
+            fs.io_counts().read_mapped > before,
+            "{kind:?}: not mapped again"
+        );
+        m.client.release(node, fh, 0).unwrap();
+    }
+}
+
+#[test]
+fn a_file_not_wholly_cached_is_not_read_through_a_mapping() {
+    let (m, node, fh, data) = setup(Kind::Ext4, Config::default());
+    let fs = m.fs();
+    let f = std::fs::File::open(m.path("f")).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: posix_fadvise on an open fd takes no memory.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+    // No readahead on the host's reads below.
+    // SAFETY: as above.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    assert_eq!(r, 0);
+    let mut lp = Loop::new(fs);
+    // The even pages only, each read (and so cached) on the host first:
+    // every READ is a cached one, the odd pages stay out of the cache.
+    let before = fs.io_counts();
+    for _ in 0..4 {
+        for p in (0..SIZE / PAGE - 1).step_by(2) {
+            let off = (p * PAGE) as u64;
+            let mut b = vec![0u8; PAGE];
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, off).unwrap();
+            let (r, got) = read(&m, &mut lp, (node, fh), off, PAGE);
+            assert_eq!(r, Ok(PAGE));
+            assert!(got == data[p * PAGE..(p + 1) * PAGE]);
+        }
+    }
+    let after = fs.io_counts();
+    assert_eq!(after.read_mapped, before.read_mapped, "{after:?}");
+    m.client.release(node, fh, 0).unwrap();
+}
