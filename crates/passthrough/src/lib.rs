@@ -101,6 +101,8 @@ pub struct PassthroughFs {
     /// Per device: whether its files do non-blocking I/O (see `io`).
     nowait: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
     io_stats: io::IoStats,
+    /// The thread that checks files for mapped reads (`mapped.rs`).
+    map_checker: mapped::Checker,
     /// Kernel passthrough (host mounts).
     backing: backing::Backing,
 }
@@ -240,6 +242,7 @@ impl PassthroughFs {
             posix_acl: std::sync::atomic::AtomicBool::new(false),
             nowait: Default::default(),
             io_stats: Default::default(),
+            map_checker: Default::default(),
             backing: Default::default(),
             cfg,
         })

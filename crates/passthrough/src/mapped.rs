@@ -8,19 +8,26 @@
 //! every page of the file cached (cachestat(2) over the whole file, with
 //! its size from statx), and for at most a period after it
 //! ([`MIN_PERIOD_MS`], or 64 times what the check took, whichever is
-//! longer); then the next read checks again. A page evicted within the
-//! period costs one blocking fault. A file found not wholly cached is read
-//! the usual way (preadv2(RWF_NOWAIT), the ring) and checked again after
-//! twice as many reads as before, so a cold file pays for few checks.
+//! longer). A page evicted within the period costs one blocking fault.
+//! The checks run on a thread of their own ([`Checker`]; a check of a
+//! large file with small folios takes milliseconds, which a serving
+//! thread would make its requests wait for): a read that finds no valid
+//! check asks for one and goes the usual way (preadv2(RWF_NOWAIT), the
+//! ring), as do the reads after it until the check is done. A file found
+//! not wholly cached is checked again after twice as many reads as
+//! before, so a cold file costs few checks.
 //!
 //! Reads that reach the file's last page, and a mapped read that faulted
 //! (a truncation on the host), also go the usual way, which gets the
 //! length and the errors right; a fault also ends the period.
 
+use crate::file::HandleData;
+use fuse_core::locks::lock;
 use host_io::mapped::{cachestat, FileMap, MapRead};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Mutex, OnceLock, Weak};
 
 /// The shortest time a check holds, in ms.
 const MIN_PERIOD_MS: u64 = 10;
@@ -54,33 +61,42 @@ pub(crate) struct MapSlot {
     reads: AtomicU32,
     /// Reads to offer before the next check (0: [`FIRST_WAIT`]).
     wait: AtomicU32,
-    /// A thread is checking.
-    checking: AtomicBool,
+    /// A check was asked for and is not done (set by the read that asks,
+    /// cleared by the check).
+    asked: AtomicBool,
 }
 
 impl MapSlot {
-    /// Reads `iovs`' length from `off` of `fd` (this handle's file)
-    /// through the mapping when it may (see the module docs): Some(bytes
-    /// read, all asked for), or None to read it the usual way.
+    /// Reads `iovs`' length from `off` of this handle's file through the
+    /// mapping when it may (see the module docs): Some(bytes read, all
+    /// asked for), or None to read it the usual way. With no valid check,
+    /// `ask` is called (once until that check is done) to have one run.
     ///
     /// # Safety
     ///
     /// As for preadv: every iovec describes mapped, writable memory that
     /// no Rust reference points into, for the duration of the call.
-    pub(crate) unsafe fn read(&self, fd: RawFd, off: u64, iovs: &[libc::iovec]) -> Option<usize> {
+    pub(crate) unsafe fn read(
+        &self,
+        off: u64,
+        iovs: &[libc::iovec],
+        ask: impl FnOnce(),
+    ) -> Option<usize> {
         if let Some(None) = self.map.get() {
             return None;
         }
-        let now = now_ms();
         let fresh = self.fresh_at.load(Ordering::Relaxed);
-        if fresh == 0 || now.saturating_sub(fresh) >= self.period.load(Ordering::Relaxed) {
+        if fresh == 0 || now_ms().saturating_sub(fresh) >= self.period.load(Ordering::Relaxed) {
             let wait = match self.wait.load(Ordering::Relaxed) {
                 0 => FIRST_WAIT,
                 w => w,
             };
-            if self.reads.fetch_add(1, Ordering::Relaxed) + 1 < wait || !self.check(fd, now) {
-                return None;
+            if self.reads.fetch_add(1, Ordering::Relaxed) + 1 >= wait
+                && !self.asked.swap(true, Ordering::AcqRel)
+            {
+                ask();
             }
+            return None;
         }
         let map = self.map.get()?.as_ref()?;
         // SAFETY: the caller's contract.
@@ -97,12 +113,10 @@ impl MapSlot {
     }
 
     /// Checks whether the page cache holds all of `fd`'s file (mapping it
-    /// the first time it does), and sets the next check; false also when
-    /// another thread is checking.
-    fn check(&self, fd: RawFd, now: u64) -> bool {
-        if self.checking.swap(true, Ordering::Acquire) {
-            return false;
-        }
+    /// the first time it does), and sets the next check (on the
+    /// [`Checker`]'s thread).
+    fn check(&self, fd: RawFd) {
+        let now = now_ms();
         let t = std::time::Instant::now();
         let whole = self.whole_file_cached(fd);
         let took_us = t.elapsed().as_micros() as u64;
@@ -119,8 +133,7 @@ impl MapSlot {
             self.wait
                 .store(w.saturating_mul(2).min(MAX_WAIT), Ordering::Relaxed);
         }
-        self.checking.store(false, Ordering::Release);
-        whole
+        self.asked.store(false, Ordering::Release);
     }
 
     /// The check itself: a regular file, not empty, every page cached,
@@ -167,6 +180,48 @@ impl Drop for MapSlot {
     fn drop(&mut self) {
         if let Some(Some(_)) = self.map.get() {
             MAPPINGS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The thread that runs a filesystem's residency checks, made on first
+/// use; it ends when the filesystem goes (its queue's sender with it).
+/// A check holds its handle for the time it runs.
+#[derive(Debug, Default)]
+pub(crate) struct Checker {
+    /// Handles whose check is asked for (None: no thread yet, or it could
+    /// not be made).
+    tx: Mutex<Option<Sender<Weak<HandleData>>>>,
+}
+
+impl Checker {
+    /// Has `h`'s file checked. A check that cannot be had (no thread) is
+    /// never done: the handle reads the usual way.
+    pub(crate) fn ask(&self, h: Weak<HandleData>) {
+        let mut tx = lock(&self.tx);
+        if tx.is_none() {
+            let (s, rx) = channel::<Weak<HandleData>>();
+            let spawned = std::thread::Builder::new()
+                .name("fusebox-mapcheck".into())
+                .spawn(move || {
+                    for h in rx {
+                        if let Some(h) = h.upgrade() {
+                            h.map.check(h.fd.raw());
+                        }
+                    }
+                });
+            match spawned {
+                Ok(_) => *tx = Some(s),
+                Err(e) => {
+                    log::warn!("no thread for mapped reads' checks: {e}");
+                    return;
+                }
+            }
+        }
+        if let Some(s) = tx.as_ref() {
+            if s.send(h).is_err() {
+                *tx = None;
+            }
         }
     }
 }

@@ -230,9 +230,11 @@ impl PassthroughFs {
             return Err(done);
         }
         if mapped {
+            let ask = || self.map_checker.ask(Arc::downgrade(&h));
             // SAFETY: as for the preadv2 below: the memory is held for
             // I/O and the iovecs stay inside its spans.
-            if let Some(n) = unsafe { h.map.read(h.fd.raw(), off, &iovecs(mem.spans(), 0, len)) } {
+            let read = unsafe { h.map.read(off, &iovecs(mem.spans(), 0, len), ask) };
+            if let Some(n) = read {
                 self.io_stats.count_mapped();
                 mem.end_io();
                 out.complete(done, Ok(n));

@@ -17,6 +17,7 @@ use passthrough::Config;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const PAGE: usize = 4096;
 /// The test file: 64 pages.
@@ -82,6 +83,27 @@ fn setup(kind: Kind, cfg: Config) -> (Mount, u64, u64, Vec<u8>) {
     (m, e.nodeid, o.fh, data)
 }
 
+/// Reads `len` bytes at `off` until one is copied out of the file's
+/// mapping (the residency check runs on a thread of its own, after the
+/// first reads), each answer checked against `want`.
+fn read_until_mapped(m: &Mount, lp: &mut Loop, h: (u64, u64), off: u64, want: &[u8]) {
+    let t = Instant::now();
+    loop {
+        let before = m.fs().io_counts().read_mapped;
+        let (r, got) = read(m, lp, h, off, want.len());
+        assert_eq!(r, Ok(want.len()));
+        assert!(got == want, "wrong bytes at {off}");
+        if m.fs().io_counts().read_mapped > before {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "never read through the mapping"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Reads every page but the last, twice over, checking each answer.
 fn read_all(m: &Mount, lp: &mut Loop, h: (u64, u64), data: &[u8]) {
     for round in 0..2 {
@@ -103,26 +125,26 @@ fn a_wholly_cached_file_is_read_through_its_mapping() {
         let (m, node, fh, data) = setup(kind, Config::default());
         let fs = m.fs();
         let mut lp = Loop::new(fs);
+        read_until_mapped(&m, &mut lp, (node, fh), 0, &data[..PAGE]);
         let before = fs.io_counts();
         read_all(&m, &mut lp, (node, fh), &data);
         let n = fs.io_counts().read_mapped - before.read_mapped;
-        // All but the reads before the first check.
-        assert!(n >= 2 * 63 - 16, "{kind:?}: {n} mapped reads");
+        // Most of them (a check that expires meanwhile has the reads go
+        // the usual way until the next is done).
+        assert!(n >= 63, "{kind:?}: {n} mapped reads of 126");
         // The file's last page: its end is not to be had from a mapping.
         let (r, got) = read(&m, &mut lp, (node, fh), (SIZE - PAGE + 10) as u64, PAGE);
         assert_eq!(r, Ok(PAGE - 10));
         assert!(got[..PAGE - 10] == data[SIZE - PAGE + 10..]);
-        // A host write shows through at once.
+        // A host write shows through the mapping.
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(m.path("f"))
             .unwrap();
         std::os::unix::fs::FileExt::write_all_at(&f, b"host", 5 * PAGE as u64).unwrap();
-        let mapped = fs.io_counts().read_mapped;
-        let (r, got) = read(&m, &mut lp, (node, fh), 5 * PAGE as u64, PAGE);
-        assert_eq!(r, Ok(PAGE));
-        assert_eq!(&got[..4], b"host");
-        assert_eq!(fs.io_counts().read_mapped, mapped + 1, "{kind:?}");
+        let mut want = data[5 * PAGE..6 * PAGE].to_vec();
+        want[..4].copy_from_slice(b"host");
+        read_until_mapped(&m, &mut lp, (node, fh), 5 * PAGE as u64, &want);
         m.client.release(node, fh, 0).unwrap();
     }
 }
@@ -147,7 +169,7 @@ fn a_truncation_on_the_host_gives_short_reads_not_zeros() {
         let (m, node, fh, data) = setup(kind, Config::default());
         let fs = m.fs();
         let mut lp = Loop::new(fs);
-        read_all(&m, &mut lp, (node, fh), &data);
+        read_until_mapped(&m, &mut lp, (node, fh), 0, &data[..PAGE]);
         // Cut to 100 bytes into page 10: pages 11 and on are gone under
         // the mapping, page 10's tail reads as zeros through it.
         let cut = 10 * PAGE + 100;
@@ -166,16 +188,7 @@ fn a_truncation_on_the_host_gives_short_reads_not_zeros() {
         assert!(got[..150] == data[10 * PAGE - 50..cut]);
         // Written back whole: the mapped reads resume.
         std::os::unix::fs::FileExt::write_all_at(&f, &data, 0).unwrap();
-        let before = fs.io_counts().read_mapped;
-        for _ in 0..40 {
-            let (r, got) = read(&m, &mut lp, (node, fh), 0, PAGE);
-            assert_eq!(r, Ok(PAGE));
-            assert!(got == data[..PAGE]);
-        }
-        assert!(
-            fs.io_counts().read_mapped > before,
-            "{kind:?}: not mapped again"
-        );
+        read_until_mapped(&m, &mut lp, (node, fh), 0, &data[..PAGE]);
         m.client.release(node, fh, 0).unwrap();
     }
 }
@@ -206,6 +219,8 @@ fn a_file_not_wholly_cached_is_not_read_through_a_mapping() {
             assert_eq!(r, Ok(PAGE));
             assert!(got == data[p * PAGE..(p + 1) * PAGE]);
         }
+        // Time for the check the reads asked for to run.
+        std::thread::sleep(Duration::from_millis(20));
     }
     let after = fs.io_counts();
     assert_eq!(after.read_mapped, before.read_mapped, "{after:?}");
