@@ -113,7 +113,10 @@ pub struct MountArgs {
     no_io_uring: bool,
     /// Read cached data with preadv2 or io_uring only: no copies out of a
     /// shared mapping of a host file the page cache holds whole (which
-    /// take no system call per READ; docs/DESIGN.md, "Mapped reads").
+    /// take no system call per READ, but skip the host's access hooks:
+    /// LSM rechecks, inotify/fanotify access events, atime; see
+    /// docs/DESIGN.md, "Mapped reads"). Mapped reads need io_uring on
+    /// and x86_64.
     #[arg(long)]
     no_mapped_reads: bool,
     /// Serve requests over the kernel's FUSE-over-io_uring ring (one queue

@@ -6,9 +6,11 @@
 //!   file's end raises SIGBUS on access. Every access goes through one
 //!   copy routine (`rep movsb`, below); a SIGBUS whose instruction is that
 //!   routine's is turned into a failed copy ([`MapRead::Fault`]) by the
-//!   process's SIGBUS handler ([`install_fence`]); any other SIGBUS goes on
-//!   to the handler that was there before, or kills the process as it
-//!   would have. The daemon never dies of a host truncation.
+//!   process's SIGBUS handler ([`install_fence`]). Another fault goes to
+//!   the disposition there was before (std's handler, or the default:
+//!   death); a SIGBUS sent with kill(2) or the like gets the default
+//!   action (unless it was ignored). The daemon never dies of a host
+//!   truncation.
 //! - **The end of the file.** Bytes past the end in the file's last page
 //!   read as zeros through a mapping, where a read must come back short.
 //!   So before the copy one byte of the page after the range's last page
@@ -292,49 +294,58 @@ mod fence {
         }
     }
 
-    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-        // SAFETY: installed with SA_SIGINFO, so `ctx` is the interrupted
-        // context the kernel saved (restored from it when this returns).
-        let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
+    extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // SAFETY: installed with SA_SIGINFO, so `info` is the signal's
+        // information and `ctx` the interrupted context the kernel saved
+        // (restored from it when this returns); errno is this thread's.
+        let (code, uc, errno) = unsafe {
+            (
+                (*info).si_code,
+                &mut *ctx.cast::<libc::ucontext_t>(),
+                libc::__errno_location(),
+            )
+        };
+        // SAFETY: this thread's errno, kept across the calls below.
+        let saved = unsafe { *errno };
         let rip = &mut uc.uc_mcontext.gregs[libc::REG_RIP as usize];
         // Only the symbols' addresses are taken (no read of them).
         let (insn, fixup) = (
             std::ptr::addr_of!(host_io_fault_copy_insn) as usize,
             std::ptr::addr_of!(host_io_fault_copy_fixup) as usize,
         );
-        if *rip as usize == insn {
+        // A fault of the instruction it interrupted (not a sent signal,
+        // nor a memory error reported ahead of any access).
+        let fault = matches!(
+            code,
+            libc::BUS_ADRALN | libc::BUS_ADRERR | libc::BUS_OBJERR | libc::BUS_MCEERR_AR
+        );
+        if fault && *rip as usize == insn {
             *rip = fixup as libc::greg_t;
             return;
         }
-        // Not the copy's: whoever handled SIGBUS before, or the default
-        // action (this handler goes, the access faults again and kills).
-        match PREVIOUS.get() {
-            Some(p)
-                if p.sa_sigaction != libc::SIG_DFL
-                    && p.sa_sigaction != libc::SIG_IGN
-                    && p.sa_flags & libc::SA_SIGINFO != 0 =>
-            {
-                // SAFETY: a handler installed with SA_SIGINFO has this
-                // signature; it gets what the kernel gave this one.
-                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(p.sa_sigaction) };
-                f(sig, info, ctx);
+        let previous = PREVIOUS.get();
+        // SAFETY: sigaction, getpid, gettid and tgkill are
+        // async-signal-safe; the actions are a saved one or a zeroed one
+        // with SIG_DFL (the default disposition).
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            if fault {
+                // Another fault: the disposition before this handler's, under
+                // which the access faults again (std's handler, or death).
+                libc::sigaction(libc::SIGBUS, previous.unwrap_or(&dfl), std::ptr::null_mut());
+            } else if previous.is_none_or(|p| p.sa_sigaction != libc::SIG_IGN) {
+                // Sent (or an early memory error): what a process without a
+                // handler gets, the default action, once this returns.
+                libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    libc::gettid(),
+                    libc::SIGBUS,
+                );
             }
-            Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
-                // SAFETY: a handler installed without SA_SIGINFO takes the
-                // signal number alone.
-                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(p.sa_sigaction) };
-                f(sig);
-            }
-            _ => {
-                // SAFETY: sigaction is async-signal-safe; a zeroed action
-                // with SIG_DFL is the default disposition.
-                unsafe {
-                    let mut dfl: libc::sigaction = std::mem::zeroed();
-                    dfl.sa_sigaction = libc::SIG_DFL;
-                    libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
-                }
-            }
+            *errno = saved;
         }
     }
 

@@ -29,8 +29,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, OnceLock, Weak};
 
+/// Whether this build can read through mappings (host-io's copy routine
+/// is x86_64 Linux only).
+pub(crate) const SUPPORTED: bool = cfg!(all(target_arch = "x86_64", target_os = "linux"));
+
 /// The shortest time a check holds, in ms.
 const MIN_PERIOD_MS: u64 = 10;
+/// The longest (a page evicted meanwhile costs a blocking fault).
+const MAX_PERIOD_MS: u64 = 1000;
 /// Reads a handle serves the usual way before its first check.
 const FIRST_WAIT: u32 = 16;
 /// The most reads between checks of a file found not wholly cached.
@@ -38,9 +44,15 @@ const MAX_WAIT: u32 = 1 << 16;
 /// The most mappings the process holds at once (each is one of the
 /// process's at most `vm.max_map_count` memory areas).
 const MAX_MAPPINGS: usize = 4096;
+/// The most bytes mapped at once, all mappings together: what their page
+/// tables can take (8 bytes per 4 KiB page touched: 128 MiB at most).
+const MAX_MAPPED_BYTES: u64 = 64 << 30;
+/// Larger files are read the usual way (a check of one walks its pages).
+const MAX_FILE: u64 = 4 << 30;
 
-/// Mappings alive in the process.
+/// Mappings alive in the process, and their bytes.
 static MAPPINGS: AtomicUsize = AtomicUsize::new(0);
+static MAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// A handle's mapping and the state of its residency checks. Shared by
 /// every thread that reads the handle; the atomics are hints each
@@ -48,9 +60,9 @@ static MAPPINGS: AtomicUsize = AtomicUsize::new(0);
 #[derive(Debug, Default)]
 pub(crate) struct MapSlot {
     /// The mapping, made by the first check that found the file wholly
-    /// cached; None for good when it cannot be (not a regular file, not
-    /// on a local file system, opened write-only, too many mappings, mmap
-    /// refused).
+    /// cached; None for good when it cannot be (not a readable regular
+    /// file of a local file system, or mapped reads off: set at open; no
+    /// room left, mmap or cachestat refused).
     map: OnceLock<Option<FileMap>>,
     /// When (coarse ms, [`now_ms`]) a check last found the file wholly
     /// cached; 0 when the last check did not, or none ran.
@@ -67,6 +79,16 @@ pub(crate) struct MapSlot {
 }
 
 impl MapSlot {
+    /// The slot of a new handle; `mappable`: its reads may go through a
+    /// mapping of its file (decided at open, `file/open.rs`).
+    pub(crate) fn new(mappable: bool) -> MapSlot {
+        let s = MapSlot::default();
+        if !mappable {
+            let _ = s.map.set(None);
+        }
+        s
+    }
+
     /// Reads `iovs`' length from `off` of this handle's file through the
     /// mapping when it may (see the module docs): Some(bytes read, all
     /// asked for), or None to read it the usual way. With no valid check,
@@ -122,8 +144,8 @@ impl MapSlot {
         let took_us = t.elapsed().as_micros() as u64;
         self.reads.store(0, Ordering::Relaxed);
         if whole {
-            self.period
-                .store(MIN_PERIOD_MS.max(64 * took_us / 1000), Ordering::Relaxed);
+            let period = (64 * took_us / 1000).clamp(MIN_PERIOD_MS, MAX_PERIOD_MS);
+            self.period.store(period, Ordering::Relaxed);
             self.fresh_at.store(now.max(1), Ordering::Relaxed);
             // Checked again at the first read after the period.
             self.wait.store(1, Ordering::Relaxed);
@@ -136,8 +158,9 @@ impl MapSlot {
         self.asked.store(false, Ordering::Release);
     }
 
-    /// The check itself: a regular file, not empty, every page cached,
-    /// and mapped (or mappable now).
+    /// The check itself: a regular file of more than a page (a read of a
+    /// smaller one always reaches its last page) and at most [`MAX_FILE`],
+    /// every page cached, and mapped (or mapped now).
     fn whole_file_cached(&self, fd: RawFd) -> bool {
         if matches!(self.map.get(), Some(None)) {
             return false;
@@ -150,36 +173,30 @@ impl MapSlot {
             let _ = self.map.set(None);
             return false;
         }
-        if st.stx_size == 0 {
+        if st.stx_size <= 4096 || st.stx_size > MAX_FILE {
             return false;
         }
-        let Ok(cs) = cachestat(fd, 0, 0) else {
-            return false;
+        let cs = match cachestat(fd, 0, 0) {
+            Ok(cs) => cs,
+            // A kernel before 6.5, or a filter that refuses it: never.
+            Err(e) if e == fuse_core::Errno::ENOSYS || e == fuse_core::Errno::EPERM => {
+                let _ = self.map.set(None);
+                return false;
+            }
+            Err(_) => return false,
         };
         if cs.cache < st.stx_size.div_ceil(4096) {
             return false;
         }
-        self.map
-            .get_or_init(|| {
-                // Local files only: a network or FUSE file's cached pages
-                // may be stale (its read revalidates them), and a FUSE
-                // file's page fault could come back to this daemon.
-                let local =
-                    host_io::sys::fs_magic(fd).is_ok_and(|m| crate::backing::LOCAL_FS.contains(&m));
-                if local {
-                    map_file(fd, st.stx_size)
-                } else {
-                    None
-                }
-            })
-            .is_some()
+        self.map.get_or_init(|| map_file(fd, st.stx_size)).is_some()
     }
 }
 
 impl Drop for MapSlot {
     fn drop(&mut self) {
-        if let Some(Some(_)) = self.map.get() {
+        if let Some(Some(m)) = self.map.get() {
             MAPPINGS.fetch_sub(1, Ordering::Relaxed);
+            MAPPED_BYTES.fetch_sub(m.len() as u64, Ordering::Relaxed);
         }
     }
 }
@@ -226,21 +243,25 @@ impl Checker {
     }
 }
 
-/// A new mapping of `size` bytes of `fd`, counted in [`MAPPINGS`]; None
-/// past [`MAX_MAPPINGS`] or when mmap refuses.
+/// A new mapping of `size` bytes of `fd`, counted in [`MAPPINGS`] and
+/// [`MAPPED_BYTES`] (given back by the slot's drop); None past
+/// [`MAX_MAPPINGS`] or [`MAX_MAPPED_BYTES`], or when mmap refuses.
 fn map_file(fd: RawFd, size: u64) -> Option<FileMap> {
-    if MAPPINGS.fetch_add(1, Ordering::Relaxed) >= MAX_MAPPINGS {
+    let bytes = size.div_ceil(4096) * 4096;
+    let counted = MAPPINGS.fetch_add(1, Ordering::Relaxed) < MAX_MAPPINGS;
+    let sized = MAPPED_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes <= MAX_MAPPED_BYTES;
+    let m = if counted && sized {
+        FileMap::new(fd, size)
+            .inspect_err(|e| log::debug!("not mapping a file for reads: {e}"))
+            .ok()
+    } else {
+        None
+    };
+    if m.is_none() {
         MAPPINGS.fetch_sub(1, Ordering::Relaxed);
-        return None;
+        MAPPED_BYTES.fetch_sub(bytes, Ordering::Relaxed);
     }
-    match FileMap::new(fd, size) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            MAPPINGS.fetch_sub(1, Ordering::Relaxed);
-            log::debug!("not mapping a file for reads: {e}");
-            None
-        }
-    }
+    m
 }
 
 /// CLOCK_MONOTONIC_COARSE in ms (a vDSO read, no system call; a few ms

@@ -217,7 +217,7 @@ impl PassthroughFs {
         };
         let large = len >= PARALLEL_READ;
         // A cached READ of a file the page cache holds whole may be copied
-        // out of a mapping of it, whatever its file system.
+        // out of a mapping of it (a local file: decided at its open).
         let mapped = self.cfg.mapped_reads && !h.odirect && !large;
         // Files without non-blocking reads (io_uring would hand each read
         // to a worker) are read synchronously, large ones aside.
@@ -231,9 +231,15 @@ impl PassthroughFs {
         }
         if mapped {
             let ask = || self.map_checker.ask(Arc::downgrade(&h));
+            let iovs = iovecs(mem.spans(), 0, len);
+            // All of the read in one go (iovecs stops at MAX_IOVECS: the
+            // usual path goes on from there).
+            let whole = iovs.iter().map(|v| v.iov_len).sum::<usize>() == len.min(mem.len());
             // SAFETY: as for the preadv2 below: the memory is held for
             // I/O and the iovecs stay inside its spans.
-            let read = unsafe { h.map.read(off, &iovecs(mem.spans(), 0, len), ask) };
+            let read = whole
+                .then(|| unsafe { h.map.read(off, &iovs, ask) })
+                .flatten();
             if let Some(n) = read {
                 self.io_stats.count_mapped();
                 mem.end_io();

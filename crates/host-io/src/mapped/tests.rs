@@ -168,6 +168,34 @@ fn a_sigbus_outside_the_copy_still_kills() {
 }
 
 #[test]
+fn a_sent_sigbus_still_kills() {
+    let (f, path, data) = pattern_file();
+    let m = FileMap::new(f.as_raw_fd(), data.len() as u64).unwrap();
+    f.set_len(0).unwrap();
+    // SAFETY: the child only reads the mapping through the copy routine,
+    // sends itself SIGBUS and _exits: nothing that needs a lock another
+    // thread may hold.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let mut b = [0u8; 8];
+        // SAFETY: as in the tests above; then a signal to itself, which
+        // must kill as it would without the handler (exit 3: it did not).
+        unsafe {
+            let fenced = m.read_into(0, &[iov(&mut b)]) == MapRead::Fault;
+            libc::raise(libc::SIGBUS);
+            libc::_exit(if fenced { 3 } else { 4 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFSIGNALED(status), "status {status:#x}");
+    assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
 fn cachestat_counts_the_cached_pages() {
     let (f, path, data) = pattern_file();
     let st = cachestat(f.as_raw_fd(), 0, 0).unwrap();

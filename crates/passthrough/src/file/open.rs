@@ -7,6 +7,7 @@ use crate::backing::Grant;
 use crate::creds::{private_umask, Caps, Cred};
 use crate::inode::{CountedFd, InodeData};
 use crate::label::{same_inode, Fresh};
+use crate::mapped::MapSlot;
 use crate::{component, sys, PassthroughFs};
 use fuse_core::locks::lock;
 use fuse_core::server::{Created, Ctx, FsResult, Opened};
@@ -45,6 +46,30 @@ impl PassthroughFs {
                 v
             }
             None => false,
+        }
+    }
+
+    /// Whether reads of a new handle (`fd`, open with `flags`, of an inode
+    /// of type `ftype` on device `dev`) may go through a mapping of its
+    /// file (`mapped.rs`): a readable regular file of a local file
+    /// system, with mapped reads on.
+    fn mappable(&self, fd: &CountedFd, flags: i32, ftype: u32, dev: u64) -> bool {
+        if !(self.cfg.mapped_reads && self.cfg.io_uring && crate::mapped::SUPPORTED)
+            || ftype != libc::S_IFREG
+            || flags & libc::O_ACCMODE == libc::O_WRONLY
+            || flags & libc::O_DIRECT != 0
+        {
+            return false;
+        }
+        let mut known = lock(&self.local);
+        if let Some(&v) = known.get(&dev) {
+            return v;
+        }
+        match sys::fs_magic(fd.raw()) {
+            Ok(m) => *known
+                .entry(dev)
+                .or_insert(crate::backing::LOCAL_FS.contains(&m)),
+            Err(_) => false,
         }
     }
 
@@ -88,6 +113,7 @@ impl PassthroughFs {
         let mut open_flags = self.open_flags(direct, dir);
         let direct = direct || open_flags & fuse_core::abi::fopen::DIRECT_IO != 0;
         let uring = !dir && self.uring_for(&fd, inode.key.dev);
+        let mappable = !dir && self.mappable(&fd, flags, inode.ftype, inode.key.dev);
         let backing = !dir && self.offers_passthrough();
         let mut backing_id = 0;
         if backing {
@@ -109,7 +135,7 @@ impl PassthroughFs {
                 odirect: flags & libc::O_DIRECT != 0,
                 backing,
                 dir: Mutex::new(()),
-                map: Default::default(),
+                map: MapSlot::new(mappable),
                 opener,
             },
             at,
