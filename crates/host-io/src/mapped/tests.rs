@@ -33,6 +33,15 @@ fn iov(buf: &mut [u8]) -> libc::iovec {
     }
 }
 
+/// Waits for child `pid`, which must have died of SIGBUS.
+fn assert_killed_by_sigbus(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: waits for a child of this process.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFSIGNALED(status), "status {status:#x}");
+    assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
+}
+
 #[test]
 fn copies_into_each_iovec_in_order() {
     let (f, path, data) = pattern_file();
@@ -159,11 +168,7 @@ fn a_sigbus_outside_the_copy_still_kills() {
             libc::_exit(0);
         }
     }
-    let mut status = 0;
-    // SAFETY: waits for the child forked above.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFSIGNALED(status), "status {status:#x}");
-    assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
+    assert_killed_by_sigbus(pid);
     std::fs::remove_file(path).unwrap();
 }
 
@@ -187,11 +192,7 @@ fn a_sent_sigbus_still_kills() {
             libc::_exit(if fenced { 3 } else { 4 });
         }
     }
-    let mut status = 0;
-    // SAFETY: waits for the child forked above.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFSIGNALED(status), "status {status:#x}");
-    assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
+    assert_killed_by_sigbus(pid);
     std::fs::remove_file(path).unwrap();
 }
 
