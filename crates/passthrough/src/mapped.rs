@@ -6,9 +6,10 @@
 //! lacks is read from the disk in the copy's page fault, on the serving
 //! thread. So a handle reads through its mapping only while a check found
 //! every page of the file cached (cachestat(2) over the whole file, with
-//! its size from statx), and for at most a period after it
-//! ([`MIN_PERIOD_MS`], or 64 times what the check took, whichever is
-//! longer). A page evicted within the period costs one blocking fault.
+//! its size from statx), and for at most a period after it (64 times
+//! what the check took, at least [`MIN_PERIOD_MS`] and at most
+//! [`MAX_PERIOD_MS`]). A page evicted within the period costs one
+//! blocking fault.
 //! The checks run on a thread of their own ([`Checker`]; a check of a
 //! large file with small folios takes milliseconds, which a serving
 //! thread would make its requests wait for): a read that finds no valid
