@@ -138,13 +138,14 @@ fn report(dev: &FsDevice<Faulty<PassthroughFs>>) -> String {
     let n = dev.engine().fs().inner().io_counts();
     format!(
         "{}host I/O: reads {} through io_uring ({} into fixed guest memory), {} by syscall; \
-         {} copied from a mapping of the file; \
+         {} copied from a mapping of the file ({} stopped by a truncation); \
          writes {} through io_uring ({} from fixed guest memory), {} by syscall",
         dev.report(),
         n.read_uring,
         n.read_fixed,
         n.read_syscall,
         n.read_mapped,
+        n.read_mapped_faults,
         n.write_uring,
         n.write_fixed,
         n.write_syscall

@@ -7,15 +7,16 @@
 //!   copy routine (`rep movsb`, below); a SIGBUS whose instruction is that
 //!   routine's is turned into a failed copy ([`MapRead::Fault`]) by the
 //!   process's SIGBUS handler ([`install_fence`]). Another fault goes to
-//!   the disposition there was before (std's handler, or the default:
-//!   death); a SIGBUS sent with kill(2) or the like gets the default
+//!   the handler there was before (std's), or to the default action
+//!   (death); a SIGBUS sent with kill(2) or the like gets the default
 //!   action (unless it was ignored). The daemon never dies of a host
 //!   truncation.
 //! - **The end of the file.** Bytes past the end in the file's last page
 //!   read as zeros through a mapping, where a read must come back short.
-//!   So before the copy one byte of the page after the range's last page
+//!   So after the copy one byte of the page after the range's last page
 //!   is read through the same routine: that page exists only if the file
-//!   goes on past the range. A read that reaches the file's last page
+//!   goes on past the range (a truncation unmaps the pages past the new
+//!   end before it zeroes the tail of the page the end falls in). A read that reaches the file's last page
 //!   (or the mapping's end) is [`MapRead::Outside`]: the caller reads it
 //!   the usual way.
 //!
@@ -143,12 +144,6 @@ impl FileMap {
         if probe >= self.len as u64 {
             return MapRead::Outside;
         }
-        let mut byte = 0u8;
-        // SAFETY: `probe` is inside the mapping (checked above); `byte` is
-        // a local no reference points into.
-        if unsafe { fault_copy(&mut byte, self.base.as_ptr().add(probe as usize), 1) }.is_err() {
-            return MapRead::Fault;
-        }
         let mut at = off as usize;
         for v in iovs {
             // SAFETY: `at..at + iov_len` is inside the mapping (it ends
@@ -164,6 +159,15 @@ impl FileMap {
                 return MapRead::Fault;
             }
             at += v.iov_len;
+        }
+        // After the copy: a truncation into the range's last page first
+        // takes the pages past it away, then zeroes that page's tail, so
+        // zeros the copy saw there mean the probe faults now.
+        let mut byte = 0u8;
+        // SAFETY: `probe` is inside the mapping (checked above); `byte` is
+        // a local no reference points into.
+        if unsafe { fault_copy(&mut byte, self.base.as_ptr().add(probe as usize), 1) }.is_err() {
+            return MapRead::Fault;
         }
         MapRead::Done(total)
     }
@@ -325,15 +329,32 @@ mod fence {
         }
         let previous = PREVIOUS.get();
         // SAFETY: sigaction, getpid, gettid and tgkill are
-        // async-signal-safe; the actions are a saved one or a zeroed one
-        // with SIG_DFL (the default disposition).
+        // async-signal-safe; the action set is a zeroed one with SIG_DFL
+        // (the default disposition); the handler called is the one
+        // installed before, with the signature its flags say.
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
-            if fault {
-                // Another fault: the disposition before this handler's, under
-                // which the access faults again (std's handler, or death).
-                libc::sigaction(libc::SIGBUS, previous.unwrap_or(&dfl), std::ptr::null_mut());
+            let handler = previous
+                .map(|p| p.sa_sigaction)
+                .filter(|&h| h != libc::SIG_DFL && h != libc::SIG_IGN);
+            if let (true, Some(h), Some(p)) = (fault, handler, previous) {
+                // Another fault: the handler there was before (std's, which
+                // tells a stack overflow and otherwise lets the access fault
+                // again under the default action), with what the kernel
+                // gave this one.
+                if p.sa_flags & libc::SA_SIGINFO != 0 {
+                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                        std::mem::transmute(h);
+                    f(libc::SIGBUS, info, ctx);
+                } else {
+                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+                    f(libc::SIGBUS);
+                }
+            } else if fault {
+                // Another fault, and no handler before: the default action,
+                // under which the access faults again and kills.
+                libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
             } else if previous.is_none_or(|p| p.sa_sigaction != libc::SIG_IGN) {
                 // Sent (or an early memory error): what a process without a
                 // handler gets, the default action, once this returns.

@@ -30,6 +30,8 @@ pub struct IoStats {
     allocs_started: std::sync::atomic::AtomicU64,
     /// READs copied out of a mapping of the file.
     mapped: std::sync::atomic::AtomicU64,
+    /// Mapped READs a SIGBUS stopped (then read the usual way).
+    mapped_faults: std::sync::atomic::AtomicU64,
     /// Ops in flight on the workers' rings, by request unique.
     pub cancels: std::sync::Arc<host_io::CancelRegistry>,
     /// Rings free for I/O served synchronously (each taken for one call).
@@ -48,6 +50,10 @@ impl IoStats {
     }
     pub(super) fn count_mapped(&self) {
         self.mapped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub(super) fn count_mapped_fault(&self) {
+        self.mapped_faults
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     pub(super) fn count_sync_started(&self) {
@@ -76,6 +82,9 @@ impl IoStats {
                 .allocs_started
                 .load(std::sync::atomic::Ordering::Relaxed),
             read_mapped: self.mapped.load(std::sync::atomic::Ordering::Relaxed),
+            read_mapped_faults: self
+                .mapped_faults
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -105,6 +114,9 @@ pub struct IoCounts {
     /// READs copied out of a shared mapping of the file (counted apart
     /// from the others).
     pub read_mapped: u64,
+    /// Mapped READs a SIGBUS stopped (a host truncation; then read the
+    /// usual way and counted there).
+    pub read_mapped_faults: u64,
 }
 
 pub(super) fn errno(e: std::io::Error) -> Errno {

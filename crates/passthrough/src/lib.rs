@@ -100,8 +100,6 @@ pub struct PassthroughFs {
     posix_acl: std::sync::atomic::AtomicBool,
     /// Per device: whether its files do non-blocking I/O (see `io`).
     nowait: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
-    /// Per device: whether it is a local file system (`mapped.rs`).
-    local: std::sync::Mutex<std::collections::HashMap<u64, bool>>,
     io_stats: io::IoStats,
     /// The thread that checks files for mapped reads (`mapped.rs`).
     map_checker: mapped::Checker,
@@ -243,7 +241,6 @@ impl PassthroughFs {
             submounts: std::sync::atomic::AtomicBool::new(false),
             posix_acl: std::sync::atomic::AtomicBool::new(false),
             nowait: Default::default(),
-            local: Default::default(),
             io_stats: Default::default(),
             map_checker: Default::default(),
             backing: Default::default(),

@@ -61,9 +61,9 @@ static MAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Default)]
 pub(crate) struct MapSlot {
     /// The mapping, made by the first check that found the file wholly
-    /// cached; None for good when it cannot be (not a readable regular
-    /// file of a local file system, or mapped reads off: set at open; no
-    /// room left, mmap or cachestat refused).
+    /// cached (and room for it); None for good when it cannot be (not a
+    /// readable regular file of a local file system, or mapped reads off:
+    /// set at open; mmap or cachestat refused).
     map: OnceLock<Option<FileMap>>,
     /// When (coarse ms, [`now_ms`]) a check last found the file wholly
     /// cached; 0 when the last check did not, or none ran.
@@ -79,7 +79,24 @@ pub(crate) struct MapSlot {
     asked: AtomicBool,
 }
 
+/// What [`MapSlot::read`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mapped {
+    /// Read all of it (bytes).
+    Read(usize),
+    /// Not tried: read it the usual way.
+    Usual,
+    /// A SIGBUS stopped the copy (a host truncation): read it the usual
+    /// way.
+    Faulted,
+}
+
 impl MapSlot {
+    /// Whether reads may go through a mapping (not known not to).
+    pub(crate) fn may_map(&self) -> bool {
+        !matches!(self.map.get(), Some(None))
+    }
+
     /// The slot of a new handle; `mappable`: its reads may go through a
     /// mapping of its file (decided at open, `file/open.rs`).
     pub(crate) fn new(mappable: bool) -> MapSlot {
@@ -91,9 +108,9 @@ impl MapSlot {
     }
 
     /// Reads `iovs`' length from `off` of this handle's file through the
-    /// mapping when it may (see the module docs): Some(bytes read, all
-    /// asked for), or None to read it the usual way. With no valid check,
-    /// `ask` is called (once until that check is done) to have one run.
+    /// mapping when it may (see the module docs). With no valid check,
+    /// `ask` is called (once until that check is done) to have one run;
+    /// it says whether it could.
     ///
     /// # Safety
     ///
@@ -103,10 +120,10 @@ impl MapSlot {
         &self,
         off: u64,
         iovs: &[libc::iovec],
-        ask: impl FnOnce(),
-    ) -> Option<usize> {
+        ask: impl FnOnce() -> bool,
+    ) -> Mapped {
         if let Some(None) = self.map.get() {
-            return None;
+            return Mapped::Usual;
         }
         let fresh = self.fresh_at.load(Ordering::Relaxed);
         if fresh == 0 || now_ms().saturating_sub(fresh) >= self.period.load(Ordering::Relaxed) {
@@ -116,21 +133,24 @@ impl MapSlot {
             };
             if self.reads.fetch_add(1, Ordering::Relaxed) + 1 >= wait
                 && !self.asked.swap(true, Ordering::AcqRel)
+                && !ask()
             {
-                ask();
+                self.asked.store(false, Ordering::Release);
             }
-            return None;
+            return Mapped::Usual;
         }
-        let map = self.map.get()?.as_ref()?;
+        let Some(Some(map)) = self.map.get() else {
+            return Mapped::Usual;
+        };
         // SAFETY: the caller's contract.
         match unsafe { map.read_into(off, iovs) } {
-            MapRead::Done(n) => Some(n),
-            MapRead::Outside => None,
+            MapRead::Done(n) => Mapped::Read(n),
+            MapRead::Outside => Mapped::Usual,
             MapRead::Fault => {
                 self.fresh_at.store(0, Ordering::Relaxed);
                 self.reads.store(0, Ordering::Relaxed);
                 self.wait.store(FIRST_WAIT, Ordering::Relaxed);
-                None
+                Mapped::Faulted
             }
         }
     }
@@ -177,7 +197,15 @@ impl MapSlot {
         if st.stx_size <= 4096 || st.stx_size > MAX_FILE {
             return false;
         }
-        let cs = match cachestat(fd, 0, 0) {
+        let mapped = self
+            .map
+            .get()
+            .and_then(|m| m.as_ref())
+            .map(|m| m.len() as u64);
+        // What the mapping covers (a file grown since is read the usual
+        // way past it).
+        let size = mapped.map_or(st.stx_size, |len| len.min(st.stx_size));
+        let cs = match cachestat(fd, 0, size) {
             Ok(cs) => cs,
             // A kernel before 6.5, or a filter that refuses it: never.
             Err(e) if e == fuse_core::Errno::ENOSYS || e == fuse_core::Errno::EPERM => {
@@ -186,10 +214,23 @@ impl MapSlot {
             }
             Err(_) => return false,
         };
-        if cs.cache < st.stx_size.div_ceil(4096) {
+        if cs.cache < size.div_ceil(4096) {
             return false;
         }
-        self.map.get_or_init(|| map_file(fd, st.stx_size)).is_some()
+        if mapped.is_some() {
+            return true;
+        }
+        // Only this (the checker's) thread sets a mapping; a slot set to
+        // None at open never gets here.
+        match map_file(fd, st.stx_size) {
+            Ok(m) => self.map.set(Some(m)).is_ok(),
+            // Over the budget now: maybe not at a later check.
+            Err(Unmapped::NoRoom) => false,
+            Err(Unmapped::Refused) => {
+                let _ = self.map.set(None);
+                false
+            }
+        }
     }
 }
 
@@ -213,9 +254,12 @@ pub(crate) struct Checker {
 }
 
 impl Checker {
-    /// Has `h`'s file checked. A check that cannot be had (no thread) is
-    /// never done: the handle reads the usual way.
-    pub(crate) fn ask(&self, h: Weak<HandleData>) {
+    /// Has `h`'s file checked.
+    /// Returns false when the check could not be queued (the thread is
+    /// gone; the next ask makes another): the caller may ask again. A
+    /// thread that cannot be made is logged, and the handle that asked
+    /// reads the usual way from then on.
+    pub(crate) fn ask(&self, h: Weak<HandleData>) -> bool {
         let mut tx = lock(&self.tx);
         if tx.is_none() {
             let (s, rx) = channel::<Weak<HandleData>>();
@@ -232,33 +276,43 @@ impl Checker {
                 Ok(_) => *tx = Some(s),
                 Err(e) => {
                     log::warn!("no thread for mapped reads' checks: {e}");
-                    return;
+                    return true;
                 }
             }
         }
-        if let Some(s) = tx.as_ref() {
-            if s.send(h).is_err() {
+        match tx.as_ref().map(|s| s.send(h)) {
+            Some(Ok(())) => true,
+            _ => {
                 *tx = None;
+                false
             }
         }
     }
 }
 
+/// Why [`map_file`] made no mapping.
+enum Unmapped {
+    /// Past [`MAX_MAPPINGS`] or [`MAX_MAPPED_BYTES`] now.
+    NoRoom,
+    /// mmap refused the file (for good).
+    Refused,
+}
+
 /// A new mapping of `size` bytes of `fd`, counted in [`MAPPINGS`] and
-/// [`MAPPED_BYTES`] (given back by the slot's drop); None past
-/// [`MAX_MAPPINGS`] or [`MAX_MAPPED_BYTES`], or when mmap refuses.
-fn map_file(fd: RawFd, size: u64) -> Option<FileMap> {
+/// [`MAPPED_BYTES`] (given back by the slot's drop).
+fn map_file(fd: RawFd, size: u64) -> Result<FileMap, Unmapped> {
     let bytes = size.div_ceil(4096) * 4096;
     let counted = MAPPINGS.fetch_add(1, Ordering::Relaxed) < MAX_MAPPINGS;
     let sized = MAPPED_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes <= MAX_MAPPED_BYTES;
     let m = if counted && sized {
-        FileMap::new(fd, size)
-            .inspect_err(|e| log::debug!("not mapping a file for reads: {e}"))
-            .ok()
+        FileMap::new(fd, size).map_err(|e| {
+            log::debug!("not mapping a file for reads: {e}");
+            Unmapped::Refused
+        })
     } else {
-        None
+        Err(Unmapped::NoRoom)
     };
-    if m.is_none() {
+    if m.is_err() {
         MAPPINGS.fetch_sub(1, Ordering::Relaxed);
         MAPPED_BYTES.fetch_sub(bytes, Ordering::Relaxed);
     }

@@ -17,6 +17,7 @@
 use super::client_io::{aligned, iovecs, registered};
 use super::file::HandleData;
 use super::io::{self, IoStats};
+use super::mapped::Mapped;
 use super::PassthroughFs;
 use fuse_core::server::{Completions, IoDone};
 use fuse_core::{ClientMem, Errno};
@@ -218,7 +219,7 @@ impl PassthroughFs {
         let large = len >= PARALLEL_READ;
         // A cached READ of a file the page cache holds whole may be copied
         // out of a mapping of it (a local file: decided at its open).
-        let mapped = self.cfg.mapped_reads && !h.odirect && !large;
+        let mapped = h.map.may_map() && !h.odirect && !large;
         // Files without non-blocking reads (io_uring would hand each read
         // to a worker) are read synchronously, large ones aside.
         let ring = !((!h.uring && !large) || (h.odirect && !aligned(&*mem)));
@@ -235,16 +236,22 @@ impl PassthroughFs {
             // All of the read in one go (iovecs stops at MAX_IOVECS: the
             // usual path goes on from there).
             let whole = iovs.iter().map(|v| v.iov_len).sum::<usize>() == len.min(mem.len());
-            // SAFETY: as for the preadv2 below: the memory is held for
-            // I/O and the iovecs stay inside its spans.
-            let read = whole
-                .then(|| unsafe { h.map.read(off, &iovs, ask) })
-                .flatten();
-            if let Some(n) = read {
-                self.io_stats.count_mapped();
-                mem.end_io();
-                out.complete(done, Ok(n));
-                return Ok(());
+            let read = if whole {
+                // SAFETY: as for the preadv2 below: the memory is held for
+                // I/O and the iovecs stay inside its spans.
+                unsafe { h.map.read(off, &iovs, ask) }
+            } else {
+                Mapped::Usual
+            };
+            match read {
+                Mapped::Read(n) => {
+                    self.io_stats.count_mapped();
+                    mem.end_io();
+                    out.complete(done, Ok(n));
+                    return Ok(());
+                }
+                Mapped::Faulted => self.io_stats.count_mapped_fault(),
+                Mapped::Usual => {}
             }
             if !ring {
                 mem.end_io();

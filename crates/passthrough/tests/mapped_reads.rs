@@ -147,12 +147,22 @@ fn a_wholly_cached_file_is_read_through_its_mapping() {
         let fs = m.fs();
         let mut lp = Loop::new(fs);
         read_until_mapped(&m, &mut lp, (node, fh), 0, &data[..PAGE]);
-        let before = fs.io_counts();
-        read_all(&m, &mut lp, (node, fh), &data);
-        let n = fs.io_counts().read_mapped - before.read_mapped;
-        // Most of them (a check that expires meanwhile has the reads go
-        // the usual way until the next is done).
-        assert!(n >= 63, "{kind:?}: {n} mapped reads of 126");
+        // Most of a round's reads (a check that expires meanwhile has the
+        // reads go the usual way until the next is done: on a loaded
+        // machine, rounds again).
+        let t = Instant::now();
+        loop {
+            let before = fs.io_counts();
+            read_all(&m, &mut lp, (node, fh), &data);
+            let n = fs.io_counts().read_mapped - before.read_mapped;
+            if n >= 63 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{kind:?}: {n} mapped reads of 126"
+            );
+        }
         // The file's last page: its end is not to be had from a mapping.
         let (r, got) = read(&m, &mut lp, (node, fh), (SIZE - PAGE + 10) as u64, PAGE);
         assert_eq!(r, Ok(PAGE - 10));
@@ -190,18 +200,32 @@ fn a_truncation_on_the_host_gives_short_reads_not_zeros() {
         let (m, node, fh, data) = setup(kind, Config::default());
         let fs = m.fs();
         let mut lp = Loop::new(fs);
-        read_until_mapped(&m, &mut lp, (node, fh), 0, &data[..PAGE]);
-        // Cut to 100 bytes into page 10: pages 11 and on are gone under
-        // the mapping, page 10's tail reads as zeros through it.
-        let cut = 10 * PAGE + 100;
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(m.path("f"))
             .unwrap();
-        f.set_len(cut as u64).unwrap();
-        let (r, got) = read(&m, &mut lp, (node, fh), 10 * PAGE as u64, PAGE);
-        assert_eq!(r, Ok(100), "{kind:?}: the read in the cut page");
-        assert!(got[..100] == data[10 * PAGE..cut]);
+        // Cut to 100 bytes into page 10: pages 11 and on are gone under
+        // the mapping, page 10's tail reads as zeros through it. Until the
+        // first read after the cut met the fence (a SIGBUS in the copy):
+        // on a loaded machine the check may lapse first.
+        let cut = 10 * PAGE + 100;
+        let t = Instant::now();
+        loop {
+            std::os::unix::fs::FileExt::write_all_at(&f, &data, 0).unwrap();
+            read_until_mapped(&m, &mut lp, (node, fh), 0, &data[..PAGE]);
+            let faults = fs.io_counts().read_mapped_faults;
+            f.set_len(cut as u64).unwrap();
+            let (r, got) = read(&m, &mut lp, (node, fh), 10 * PAGE as u64, PAGE);
+            assert_eq!(r, Ok(100), "{kind:?}: the read in the cut page");
+            assert!(got[..100] == data[10 * PAGE..cut]);
+            if fs.io_counts().read_mapped_faults > faults {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{kind:?}: the fence never met"
+            );
+        }
         let (r, _) = read(&m, &mut lp, (node, fh), 20 * PAGE as u64, PAGE);
         assert_eq!(r, Ok(0), "{kind:?}: a read past the new end");
         let (r, got) = read(&m, &mut lp, (node, fh), 10 * PAGE as u64 - 50, PAGE);

@@ -50,10 +50,10 @@ impl PassthroughFs {
     }
 
     /// Whether reads of a new handle (`fd`, open with `flags`, of an inode
-    /// of type `ftype` on device `dev`) may go through a mapping of its
+    /// of type `ftype`) may go through a mapping of its
     /// file (`mapped.rs`): a readable regular file of a local file
     /// system, with mapped reads on.
-    fn mappable(&self, fd: &CountedFd, flags: i32, ftype: u32, dev: u64) -> bool {
+    fn mappable(&self, fd: &CountedFd, flags: i32, ftype: u32) -> bool {
         if !(self.cfg.mapped_reads && self.cfg.io_uring && crate::mapped::SUPPORTED)
             || ftype != libc::S_IFREG
             || flags & libc::O_ACCMODE == libc::O_WRONLY
@@ -61,16 +61,9 @@ impl PassthroughFs {
         {
             return false;
         }
-        let mut known = lock(&self.local);
-        if let Some(&v) = known.get(&dev) {
-            return v;
-        }
-        match sys::fs_magic(fd.raw()) {
-            Ok(m) => *known
-                .entry(dev)
-                .or_insert(crate::backing::LOCAL_FS.contains(&m)),
-            Err(_) => false,
-        }
+        // Asked of each file, not cached per device: a device number
+        // comes back after an unmount, maybe for a network or FUSE mount.
+        sys::fs_magic(fd.raw()).is_ok_and(|m| crate::backing::LOCAL_FS.contains(&m))
     }
 
     /// Whether files on device `dev` are known to do non-blocking I/O (a
@@ -113,7 +106,7 @@ impl PassthroughFs {
         let mut open_flags = self.open_flags(direct, dir);
         let direct = direct || open_flags & fuse_core::abi::fopen::DIRECT_IO != 0;
         let uring = !dir && self.uring_for(&fd, inode.key.dev);
-        let mappable = !dir && self.mappable(&fd, flags, inode.ftype, inode.key.dev);
+        let mappable = !dir && self.mappable(&fd, flags, inode.ftype);
         let backing = !dir && self.offers_passthrough();
         let mut backing_id = 0;
         if backing {
