@@ -122,7 +122,7 @@ impl MapSlot {
         iovs: &[libc::iovec],
         ask: impl FnOnce() -> bool,
     ) -> Mapped {
-        if let Some(None) = self.map.get() {
+        if !self.may_map() {
             return Mapped::Usual;
         }
         let fresh = self.fresh_at.load(Ordering::Relaxed);
@@ -183,7 +183,7 @@ impl MapSlot {
     /// smaller one always reaches its last page) and at most [`MAX_FILE`],
     /// every page cached, and mapped (or mapped now).
     fn whole_file_cached(&self, fd: RawFd) -> bool {
-        if matches!(self.map.get(), Some(None)) {
+        if !self.may_map() {
             return false;
         }
         let mask = libc::STATX_TYPE | libc::STATX_SIZE;
