@@ -374,6 +374,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             fixed_guest_memory: a.fixed_guest_memory,
             submit_batch: a.submit_batch as usize,
             chunk_time: Duration::from_micros(a.chunk_time_us),
+            poll_time: Duration::from_micros(a.poll_max_us),
             ..DeviceConfig::default()
         },
     )

@@ -34,6 +34,7 @@ mod lent;
 mod lock_calls;
 mod migration;
 mod notify;
+mod poll;
 mod queue;
 mod request;
 mod rings;
@@ -159,6 +160,13 @@ pub struct DeviceConfig {
     /// under a tool that slows it many times over (callgrind), so chunks
     /// are cut as at full speed.
     pub chunk_time: Duration,
+    /// The most time a vring thread with no host I/O in flight keeps
+    /// looking at its request queue's avail ring after the queue emptied,
+    /// before it sleeps until the guest's kick (zero: never). The time
+    /// adapts to the guest between zero and this (`device/poll.rs`): a
+    /// guest that keeps its queue busy is served without wake-ups, at the
+    /// cost of up to a CPU meanwhile.
+    pub poll_time: Duration,
     /// With `zero_copy`: the guest's RAM regions are registered as fixed
     /// buffers of each serving thread's io_uring on first use (again when
     /// the memory table changes), so data I/O through io_uring goes as
@@ -193,6 +201,7 @@ impl Default for DeviceConfig {
             inline_per_batch: 0,
             submit_batch: 4,
             chunk_time: notify::CHUNK_TIME,
+            poll_time: poll::POLL_TIME,
             fixed_guest_memory: false,
             vring_stop_drain: stop::VRING_STOP_DRAIN,
         }
@@ -436,6 +445,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Serves queue `q` until it is empty or stalls.
     fn serve_queue(&self, vring: &Vring, q: Vq) -> Result<(), DeviceError> {
         let event_idx = self.inner.event_idx.load(Ordering::Relaxed);
+        if let Vq::Request(q) = q {
+            self.woke(q);
+        }
         // Passes in a row that popped nothing although more was announced.
         let mut idle = 0;
         loop {
@@ -450,6 +462,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
                 Vq::Request(q) => self.drain_requests(vring, q),
             };
+            // A pass that popped may poll for the next (one that popped
+            // nothing goes on to the checks below).
+            if !stalled && event_idx && vring.queue_next_avail() != before {
+                if let Vq::Request(q) = q {
+                    if self.poll_avail(vring, q) {
+                        idle = 0;
+                        continue;
+                    }
+                }
+            }
             if stalled || !event_idx || !vring.enable_notification().map_err(DeviceError::Vring)? {
                 break;
             }

@@ -106,6 +106,11 @@ impl QueueServer {
         Ok(())
     }
 
+    /// Whether requests of this thread's own host I/O are running.
+    pub(super) fn io_in_flight(&self) -> bool {
+        !self.started.is_empty()
+    }
+
     /// Makes this thread's entries the queue's preferred ones (while a
     /// batch is submitted).
     pub(crate) fn prefer(&self) {

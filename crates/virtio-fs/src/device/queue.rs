@@ -9,6 +9,7 @@ use super::heads::Heads;
 use super::inline::{HeldAnswers, QueueServer};
 use super::lent::Lent;
 use super::notify::Signals;
+use super::poll::PollWindow;
 use super::Vring;
 use fuse_core::Fence;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -88,6 +89,8 @@ pub(super) struct RequestQueue {
     /// yet (`inline.rs`: its own mutex, a leaf; the watchdog takes them
     /// from a stuck thread).
     pub(super) held: HeldAnswers,
+    /// Its vring thread's poll window (`poll.rs`: its own mutex, a leaf).
+    pub(super) poll: Mutex<PollWindow>,
 }
 
 impl RequestQueue {
@@ -108,6 +111,7 @@ impl RequestQueue {
             orphans: AtomicU64::new(0),
             signals: Signals::default(),
             held: HeldAnswers::default(),
+            poll: Mutex::new(PollWindow::default()),
         })
     }
 }

@@ -1,0 +1,250 @@
+//! A request queue's vring thread polls its avail ring for a while after
+//! the queue emptied (`DeviceConfig::poll_time`), with the device served
+//! over a real vhost-user socket and a guest driver (EVENT_IDX) on the
+//! other end:
+//!
+//! - a request the guest posts while the thread polls is served without
+//!   a kick: the device has not asked for one;
+//! - FORGETs on the hiprio queue are served meanwhile, not after the poll;
+//! - once the window has passed the thread sleeps with notifications on:
+//!   the guest's next request asks for a kick, and the thread burns no CPU;
+//! - pauses longer than the most shrink the window to nothing, so a guest
+//!   that sends a request now and then costs no polling.
+
+mod common;
+
+use fuse_core::abi::{Attr, AttrOut, GetattrIn, Opcode};
+use fuse_core::server::{Ctx, Filesystem, FsResult};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, Req};
+use virtio_fs::{DeviceConfig, FsDevice};
+use zerocopy::{FromZeros, IntoBytes};
+
+/// Request queue 1 (vring thread 0, which also serves hiprio).
+const Q: usize = 1;
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Answers GETATTR; counts FORGETs.
+#[derive(Clone, Default)]
+struct Attrs {
+    forgets: Arc<AtomicU64>,
+}
+
+impl Filesystem for Attrs {
+    type Inode = u64;
+    type Handle = u64;
+    type Io = ();
+
+    fn new_io(&self, _: fuse_core::server::Wake) {}
+
+    fn forget(&self, _: u64, nlookup: u64) {
+        self.forgets.fetch_add(nlookup, Ordering::SeqCst);
+    }
+
+    fn getattr(&self, _: &Ctx, ino: u64, _: Option<u64>) -> FsResult<(Attr, Duration)> {
+        common::dir_attr(ino)
+    }
+}
+
+struct Served {
+    _one: std::sync::MutexGuard<'static, ()>,
+    base: PathBuf,
+    fs: Attrs,
+    guest: Option<GuestDriver>,
+    _dev: FsDevice<Attrs>,
+    daemon: Option<JoinHandle<()>>,
+}
+
+/// One test at a time: the CPU tests read the whole process's CPU time,
+/// which another test's polling thread would add to.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serve(name: &str, poll_time: Duration) -> Served {
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let base = std::env::temp_dir().join(format!("fusebox-poll-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let sock = base.join("vfs.sock");
+    let fs = Attrs::default();
+    let dev = FsDevice::new(
+        fs.clone(),
+        DeviceConfig {
+            queue_size: 128,
+            inline_per_batch: usize::MAX,
+            poll_time,
+            ..DeviceConfig::default()
+        },
+    )
+    .unwrap();
+    let daemon = common::serve_device(&dev, &sock);
+    let mut guest = GuestDriver::connect(
+        &sock,
+        &GuestConfig {
+            request_queues: 1,
+            queue_size: 64,
+            slots: 4,
+            slot_data: 4096,
+            event_idx: true,
+        },
+    )
+    .unwrap();
+    assert!(guest.event_idx());
+    guest.init().unwrap();
+    Served {
+        _one: one,
+        base,
+        fs,
+        guest: Some(guest),
+        _dev: dev,
+        daemon: Some(daemon),
+    }
+}
+
+impl Served {
+    fn g(&mut self) -> &mut GuestDriver {
+        self.guest.as_mut().unwrap()
+    }
+
+    /// Posts a GETATTR and publishes it; returns whether the guest kicked.
+    fn post_getattr(&mut self) -> bool {
+        let body = GetattrIn::new_zeroed();
+        self.g()
+            .post(
+                Q,
+                0,
+                &Req {
+                    opcode: Opcode::Getattr,
+                    nodeid: 1,
+                    args: body.as_bytes(),
+                    data_out: 0,
+                    reply: std::mem::size_of::<AttrOut>() as u32,
+                },
+            )
+            .unwrap();
+        self.g().publish(Q)
+    }
+
+    /// Waits for the answer to the one request in flight.
+    fn answer(&mut self) -> Done {
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        while out.is_empty() {
+            assert!(t0.elapsed() < PATIENCE, "no answer");
+            self.g().wait(Q, PATIENCE).unwrap();
+            self.g().reap(Q, &mut out).unwrap();
+        }
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].out.error, 0);
+        out.pop().unwrap()
+    }
+
+    /// One GETATTR, answered; returns whether the guest kicked for it.
+    fn getattr(&mut self) -> bool {
+        let kicked = self.post_getattr();
+        self.answer();
+        kicked
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        drop(self.guest.take());
+        if let Some(d) = self.daemon.take() {
+            let _ = d.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+/// This process's CPU time (user and system), all threads.
+fn cpu() -> Duration {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the rusage it is given.
+    let ru = unsafe {
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()), 0);
+        ru.assume_init()
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[test]
+fn requests_posted_while_it_polls_need_no_kick() {
+    let mut s = serve("nokick", Duration::from_secs(1));
+    // The first request after INIT: the device may be asleep.
+    s.getattr();
+    let mut kicks = 0;
+    for _ in 0..50 {
+        if s.getattr() {
+            kicks += 1;
+        }
+    }
+    // Each of these was posted within 1 s of the last answer: the device
+    // was still polling, with no kick asked for.
+    assert_eq!(kicks, 0);
+}
+
+#[test]
+fn forgets_are_served_while_it_polls() {
+    let mut s = serve("forget", Duration::from_secs(3));
+    s.getattr();
+    // The request queue's thread now polls for 3 s. The hiprio queue has
+    // four slots: a FORGET waits for a slot until the device serves one,
+    // which must not take the poll's 3 s.
+    let t0 = Instant::now();
+    for _ in 0..12 {
+        s.g().forget(1, 1, Duration::from_secs(1)).unwrap();
+    }
+    while s.fs.forgets.load(Ordering::SeqCst) < 12 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "FORGETs wait for the poll to end"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // And the request queue is still served without a kick.
+    assert!(!s.getattr());
+}
+
+#[test]
+fn after_the_window_it_sleeps_and_asks_for_a_kick() {
+    let window = Duration::from_millis(100);
+    let mut s = serve("sleeps", window);
+    s.getattr();
+    assert!(!s.getattr(), "posted within the window");
+    std::thread::sleep(window * 3);
+    // Asleep: no CPU goes by.
+    let (c0, t0) = (cpu(), Instant::now());
+    std::thread::sleep(Duration::from_millis(500));
+    let (used, took) = (cpu() - c0, t0.elapsed());
+    assert!(used < took / 10, "{used:?} of CPU in {took:?} of sleep");
+    // Notifications are on again: the next request kicks, and is served.
+    assert!(s.post_getattr(), "no kick asked for after the window");
+    s.answer();
+}
+
+#[test]
+fn pauses_longer_than_the_most_stop_the_polling() {
+    let most = Duration::from_millis(20);
+    let gap = Duration::from_millis(50);
+    let mut s = serve("shrinks", most);
+    s.getattr();
+    // Each pause is longer than the most: the window halves each time,
+    // from 20 ms to nothing within 13 pauses.
+    for _ in 0..16 {
+        std::thread::sleep(gap);
+        s.getattr();
+    }
+    // Polled at the most, these ten pauses would burn 200 ms of CPU.
+    let (c0, t0) = (cpu(), Instant::now());
+    for _ in 0..10 {
+        std::thread::sleep(gap);
+        s.getattr();
+    }
+    let (used, took) = (cpu() - c0, t0.elapsed());
+    assert!(used < took / 10, "{used:?} of CPU in {took:?} of pauses");
+}
