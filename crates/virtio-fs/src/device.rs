@@ -445,8 +445,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// Serves queue `q` until it is empty or stalls.
     fn serve_queue(&self, vring: &Vring, q: Vq) -> Result<(), DeviceError> {
         let event_idx = self.inner.event_idx.load(Ordering::Relaxed);
+        let woke = Instant::now();
         if let Vq::Request(q) = q {
-            self.woke(q);
+            self.woke(q, woke);
         }
         // Passes in a row that popped nothing although more was announced.
         let mut idle = 0;
@@ -466,10 +467,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // nothing goes on to the checks below).
             if !stalled && event_idx && vring.queue_next_avail() != before {
                 if let Vq::Request(q) = q {
-                    if self.poll_avail(vring, q) {
+                    if self.poll_avail(vring, q, woke) {
                         idle = 0;
                         continue;
                     }
+                }
+            }
+            if stalled {
+                if let Vq::Request(q) = q {
+                    self.stalled(q);
                 }
             }
             if stalled || !event_idx || !vring.enable_notification().map_err(DeviceError::Vring)? {

@@ -9,7 +9,8 @@
 //! - once the window has passed the thread sleeps with notifications on:
 //!   the guest's next request asks for a kick, and the thread burns no CPU;
 //! - pauses longer than the most shrink the window to nothing, so a guest
-//!   that sends a request now and then costs no polling.
+//!   that sends a request now and then costs no polling;
+//! - a vring stopped while its thread polls ends the poll.
 
 mod common;
 
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vhost::VhostBackend;
 use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, Req};
 use virtio_fs::{DeviceConfig, FsDevice};
 use zerocopy::{FromZeros, IntoBytes};
@@ -197,7 +199,9 @@ fn forgets_are_served_while_it_polls() {
     // which must not take the poll's 3 s.
     let t0 = Instant::now();
     for _ in 0..12 {
-        s.g().forget(1, 1, Duration::from_secs(1)).unwrap();
+        s.g()
+            .forget(1, 1, Duration::from_secs(1))
+            .expect("a FORGET waited for the poll to end");
     }
     while s.fs.forgets.load(Ordering::SeqCst) < 12 {
         assert!(
@@ -230,21 +234,67 @@ fn after_the_window_it_sleeps_and_asks_for_a_kick() {
 #[test]
 fn pauses_longer_than_the_most_stop_the_polling() {
     let most = Duration::from_millis(20);
-    let gap = Duration::from_millis(50);
     let mut s = serve("shrinks", most);
     s.getattr();
-    // Each pause is longer than the most: the window halves each time,
-    // from 20 ms to nothing within 13 pauses.
+    assert!(!s.getattr(), "posted within the window");
+    // Each pause is longer than the most, though shorter than the most
+    // plus the window: the window halves each time (the gap counts from
+    // the queue emptying, the poll included), from 20 ms to nothing
+    // within 13 pauses.
+    let pause = Duration::from_millis(30);
     for _ in 0..16 {
-        std::thread::sleep(gap);
+        std::thread::sleep(pause);
         s.getattr();
     }
     // Polled at the most, these ten pauses would burn 200 ms of CPU.
     let (c0, t0) = (cpu(), Instant::now());
     for _ in 0..10 {
-        std::thread::sleep(gap);
+        std::thread::sleep(pause);
         s.getattr();
     }
     let (used, took) = (cpu() - c0, t0.elapsed());
     assert!(used < took / 10, "{used:?} of CPU in {took:?} of pauses");
+}
+
+#[test]
+fn a_guest_that_keeps_its_queue_busy_still_lets_the_thread_back_to_its_epoll() {
+    // One wake-up polls for at most 2 ms (four windows of 200 µs would be
+    // less), then the thread goes back to its epoll and the next request
+    // kicks it.
+    let mut s = serve("span", Duration::from_micros(200));
+    s.getattr();
+    let t0 = Instant::now();
+    let mut kicks = 0;
+    while t0.elapsed() < Duration::from_millis(100) {
+        if s.getattr() {
+            kicks += 1;
+        }
+    }
+    assert!(kicks >= 1, "the thread polled for 100 ms on one wake-up");
+}
+
+#[test]
+fn a_vring_stopped_while_its_thread_polls_ends_the_poll() {
+    let mut s = serve("stop", Duration::from_secs(3));
+    s.getattr();
+    // The thread polls for 3 s; the VMM stops the vring (GET_VRING_BASE):
+    // INIT and the GETATTR were popped.
+    let fe = s.g().frontend().clone();
+    let index = s.g().queue_index(Q);
+    assert_eq!(fe.get_vring_base(index).unwrap(), 2);
+    // The poll ends: no CPU goes by.
+    std::thread::sleep(Duration::from_millis(50));
+    let (c0, t0) = (cpu(), Instant::now());
+    std::thread::sleep(Duration::from_millis(300));
+    let (used, took) = (cpu() - c0, t0.elapsed());
+    assert!(
+        used < took / 10,
+        "{used:?} of CPU in {took:?} after the stop"
+    );
+    // A chain published now is not the device's to pop.
+    s.post_getattr();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut out = Vec::new();
+    s.g().reap(Q, &mut out).unwrap();
+    assert!(out.is_empty(), "a stopped vring was served");
 }

@@ -3,21 +3,29 @@
 //! window, with the guest's notifications still off, so a guest that
 //! refills the queue meanwhile neither kicks nor waits for the thread to
 //! wake. Only a thread with no host I/O of its own in flight polls: that
-//! I/O's completions come through its epoll.
+//! I/O's completions come through its epoll. One wake-up polls for at most
+//! [`POLL_SPAN`] or four times the most, whichever is longer, serving
+//! included; then the thread goes back to its epoll (exit and resume
+//! events) and the guest's next chain kicks it.
 //!
 //! The window adapts to the guest, between zero and
-//! `DeviceConfig::poll_time`: a sleep after which the next request came
-//! within the most makes the window grow (doubling, from [`GROW_FROM`]),
-//! one longer than the most halves it (below [`GROW_FROM`]: no polling).
-//! A guest that pauses between requests for longer than the most soon
-//! costs no polling; one that keeps its queue busy is served without
-//! wake-ups. A poll that finds work leaves the window as it is.
+//! `DeviceConfig::poll_time` (*the most*), by the gap between the queue
+//! emptying and the thread's next wake-up: a gap longer than the most
+//! halves the window (below [`GROW_FROM`]: no polling), a gap within the
+//! most that the window did not cover doubles it (from [`GROW_FROM`]). A
+//! guest that pauses longer than the most soon costs no polling; one that
+//! keeps its queue busy is served without wake-ups. A poll that finds work
+//! leaves the window as it is.
 
-use super::submit::{avail_index, left_before};
 use super::*;
+use vm_memory::{Address, Bytes, GuestAddress};
 
 /// `DeviceConfig::poll_time` by default (and fusebox's `--poll-max-us`).
 pub(super) const POLL_TIME: Duration = Duration::from_micros(50);
+
+/// The longest one wake-up of a vring thread keeps polling (counted from
+/// the wake-up, serving included), unless four times the most is longer.
+const POLL_SPAN: Duration = Duration::from_millis(2);
 
 /// Avail-index reads between clock reads.
 const SPINS: u32 = 32;
@@ -32,15 +40,16 @@ const GROW_FROM: Duration = Duration::from_micros(4);
 pub(super) struct PollWindow {
     /// The window, before the most (`poll_time`) bounds it.
     window: Duration,
-    /// When the thread last went to sleep with nothing in flight.
-    slept_at: Option<Instant>,
+    /// When the queue last emptied and the thread began to poll (or would
+    /// have, with a zero window), if it then went to sleep.
+    emptied_at: Option<Instant>,
 }
 
 impl Default for PollWindow {
     fn default() -> Self {
         PollWindow {
             window: Duration::MAX,
-            slept_at: None,
+            emptied_at: None,
         }
     }
 }
@@ -51,91 +60,150 @@ impl PollWindow {
         self.window.min(most)
     }
 
-    /// The thread woke at `now`: a sleep it went into with nothing in
-    /// flight moves the window.
-    pub(super) fn woke(&mut self, now: Instant, most: Duration) {
-        let Some(at) = self.slept_at.take() else {
+    /// The thread woke at `now` for its queue: the gap since the queue
+    /// emptied, if the thread slept through it, moves the window.
+    fn woke(&mut self, now: Instant, most: Duration) {
+        let Some(at) = self.emptied_at.take() else {
             return;
         };
-        let slept = now.saturating_duration_since(at);
+        let gap = now.saturating_duration_since(at);
         let window = self.get(most);
-        self.window = if slept > most {
+        self.window = if gap > most {
             let half = window / 2;
             if half < GROW_FROM {
                 Duration::ZERO
             } else {
                 half
             }
-        } else if slept > window {
-            (window * 2).max(GROW_FROM).min(most)
+        } else if gap > window {
+            window.saturating_mul(2).max(GROW_FROM).min(most)
         } else {
             window
         };
     }
 
-    /// The thread goes to sleep at `now` with nothing in flight.
-    fn sleeps(&mut self, now: Instant) {
-        self.slept_at = Some(now);
+    /// The queue emptied at `at`; the thread polls, then sleeps unless
+    /// [`PollWindow::busy`] says otherwise.
+    fn emptied(&mut self, at: Instant) {
+        self.emptied_at = Some(at);
+    }
+
+    /// The thread did not sleep after all (a poll found work, or the
+    /// queue stalled): the next wake-up says nothing of the guest's gaps.
+    fn busy(&mut self) {
+        self.emptied_at = None;
     }
 }
 
+/// Where a vring's avail index is and how far the thread popped, read once
+/// under the vring lock so the spin reads guest memory only.
+struct Watch {
+    avail_idx_at: GuestAddress,
+    next_avail: u16,
+    size: u16,
+}
+
+impl Watch {
+    fn of(vring: &Vring) -> Option<Watch> {
+        let v = vring.get_ref();
+        let queue = v.get_queue();
+        if !v.is_enabled() || !queue.ready() {
+            return None;
+        }
+        Some(Watch {
+            avail_idx_at: GuestAddress(queue.avail_ring()).checked_add(2)?,
+            next_avail: queue.next_avail(),
+            size: queue.size(),
+        })
+    }
+
+    /// Whether the guest announced chains past those popped (as many as a
+    /// pop can take: not an index more than a vring's size ahead).
+    fn announced(&self, mem: &GuestMemoryLoadGuard<GuestMmap>) -> bool {
+        let Ok(idx) = mem.load::<u16>(self.avail_idx_at, Ordering::Acquire) else {
+            return false;
+        };
+        let n = u16::from_le(idx).wrapping_sub(self.next_avail);
+        n > 0 && n <= self.size
+    }
+}
+
+/// Whether `vring` may be served: enabled, and not stopped.
+fn live(vring: &Vring) -> bool {
+    let v = vring.get_ref();
+    v.is_enabled() && v.get_queue().ready()
+}
+
 impl<F: Filesystem + 'static> FsDevice<F> {
-    /// Request queue `q`'s thread woke (a kick or a resume).
-    pub(super) fn woke(&self, q: RqId) {
+    /// Request queue `q`'s thread woke at `at` (a kick or a resume).
+    pub(super) fn woke(&self, q: RqId, at: Instant) {
         let most = self.inner.cfg.poll_time;
         if !most.is_zero() {
-            lock(&self.inner.queue(q).poll).woke(Instant::now(), most);
+            lock(&self.inner.queue(q).poll).woke(at, most);
         }
     }
 
-    /// Polls request queue `q`'s avail ring for up to its window; true
-    /// once it shows a chain this thread has not popped. False: the
-    /// thread may sleep.
-    pub(super) fn poll_avail(&self, vring: &Vring, q: RqId) -> bool {
+    /// Request queue `q` stalled: its thread waits for a request to end,
+    /// not for the guest.
+    pub(super) fn stalled(&self, q: RqId) {
+        lock(&self.inner.queue(q).poll).busy();
+    }
+
+    /// Polls request queue `q`'s avail ring for up to its window, unless
+    /// this wake-up (at `woke`) already went on for long enough; true
+    /// once it shows a chain this thread has not popped. False: the thread
+    /// may sleep.
+    pub(super) fn poll_avail(&self, vring: &Vring, q: RqId, woke: Instant) -> bool {
         let most = self.inner.cfg.poll_time;
         if most.is_zero() || self.io_in_flight(q) {
             return false;
         }
-        let Some(mem) = self.memory() else {
+        let began = Instant::now();
+        if began.saturating_duration_since(woke) >= POLL_SPAN.max(most.saturating_mul(4)) {
+            return false;
+        }
+        let (Some(mem), Some(watch)) = (self.memory(), Watch::of(vring)) else {
             return false;
         };
-        let window = lock(&self.inner.queue(q).poll).get(most);
+        let window = {
+            let mut w = lock(&self.inner.queue(q).poll);
+            w.emptied(began);
+            w.get(most)
+        };
         // Thread 0 also serves the hiprio queue: FORGETs that come
-        // meanwhile are served here, as their kick would have them served.
+        // meanwhile are served here, as their kick would have them served
+        // (once per index announced: a head it cannot pop is left to the
+        // next kick). They do not lengthen the poll.
         let hiprio = if q.thread() == 0 {
             self.inner.hiprio.vring()
         } else {
             None
         };
         let mut hiprio_served = None;
-        let mut began = Instant::now();
-        let mut now = began;
-        while now.saturating_duration_since(began) < window {
+        while began.elapsed() < window {
             for _ in 0..SPINS {
-                if left_before(vring, avail_index(vring, &mem)) > 0 {
+                if watch.announced(&mem) {
+                    lock(&self.inner.queue(q).poll).busy();
                     return true;
                 }
                 std::hint::spin_loop();
             }
-            if let Some(h) = hiprio {
-                // Served once per index it announces: a head it cannot
-                // pop is left to its next kick, not retried here.
-                let end = avail_index(h, &mem);
-                if hiprio_served != Some(end) && left_before(h, end) > 0 {
-                    hiprio_served = Some(end);
-                    if self.serve_queue(h, Vq::Hiprio).is_err() {
-                        self.inner.counters(Vq::Hiprio).add_malformed(1);
+            if let Some(h) = hiprio.filter(|h| live(h)) {
+                if let Some(hw) = Watch::of(h).filter(|hw| hw.announced(&mem)) {
+                    let end = mem.load::<u16>(hw.avail_idx_at, Ordering::Acquire).ok();
+                    if hiprio_served != end {
+                        hiprio_served = end;
+                        if self.serve_queue(h, Vq::Hiprio).is_err() {
+                            self.inner.counters(Vq::Hiprio).add_malformed(1);
+                        }
                     }
-                    began = Instant::now();
                 }
             }
-            // A stopped or disabled vring is served again after its kick.
-            if !vring.get_ref().is_enabled() {
+            // A vring stopped or disabled meanwhile is left alone.
+            if !live(vring) {
                 break;
             }
-            now = Instant::now();
         }
-        lock(&self.inner.queue(q).poll).sleeps(now);
         false
     }
 
@@ -157,11 +225,12 @@ mod tests {
         Duration::from_micros(n)
     }
 
-    /// Sleeps for `slept` and wakes, returning the window after.
-    fn sleep_wake(w: &mut PollWindow, slept: Duration) -> Duration {
+    /// The queue empties, the thread sleeps and wakes `gap` later; returns
+    /// the window after.
+    fn gap(w: &mut PollWindow, gap: Duration) -> Duration {
         let t = Instant::now();
-        w.sleeps(t);
-        w.woke(t + slept, MOST);
+        w.emptied(t);
+        w.woke(t + gap, MOST);
         w.get(MOST)
     }
 
@@ -172,43 +241,52 @@ mod tests {
     }
 
     #[test]
-    fn long_sleeps_shrink_it_to_nothing() {
+    fn gaps_longer_than_the_most_shrink_it_to_nothing() {
         let mut w = PollWindow::default();
-        assert_eq!(sleep_wake(&mut w, us(51)), us(25));
-        assert_eq!(
-            sleep_wake(&mut w, us(1000)),
-            us(12) + Duration::from_nanos(500)
-        );
-        assert_eq!(sleep_wake(&mut w, us(1000)), Duration::from_nanos(6250));
-        assert_eq!(sleep_wake(&mut w, us(1000)), Duration::ZERO);
-        assert_eq!(sleep_wake(&mut w, us(1000)), Duration::ZERO);
+        assert_eq!(gap(&mut w, us(51)), us(25));
+        assert_eq!(gap(&mut w, us(1000)), us(12) + Duration::from_nanos(500));
+        assert_eq!(gap(&mut w, us(1000)), Duration::from_nanos(6250));
+        assert_eq!(gap(&mut w, us(1000)), Duration::ZERO);
+        assert_eq!(gap(&mut w, us(1000)), Duration::ZERO);
     }
 
     #[test]
-    fn a_sleep_within_the_most_grows_it_back() {
+    fn gaps_within_the_most_grow_it_back() {
         let mut w = PollWindow::default();
         for _ in 0..4 {
-            sleep_wake(&mut w, us(1000));
+            gap(&mut w, us(1000));
         }
         assert_eq!(w.get(MOST), Duration::ZERO);
-        assert_eq!(sleep_wake(&mut w, us(30)), GROW_FROM);
-        assert_eq!(sleep_wake(&mut w, us(30)), us(8));
-        assert_eq!(sleep_wake(&mut w, us(30)), us(16));
-        assert_eq!(sleep_wake(&mut w, us(30)), us(32));
-        assert_eq!(
-            sleep_wake(&mut w, us(30)),
-            us(32),
-            "a sleep within the window"
-        );
-        assert_eq!(sleep_wake(&mut w, us(40)), MOST, "never past the most");
+        assert_eq!(gap(&mut w, us(30)), GROW_FROM);
+        assert_eq!(gap(&mut w, us(30)), us(8));
+        assert_eq!(gap(&mut w, us(30)), us(16));
+        assert_eq!(gap(&mut w, us(30)), us(32));
+        assert_eq!(gap(&mut w, us(30)), us(32), "a gap the window covers");
+        assert_eq!(gap(&mut w, us(40)), MOST, "never past the most");
     }
 
     #[test]
-    fn a_wake_without_a_sleep_changes_nothing() {
+    fn a_gap_between_the_most_and_twice_it_shrinks_it() {
+        // The gap counts from the queue emptying, so the window polled is
+        // part of it: a guest every 1.5 windows is not polled for.
         let mut w = PollWindow::default();
-        sleep_wake(&mut w, us(1000));
+        for _ in 0..5 {
+            gap(&mut w, us(75));
+        }
+        assert_eq!(w.get(MOST), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_wake_after_work_or_a_stall_changes_nothing() {
+        let mut w = PollWindow::default();
+        gap(&mut w, us(1000));
         let before = w.get(MOST);
         w.woke(Instant::now() + us(1000), MOST);
+        assert_eq!(w.get(MOST), before);
+        let t = Instant::now();
+        w.emptied(t);
+        w.busy();
+        w.woke(t + us(1000), MOST);
         assert_eq!(w.get(MOST), before);
     }
 }
