@@ -53,6 +53,11 @@
 # 4 x depth (a power of two, at most 1024): depth 64 runs on 256-entry
 # queues; depths above 256 do not run.
 #
+# SANDBOX=default runs fusebox and both virtiofsd with their default
+# sandboxes and seccomp filters instead of --sandbox none --seccomp none.
+# Each then serves from a child process, so the daemon CPU column may
+# count only the process fusebox-load sees at the socket: compare ops/s.
+#
 # Note: virtiofsd drops the guest's O_DIRECT unless given
 # --allow-direct-io (fusebox honours it), so on randread-16-cold-direct
 # virtiofsd reads through the host page cache. VIRTIOFSD_ARGS adds options
@@ -210,17 +215,23 @@ done
 	echo "# set row round contender ops_per_s mb_per_s p50_us p99_us daemon_cpu_us_per_op load_cpu_us_per_op"
 } >"$log"
 
+# The daemons' sandboxes: none, or (SANDBOX=default) each daemon's own
+# default (fusebox: namespace + seccomp kill; virtiofsd: namespace +
+# seccomp kill).
+sandbox=(--sandbox none --seccomp none)
+[ "${SANDBOX:-none}" = default ] && sandbox=()
+
 # start_contender NAME SHARE SOCK: start it in the background, as $dpid.
 start_contender() {
 	local name=$1 share=$2 sock=$3
 	rm -f "$sock"
 	case $name in
 		fusebox) "$fb" --socket-path "$sock" --shared-dir "$share" --cache never \
-			--sandbox none --seccomp none --log-level error 2>>"$work/$name.err" & ;;
+			"${sandbox[@]}" --log-level error 2>>"$work/$name.err" & ;;
 		virtiofsd) "$vfsd" --socket-path "$sock" --shared-dir "$share" --cache never \
-			--sandbox none --seccomp none --log-level error "${vfsd_extra[@]}" 2>>"$work/$name.err" & ;;
+			"${sandbox[@]}" --log-level error "${vfsd_extra[@]}" 2>>"$work/$name.err" & ;;
 		virtiofsd-tp16) "$vfsd" --socket-path "$sock" --shared-dir "$share" --cache never \
-			--sandbox none --seccomp none --log-level error --thread-pool-size 16 \
+			"${sandbox[@]}" --log-level error --thread-pool-size 16 \
 			"${vfsd_extra[@]}" 2>>"$work/$name.err" & ;;
 	esac
 	dpid=$!
