@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vhost::VhostBackend;
-use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, Req};
+use virtio_fs::testing::guest::{Done, GuestDriver, Req};
 use virtio_fs::{DeviceConfig, FsDevice};
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -83,19 +83,7 @@ fn serve(name: &str, poll_time: Duration) -> Served {
     )
     .unwrap();
     let daemon = common::serve_device(&dev, &sock);
-    let mut guest = GuestDriver::connect(
-        &sock,
-        &GuestConfig {
-            request_queues: 1,
-            queue_size: 64,
-            slots: 4,
-            slot_data: 4096,
-            event_idx: true,
-        },
-    )
-    .unwrap();
-    assert!(guest.event_idx());
-    guest.init().unwrap();
+    let guest = common::connect_guest(&sock, 4, 4096);
     Served {
         _one: one,
         base,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VhostUserDirtyLogRegion};
-use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, Req};
+use virtio_fs::testing::guest::{Done, GuestDriver, Req};
 use virtio_fs::DeviceConfig;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
@@ -78,18 +78,7 @@ impl Migrating {
             passthrough::Config::default(),
             cfg,
         );
-        let mut g = GuestDriver::connect(
-            &sock,
-            &GuestConfig {
-                request_queues: 1,
-                queue_size: 64,
-                slots: 4,
-                slot_data: LEN as u64,
-                event_idx: true,
-            },
-        )
-        .unwrap();
-        g.init().unwrap();
+        let mut g = common::connect_guest(&sock, 4, LEN as u64);
         let (_, b) = g
             .call(
                 Q,

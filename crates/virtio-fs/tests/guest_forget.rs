@@ -10,7 +10,7 @@ mod common;
 use fuse_core::abi::{CreateIn, EntryOut, Opcode, ReleaseIn, ROOT_ID};
 use passthrough::Config;
 use std::time::{Duration, Instant};
-use virtio_fs::testing::guest::{GuestConfig, GuestDriver, Req};
+use virtio_fs::testing::guest::Req;
 use virtio_fs::DeviceConfig;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -47,18 +47,7 @@ fn forgotten_unlinked_files_give_their_fds_back() {
             ..DeviceConfig::default()
         },
     );
-    let mut g = GuestDriver::connect(
-        &sock,
-        &GuestConfig {
-            request_queues: 1,
-            queue_size: 64,
-            slots: 4,
-            slot_data: 4096,
-            event_idx: true,
-        },
-    )
-    .unwrap();
-    g.init().unwrap();
+    let mut g = common::connect_guest(&sock, 4, 4096);
     let fds0 = dev.engine().fs().fds_in_use();
     // More files than the hiprio queue has slots: its chains must be
     // taken back and reused.

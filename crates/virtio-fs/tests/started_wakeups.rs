@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vhost::VhostBackend;
-use virtio_fs::testing::guest::{Done, GuestConfig, GuestDriver, Req};
+use virtio_fs::testing::guest::{Done, GuestDriver, Req};
 use virtio_fs::{DeviceConfig, FsDevice};
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -342,19 +342,7 @@ fn serve_with(
     )
     .unwrap();
     let daemon = common::serve_device(&dev, &sock);
-    let mut guest = GuestDriver::connect(
-        &sock,
-        &GuestConfig {
-            request_queues: 1,
-            queue_size: 64,
-            slots: 8,
-            slot_data: LEN as u64,
-            event_idx: true,
-        },
-    )
-    .unwrap();
-    assert!(guest.event_idx(), "EVENT_IDX negotiated, as Linux runs it");
-    guest.init().unwrap();
+    let guest = common::connect_guest(&sock, 8, LEN as u64);
     Served {
         base,
         fs,

@@ -241,6 +241,30 @@ pub fn serve_device<F: Filesystem + 'static>(
     })
 }
 
+/// A guest driver on `sock` as a Linux guest runs one (one request queue
+/// of 64 entries, EVENT_IDX), with `slots` requests of up to `slot_data`
+/// bytes of data each, after INIT.
+pub fn connect_guest(
+    sock: &std::path::Path,
+    slots: u16,
+    slot_data: u64,
+) -> virtio_fs::testing::guest::GuestDriver {
+    let mut g = virtio_fs::testing::guest::GuestDriver::connect(
+        sock,
+        &virtio_fs::testing::guest::GuestConfig {
+            request_queues: 1,
+            queue_size: 64,
+            slots,
+            slot_data,
+            event_idx: true,
+        },
+    )
+    .unwrap();
+    assert!(g.event_idx(), "EVENT_IDX negotiated, as Linux runs it");
+    g.init().unwrap();
+    g
+}
+
 /// Polls `f` every 2 ms for `d`; whether it held.
 pub fn within(d: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
     let t = std::time::Instant::now();
