@@ -337,10 +337,11 @@ pub struct VhostArgs {
     pub chunk_time_us: u64,
     /// The most time, in microseconds, a queue thread keeps looking for
     /// new requests after its queue emptied, before it sleeps until the
-    /// guest kicks it (0: it sleeps at once). The time adapts to the
-    /// guest: a guest that keeps its queue busy is served without
-    /// wake-ups, at the cost of up to a CPU while it does; pauses longer
-    /// than this shrink it to nothing.
+    /// guest kicks it (0: it sleeps at once; no polling with
+    /// --thread-pool-size). The time adapts to the guest: a guest that
+    /// keeps its queue busy is served without wake-ups, at the cost of up
+    /// to a CPU per request queue while it does; pauses longer than this
+    /// shrink it to nothing.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub poll_max_us: u64,
     /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,

@@ -482,6 +482,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 break;
             }
             if vring.queue_next_avail() != before {
+                // A guest that keeps refilling the queue keeps this loop
+                // going: past the span the thread goes back to its epoll
+                // (exit and other events), its resume event bringing it
+                // straight back here.
+                if let Vq::Request(q) = q {
+                    if woke.elapsed() >= self.wake_span() {
+                        let _ = self.inner.queue(q).resume.write(1);
+                        break;
+                    }
+                }
                 idle = 0;
                 continue;
             }

@@ -3,10 +3,14 @@
 //! window, with the guest's notifications still off, so a guest that
 //! refills the queue meanwhile neither kicks nor waits for the thread to
 //! wake. Only a thread with no host I/O of its own in flight polls: that
-//! I/O's completions come through its epoll. One wake-up polls for at most
-//! [`POLL_SPAN`] or four times the most, whichever is longer, serving
-//! included; then the thread goes back to its epoll (exit and resume
-//! events) and the guest's next chain kicks it.
+//! I/O's completions come through its epoll; nor does a thread that hands
+//! requests to workers (`inline_per_batch` other than all). One wake-up
+//! goes on polling for at most [`WAKE_SPAN`] or four times the most,
+//! whichever is longer, serving included; then the guest's next chain
+//! kicks the thread. Nor does a wake-up serve past that span: a guest
+//! that refills the queue before each re-check would keep it going, so
+//! the thread then goes back to its epoll (exit and other events) with its
+//! resume event written (`serve_queue`).
 //!
 //! The window adapts to the guest, between zero and
 //! `DeviceConfig::poll_time` (*the most*), by the gap between the queue
@@ -23,9 +27,9 @@ use vm_memory::{Address, Bytes, GuestAddress};
 /// `DeviceConfig::poll_time` by default (and fusebox's `--poll-max-us`).
 pub(super) const POLL_TIME: Duration = Duration::from_micros(50);
 
-/// The longest one wake-up of a vring thread keeps polling (counted from
-/// the wake-up, serving included), unless four times the most is longer.
-const POLL_SPAN: Duration = Duration::from_millis(2);
+/// The longest one wake-up of a vring thread goes on polling and serving
+/// (counted from the wake-up), unless four times the most is longer.
+const WAKE_SPAN: Duration = Duration::from_millis(2);
 
 /// Avail-index reads between clock reads.
 const SPINS: u32 = 32;
@@ -135,6 +139,11 @@ fn live(vring: &Vring) -> bool {
 }
 
 impl<F: Filesystem + 'static> FsDevice<F> {
+    /// How long one wake-up of a request queue's thread may go on.
+    pub(super) fn wake_span(&self) -> Duration {
+        WAKE_SPAN.max(self.inner.cfg.poll_time.saturating_mul(4))
+    }
+
     /// Request queue `q`'s thread woke at `at` (a kick or a resume).
     pub(super) fn woke(&self, q: RqId, at: Instant) {
         let most = self.inner.cfg.poll_time;
@@ -149,26 +158,33 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         lock(&self.inner.queue(q).poll).busy();
     }
 
-    /// Polls request queue `q`'s avail ring for up to its window, unless
-    /// this wake-up (at `woke`) already went on for long enough; true
-    /// once it shows a chain this thread has not popped. False: the thread
-    /// may sleep.
+    /// Polls request queue `q`'s avail ring for up to its window, and no
+    /// longer than this wake-up (at `woke`) may go on; true once it shows
+    /// a chain this thread has not popped. False: the thread may sleep.
     pub(super) fn poll_avail(&self, vring: &Vring, q: RqId, woke: Instant) -> bool {
         let most = self.inner.cfg.poll_time;
-        if most.is_zero() || self.io_in_flight(q) {
+        // Polling is for a thread that serves its queue itself: one that
+        // hands requests to workers would take a CPU they need.
+        if most.is_zero() || self.inner.cfg.inline_per_batch != usize::MAX || self.io_in_flight(q) {
             return false;
         }
         let began = Instant::now();
-        if began.saturating_duration_since(woke) >= POLL_SPAN.max(most.saturating_mul(4)) {
-            return false;
-        }
+        let left = self
+            .wake_span()
+            .saturating_sub(began.saturating_duration_since(woke));
         let (Some(mem), Some(watch)) = (self.memory(), Watch::of(vring)) else {
+            lock(&self.inner.queue(q).poll).busy();
             return false;
         };
         let window = {
             let mut w = lock(&self.inner.queue(q).poll);
+            if left.is_zero() {
+                // Not a gap the window could have covered.
+                w.busy();
+                return false;
+            }
             w.emptied(began);
-            w.get(most)
+            w.get(most).min(left)
         };
         // Thread 0 also serves the hiprio queue: FORGETs that come
         // meanwhile are served here, as their kick would have them served
@@ -188,19 +204,19 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
                 std::hint::spin_loop();
             }
-            if let Some(h) = hiprio.filter(|h| live(h)) {
-                if let Some(hw) = Watch::of(h).filter(|hw| hw.announced(&mem)) {
-                    let end = mem.load::<u16>(hw.avail_idx_at, Ordering::Acquire).ok();
-                    if hiprio_served != end {
-                        hiprio_served = end;
-                        if self.serve_queue(h, Vq::Hiprio).is_err() {
-                            self.inner.counters(Vq::Hiprio).add_malformed(1);
-                        }
+            if let Some(hw) = hiprio.and_then(Watch::of).filter(|hw| hw.announced(&mem)) {
+                let end = mem.load::<u16>(hw.avail_idx_at, Ordering::Acquire).ok();
+                if let Some(h) = hiprio.filter(|_| hiprio_served != end) {
+                    hiprio_served = end;
+                    if self.serve_queue(h, Vq::Hiprio).is_err() {
+                        self.inner.counters(Vq::Hiprio).add_malformed(1);
                     }
                 }
             }
-            // A vring stopped or disabled meanwhile is left alone.
+            // A vring stopped or disabled meanwhile is left alone (and its
+            // gaps say nothing of the guest).
             if !live(vring) {
+                lock(&self.inner.queue(q).poll).busy();
                 break;
             }
         }
