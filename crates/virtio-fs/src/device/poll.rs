@@ -18,8 +18,9 @@
 //! halves the window (below [`GROW_FROM`]: no polling), a gap within the
 //! most that the window did not cover doubles it (from [`GROW_FROM`]). A
 //! guest that pauses longer than the most soon costs no polling; one that
-//! keeps its queue busy is served without wake-ups. A poll that finds work
-//! leaves the window as it is.
+//! keeps its queue busy is served without kicks, its thread passing
+//! through its epoll once per span. A poll that finds work leaves the
+//! window as it is.
 
 use super::*;
 use vm_memory::{Address, Bytes, GuestAddress};
