@@ -26,6 +26,11 @@ pub struct QueueStats {
     takeovers: AtomicU64,
     /// Requests the vring thread served itself (no hand-off).
     inline: AtomicU64,
+    /// Polls of the avail ring that found chains (wake-ups the guest did
+    /// not need to cause).
+    polled: AtomicU64,
+    /// Polls that ran out of their window: the thread then slept.
+    poll_misses: AtomicU64,
     /// Answers by opcode: kept per queue, so the thread that answers a
     /// queue's requests (its vring thread, mostly) writes counters no
     /// other queue's thread shares; folded when read.
@@ -75,6 +80,11 @@ impl QueueStats {
         takeovers, add_takeovers;
         /// Requests the vring thread served itself (no hand-off).
         inline, add_inline;
+        /// Polls of the avail ring that found chains (wake-ups the guest
+        /// did not need to cause).
+        polled, add_polled;
+        /// Polls that ran out of their window: the thread then slept.
+        poll_misses, add_poll_misses;
     }
 
     /// Requests popped and not yet answered.
@@ -196,7 +206,7 @@ impl DeviceStats {
             };
             let _ = writeln!(
                 s,
-                "queue {name}: submitted {} completed {} in-flight {} stalls {} malformed {} inline {} takeovers {}",
+                "queue {name}: submitted {} completed {} in-flight {} stalls {} malformed {} inline {} takeovers {} polled {} poll-misses {}",
                 q.submitted(),
                 q.completed(),
                 q.in_flight(),
@@ -204,6 +214,8 @@ impl DeviceStats {
                 q.malformed(),
                 q.inline(),
                 q.takeovers(),
+                q.polled(),
+                q.poll_misses(),
             );
         }
         let _ = writeln!(

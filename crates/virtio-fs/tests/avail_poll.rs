@@ -59,7 +59,7 @@ struct Served {
     base: PathBuf,
     fs: Attrs,
     guest: Option<GuestDriver>,
-    _dev: FsDevice<Attrs>,
+    dev: FsDevice<Attrs>,
     daemon: Option<JoinHandle<()>>,
 }
 
@@ -91,7 +91,7 @@ fn serve(name: &str, poll_time: Duration) -> Served {
         base,
         fs,
         guest: Some(guest),
-        _dev: dev,
+        dev,
         daemon: Some(daemon),
     }
 }
@@ -176,8 +176,9 @@ fn requests_posted_while_it_polls_need_no_kick() {
         }
     }
     // Each of these was posted within 1 s of the last answer: the device
-    // was still polling, with no kick asked for.
+    // was still polling, with no kick asked for; its counters say so.
     assert_eq!(kicks, 0);
+    assert!(s.dev.stats().queues()[Q].polled() >= 50);
 }
 
 #[test]
@@ -216,6 +217,7 @@ fn after_the_window_it_sleeps_and_asks_for_a_kick() {
     std::thread::sleep(Duration::from_millis(500));
     let (used, took) = (cpu() - c0, t0.elapsed());
     assert!(used < took / 10, "{used:?} of CPU in {took:?} of sleep");
+    assert!(s.dev.stats().queues()[Q].poll_misses() >= 1);
     // Notifications are on again: the next request kicks, and is served.
     assert!(s.post_getattr(), "no kick asked for after the window");
     s.answer();

@@ -201,6 +201,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             for _ in 0..SPINS {
                 if watch.announced(&mem) {
                     lock(&self.inner.queue(q).poll).busy();
+                    self.inner.counters(Vq::Request(q)).add_polled(1);
                     return true;
                 }
                 std::hint::spin_loop();
@@ -218,9 +219,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // gaps say nothing of the guest).
             if !live(vring) {
                 lock(&self.inner.queue(q).poll).busy();
-                break;
+                return false;
             }
         }
+        self.inner.counters(Vq::Request(q)).add_poll_misses(1);
         false
     }
 
