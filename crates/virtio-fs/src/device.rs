@@ -160,12 +160,13 @@ pub struct DeviceConfig {
     /// under a tool that slows it many times over (callgrind), so chunks
     /// are cut as at full speed.
     pub chunk_time: Duration,
-    /// The most time a vring thread with no host I/O in flight keeps
-    /// looking at its request queue's avail ring after the queue emptied,
-    /// before it sleeps until the guest's kick (zero: never). The time
-    /// adapts to the guest between zero and this (`device/poll.rs`): a
-    /// guest that keeps its queue busy is served without wake-ups, at the
-    /// cost of up to a CPU meanwhile.
+    /// The most time a vring thread that serves its queue in line
+    /// (`inline_per_batch` all) with no host I/O in flight keeps looking
+    /// at its request queue's avail ring after the queue emptied, before
+    /// it sleeps until the guest's kick (zero: never). The time adapts to
+    /// the guest between zero and this (`device/poll.rs`): a guest that
+    /// keeps its queue busy is served without kicks, at the cost of up to
+    /// a CPU per request queue meanwhile.
     pub poll_time: Duration,
     /// With `zero_copy`: the guest's RAM regions are registered as fixed
     /// buffers of each serving thread's io_uring on first use (again when

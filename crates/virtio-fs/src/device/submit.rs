@@ -439,7 +439,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
 
 /// `vring`'s avail index (its next index when the index cannot be read:
 /// nothing to pop).
-pub(super) fn avail_index(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) -> u16 {
+fn avail_index(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) -> u16 {
     let v = vring.get_ref();
     let queue = v.get_queue();
     queue
@@ -450,7 +450,7 @@ pub(super) fn avail_index(vring: &Vring, mem: &GuestMemoryLoadGuard<GuestMmap>) 
 /// Chains announced up to avail index `end` that are not popped yet (0
 /// when the queue's next index is past `end`, or `end` is more than a
 /// vring's size ahead of it: a pop would find nothing there).
-pub(super) fn left_before(vring: &Vring, end: u16) -> usize {
+fn left_before(vring: &Vring, end: u16) -> usize {
     let v = vring.get_ref();
     let queue = v.get_queue();
     let n = end.wrapping_sub(queue.next_avail());
