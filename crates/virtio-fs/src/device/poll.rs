@@ -23,6 +23,7 @@
 //! window as it is.
 
 use super::*;
+use vhost_user_backend::VringState;
 use vm_memory::{Address, Bytes, GuestAddress};
 
 /// `DeviceConfig::poll_time` by default (and fusebox's `--poll-max-us`).
@@ -111,10 +112,10 @@ struct Watch {
 impl Watch {
     fn of(vring: &Vring) -> Option<Watch> {
         let v = vring.get_ref();
-        let queue = v.get_queue();
-        if !v.is_enabled() || !queue.ready() {
+        if !is_live(&v) {
             return None;
         }
+        let queue = v.get_queue();
         Some(Watch {
             avail_idx_at: GuestAddress(queue.avail_ring()).checked_add(2)?,
             next_avail: queue.next_avail(),
@@ -122,20 +123,18 @@ impl Watch {
         })
     }
 
-    /// Whether the guest announced chains past those popped (as many as a
-    /// pop can take: not an index more than a vring's size ahead).
-    fn announced(&self, mem: &GuestMemoryLoadGuard<GuestMmap>) -> bool {
-        let Ok(idx) = mem.load::<u16>(self.avail_idx_at, Ordering::Acquire) else {
-            return false;
-        };
-        let n = u16::from_le(idx).wrapping_sub(self.next_avail);
-        n > 0 && n <= self.size
+    /// The avail index, if the guest announced chains past those popped
+    /// (as many as a pop can take: not an index more than a vring's size
+    /// ahead).
+    fn announced(&self, mem: &GuestMemoryLoadGuard<GuestMmap>) -> Option<u16> {
+        let idx = u16::from_le(mem.load::<u16>(self.avail_idx_at, Ordering::Acquire).ok()?);
+        let n = idx.wrapping_sub(self.next_avail);
+        (n > 0 && n <= self.size).then_some(idx)
     }
 }
 
-/// Whether `vring` may be served: enabled, and not stopped.
-fn live(vring: &Vring) -> bool {
-    let v = vring.get_ref();
+/// Whether a vring may be served: enabled, and not stopped.
+fn is_live(v: &VringState<GuestMem>) -> bool {
     v.is_enabled() && v.get_queue().ready()
 }
 
@@ -199,16 +198,16 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let mut hiprio_served = None;
         while began.elapsed() < window {
             for _ in 0..SPINS {
-                if watch.announced(&mem) {
+                if watch.announced(&mem).is_some() {
                     lock(&self.inner.queue(q).poll).busy();
                     self.inner.counters(Vq::Request(q)).add_polled(1);
                     return true;
                 }
                 std::hint::spin_loop();
             }
-            if let Some(hw) = hiprio.and_then(Watch::of).filter(|hw| hw.announced(&mem)) {
-                let end = mem.load::<u16>(hw.avail_idx_at, Ordering::Acquire).ok();
-                if let Some(h) = hiprio.filter(|_| hiprio_served != end) {
+            let end = hiprio.and_then(Watch::of).and_then(|hw| hw.announced(&mem));
+            if end.is_some() && end != hiprio_served {
+                if let Some(h) = hiprio {
                     hiprio_served = end;
                     if self.serve_queue(h, Vq::Hiprio).is_err() {
                         self.inner.counters(Vq::Hiprio).add_malformed(1);
@@ -217,7 +216,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             }
             // A vring stopped or disabled meanwhile is left alone (and its
             // gaps say nothing of the guest).
-            if !live(vring) {
+            if !is_live(&vring.get_ref()) {
                 lock(&self.inner.queue(q).poll).busy();
                 return false;
             }
