@@ -4,8 +4,10 @@
 //! each request it pops when it serves in line (virtio-fs
 //! `device/submit.rs` and `device/inline.rs::QueueServer`):
 //!
-//! - build the request's `Args` and its ticket (an `Arc`, cloned into the
-//!   end callback with a `Weak` of the device);
+//! - build the request's `Args` in place in the batch's vector (its body
+//!   read into a new `Vec`) and its ticket: one `Arc` per request that is
+//!   both the request's end handler (`EndFn::Shared`, holding a `Weak` of
+//!   the device) and, for a READ, its guest memory (`ClientMem`);
 //! - `Chan::try_send_background` (admission, the ring queue, dispatch to
 //!   one of the thread's reserved entries, preferred while it submits);
 //! - `RingEnd::fetch_own`, `serve_slot` (a filesystem that answers at
@@ -36,7 +38,7 @@ use fuse_core::server::{
     serve_slot, Completions, Ctx, Dispatcher, Filesystem, FsResult, ReadSink, ServerConfig, Start,
 };
 use fuse_core::{Args, Chan, Errno, ReqResult};
-use fuse_core::{ClientMem, EndFn, HostSpan};
+use fuse_core::{ClientMem, EndFn, HostSpan, RequestEnd};
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -97,35 +99,42 @@ impl GuestRam {
         assert!(!p.is_null());
         GuestRam { base: p as usize }
     }
-    fn page(&self, i: usize) -> Arc<dyn ClientMem> {
-        Arc::new(GuestPage {
-            spans: [HostSpan {
-                addr: self.base + (i % MAX_BATCH) * PAGE,
-                len: PAGE,
-            }],
-        })
+    fn page(&self, i: usize) -> HostSpan {
+        HostSpan {
+            addr: self.base + (i % MAX_BATCH) * PAGE,
+            len: PAGE,
+        }
     }
 }
 
-/// A READ's destination (the device's `GuestSpans`, one span).
+/// The device's per-request ticket (`device/ticket.rs`), reduced to what
+/// its end path touches: its own end handler and, for a READ, the guest
+/// memory the reply's data goes to (the device's `GuestSpans`, one span).
 #[derive(Debug)]
-struct GuestPage {
-    spans: [HostSpan; 1],
+struct Ticket {
+    unique: u64,
+    engine_unique: AtomicU64,
+    /// 0 in flight, 1 answered (the device's `TicketState` / `claim`).
+    state: AtomicU8,
+    /// None unless the request lends guest memory (the device keeps its
+    /// spans inline too).
+    span: Option<HostSpan>,
+    dev: Weak<Device>,
 }
 
 // SAFETY: the span lies in `GuestRam`'s leaked allocation, which is never
 // freed, never reused and never turned into a Rust reference (the copies
 // below use raw pointers).
-unsafe impl ClientMem for GuestPage {
+unsafe impl ClientMem for Ticket {
     fn spans(&self) -> &[HostSpan] {
-        &self.spans
+        self.span.as_slice()
     }
     fn begin_io(&self) -> bool {
-        true
+        self.span.is_some()
     }
     fn end_io(&self) {}
     fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<(), Errno> {
-        let s = self.spans[0];
+        let s = self.span.ok_or(Errno::EIO)?;
         if off.checked_add(buf.len()).is_none_or(|e| e > s.len) {
             return Err(Errno::EIO);
         }
@@ -136,7 +145,7 @@ unsafe impl ClientMem for GuestPage {
         Ok(())
     }
     fn write_at(&self, off: usize, buf: &[u8]) -> Result<(), Errno> {
-        let s = self.spans[0];
+        let s = self.span.ok_or(Errno::EIO)?;
         if off.checked_add(buf.len()).is_none_or(|e| e > s.len) {
             return Err(Errno::EIO);
         }
@@ -148,12 +157,13 @@ unsafe impl ClientMem for GuestPage {
     }
 }
 
-/// The device's per-request ticket, reduced to what its end path touches.
-struct Ticket {
-    unique: u64,
-    engine_unique: AtomicU64,
-    /// 0 in flight, 1 answered (the device's `TicketState` / `claim`).
-    state: AtomicU8,
+/// The ticket ends its own request (no closure boxed per request).
+impl RequestEnd for Ticket {
+    fn end(self: Arc<Self>, r: ReqResult) {
+        if let Some(dev) = self.dev.upgrade() {
+            dev.finish(&self, r);
+        }
+    }
 }
 
 /// The device's `Inner`, reduced to a completion count.
@@ -278,13 +288,17 @@ impl Bench {
         self.engine.chan()
     }
 
-    /// `FsDevice::prepare`'s arguments for a guest request (what the guest
-    /// left for the reply as `out`; READ data by reference).
-    fn args(&self, kind: Kind, i: usize) -> Args {
-        let a = match kind {
-            Kind::Getattr => Args::new(Opcode::Getattr, 1)
-                .body(Body::new().push(&GetattrIn::default()).into_vec())
-                .out(104, true),
+    /// `FsDevice::prepare`: the request's ticket, and its arguments built
+    /// in place at the end of `sends` (what the guest left for the reply
+    /// as `out`; READ data by reference to the ticket's guest memory).
+    fn prepare(&mut self, kind: Kind, i: usize, sends: &mut Vec<(Args, EndFn)>) -> Arc<Ticket> {
+        let (opcode, nodeid, body, out) = match kind {
+            Kind::Getattr => (
+                Opcode::Getattr,
+                1,
+                Body::new().push(&GetattrIn::default()).into_vec(),
+                104,
+            ),
             Kind::Read | Kind::ReadCopied => {
                 let arg = ReadIn {
                     fh: 9,
@@ -292,34 +306,28 @@ impl Bench {
                     size: PAGE as u32,
                     ..Default::default()
                 };
-                Args::new(Opcode::Read, 2)
-                    .body(Body::new().push(&arg).into_vec())
-                    .out(PAGE, true)
+                (Opcode::Read, 2, Body::new().push(&arg).into_vec(), PAGE)
             }
         };
-        let a = a.creds(0, 0, 1).data(Vec::new()).qid(self.qid);
-        match kind {
-            Kind::Read => a.client(self.ram.page(i)),
-            _ => a,
-        }
-    }
-
-    /// The device's ticket and end callback for one request.
-    fn ticket(&mut self) -> (Arc<Ticket>, EndFn) {
+        let lends = matches!(kind, Kind::Read);
         let ticket = Arc::new(Ticket {
             unique: self.next_unique,
             engine_unique: AtomicU64::new(0),
             state: AtomicU8::new(0),
+            span: lends.then(|| self.ram.page(i)),
+            dev: Arc::downgrade(&self.dev),
         });
         self.next_unique += 2;
-        let weak: Weak<Device> = Arc::downgrade(&self.dev);
-        let t2 = ticket.clone();
-        let end: EndFn = fuse_core::EndFn::once(move |r: ReqResult| {
-            if let Some(dev) = weak.upgrade() {
-                dev.finish(&t2, r);
-            }
-        });
-        (ticket, end)
+        sends.push((Args::new(opcode, nodeid), EndFn::Shared(ticket.clone())));
+        let (args, _) = sends.last_mut().expect("just pushed");
+        (args.uid, args.gid, args.pid) = (0, 0, 1);
+        args.body = body;
+        (args.out_size, args.out_var) = (out, true);
+        args.qid = self.qid;
+        if lends {
+            args.client = Some(ticket.clone() as Arc<dyn ClientMem>);
+        }
+        ticket
     }
 
     /// One kick of `n` requests: submitted while this thread's entries are
@@ -330,15 +338,17 @@ impl Bench {
         self.ring
             .prefer(self.qid, self.ents.first().copied())
             .unwrap();
+        let mut sends = std::mem::take(&mut self.to_send);
         for i in 0..n {
             // submit_requests, per popped chain.
-            let args = self.args(kind, i);
-            let (ticket, end) = self.ticket();
+            let ticket = self.prepare(kind, i, &mut sends);
+            let (args, end) = sends.pop().expect("prepared");
             match self.chan().try_send_background(args, end) {
                 Ok(unique) => ticket.engine_unique.store(unique, Ordering::Relaxed),
                 Err(e) => panic!("refused: {e:?}"),
             }
         }
+        self.to_send = sends;
         // QueueServer::serve
         let mut served = 0;
         while let Ok(Some(mut f)) = self.ring.fetch_own(self.qid) {
@@ -365,13 +375,11 @@ impl Bench {
         self.ring
             .prefer(self.qid, self.ents.first().copied())
             .unwrap();
+        let mut to_send = std::mem::take(&mut self.to_send);
         for i in 0..n {
-            let args = self.args(kind, i);
-            let (ticket, end) = self.ticket();
-            self.to_send.push((args, end));
+            let ticket = self.prepare(kind, i, &mut to_send);
             self.tickets.push(ticket);
         }
-        let mut to_send = std::mem::take(&mut self.to_send);
         let taken = self
             .engine
             .chan()
