@@ -5,7 +5,7 @@
 //! `device/submit.rs` and `device/inline.rs::QueueServer`):
 //!
 //! - build the request's `Args` in place in the batch's vector (its body
-//!   read into a new `Vec`) and its ticket: one `Arc` per request that is
+//!   read into its inline `ArgBody`) and its ticket: one `Arc` per request that is
 //!   both the request's end handler (`EndFn::Shared`, holding a `Weak` of
 //!   the device) and, for a READ, its guest memory (`ClientMem`);
 //! - `Chan::try_send_background` (admission, the ring queue, dispatch to
@@ -31,13 +31,14 @@
 //! buffer and a reply copy).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use fuse_core::abi::{encode::Body, init, Attr, GetattrIn, Opcode, ReadIn};
+use fuse_core::abi::{init, Attr, GetattrIn, Opcode, ReadIn};
 use fuse_core::dev_uring::{cmd_area, EntHandle, EntryBufs, Fetched, RingEnd};
 use fuse_core::embedded::{Embedded, Options};
 use fuse_core::server::{
     serve_slot, Completions, Ctx, Dispatcher, Filesystem, FsResult, ReadSink, ServerConfig, Start,
 };
-use fuse_core::{Args, Chan, Errno, ReqResult};
+use fuse_core::{ArgBody, Args, Chan, Errno, ReqResult};
+use zerocopy::IntoBytes;
 use fuse_core::{ClientMem, EndFn, HostSpan, RequestEnd};
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -296,7 +297,7 @@ impl Bench {
             Kind::Getattr => (
                 Opcode::Getattr,
                 1,
-                Body::new().push(&GetattrIn::default()).into_vec(),
+                ArgBody::from_slice(GetattrIn::default().as_bytes()),
                 104,
             ),
             Kind::Read | Kind::ReadCopied => {
@@ -306,7 +307,7 @@ impl Bench {
                     size: PAGE as u32,
                     ..Default::default()
                 };
-                (Opcode::Read, 2, Body::new().push(&arg).into_vec(), PAGE)
+                (Opcode::Read, 2, ArgBody::from_slice(arg.as_bytes()), PAGE)
             }
         };
         let lends = matches!(kind, Kind::Read);

@@ -33,7 +33,7 @@ pub use errno::Errno;
 pub(crate) use fence::runs_when_given_up;
 pub use fence::{Fence, FenceGuard};
 pub(crate) use req::flag;
-pub use req::{Args, EndFn, ReplyPayload, ReqResult, RequestEnd};
+pub use req::{ArgBody, Args, EndFn, ReplyPayload, ReqResult, RequestEnd};
 pub use send::TrySendError;
 pub use timeout::{Clock, ManualClock, MonotonicClock};
 pub use transport::{InFlight, Transport};

@@ -129,6 +129,11 @@ impl Location {
     }
 }
 
+/// A request's arguments after `fuse_in_header`, kept inline up to 64
+/// bytes (every fixed-size op struct but SETATTR's, and short names), so
+/// most requests need no allocation for them.
+pub type ArgBody = smallvec::SmallVec<[u8; 64]>;
+
 /// Arguments of a request, as a client builds them.
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -144,7 +149,7 @@ pub struct Args {
     pub pid: u32,
     /// Everything after `fuse_in_header` (arguments and extensions), except
     /// `data`.
-    pub body: Vec<u8>,
+    pub body: ArgBody,
     /// The client's data pages (WRITE payload), sent after `body`. Kept
     /// apart so a zero-copy transport can hand them over by reference.
     pub data: Vec<u8>,
@@ -187,7 +192,7 @@ impl Args {
             uid: 0,
             gid: 0,
             pid: 0,
-            body: Vec::new(),
+            body: ArgBody::new(),
             data: Vec::new(),
             total_extlen: 0,
             out_size: 0,
@@ -203,8 +208,8 @@ impl Args {
     }
     /// Sets the body.
     #[inline]
-    pub fn body(mut self, body: Vec<u8>) -> Self {
-        self.body = body;
+    pub fn body(mut self, body: impl Into<ArgBody>) -> Self {
+        self.body = body.into();
         self
     }
     /// Sets the client's data pages (sent after the body).
@@ -527,7 +532,7 @@ impl Request {
         // A spare keeps nothing of the client's.
         r.args.client = None;
         r.args.fence = None;
-        r.args.body = Vec::new();
+        r.args.body = ArgBody::new();
         Some((req, waiting))
     }
 
@@ -589,5 +594,47 @@ impl Drop for Request {
                 core.drop_waiting();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{CreateIn, FlushIn, GetattrIn, ReadIn, ReleaseIn, SetattrIn, WriteIn};
+    use zerocopy::{FromZeros, IntoBytes};
+
+    fn body_of(parts: &[&[u8]]) -> ArgBody {
+        let mut b = ArgBody::new();
+        for p in parts {
+            b.extend_from_slice(p);
+        }
+        b
+    }
+
+    #[test]
+    fn the_bodies_of_frequent_requests_are_kept_inline() {
+        let name = [b'n'; 47];
+        let inline: [(&str, ArgBody); 7] = [
+            ("READ", body_of(&[ReadIn::new_zeroed().as_bytes()])),
+            ("WRITE", body_of(&[WriteIn::new_zeroed().as_bytes()])),
+            ("GETATTR", body_of(&[GetattrIn::new_zeroed().as_bytes()])),
+            ("FLUSH", body_of(&[FlushIn::new_zeroed().as_bytes()])),
+            ("RELEASE", body_of(&[ReleaseIn::new_zeroed().as_bytes()])),
+            (
+                "CREATE with a 47-byte name",
+                body_of(&[CreateIn::new_zeroed().as_bytes(), &name, b"\0"]),
+            ),
+            ("LOOKUP of a 63-byte name", body_of(&[&[b'n'; 63], b"\0"])),
+        ];
+        for (what, b) in inline {
+            let a = Args::new(Opcode::Getattr, 1).body(b.clone());
+            assert!(!a.body.spilled(), "{what}: {} bytes allocated", b.len());
+            assert_eq!(&a.body[..], &b[..], "{what}");
+        }
+        // Longer bodies still work, on the heap.
+        let setattr = body_of(&[SetattrIn::new_zeroed().as_bytes()]);
+        let a = Args::new(Opcode::Setattr, 1).body(setattr.to_vec());
+        assert!(a.body.spilled());
+        assert_eq!(a.body.len(), std::mem::size_of::<SetattrIn>());
     }
 }

@@ -105,10 +105,8 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             // and the device would keep it until the request ends.
             return Err(ticket);
         }
-        // Not `vec![0; n]`: glibc serves a zeroed allocation (calloc) past
-        // its per-thread cache, by its slow path.
-        #[allow(clippy::slow_vector_initialization)]
-        let mut body = Vec::with_capacity(body_len);
+        // Inline for most requests: no allocation (see `ArgBody`).
+        let mut body = fuse_core::ArgBody::new();
         body.resize(body_len, 0);
         if ticket.chain.read_at(IN_HEADER, &mut body).is_err() {
             return Err(ticket);
