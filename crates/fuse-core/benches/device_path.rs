@@ -38,12 +38,12 @@ use fuse_core::server::{
     serve_slot, Completions, Ctx, Dispatcher, Filesystem, FsResult, ReadSink, ServerConfig, Start,
 };
 use fuse_core::{ArgBody, Args, Chan, Errno, ReqResult};
-use zerocopy::IntoBytes;
 use fuse_core::{ClientMem, EndFn, HostSpan, RequestEnd};
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use zerocopy::IntoBytes;
 
 const PAGE: usize = 4096;
 /// Most requests in flight on the queue thread (its reserved entries).

@@ -32,7 +32,7 @@ pub mod testing;
 
 // The engine's module is private: its public items have this one path.
 pub use chan::{
-    ArgBody, Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, EndFn, Errno, Fence,
-    FenceGuard, HostSpan, InFlight, IoGuard, ManualClock, MonotonicClock, Negotiated, ReplyPayload,
-    ReqResult, RequestEnd, Sent, Signal, Stats, Transport, TrySendError,
+    ArgBody, Args, Call, Chan, ChanConfig, ClientMap, ClientMem, Clock, Device, EndFn, Errno,
+    Fence, FenceGuard, HostSpan, InFlight, IoGuard, ManualClock, MonotonicClock, Negotiated,
+    ReplyPayload, ReqResult, RequestEnd, Sent, Signal, Stats, Transport, TrySendError,
 };

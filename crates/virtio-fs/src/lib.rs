@@ -7,6 +7,7 @@
 //! lock order.
 
 pub mod chain;
+pub mod dax;
 mod device;
 mod dirty_log;
 mod guest_mem;
