@@ -9,7 +9,7 @@ use fuse_core::abi::{Attr, FileLock, Kstatfs, SetattrIn, Statx, Xattr};
 use fuse_core::server::state::StateError;
 use fuse_core::server::{
     Completions, Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, Filesystem, FsResult, IoDone,
-    LockReq, Opened, ReadSink, Wake, WriteSource,
+    LockReq, MapSource, Opened, ReadSink, Wake, WriteSource,
 };
 use std::time::Duration;
 
@@ -354,5 +354,14 @@ impl Filesystem for PassthroughFs {
         mask: u32,
     ) -> FsResult<(Statx, Duration)> {
         self.op_statx(inode, handle, flags, mask)
+    }
+    fn map_source(
+        &self,
+        _ctx: &Ctx,
+        inode: u64,
+        handle: u64,
+        map: &mut dyn FnMut(MapSource<'_>) -> FsResult<()>,
+    ) -> FsResult<()> {
+        self.op_map_source(inode, handle, map)
     }
 }

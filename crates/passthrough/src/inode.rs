@@ -97,6 +97,10 @@ impl CountedFd {
     pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+    /// The fd, borrowed.
+    pub fn borrow(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
 
 impl AsFd for CountedFd {

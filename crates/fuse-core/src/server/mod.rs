@@ -275,6 +275,18 @@ impl WriteSource for &[u8] {
     }
 }
 
+/// The file a DAX mapping maps ([`Filesystem::map_source`]), lent for
+/// one call.
+#[derive(Debug, Clone, Copy)]
+pub struct MapSource<'a> {
+    /// The handle's open file.
+    pub fd: std::os::fd::BorrowedFd<'a>,
+    /// Opened for writing: a writable mapping may be made of it.
+    pub writable: bool,
+    /// The file's size when it was lent.
+    pub size: u64,
+}
+
 /// A FUSE filesystem. Every operation defaults to ENOSYS. `Inode` and
 /// `Handle` map to the protocol's 64-bit node ids and file handles.
 #[allow(unused_variables)]
@@ -749,6 +761,19 @@ pub trait Filesystem: Send + Sync {
         len: u64,
         flags: u64,
     ) -> FsResult<u64> {
+        Err(Errno::ENOSYS)
+    }
+    /// FUSE_SETUPMAPPING's file: calls `map` with `handle`'s open file,
+    /// which stays open until `map` returns, and returns what `map` does.
+    /// EBADF if `handle` is not open, EINVAL if it is open on another
+    /// inode than `inode` or on no regular file.
+    fn map_source(
+        &self,
+        ctx: &Ctx,
+        inode: Self::Inode,
+        handle: Self::Handle,
+        map: &mut dyn FnMut(MapSource<'_>) -> FsResult<()>,
+    ) -> FsResult<()> {
         Err(Errno::ENOSYS)
     }
     /// STATX (`mask` as statx(2); `flags` the AT_STATX_* sync flags).

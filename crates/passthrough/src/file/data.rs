@@ -1,14 +1,15 @@
 //! Data on open handles: READ and WRITE (through io_uring where the
 //! handle's file does non-blocking I/O, synchronously otherwise, or straight
 //! into the client's memory), and FLUSH, FSYNC, FALLOCATE, LSEEK and
-//! COPY_FILE_RANGE. A writeback WRITE runs as the handle's opener.
+//! COPY_FILE_RANGE; the file a DAX mapping maps. A writeback WRITE runs as
+//! the handle's opener.
 
 use super::HandleData;
 use crate::creds::{Caps, Cred};
 use crate::{io, sys, PassthroughFs};
 use fuse_core::abi::flags as wflags;
 use fuse_core::locks::{read, write};
-use fuse_core::server::{Ctx, FsResult, ReadSink, WriteSource};
+use fuse_core::server::{Ctx, FsResult, MapSource, ReadSink, WriteSource};
 use fuse_core::Errno;
 use std::borrow::Cow;
 
@@ -192,6 +193,30 @@ impl PassthroughFs {
         // one it does not know of goes too.
         self.kill_mapped_caps(h.inode.nodeid);
         Ok(())
+    }
+
+    /// FUSE_SETUPMAPPING's file: handle `fh`'s, if it is open on `inode`
+    /// and a regular file; writable as its open mode says (never on a
+    /// read-only share).
+    pub(crate) fn op_map_source(
+        &self,
+        inode: u64,
+        fh: u64,
+        map: &mut dyn FnMut(MapSource<'_>) -> FsResult<()>,
+    ) -> FsResult<()> {
+        let h = self.handles.get(fh)?;
+        if h.inode.nodeid != inode || h.inode.ftype != libc::S_IFREG {
+            return Err(Errno::EINVAL);
+        }
+        let fd = h.fd.raw();
+        let mode = sys::getfl(fd)? & libc::O_ACCMODE;
+        let st = sys::statx(fd, c"", libc::AT_EMPTY_PATH, libc::STATX_SIZE)?;
+        // `h` keeps the file open while `map` has it.
+        map(MapSource {
+            fd: h.fd.borrow(),
+            writable: mode != libc::O_RDONLY && !self.cfg.readonly,
+            size: st.stx_size,
+        })
     }
 
     pub(crate) fn op_lseek(&self, fh: u64, off: u64, whence: u32) -> FsResult<u64> {

@@ -8,7 +8,7 @@ use crate::abi::{Attr, Kstatfs, Opcode, SetattrIn, Statx};
 use crate::chan::{ClientMem, Errno};
 use crate::server::{
     Created, Ctx, Deferred, DirPlusSink, DirSink, Entry, FileLock, Filesystem, FsResult, LockReq,
-    Opened, ReadSink, WriteSource, Xattr,
+    MapSource, Opened, ReadSink, WriteSource, Xattr,
 };
 use crate::sync::{lock, Arc, Ordering};
 use std::time::Duration;
@@ -558,6 +558,17 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
     ) -> FsResult<(Statx, Duration)> {
         self.gate(Opcode::Statx, ctx, || {
             self.inner.statx(ctx, inode, handle, flags, mask)
+        })
+    }
+    fn map_source(
+        &self,
+        ctx: &Ctx,
+        inode: F::Inode,
+        handle: F::Handle,
+        map: &mut dyn FnMut(MapSource<'_>) -> FsResult<()>,
+    ) -> FsResult<()> {
+        self.gate(Opcode::Setupmapping, ctx, || {
+            self.inner.map_source(ctx, inode, handle, map)
         })
     }
 }
