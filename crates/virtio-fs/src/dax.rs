@@ -97,13 +97,12 @@ pub struct Window {
 }
 
 impl Window {
-    /// A window of `size` bytes (a multiple of [`SLOT`], at most
-    /// [`MAX_WINDOW`]; None otherwise) whose mappings align to `page`
+    /// A window of `size` bytes (a power of two from [`SLOT`] to
+    /// [`MAX_WINDOW`], as a PCI BAR must be; None otherwise) whose mappings align to `page`
     /// bytes (a power of two, at most a slot).
     pub fn new(size: u64, page: u64) -> Option<Window> {
-        let ok = size > 0
-            && size % SLOT == 0
-            && size <= MAX_WINDOW
+        let ok = size.is_power_of_two()
+            && (SLOT..=MAX_WINDOW).contains(&size)
             && page.is_power_of_two()
             && page <= SLOT;
         ok.then(|| Window {
@@ -126,6 +125,11 @@ impl Window {
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
         self.maps.is_empty()
+    }
+
+    /// Every mapping, by window offset.
+    pub fn mappings(&self) -> impl Iterator<Item = &Mapping> {
+        self.maps.values()
     }
 
     /// The mapping at window offset `moffset`, if one starts there.
@@ -252,6 +256,7 @@ mod tests {
     fn window_sizes_are_whole_slots_up_to_the_most() {
         assert!(Window::new(0, PAGE).is_none());
         assert!(Window::new(SLOT + PAGE, PAGE).is_none());
+        assert!(Window::new(3 * SLOT, PAGE).is_none());
         assert!(Window::new(MAX_WINDOW + SLOT, PAGE).is_none());
         assert!(Window::new(SLOT, 3000).is_none());
         assert!(Window::new(SLOT, 2 * SLOT).is_none());

@@ -43,6 +43,7 @@ mod stop;
 mod submit;
 mod ticket;
 mod timeouts;
+mod window;
 use crate::dirty_log::LogBitmap;
 use crate::stats::DeviceStats;
 use fuse_core::abi::{
@@ -105,6 +106,9 @@ pub enum DeviceError {
     /// A vring operation failed.
     #[error("vring: {0}")]
     Vring(#[source] virtio_queue::Error),
+    /// The DAX window's size is not a power of two from 2 MiB to 512 MiB.
+    #[error("cache window of {0} bytes: a power of two from 2 MiB to 512 MiB is possible")]
+    CacheSize(u64),
 }
 
 /// What the device offers and how it serves.
@@ -185,6 +189,12 @@ pub struct DeviceConfig {
     /// or reset then waits this long again, at most, for host work of the
     /// given-up requests already under way (`DeviceStats::stuck_on_stop`).
     pub vring_stop_drain: Duration,
+    /// The DAX window's size in bytes (zero: no window, the default): the
+    /// device offers a shared memory region of this size, and maps host
+    /// file ranges into it on the guest's FUSE_SETUPMAPPING
+    /// (`device/window.rs`). Needs a frontend with vhost-user shared
+    /// memory (QEMU 11.1 or later, docs/DAX.md).
+    pub cache_size: u64,
 }
 
 impl Default for DeviceConfig {
@@ -205,6 +215,7 @@ impl Default for DeviceConfig {
             poll_time: poll::POLL_TIME,
             fixed_guest_memory: false,
             vring_stop_drain: stop::VRING_STOP_DRAIN,
+            cache_size: 0,
         }
     }
 }
@@ -245,6 +256,8 @@ struct Inner<F: Filesystem + 'static> {
     lock_calls: lock_calls::LockCalls,
     /// Live migration: the guest's INIT and the state transfer.
     migration: migration::Migration,
+    /// The DAX window (`window.rs`), with `cfg.cache_size`.
+    dax: Option<window::DaxWindow>,
 }
 
 impl<F: Filesystem + 'static> Inner<F> {
@@ -308,10 +321,18 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             return Err(DeviceError::Queues(cfg.request_queues));
         }
         let queues = usize::from(cfg.request_queues);
-        let server = ServerConfig {
+        let dax = match cfg.cache_size {
+            0 => None,
+            n => Some(window::DaxWindow::new(n).ok_or(DeviceError::CacheSize(n))?),
+        };
+        let mut server = ServerConfig {
             max_write: cfg.max_write,
             ..ServerConfig::default()
         };
+        if dax.is_some() {
+            // The guest learns the mappings' alignment in INIT.
+            server.flags |= fuse_core::abi::init::MAP_ALIGNMENT;
+        }
         let engine = Engine::start(
             fs,
             EngineConfig {
@@ -361,6 +382,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             timeouts: timeouts::Timeouts::new(!cfg.request_timeout.is_zero()),
             lock_calls: lock_calls::LockCalls::default(),
             migration: migration::Migration::default(),
+            dax,
             cfg,
         });
         if !inner.cfg.request_timeout.is_zero() {
@@ -383,6 +405,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// The device's counters.
     pub fn stats(&self) -> &DeviceStats {
         &self.inner.stats
+    }
+
+    /// How many host file ranges the DAX window maps now (0 without a
+    /// window).
+    pub fn dax_mappings(&self) -> usize {
+        self.inner.dax.as_ref().map_or(0, |d| d.mappings())
     }
 
     /// Chains of request queue `queue` (1-based; 0 is hiprio) the device

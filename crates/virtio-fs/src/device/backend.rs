@@ -5,7 +5,10 @@
 use super::ids::Event;
 use super::*;
 use fuse_core::server::state::StateError;
-use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserShMemConfig,
+};
+use vhost::vhost_user::Backend;
 
 impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     type Bitmap = LogBitmap;
@@ -42,7 +45,25 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         if self.inner.cfg.tag.is_some() {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
+        if self.inner.dax.is_some() {
+            // The DAX window: a shared memory region, and the back-end
+            // channel its mappings are asked for on.
+            f |= VhostUserProtocolFeatures::SHMEM | VhostUserProtocolFeatures::BACKEND_REQ;
+        }
         f
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        match &self.inner.dax {
+            Some(dax) => Ok(VhostUserShMemConfig::new(1, &[dax.size()])),
+            None => Err(io::Error::from(io::ErrorKind::Unsupported)),
+        }
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        if let Some(dax) = &self.inner.dax {
+            dax.set_backend(backend);
+        }
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -82,6 +103,11 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         // land in vrings it no longer has, so nothing is drained; what is
         // in flight is given up at once, and the guest's session ends.
         let all: Vec<RqId> = RqId::all(self.inner.count()).collect();
+        // The frontend drops the window's mappings itself; nothing may be
+        // sent to it about them now (it waits for this reset).
+        if let Some(dax) = &self.inner.dax {
+            dax.forget_all();
+        }
         self.give_up(&all);
         self.end_session("the device was reset");
     }

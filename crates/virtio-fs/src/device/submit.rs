@@ -27,6 +27,9 @@ enum Tail {
     Lock(Args, Arc<Ticket>),
     /// A guest INIT: ends the old session first.
     Init(Args, Arc<Ticket>),
+    /// A FUSE_SETUPMAPPING or FUSE_REMOVEMAPPING, with a DAX window:
+    /// served by the device (`window.rs`).
+    Dax(Args, Arc<Ticket>),
     /// A request `prepare` refused.
     Refused(Arc<Ticket>),
     /// A chain that could not be read (its head), or whose head the
@@ -160,6 +163,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     self.send_lock(q, args, &t);
                     None
                 }
+                Some(Tail::Dax(args, t)) => {
+                    self.serve_dax(&args, &t);
+                    None
+                }
                 tail => tail,
             };
             let n = match sent {
@@ -230,11 +237,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 }
             }
             let lock_call = matches!(op, Some(Opcode::Getlk | Opcode::Setlk | Opcode::Setlkw));
-            if lock_call || op == Some(Opcode::Init) {
+            let dax = self.inner.dax.is_some()
+                && matches!(op, Some(Opcode::Setupmapping | Opcode::Removemapping));
+            if lock_call || dax || op == Some(Opcode::Init) {
                 // Not for the batch: taken back off it, as the tail.
                 if let Some((args, _)) = round.sends.pop() {
                     round.tail = Some(if lock_call {
                         Tail::Lock(args, ticket)
+                    } else if dax {
+                        Tail::Dax(args, ticket)
                     } else {
                         Tail::Init(args, ticket)
                     });
@@ -303,7 +314,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             rq.heads.release(t.chain.head);
         }
         match round.tail.take() {
-            Some(Tail::Lock(_, t) | Tail::Init(_, t) | Tail::Refused(t)) => {
+            Some(Tail::Lock(_, t) | Tail::Init(_, t) | Tail::Dax(_, t) | Tail::Refused(t)) => {
                 rq.heads.release(t.chain.head)
             }
             Some(Tail::Malformed(_)) | None => {}

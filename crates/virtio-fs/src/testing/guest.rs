@@ -12,15 +12,17 @@
 //! then for a READ the out header and the data pages, page-aligned, as
 //! separate descriptors; for a WRITE the data pages after the request).
 
+use super::window::FrontendWindow;
 use fuse_core::abi::{init, ForgetIn, InHeader, InitIn, InitOut, Opcode, OutHeader};
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::vhost_user::{Frontend, FrontendReqHandler, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -43,6 +45,9 @@ pub enum GuestError {
     /// The vhost-user conversation failed.
     #[error("vhost-user: {0}")]
     Vhost(#[source] vhost::Error),
+    /// The back-end channel could not be made.
+    #[error("back-end channel: {0}")]
+    BackendChannel(#[source] vhost::vhost_user::Error),
     /// Guest memory or an eventfd could not be made.
     #[error("setting up the guest")]
     Setup(#[source] std::io::Error),
@@ -153,6 +158,21 @@ pub struct GuestDriver {
     posted: Vec<Vec<(Instant, u64)>>,
     /// FORGETs out on the hiprio queue (at most [`HIPRIO_SLOTS`]).
     forgets_out: u16,
+    /// The DAX window's frontend side ([`GuestDriver::connect_with_window`]).
+    window: Option<Arc<FrontendWindow>>,
+    /// The back-end channel's socket (a duplicate, to shut it down) and
+    /// the thread that serves it.
+    backend_channel: Option<(OwnedFd, std::thread::JoinHandle<()>)>,
+}
+
+impl Drop for GuestDriver {
+    fn drop(&mut self) {
+        if let Some((fd, thread)) = self.backend_channel.take() {
+            // SAFETY: shutdown of a socket this driver owns a descriptor of.
+            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Slots of the hiprio queue (FORGETs: a request page each, no reply).
@@ -196,6 +216,25 @@ impl GuestDriver {
     /// Connects to the backend at `socket` and sets up memory and queues
     /// (no FUSE yet: see [`GuestDriver::init`]).
     pub fn connect(socket: &std::path::Path, cfg: &GuestConfig) -> Result<Self, GuestError> {
+        Self::connect_inner(socket, cfg, false)
+    }
+
+    /// [`GuestDriver::connect`], also taking the backend's DAX window: it
+    /// negotiates vhost-user shared memory and the back-end channel, asks
+    /// for the window's size (GET_SHMEM_CONFIG) and serves the backend's
+    /// map requests with a [`FrontendWindow`] ([`GuestDriver::window`]).
+    pub fn connect_with_window(
+        socket: &std::path::Path,
+        cfg: &GuestConfig,
+    ) -> Result<Self, GuestError> {
+        Self::connect_inner(socket, cfg, true)
+    }
+
+    fn connect_inner(
+        socket: &std::path::Path,
+        cfg: &GuestConfig,
+        dax: bool,
+    ) -> Result<Self, GuestError> {
         let size = cfg.queue_size;
         if !size.is_power_of_two() || size > 1024 || cfg.slots == 0 || cfg.slots > size / DESCS {
             return Err(GuestError::Config(
@@ -242,8 +281,13 @@ impl GuestDriver {
         fe.set_features(features).map_err(vhost)?;
         if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
             let pf = fe.get_protocol_features().map_err(vhost)?;
-            fe.set_protocol_features(pf & VhostUserProtocolFeatures::MQ)
-                .map_err(vhost)?;
+            let mut keep = VhostUserProtocolFeatures::MQ;
+            if dax {
+                keep |= VhostUserProtocolFeatures::SHMEM
+                    | VhostUserProtocolFeatures::BACKEND_REQ
+                    | VhostUserProtocolFeatures::REPLY_ACK;
+            }
+            fe.set_protocol_features(pf & keep).map_err(vhost)?;
             if fe.get_queue_num().map_err(vhost)? < nq as u64 {
                 return Err(GuestError::Config(
                     "the backend has fewer queues than asked",
@@ -300,6 +344,12 @@ impl GuestDriver {
                 fe.set_vring_enable(q, true).map_err(vhost)?;
             }
         }
+        let (window, backend_channel) = if dax {
+            let (w, c) = Self::take_window(&mut fe)?;
+            (Some(w), Some(c))
+        } else {
+            (None, None)
+        };
         let posted = (0..nq)
             .map(|_| vec![(Instant::now(), 0); usize::from(cfg.slots)])
             .collect();
@@ -317,7 +367,44 @@ impl GuestDriver {
             peer_pid: peer,
             posted,
             forgets_out: 0,
+            window,
+            backend_channel,
         })
+    }
+
+    /// The window's size from the backend, and a thread serving its map
+    /// requests on a new back-end channel.
+    #[allow(clippy::type_complexity)]
+    fn take_window(
+        fe: &mut Frontend,
+    ) -> Result<(Arc<FrontendWindow>, (OwnedFd, std::thread::JoinHandle<()>)), GuestError> {
+        let c = fe.get_shmem_config().map_err(vhost)?;
+        if c.nregions != 1 {
+            return Err(GuestError::Config("the backend has no DAX window"));
+        }
+        let window = Arc::new(FrontendWindow::new(c.memory_sizes[0]).map_err(GuestError::Setup)?);
+        let mut handler =
+            FrontendReqHandler::new(window.clone()).map_err(GuestError::BackendChannel)?;
+        handler.set_reply_ack_flag(true);
+        let tx = handler.get_tx_raw_fd();
+        // SAFETY: `tx` is open for as long as `handler` lives (below).
+        let dup = unsafe { BorrowedFd::borrow_raw(tx) }
+            .try_clone_to_owned()
+            .map_err(GuestError::Setup)?;
+        fe.set_backend_request_fd(&tx).map_err(vhost)?;
+        // A refused request was answered (a nack): it keeps serving.
+        let thread = std::thread::spawn(move || {
+            while let Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) =
+                handler.handle_request()
+            {}
+        });
+        Ok((window, (dup, thread)))
+    }
+
+    /// The DAX window's frontend side, after
+    /// [`GuestDriver::connect_with_window`].
+    pub fn window(&self) -> Option<&Arc<FrontendWindow>> {
+        self.window.as_ref()
     }
 
     /// Whether VIRTIO_RING_F_EVENT_IDX is in force.
@@ -652,7 +739,13 @@ impl GuestDriver {
     /// FUSE INIT on request queue 1, as a Linux guest asks it. Returns the
     /// device's answer.
     pub fn init(&mut self) -> Result<InitOut, GuestError> {
-        let flags = init::ASYNC_READ
+        self.init_offering(0)
+    }
+
+    /// [`GuestDriver::init`], offering `extra` INIT flags too.
+    pub fn init_offering(&mut self, extra: u64) -> Result<InitOut, GuestError> {
+        let flags = extra
+            | init::ASYNC_READ
             | init::POSIX_LOCKS
             | init::ATOMIC_O_TRUNC
             | init::BIG_WRITES

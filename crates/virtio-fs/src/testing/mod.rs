@@ -11,6 +11,7 @@
 
 pub mod frontend;
 pub mod guest;
+pub mod window;
 
 /// A memfd of `size` bytes: the guest RAM both share with the backend.
 fn memfd(size: u64) -> std::io::Result<std::fs::File> {

@@ -73,6 +73,11 @@ impl<F: Filesystem> Dispatcher<F> {
             ((self.cfg.max_write as usize).div_ceil(4096)).min(u16::MAX as usize) as u16;
         reply.time_gran = 1;
         reply.request_timeout = self.cfg.request_timeout;
+        if flags & init::MAP_ALIGNMENT != 0 {
+            // DAX mappings (FUSE_SETUPMAPPING) align to the host's pages:
+            // log2 of 4 KiB.
+            reply.map_alignment = 12;
+        }
         if flags & init::PASSTHROUGH != 0 {
             // Backing files may sit on a filesystem that stacks on nothing
             // (depth 0); the mount itself then counts as depth 1. A share

@@ -1,0 +1,236 @@
+//! The DAX window served (issue 34, docs/DAX.md). With
+//! `DeviceConfig::cache_size` the device offers one shared memory region
+//! (shmid 0, the guest's cache window) and serves the guest's
+//! FUSE_SETUPMAPPING and FUSE_REMOVEMAPPING itself, on the vring thread
+//! that popped them: the window's checks (`crate::dax::Window`), the
+//! handle's file from the filesystem (`Filesystem::map_source`: its open
+//! mode, its size), then SHMEM_MAP / SHMEM_UNMAP to the frontend on the
+//! back-end channel, which maps the file into the region.
+
+use super::*;
+use crate::dax::{Mapping, Setup, Window};
+use fuse_core::abi::flags::SETUPMAPPING_FLAG_WRITE;
+use fuse_core::abi::{RemovemappingIn, RemovemappingOne, SetupmappingIn};
+use fuse_core::server::Ctx;
+use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
+use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+use zerocopy::FromBytes;
+
+/// The window's mappings and the frontend's back-end channel.
+#[derive(Default)]
+struct State {
+    window: Option<Window>,
+    backend: Option<Backend>,
+}
+
+/// The device's DAX window, if it has one.
+pub(super) struct DaxWindow {
+    /// A leaf lock, held across a map or unmap message to the frontend
+    /// (the guest's DAX calls are served one at a time), so the window
+    /// always says what the frontend has mapped.
+    state: Mutex<State>,
+    /// Set when the frontend dropped every mapping (a device reset) or
+    /// the guest's session ended, by a thread that must not wait for a
+    /// call in progress: the next call forgets every mapping first.
+    stale: AtomicBool,
+}
+
+impl DaxWindow {
+    /// A window of `size` bytes (see `crate::dax::Window::new`); None if
+    /// the size is not one.
+    pub(super) fn new(size: u64) -> Option<DaxWindow> {
+        let window = Window::new(size, 4096)?;
+        Some(DaxWindow {
+            state: Mutex::new(State {
+                window: Some(window),
+                backend: None,
+            }),
+            stale: AtomicBool::new(false),
+        })
+    }
+
+    /// The window's size.
+    pub(super) fn size(&self) -> u64 {
+        lock(&self.state).window.as_ref().map_or(0, Window::size)
+    }
+
+    /// The frontend's new back-end channel (its mappings are its own).
+    pub(super) fn set_backend(&self, backend: Backend) {
+        lock(&self.state).backend = Some(backend);
+        self.forget_all();
+    }
+
+    /// Every mapping is gone (the frontend dropped them); does not wait
+    /// for a call in progress.
+    pub(super) fn forget_all(&self) {
+        self.stale.store(true, Ordering::SeqCst);
+    }
+
+    /// Unmaps every mapping (the guest's session ended; its next one
+    /// starts with an empty window). One the frontend refuses to unmap is
+    /// forgotten all the same. Does not wait for a call in progress: then
+    /// the mappings are only forgotten.
+    pub(super) fn unmap_all(&self) {
+        let Ok(mut st) = self.state.try_lock() else {
+            self.forget_all();
+            return;
+        };
+        self.refresh(&mut st);
+        let State { window, backend } = &mut *st;
+        let (Some(window), Some(backend)) = (window.as_mut(), backend.as_ref()) else {
+            return;
+        };
+        let all: Vec<Mapping> = window.mappings().copied().collect();
+        for m in all {
+            let _ = unmap(backend, &m);
+            window.remove(m.moffset);
+        }
+    }
+
+    /// How many mappings the window holds.
+    pub(super) fn mappings(&self) -> usize {
+        let mut st = lock(&self.state);
+        self.refresh(&mut st);
+        st.window.as_ref().map_or(0, Window::len)
+    }
+
+    fn refresh(&self, st: &mut State) {
+        if self.stale.swap(false, Ordering::SeqCst) {
+            if let Some(w) = st.window.as_mut() {
+                w.clear();
+            }
+        }
+    }
+}
+
+/// A mapping as the frontend's SHMEM_MAP / SHMEM_UNMAP name it.
+fn mmap_msg(moffset: u64, len: u64, foffset: u64, writable: bool) -> VhostUserMMap {
+    VhostUserMMap {
+        shmid: 0,
+        padding: [0; 7],
+        fd_offset: foffset,
+        shm_offset: moffset,
+        len,
+        flags: if writable {
+            VhostUserMMapFlags::WRITABLE.bits()
+        } else {
+            0
+        },
+    }
+}
+
+fn unmap(backend: &Backend, m: &Mapping) -> Result<(), Errno> {
+    let msg = mmap_msg(m.moffset, m.len, m.foffset, m.writable);
+    match backend.shmem_unmap(&msg) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            log::warn!("DAX: the frontend refused to unmap {m:?}: {e}");
+            Err(Errno::EIO)
+        }
+    }
+}
+
+impl<F: Filesystem + 'static> FsDevice<F> {
+    /// Serves a FUSE_SETUPMAPPING or FUSE_REMOVEMAPPING (the window is
+    /// on) and answers it: nothing is mapped or unmapped unless every
+    /// check passed.
+    pub(super) fn serve_dax(&self, args: &Args, t: &Arc<Ticket>) {
+        let r = match self.inner.dax.as_ref() {
+            None => Err(Errno::ENOSYS),
+            Some(dax) => match args.opcode {
+                Opcode::Setupmapping => self.setup_mapping(dax, args, t.unique),
+                Opcode::Removemapping => remove_mappings(dax, &args.body),
+                _ => Err(Errno::EINVAL),
+            },
+        };
+        if t.claim() {
+            self.answer(t, r.map_or_else(Errno::to_wire, |()| 0), &[]);
+        }
+    }
+
+    fn setup_mapping(&self, dax: &DaxWindow, args: &Args, unique: u64) -> Result<(), Errno> {
+        let (arg, _) = SetupmappingIn::read_from_prefix(&args.body).map_err(|_| Errno::EINVAL)?;
+        let s = Setup {
+            moffset: arg.moffset,
+            len: arg.len,
+            ino: args.nodeid,
+            fh: arg.fh,
+            foffset: arg.foffset,
+            flags: arg.flags,
+        };
+        let writable = s.flags & SETUPMAPPING_FLAG_WRITE != 0;
+        let mut st = lock(&dax.state);
+        dax.refresh(&mut st);
+        let State { window, backend } = &mut *st;
+        let window = window.as_mut().ok_or(Errno::ENOSYS)?;
+        let replaced = window.check_setup(&s).map_err(|e| e.errno())?;
+        // Without the back-end channel the frontend cannot map anything.
+        let backend = backend.as_ref().ok_or(Errno(libc::EOPNOTSUPP))?;
+        let ctx = Ctx {
+            unique,
+            uid: args.uid,
+            gid: args.gid,
+            pid: args.pid,
+            ..Ctx::default()
+        };
+        let mut old_unmapped = false;
+        let r = self
+            .inner
+            .engine
+            .fs()
+            .map_source(&ctx, s.ino.into(), s.fh.into(), &mut |src| {
+                if writable && !src.writable {
+                    return Err(Errno(libc::EACCES));
+                }
+                // The frontend maps whole pages of the file, and would
+                // extend an empty file to the mapping's end.
+                if s.foffset.checked_add(s.len).is_none_or(|e| e > src.size) {
+                    return Err(Errno::EINVAL);
+                }
+                if let Some(old) = &replaced {
+                    unmap(backend, old)?;
+                    old_unmapped = true;
+                }
+                let msg = mmap_msg(s.moffset, s.len, s.foffset, writable);
+                backend.shmem_map(&msg, &src.fd).map(drop).map_err(|e| {
+                    log::warn!("DAX: the frontend refused to map {s:?}: {e}");
+                    Errno::EIO
+                })
+            });
+        match r {
+            Ok(()) => window.insert(&s),
+            Err(_) if old_unmapped => {
+                window.remove(s.moffset);
+            }
+            Err(_) => {}
+        }
+        r
+    }
+}
+
+/// FUSE_REMOVEMAPPING: every range, or (one refused) none.
+fn remove_mappings(dax: &DaxWindow, body: &[u8]) -> Result<(), Errno> {
+    let (arg, rest) = RemovemappingIn::read_from_prefix(body).map_err(|_| Errno::EINVAL)?;
+    let n = arg.count as usize;
+    let one = std::mem::size_of::<RemovemappingOne>();
+    if n == 0 || rest.len() != n.checked_mul(one).ok_or(Errno::EINVAL)? {
+        return Err(Errno::EINVAL);
+    }
+    let ranges: Vec<(u64, u64)> = rest
+        .chunks_exact(one)
+        .filter_map(|c| RemovemappingOne::read_from_bytes(c).ok())
+        .map(|r| (r.moffset, r.len))
+        .collect();
+    let mut st = lock(&dax.state);
+    dax.refresh(&mut st);
+    let State { window, backend } = &mut *st;
+    let window = window.as_mut().ok_or(Errno::ENOSYS)?;
+    let maps = window.check_remove(&ranges).map_err(|e| e.errno())?;
+    let backend = backend.as_ref().ok_or(Errno(libc::EOPNOTSUPP))?;
+    for m in maps {
+        // One the frontend refused stays recorded (it still maps it).
+        unmap(backend, &m)?;
+        window.remove(m.moffset);
+    }
+    Ok(())
+}
