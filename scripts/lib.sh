@@ -137,14 +137,15 @@ add_to_initrd() {
 # shared: the daemon maps it), the kernel with the initramfs $2 and the
 # kernel arguments $3 after the console's and fusebox.tag=share, and the
 # daemon's socket $1 as vhost-user-fs-pci tag "share" with the device
-# options $6 (such as ",num-request-queues=4").
+# options $6 (such as ",num-request-queues=4"); or, when vfs_device is
+# set, as that -device (chardev vfs: tests/guest/run.sh --dax).
 vhost_user_fs_vm() {
 	vm_args=(-accel "tcg,thread=multi" -cpu qemu64 -smp "$4" -m "$5"
 		-object "memory-backend-memfd,id=mem,size=$5,share=on" -numa "node,memdev=mem"
 		-kernel "$gdir/vmlinuz" -initrd "$2"
 		-append "console=ttyS0 panic=-1 quiet fusebox.tag=share $3"
 		-chardev "socket,id=vfs,path=$1"
-		-device "vhost-user-fs-pci,chardev=vfs,tag=share${6:-}")
+		-device "${vfs_device:-vhost-user-fs-pci,chardev=vfs,tag=share${6:-}}")
 }
 
 # ---- The guest suites' host scripts (tests/guest/run.sh, labels.sh,

@@ -28,6 +28,14 @@
  *   guestcheck listx FILE            the xattr names, one per line
  * On failure they print "errno N" and exit 1.
  *
+ * And two for the DAX checks of the guest suite (a file mapped through
+ * the device's window, tests/guest/run.sh --dax):
+ *   guestcheck mapput FILE OFF STR         writes STR at OFF through a
+ *                                          shared mapping, msync
+ *   guestcheck mapwatch FILE OFF STR SECS  waits up to SECS for STR to
+ *                                          appear at OFF of a shared
+ *                                          mapping (a host write)
+ *
  * And one for tests/guest/pjdfstest.sh:
  *   guestcheck owners DIR  ownership changes the guest kernel permits a
  *                          file's owner through its supplementary groups
@@ -188,6 +196,41 @@ static int do_mmap(const char *p) {
 	munmap(m, len);
 	close(fd);
 	return 0;
+}
+
+/* The page-aligned mapping of FILE that holds [off, off + len). */
+static unsigned char *map_at(const char *p, long off, size_t len, int prot, size_t *mlen, long *moff) {
+	int fd = open(p, (prot & PROT_WRITE) ? O_RDWR : O_RDONLY);
+	if (fd < 0) FAIL("open");
+	*moff = off & ~4095L;
+	*mlen = (size_t)(off - *moff) + len;
+	unsigned char *m = mmap(NULL, *mlen, prot, MAP_SHARED, fd, *moff);
+	if (m == MAP_FAILED) FAIL("mmap");
+	close(fd);
+	return m + (off - *moff);
+}
+
+static int do_mapput(const char *p, long off, const char *str) {
+	size_t mlen, len = strlen(str);
+	long moff;
+	unsigned char *at = map_at(p, off, len, PROT_READ | PROT_WRITE, &mlen, &moff);
+	memcpy(at, str, len);
+	if (msync(at - (off - moff), mlen, MS_SYNC)) FAIL("msync");
+	return 0;
+}
+
+static int do_mapwatch(const char *p, long off, const char *str, int secs) {
+	size_t mlen, len = strlen(str);
+	long moff;
+	volatile unsigned char *at = map_at(p, off, len, PROT_READ, &mlen, &moff);
+	for (int i = 0; i < secs * 10; i++) {
+		size_t k = 0;
+		while (k < len && at[k] == (unsigned char)str[k]) k++;
+		if (k == len) return 0;
+		usleep(100000);
+	}
+	errno = 0;
+	FAIL("%s never appeared at %ld of the mapping", str, off);
 }
 
 static int do_direct(const char *p) {
@@ -427,7 +470,9 @@ int main(int argc, char **argv) {
 	if (argc == 5 && !strcmp(argv[1], "hold")) return do_hold(argv[2], atoi(argv[3]), argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "relock")) return do_relock(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "owners")) return do_owners(argv[2]);
-	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR\n"); return 2; }
+	if (argc == 5 && !strcmp(argv[1], "mapput")) return do_mapput(argv[2], atol(argv[3]), argv[4]);
+	if (argc == 6 && !strcmp(argv[1], "mapwatch")) return do_mapwatch(argv[2], atol(argv[3]), argv[4], atoi(argv[5]));
+	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR, mapput FILE OFF STR, mapwatch FILE OFF STR SECS\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
 	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);

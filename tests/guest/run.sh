@@ -3,7 +3,7 @@
 #
 #   tests/guest/run.sh [--backports] [--queues N] [--smp N] [--min-queues-used K]
 #                      [--fusebox-args "ARGS"] [--fsx-ops N] [--fsx-parallel-ops P]
-#                      [--as-user USER]
+#                      [--as-user USER] [--dax]
 #
 # Sets up the guest (tests/guest/setup.sh), builds fusebox, shares a fresh
 # directory with `--queues N`, boots QEMU TCG with memfd shared memory and
@@ -21,12 +21,18 @@
 # namespace where guest root is USER, and guest chown to other ids fails
 # (the suite checks that instead). The guest CPU is
 # qemu64: TCG runs this guest's kernel 20-25% faster than with -cpu max.
+# --dax serves a DAX window (--cache-size 64M) to the 6.12 guest through
+# QEMU 11.1's generic vhost-user device (scripts/qemu-shmem.sh), mounted
+# with -o dax=inode: the suite's dax-window check reads and writes a host
+# file through the window and sees a host write through a mapping; the
+# host checks what it wrote there, and that fusebox mapped and unmapped
+# ranges without an error.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../../scripts/lib.sh
 . "$here/../../scripts/lib.sh"
 root=$(cd "$here/../.." && pwd)
-setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par= as_user=
+setup_args=() queues=1 smp=2 min_used=1 fb_args="" fsx_ops=4000 fsx_par= as_user= dax=0
 [ -n "${FUSEBOX_SOAK:-}" ] && fsx_ops=1000000 fsx_par=100000
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -38,11 +44,18 @@ while [ $# -gt 0 ]; do
 		--fsx-ops) fsx_ops=$2; shift ;;
 		--fsx-parallel-ops) fsx_par=$2; shift ;;
 		--as-user) as_user=$2; shift ;;
+		--dax) dax=1 setup_args+=(--backports) ;;
 		*) echo "unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
 done
 setup_guest "${setup_args[@]}"
+dax_args=
+if [ $dax = 1 ]; then
+	qemu=$("$root/scripts/qemu-shmem.sh" | tail -1)
+	vfs_device="vhost-user-test-device-pci,chardev=vfs,virtio-id=26,num_vqs=$((queues + 1)),vq_size=1024,config_size=40"
+	dax_args="--tag share --cache-size 64M"
+fi
 build_fusebox
 fusebox=$root/target/release/fusebox
 
@@ -65,6 +78,18 @@ ln -s "$work/outside-secret" "$share/esc/abs"
 # The host's half of the 64 MiB check.
 head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
 sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
+
+# The host's half of the DAX check: a file of two 2 MiB ranges, and a
+# write to it once the guest has it mapped (it makes dax-go).
+if [ $dax = 1 ]; then
+	head -c $((4 << 20)) /dev/urandom > "$share/dax.bin"
+	sha256sum "$share/dax.bin" | cut -d' ' -f1 > "$share/dax.sha256"
+	(
+		wait_until 9000 0.1 test -e "$share/dax-go" &&
+			printf HOSTDAX | dd of="$share/dax.bin" bs=1 seek=2101248 conv=notrunc 2>/dev/null
+	) &
+	dax_writer=$!
+fi
 
 # Started unprivileged: the shared directory (and the run's directory,
 # where its socket goes) belong to that user.
@@ -90,12 +115,12 @@ vfs_opts=,num-request-queues=$queues,queue-size=1024
 boot() {
 	# FUSEBOX_WRAP runs fusebox under a tool (for example "strace -f -c -o FILE").
 	start_daemon ${FUSEBOX_WRAP:-} "${runner[@]}" "$fusebox" --socket-path "$sock" --shared-dir "$share" --queues "$queues" --xattr \
-		--announce-submounts --cache auto $fb_args
+		--announce-submounts --cache auto $dax_args $fb_args
 
 	echo "guest-run: booting $("$qemu" --version | head -1), $queues request queue(s), $smp cpu(s)"
 	start=$(date +%s)
 	start_qemu $((1500 + (fsx_ops + 4 * fsx_par) / 50)) \
-		"fusebox.fsx_ops=$fsx_ops fusebox.fsx_par=$fsx_par fusebox.acl=$acl fusebox.unpriv=$unpriv" -no-reboot
+		"fusebox.fsx_ops=$fsx_ops fusebox.fsx_par=$fsx_par fusebox.acl=$acl fusebox.unpriv=$unpriv$([ $dax = 1 ] && echo " fusebox.dax=1 fusebox.mount=dax=inode")" -no-reboot
 	wait_qemu guest-run
 }
 boot
@@ -103,6 +128,7 @@ boot_again_on_tcg_assertion guest-run
 echo "guest-run: guest ran $(( $(date +%s) - start )) s"
 # fusebox exits when its frontend goes.
 wait_fusebox_exit guest-run
+[ -n "${dax_writer:-}" ] && { kill "$dax_writer" 2>/dev/null || true; }
 
 grep -E '^(PASS|FAIL|GUEST)' "$work/console.log" || true
 guest_suite_passed guest-run 40 || status=1
@@ -127,7 +153,13 @@ hcheck mmap-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys
 hcheck o-direct-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i^(i>>8))&255 for i in range(1<<20)))" "$w/direct"'
 hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)" = "$(cat "$share/guest64.sha256")" ]'
 hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'
-hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|esc|host64.bin|host64.sha256|guest64.bin|guest64.sha256")" ]'
+hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|esc|host64.bin|host64.sha256|guest64.bin|guest64.sha256|dax.bin|dax.sha256|dax-go")" ]'
+if [ $dax = 1 ]; then
+	hcheck dax-guest-writes '[ "$(dd if="$share/dax.bin" bs=1 skip=1048576 count=8 2>/dev/null)" = GUESTDAX ] && [ "$(dd if="$share/dax.bin" bs=1 skip=3145728 count=7 2>/dev/null)" = MMAPDAX ]'
+	# fusebox's exit report: mappings made, none refused, some removed.
+	report=$(sed -n '/frontend disconnected/,$p' "$work/fusebox.log")
+	hcheck dax-counters 'echo "$report" | grep -qE "Setupmapping +count +[1-9][0-9]* +errors +0 " && echo "$report" | grep -qE "Removemapping +count +[1-9]"'
+fi
 hcheck fsx-files '[ "$(ls "$w" | grep -c "^fsx[0-4]$")" = 5 ]'
 hcheck confinement '[ "$(cat "$work/outside-secret")" = "$secret" ] && [ -z "$(ls -A "$work" | grep -vxE "share|extra|outside-secret|console.log|fusebox.log|qemu.err|vfs.sock|fusebox")" ] && [ "$(readlink "$share/esc/rel")" = ../../outside-secret ]'
 [ $hfail = 0 ] || status=1

@@ -88,6 +88,22 @@ t_guest64() {
 check 64MiB-host-to-guest t_host64
 check 64MiB-guest-to-host t_guest64
 
+# DAX (fusebox.dax=1: tests/guest/run.sh --dax, the share mounted with
+# -o dax=inode): the host's dax.bin, a whole number of 2 MiB ranges, is
+# read through the device's window; written there with write(2) and
+# through a shared mapping (the host half checks both); and a host write
+# to it is seen through a mapping here. dax-go tells the host to write.
+t_dax() {
+	f=$M/dax.bin
+	[ "$(sha256sum "$f" | cut -d' ' -f1)" = "$(cat "$M/dax.sha256")" ] || { echo "read through the window differs"; return 1; }
+	printf GUESTDAX | dd of="$f" bs=1 seek=1048576 conv=notrunc 2>/dev/null || { echo "write"; return 1; }
+	/guestcheck mapput "$f" 3145728 MMAPDAX || return 1
+	sync
+	: > "$M/dax-go"
+	/guestcheck mapwatch "$f" 2101248 HOSTDAX 60
+}
+grep -q "fusebox.dax=1" /proc/cmdline && check dax-window t_dax
+
 # 10,000 entries made here, listed here, and counted again on the host.
 t_bigdir() {
 	mkdir big && i=0 &&

@@ -344,6 +344,15 @@ pub struct VhostArgs {
     /// shrink it to nothing.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub poll_max_us: u64,
+    /// The DAX window's size (bytes, or with a K, M or G suffix; 0: no
+    /// window, the default): a power of two from 2M to 512M. A guest that
+    /// mounts with `-o dax=always` then reads and writes files through
+    /// host pages mapped into its window, without FUSE requests or a
+    /// second page cache. Needs a VMM with vhost-user shared memory
+    /// (QEMU 11.1 or later, with its generic vhost-user device; see
+    /// docs/DAX.md).
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
+    pub cache_size: u64,
     /// Options in the legacy `-o a,b=c` format (source, cache, sandbox,
     /// log_level, debug; xattr, flock, posix_lock, posix_acl,
     /// readdirplus, writeback, announce_submounts, killpriv_v2 and
@@ -472,6 +481,39 @@ impl FaultArgs {
         match &self.inject_faults {
             Some(spec) => FaultPlan::parse(spec, self.fault_seed),
             None => Ok(FaultPlan::default()),
+        }
+    }
+}
+
+/// A size in bytes, or with a K, M or G suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|e| format!("{s:?} is not a size: {e}"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_a_suffix() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("2M"), Ok(2 << 20));
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("8k"), Ok(8192));
+        for bad in ["", "M", "2T", "-1", "1.5G", "99999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
 }

@@ -295,6 +295,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
         io_uring: !a.no_io_uring,
         mapped_reads: !a.no_mapped_reads,
         announce_submounts: a.announce_submounts,
+        dax_inodes: a.cache_size > 0,
         flock_locks: !a.no_flock,
         posix_locks: !a.no_posix_lock,
         readdirplus: !a.virtiofsd.no_readdirplus,
@@ -375,6 +376,7 @@ pub fn run(a: VhostArgs) -> Result<(), VhostError> {
             submit_batch: a.submit_batch as usize,
             chunk_time: Duration::from_micros(a.chunk_time_us),
             poll_time: Duration::from_micros(a.poll_max_us),
+            cache_size: a.cache_size,
             ..DeviceConfig::default()
         },
     )

@@ -61,11 +61,21 @@ impl PassthroughFs {
     }
 
     /// The attributes the client gets for `st`: owner and group translated
-    /// to the client's IDs.
+    /// to the client's IDs; FUSE_ATTR_DAX on a file its DAX window can map
+    /// whole (`Config::dax_inodes`).
     pub(super) fn attr(&self, st: &libc::statx) -> Attr {
+        /// The guest's DAX mapping unit.
+        const DAX_RANGE: u64 = 2 << 20;
         let mut a = attr_of(st);
         a.uid = self.cfg.translate_uid.to_guest(a.uid);
         a.gid = self.cfg.translate_gid.to_guest(a.gid);
+        if self.cfg.dax_inodes
+            && u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFREG
+            && st.stx_size > 0
+            && st.stx_size % DAX_RANGE == 0
+        {
+            a.flags |= fuse_core::abi::flags::ATTR_DAX;
+        }
         a
     }
 

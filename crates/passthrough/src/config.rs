@@ -90,6 +90,12 @@ pub struct Config {
     /// FUSE_ATTR_SUBMOUNT (when the client negotiates FUSE_SUBMOUNTS), so
     /// the client gives them their own superblock and st_dev.
     pub announce_submounts: bool,
+    /// With a DAX window (the device's `cache_size`): mark the regular
+    /// files a guest mounted with `-o dax=inode` reads and writes through
+    /// its window with FUSE_ATTR_DAX, those whose size is a whole,
+    /// non-zero number of 2 MiB ranges (the window maps whole ranges, and
+    /// QEMU 11.1 maps nothing past a file's end: docs/DAX.md).
+    pub dax_inodes: bool,
     /// Host mounts: negotiate FUSE_PASSTHROUGH and let the kernel do the
     /// reads, writes and mmaps of open files on the host files itself
     /// (see `backing.rs`). Needs
@@ -147,6 +153,7 @@ impl Default for Config {
             io_uring: true,
             mapped_reads: true,
             announce_submounts: false,
+            dax_inodes: false,
             kernel_passthrough: false,
             flock_locks: true,
             posix_locks: true,

@@ -357,11 +357,21 @@ impl Filesystem for PassthroughFs {
     }
     fn map_source(
         &self,
-        _ctx: &Ctx,
+        ctx: &Ctx,
         inode: u64,
-        handle: u64,
+        handle: Option<u64>,
+        write: bool,
         map: &mut dyn FnMut(MapSource<'_>) -> FsResult<()>,
     ) -> FsResult<()> {
-        self.op_map_source(inode, handle, map)
+        let Some(fh) = handle else {
+            // The inode's file, opened for the call as the caller.
+            let _host = ctx.enter_host()?;
+            let flags = if write { libc::O_RDWR } else { libc::O_RDONLY };
+            let fh = self.op_open(ctx, inode, flags as u32, false)?.handle;
+            let r = self.op_map_source(inode, fh, map);
+            self.op_release(fh)?;
+            return r;
+        };
+        self.op_map_source(inode, fh, map)
     }
 }

@@ -330,8 +330,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             ..ServerConfig::default()
         };
         if dax.is_some() {
-            // The guest learns the mappings' alignment in INIT.
-            server.flags |= fuse_core::abi::init::MAP_ALIGNMENT;
+            // The guest learns the mappings' alignment in INIT, and which
+            // files to map from their attributes (FUSE_ATTR_DAX, set by
+            // the filesystem) when it mounts with `-o dax=inode`.
+            server.flags |=
+                fuse_core::abi::init::MAP_ALIGNMENT | fuse_core::abi::init::HAS_INODE_DAX;
         }
         let engine = Engine::start(
             fs,

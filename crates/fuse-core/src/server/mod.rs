@@ -766,12 +766,16 @@ pub trait Filesystem: Send + Sync {
     /// FUSE_SETUPMAPPING's file: calls `map` with `handle`'s open file,
     /// which stays open until `map` returns, and returns what `map` does.
     /// EBADF if `handle` is not open, EINVAL if it is open on another
-    /// inode than `inode` or on no regular file.
+    /// inode than `inode` or on no regular file. Without a handle (Linux
+    /// sends none: its mappings are the inode's), `inode`'s file is opened
+    /// for the call as the caller, for reading and, with `write`, writing
+    /// (so the caller's permissions decide).
     fn map_source(
         &self,
         ctx: &Ctx,
         inode: Self::Inode,
-        handle: Self::Handle,
+        handle: Option<Self::Handle>,
+        write: bool,
         map: &mut dyn FnMut(MapSource<'_>) -> FsResult<()>,
     ) -> FsResult<()> {
         Err(Errno::ENOSYS)

@@ -143,6 +143,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 _ => Err(Errno::EINVAL),
             },
         };
+        if let Err(e) = r {
+            log::debug!("DAX: {:?} refused: errno {}", args.opcode, e.0);
+        }
         if t.claim() {
             self.answer(t, r.map_or_else(Errno::to_wire, |()| 0), &[]);
         }
@@ -159,6 +162,10 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             flags: arg.flags,
         };
         let writable = s.flags & SETUPMAPPING_FLAG_WRITE != 0;
+        // Linux sends no handle (-1): its mappings are the inode's, and
+        // the file is opened for the call, for writing whatever the flags
+        // say (see the check below).
+        let handle = (arg.fh != u64::MAX).then(|| F::Handle::from(arg.fh));
         let mut st = lock(&dax.state);
         dax.refresh(&mut st);
         let State { window, backend } = &mut *st;
@@ -178,8 +185,13 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             .inner
             .engine
             .fs()
-            .map_source(&ctx, s.ino.into(), s.fh.into(), &mut |src| {
-                if writable && !src.writable {
+            .map_source(&ctx, s.ino.into(), handle, true, &mut |src| {
+                // QEMU 11.1 maps every range writable, and refuses a file
+                // not open for writing even for a read-only range
+                // (docs/DAX.md): only a file the caller may write is
+                // mapped, so a guest gains no write access through its
+                // window.
+                if !src.writable {
                     return Err(Errno(libc::EACCES));
                 }
                 // The frontend maps whole pages of the file, and would

@@ -1,8 +1,9 @@
 //! A frontend's side of the DAX window, for tests: it answers the
 //! device's SHMEM_MAP and SHMEM_UNMAP on the back-end channel as QEMU 11.1
 //! does (refusing a range outside the window, an overlap, an unmap that is
-//! not exactly a mapping, and a file shorter than the range, which QEMU
-//! would extend if it were empty), and maps the file into a region of this
+//! not exactly a mapping, a file shorter than the range, which QEMU would
+//! extend if it were empty, and a file not open for writing, which QEMU
+//! 11.1 cannot map even read-only), and maps the file into a region of this
 //! process, so a test reads what a guest would see through its window.
 
 use std::os::fd::{AsRawFd, RawFd};
@@ -153,6 +154,12 @@ impl VhostUserFrontendReqHandler for FrontendWindow {
         }
         if maps.iter().any(|(o, l, _)| off < o + l && *o < off + len) {
             return Err(self.refuse(req, "overlap"));
+        }
+        // SAFETY: fcntl(F_GETFL) on a borrowed fd.
+        let mode = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE;
+        if mode != libc::O_RDWR {
+            // QEMU 11.1 maps even a read-only range writable (EACCES).
+            return Err(self.refuse(req, "a file not open for writing"));
         }
         let size = file_size(fd.as_raw_fd()).unwrap_or(0);
         if size == 0 || foff.checked_add(len).is_none_or(|e| e > size) {

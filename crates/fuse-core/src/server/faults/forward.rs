@@ -564,11 +564,12 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         &self,
         ctx: &Ctx,
         inode: F::Inode,
-        handle: F::Handle,
+        handle: Option<F::Handle>,
+        write: bool,
         map: &mut dyn FnMut(MapSource<'_>) -> FsResult<()>,
     ) -> FsResult<()> {
         self.gate(Opcode::Setupmapping, ctx, || {
-            self.inner.map_source(ctx, inode, handle, map)
+            self.inner.map_source(ctx, inode, handle, write, map)
         })
     }
 }
