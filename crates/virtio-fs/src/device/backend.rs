@@ -119,6 +119,19 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
         file: std::fs::File,
     ) -> io::Result<Option<std::fs::File>> {
         if direction == VhostTransferStateDirection::SAVE {
+            // The guest's DAX mappings cannot move: the destination's
+            // window would be empty under a guest that believes its ranges
+            // mapped. Refused while any exist (QEMU's generic vhost-user
+            // device blocks migration anyway).
+            let mapped = self.inner.dax.as_ref().map_or(0, |d| d.mappings());
+            if mapped > 0 {
+                log::warn!(
+                    "migration refused: the guest has {mapped} range(s) mapped in its DAX window"
+                );
+                return Err(io::Error::other(format!(
+                    "{mapped} DAX mapping(s) cannot migrate"
+                )));
+            }
             // FORGETs the guest sent before the stop reach the filesystem
             // first: the state then carries the lookup counts the guest
             // holds, and no inode it let go of (a file it deleted, which
