@@ -36,6 +36,13 @@
  *                                          appear at OFF of a shared
  *                                          mapping (a host write)
  *
+ * And two that print, for benches/dax-guest.sh:
+ *   guestcheck randread FILE SECS  4 KiB preads at random page offsets of
+ *                                  FILE for SECS seconds; prints
+ *                                  "RANDREAD ops N usecs T"
+ *   guestcheck seqread FILE        reads FILE whole, 1 MiB at a time;
+ *                                  prints "SEQREAD bytes N usecs T"
+ *
  * And one for tests/guest/pjdfstest.sh:
  *   guestcheck owners DIR  ownership changes the guest kernel permits a
  *                          file's owner through its supplementary groups
@@ -57,6 +64,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, " (errno %d)\n", errno); exit(1); } while (0)
@@ -231,6 +239,46 @@ static int do_mapwatch(const char *p, long off, const char *str, int secs) {
 	}
 	errno = 0;
 	FAIL("%s never appeared at %ld of the mapping", str, off);
+}
+
+static int do_randread(const char *p, int secs) {
+	int fd = open(p, O_RDONLY);
+	if (fd < 0) FAIL("open");
+	struct stat st;
+	if (fstat(fd, &st) || st.st_size < 4096) FAIL("fstat");
+	long pages = st.st_size / 4096, ops = 0;
+	char buf[4096];
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	unsigned long x = 88172645463325252UL;
+	long us = 0;
+	do {
+		for (int i = 0; i < 256; i++) {
+			x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+			if (pread(fd, buf, 4096, (off_t)(x % pages) * 4096) != 4096) FAIL("pread");
+			ops++;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &b);
+		us = (b.tv_sec - a.tv_sec) * 1000000L + (b.tv_nsec - a.tv_nsec) / 1000;
+	} while (us < secs * 1000000L);
+	printf("RANDREAD ops %ld usecs %ld\n", ops, us);
+	return 0;
+}
+
+static int do_seqread(const char *p) {
+	int fd = open(p, O_RDONLY);
+	if (fd < 0) FAIL("open");
+	static char buf[1 << 20];
+	struct timespec a, b;
+	long total = 0;
+	ssize_t n;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	while ((n = read(fd, buf, sizeof buf)) > 0) total += n;
+	if (n < 0) FAIL("read");
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	long us = (b.tv_sec - a.tv_sec) * 1000000L + (b.tv_nsec - a.tv_nsec) / 1000;
+	printf("SEQREAD bytes %ld usecs %ld\n", total, us);
+	return 0;
 }
 
 static int do_direct(const char *p) {
@@ -470,9 +518,11 @@ int main(int argc, char **argv) {
 	if (argc == 5 && !strcmp(argv[1], "hold")) return do_hold(argv[2], atoi(argv[3]), argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "relock")) return do_relock(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "owners")) return do_owners(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "seqread")) return do_seqread(argv[2]);
+	if (argc == 4 && !strcmp(argv[1], "randread")) return do_randread(argv[2], atoi(argv[3]));
 	if (argc == 5 && !strcmp(argv[1], "mapput")) return do_mapput(argv[2], atol(argv[3]), argv[4]);
 	if (argc == 6 && !strcmp(argv[1], "mapwatch")) return do_mapwatch(argv[2], atol(argv[3]), argv[4], atoi(argv[5]));
-	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR, mapput FILE OFF STR, mapwatch FILE OFF STR SECS\n"); return 2; }
+	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR, mapput FILE OFF STR, mapwatch FILE OFF STR SECS, randread FILE SECS, seqread FILE\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
 	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);
