@@ -4,9 +4,11 @@
 # scripts/qemu-shmem.sh), same files, fusebox each time:
 #   benches/dax-guest.sh [ROUNDS]
 # Configurations, alternating per round: `dax` (--cache-size 512M, the
-# share mounted -o dax=inode), `auto` (no window, --cache auto: the guest
-# keeps what it read in its own page cache) and `never` (no window,
-# --cache never: every read is a FUSE READ). The file is a 64 MiB one
+# share mounted -o dax=inode), and without a window `always` (--cache
+# always: the guest keeps what it read in its own page cache, across
+# opens), `auto` (--cache auto: each open drops the guest's cached pages
+# of the file, as virtiofsd's auto does) and `never` (--cache never:
+# every read is a FUSE READ). The file is a 64 MiB one
 # (a whole number of 2 MiB ranges, so -o dax=inode maps it), read into
 # the host's page cache first. In the guest: one read of the whole file
 # (1 MiB reads), with the growth of the guest's page cache (Cached in
@@ -45,6 +47,7 @@ run() { # CONFIG
 	local cfg=$1 args mount=
 	case $cfg in
 	dax) args="--cache auto --cache-size 512M" mount=" fusebox.mount=dax=inode" ;;
+	always) args="--cache always" ;;
 	auto) args="--cache auto" ;;
 	never) args="--cache never" ;;
 	esac
@@ -65,10 +68,10 @@ run() { # CONFIG
 	echo "$cfg guest-cache-growth-MiB $((${growth:-0} / 1024)) seq-MB/s ${seq:-n/a} randread-ops/s ${rr:-n/a} host-cache-MiB $host" | tee -a "$out"
 }
 for ((r = 1; r <= rounds; r++)); do
-	for cfg in dax auto never; do run $cfg; done
+	for cfg in dax always auto never; do run $cfg; done
 done
 echo "== medians of $rounds round(s)"
-for cfg in dax auto never; do
+for cfg in dax always auto never; do
 	line="$cfg"
 	for col in 3 5 7 9; do
 		line+=" $(awk -v c="$cfg" -v k="$col" '$1 == c {print $(k - 1) "=" $k}' "$out" | head -1 | cut -d= -f1)=$(awk -v c="$cfg" -v k="$col" '$1 == c {print $k}' "$out" | median)"
