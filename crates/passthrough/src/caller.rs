@@ -69,7 +69,9 @@ impl PassthroughFs {
         let mut a = attr_of(st);
         a.uid = self.cfg.translate_uid.to_guest(a.uid);
         a.gid = self.cfg.translate_gid.to_guest(a.gid);
+        // Not on a read-only share: a mapping needs the file writable.
         if self.cfg.dax_inodes
+            && !self.cfg.readonly
             && u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFREG
             && st.stx_size > 0
             && st.stx_size % DAX_RANGE == 0

@@ -94,7 +94,8 @@ pub struct Config {
     /// files a guest mounted with `-o dax=inode` reads and writes through
     /// its window with FUSE_ATTR_DAX, those whose size is a whole,
     /// non-zero number of 2 MiB ranges (the window maps whole ranges, and
-    /// QEMU 11.1 maps nothing past a file's end: docs/DAX.md).
+    /// QEMU 11.1 maps nothing past a file's end: docs/DAX.md); none on a
+    /// read-only share (QEMU 11.1 maps only files open for writing).
     pub dax_inodes: bool,
     /// Host mounts: negotiate FUSE_PASSTHROUGH and let the kernel do the
     /// reads, writes and mmaps of open files on the host files itself

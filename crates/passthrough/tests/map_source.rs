@@ -108,4 +108,14 @@ fn files_a_window_can_map_whole_are_marked_for_dax_inode_guests() {
             assert_eq!(a.flags & dax != 0, marked, "{name}, dax_inodes {on}");
         }
     }
+    // A read-only share: nothing can be mapped (QEMU 11.1 maps only files
+    // open for writing), so nothing is marked.
+    let cfg = Config {
+        dax_inodes: true,
+        readonly: true,
+        ..Config::default()
+    };
+    let fs = PassthroughFs::new(&host.path, cfg).unwrap();
+    let e = fs.lookup(&Ctx::default(), ROOT_ID, b"whole").unwrap();
+    assert_eq!(e.attr.flags & dax, 0);
 }

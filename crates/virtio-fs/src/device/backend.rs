@@ -123,14 +123,19 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
             // window would be empty under a guest that believes its ranges
             // mapped. Refused while any exist (QEMU's generic vhost-user
             // device blocks migration anyway).
-            let mapped = self.inner.dax.as_ref().map_or(0, |d| d.mappings());
-            if mapped > 0 {
-                log::warn!(
-                    "migration refused: the guest has {mapped} range(s) mapped in its DAX window"
-                );
-                return Err(io::Error::other(format!(
-                    "{mapped} DAX mapping(s) cannot migrate"
-                )));
+            let mapped = self
+                .inner
+                .dax
+                .as_ref()
+                .map_or(Some(0), |d| d.mappings_now());
+            let why = match mapped {
+                Some(0) => None,
+                Some(n) => Some(format!("{n} DAX mapping(s) cannot migrate")),
+                None => Some("a DAX mapping request is in progress".to_string()),
+            };
+            if let Some(why) = why {
+                log::warn!("migration refused: {why}");
+                return Err(io::Error::other(why));
             }
             // FORGETs the guest sent before the stop reach the filesystem
             // first: the state then carries the lookup counts the guest

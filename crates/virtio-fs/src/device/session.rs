@@ -17,9 +17,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// (bounded), so none of it acts, or takes a handle, once the old
     /// session's state is gone.
     pub(super) fn end_session(&self, why: &str) {
-        if let Some(dax) = &self.inner.dax {
-            dax.unmap_all();
-        }
         if self.inner.migration.session_ended() {
             let old: Vec<_> = (self.inner.queues.iter())
                 .map(|rq| write(&rq.gen).refence())

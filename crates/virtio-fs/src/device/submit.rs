@@ -351,6 +351,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         if read(&self.inner.queue(q).gen).n != gen {
             return;
         }
+        // The new session starts with an empty DAX window (the device
+        // runs: the frontend takes unmaps now).
+        if let Some(dax) = &self.inner.dax {
+            dax.unmap_all();
+        }
         self.end_session("a new INIT");
         // Kept for a live migration: the destination replays it.
         self.inner.migration.note_init(ticket.unique, &args.body);

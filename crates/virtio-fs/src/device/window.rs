@@ -9,7 +9,6 @@
 
 use super::*;
 use crate::dax::{Mapping, Setup, Window};
-use fuse_core::abi::flags::SETUPMAPPING_FLAG_WRITE;
 use fuse_core::abi::{RemovemappingIn, RemovemappingOne, SetupmappingIn};
 use fuse_core::server::Ctx;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
@@ -66,15 +65,12 @@ impl DaxWindow {
         self.stale.store(true, Ordering::SeqCst);
     }
 
-    /// Unmaps every mapping (the guest's session ended; its next one
-    /// starts with an empty window). One the frontend refuses to unmap is
-    /// forgotten all the same. Does not wait for a call in progress: then
-    /// the mappings are only forgotten.
+    /// Unmaps every mapping (a new INIT: the guest's next session starts
+    /// with an empty window). One the frontend refuses to unmap is
+    /// forgotten all the same. Only on a vring thread, with the device
+    /// running: never on a reset (see `forget_all`).
     pub(super) fn unmap_all(&self) {
-        let Ok(mut st) = self.state.try_lock() else {
-            self.forget_all();
-            return;
-        };
+        let mut st = lock(&self.state);
         self.refresh(&mut st);
         let State { window, backend } = &mut *st;
         let (Some(window), Some(backend)) = (window.as_mut(), backend.as_ref()) else {
@@ -92,6 +88,15 @@ impl DaxWindow {
         let mut st = lock(&self.state);
         self.refresh(&mut st);
         st.window.as_ref().map_or(0, Window::len)
+    }
+
+    /// [`DaxWindow::mappings`] without waiting: None while a mapping
+    /// request is being served (its map message may wait for a frontend
+    /// that waits for the caller).
+    pub(super) fn mappings_now(&self) -> Option<usize> {
+        let mut st = self.state.try_lock().ok()?;
+        self.refresh(&mut st);
+        Some(st.window.as_ref().map_or(0, Window::len))
     }
 
     fn refresh(&self, st: &mut State) {
@@ -161,7 +166,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             foffset: arg.foffset,
             flags: arg.flags,
         };
-        let writable = s.flags & SETUPMAPPING_FLAG_WRITE != 0;
         // Linux sends no handle (-1): its mappings are the inode's, and
         // the file is opened for the call, for writing whatever the flags
         // say (see the check below).
@@ -200,10 +204,19 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     return Err(Errno::EINVAL);
                 }
                 if let Some(old) = &replaced {
+                    // The same file range again (the guest makes a range
+                    // writable so): it is mapped writable already.
+                    if (old.ino, old.foffset) == (s.ino, s.foffset) {
+                        return Ok(());
+                    }
                     unmap(backend, old)?;
                     old_unmapped = true;
                 }
-                let msg = mmap_msg(s.moffset, s.len, s.foffset, writable);
+                // Writable: a file the caller may write (checked above),
+                // as QEMU 11.1 maps every range anyway; so a later
+                // request to write through it needs no remapping, which
+                // would leave a hole in the window meanwhile.
+                let msg = mmap_msg(s.moffset, s.len, s.foffset, true);
                 backend.shmem_map(&msg, &src.fd).map(drop).map_err(|e| {
                     log::warn!("DAX: the frontend refused to map {s:?}: {e}");
                     Errno::EIO
@@ -220,7 +233,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     }
 }
 
-/// FUSE_REMOVEMAPPING: every range, or (one refused) none.
+/// FUSE_REMOVEMAPPING: every range is checked first (none is unmapped if
+/// one fails a check); one the frontend refuses stops the rest, those
+/// before it stay unmapped.
 fn remove_mappings(dax: &DaxWindow, body: &[u8]) -> Result<(), Errno> {
     let (arg, rest) = RemovemappingIn::read_from_prefix(body).map_err(|_| Errno::EINVAL)?;
     let n = arg.count as usize;

@@ -1,10 +1,12 @@
 //! A frontend's side of the DAX window, for tests: it answers the
-//! device's SHMEM_MAP and SHMEM_UNMAP on the back-end channel as QEMU 11.1
-//! does (refusing a range outside the window, an overlap, an unmap that is
-//! not exactly a mapping, a file shorter than the range, which QEMU would
-//! extend if it were empty, and a file not open for writing, which QEMU
-//! 11.1 cannot map even read-only), and maps the file into a region of this
+//! device's SHMEM_MAP and SHMEM_UNMAP on the back-end channel, refusing
+//! what QEMU 11.1.3 was seen to refuse (a range outside the window, an
+//! overlap, an unmap that is not exactly a mapping, a file shorter than the
+//! range, a file not open for writing) and an empty file (which QEMU
+//! would extend instead), and maps the file into a region of this
 //! process, so a test reads what a guest would see through its window.
+//! Unlike QEMU it maps a range without WRITABLE read-only, and it never
+//! crashes on a message after a stop (docs/DAX.md).
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Mutex;
