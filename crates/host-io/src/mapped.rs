@@ -237,8 +237,36 @@ struct Faulted;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod fence {
-    use super::{Faulted, MapError};
+    use super::{Faulted, MapError, PAGE};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::OnceLock;
+
+    /// Most guarded ranges ([`set_guarded`]).
+    pub(super) const GUARDED_MAX: usize = 512;
+    /// Guarded ranges, `[start, end)`; end 0: a free slot. Read by the
+    /// handler without a lock: a slot is written end last.
+    static GUARDED: [(AtomicUsize, AtomicUsize); GUARDED_MAX] =
+        [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; GUARDED_MAX];
+
+    /// Replaces the guarded ranges (at most [`GUARDED_MAX`]; the rest are
+    /// not guarded).
+    pub(super) fn set_guarded(ranges: &[(usize, usize)]) {
+        for (i, (start, end)) in GUARDED.iter().enumerate() {
+            end.store(0, Ordering::SeqCst);
+            if let Some(&(s, len)) = ranges.get(i) {
+                start.store(s, Ordering::SeqCst);
+                end.store(s.saturating_add(len), Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Whether `addr` lies in a guarded range (async-signal-safe: loads).
+    fn guarded(addr: usize) -> bool {
+        GUARDED.iter().any(|(start, end)| {
+            let e = end.load(Ordering::SeqCst);
+            e != 0 && (start.load(Ordering::SeqCst)..e).contains(&addr)
+        })
+    }
 
     // `fault_copy(dst, src, len)`: `rep movsb`, returning 0, or, when a
     // SIGBUS stopped it, the bytes it had left (the handler moves the
@@ -327,6 +355,31 @@ mod fence {
             *rip = fixup as libc::greg_t;
             return;
         }
+        // SAFETY: a fault's siginfo carries the faulting address.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        if fault && guarded(addr) {
+            // A page of a guarded mapping past its file's end: an
+            // anonymous zero page takes its place, and the access is
+            // retried on it (reads see zeros, writes go nowhere).
+            let page = addr & !(PAGE as usize - 1);
+            // SAFETY: mmap is async-signal-safe; MAP_FIXED replaces only
+            // that page, of a range its owner registered as replaceable.
+            let p = unsafe {
+                libc::mmap(
+                    page as *mut libc::c_void,
+                    PAGE as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                // SAFETY: this thread's errno.
+                unsafe { *errno = saved };
+                return;
+            }
+        }
         let previous = PREVIOUS.get();
         // SAFETY: sigaction, getpid, gettid and tgkill are
         // async-signal-safe; the action set is a zeroed one with SIG_DFL
@@ -407,6 +460,8 @@ mod fence {
     pub(super) fn install() -> Result<(), MapError> {
         Err(MapError::Unsupported)
     }
+
+    pub(super) fn set_guarded(_: &[(usize, usize)]) {}
 }
 
 use fence::fault_copy;
@@ -416,6 +471,18 @@ use fence::fault_copy;
 /// a seccomp filter that refuses rt_sigaction).
 pub fn install_fence() -> Result<(), MapError> {
     fence::install()
+}
+
+/// Guards the shared file mappings `ranges` (`(address, length)` each,
+/// replacing the ranges guarded before; at most 512): a page of one past
+/// its file's end (the file was truncated) is replaced by a zero page when
+/// it is touched, instead of the SIGBUS killing the process. For mappings
+/// a guest may make the daemon touch (a VMM's DAX window, mapped as guest
+/// memory). Installs the SIGBUS handler first.
+pub fn guard_mappings(ranges: &[(usize, usize)]) -> Result<(), MapError> {
+    fence::install()?;
+    fence::set_guarded(ranges);
+    Ok(())
 }
 
 #[cfg(test)]

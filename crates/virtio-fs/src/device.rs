@@ -109,6 +109,10 @@ pub enum DeviceError {
     /// The DAX window's size is not a power of two from 2 MiB to 512 MiB.
     #[error("cache window of {0} bytes: a power of two from 2 MiB to 512 MiB is possible")]
     CacheSize(u64),
+    /// The SIGBUS handler that guards guest memory backed by mapped files
+    /// could not be installed (a DAX window needs it).
+    #[error("the DAX window's SIGBUS guard")]
+    DaxGuard(#[source] host_io::mapped::MapError),
 }
 
 /// What the device offers and how it serves.
@@ -325,6 +329,11 @@ impl<F: Filesystem + 'static> FsDevice<F> {
             0 => None,
             n => Some(window::DaxWindow::new(n).ok_or(DeviceError::CacheSize(n))?),
         };
+        if dax.is_some() {
+            // Now, before a seccomp filter may refuse rt_sigaction: the
+            // window's mappings come back as guest memory (`window.rs`).
+            host_io::mapped::install_fence().map_err(DeviceError::DaxGuard)?;
+        }
         let mut server = ServerConfig {
             max_write: cfg.max_write,
             ..ServerConfig::default()
@@ -414,6 +423,12 @@ impl<F: Filesystem + 'static> FsDevice<F> {
     /// window).
     pub fn dax_mappings(&self) -> usize {
         self.inner.dax.as_ref().map_or(0, |d| d.mappings())
+    }
+
+    /// How many regions of guest memory are files the DAX window mapped
+    /// (guarded against a truncation: `DaxWindow::guard`).
+    pub fn dax_guarded_regions(&self) -> usize {
+        self.inner.dax.as_ref().map_or(0, |d| d.guarded())
     }
 
     /// Chains of request queue `queue` (1-based; 0 is hiprio) the device

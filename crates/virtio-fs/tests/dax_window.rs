@@ -17,6 +17,7 @@ use passthrough::Config;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::VhostUserFrontend;
 use vhost_user_backend::VhostUserBackend;
 use virtio_fs::testing::guest::{GuestConfig, GuestDriver, GuestError, Req};
 use virtio_fs::testing::window::WindowEvent;
@@ -416,4 +417,33 @@ fn a_guest_with_ranges_mapped_cannot_migrate() {
     assert!(e.to_string().contains("1 DAX mapping"), "{e}");
     unmap(&mut s.g, &[(0, SLOT)]).unwrap();
     save(&s.dev).unwrap();
+}
+
+/// QEMU hands each window mapping to the back-end as guest memory: the
+/// device guards those regions, so a request pointed at one whose file
+/// the host truncated cannot kill the daemon (`host_io::mapped`'s test
+/// shows the guard itself).
+#[test]
+fn window_mappings_handed_back_as_guest_memory_are_guarded() {
+    let mut s = setup("guard", WINDOW);
+    let w = s.g.window().unwrap().clone();
+    let f = lookup(&mut s.g, "f");
+    map(&mut s.g, f, u64::MAX, 0, SLOT, READ, 0).unwrap();
+    map(&mut s.g, f, u64::MAX, SLOT, SLOT, READ, 2 * SLOT).unwrap();
+    assert_eq!(s.dev.dax_guarded_regions(), 0);
+    // Where a guest's BAR might put the window.
+    const GPA: u64 = 1 << 40;
+    let r0 = w.region_at(0, GPA).unwrap();
+    let r2 = w.region_at(2 * SLOT, GPA + 2 * SLOT).unwrap();
+    s.g.frontend_mut().add_mem_region(&r0).unwrap();
+    s.g.frontend_mut().add_mem_region(&r2).unwrap();
+    assert!(common::within(std::time::Duration::from_secs(5), || {
+        s.dev.dax_guarded_regions() == 2
+    }));
+    // Guest RAM itself (a memfd) is not guarded; a region taken away no
+    // longer is.
+    s.g.frontend_mut().remove_mem_region(&r2).unwrap();
+    assert!(common::within(std::time::Duration::from_secs(5), || {
+        s.dev.dax_guarded_regions() == 1
+    }));
 }

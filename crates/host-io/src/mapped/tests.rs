@@ -208,3 +208,62 @@ fn cachestat_counts_the_cached_pages() {
     assert_eq!(st.cache, 1);
     std::fs::remove_file(path).unwrap();
 }
+
+/// A guarded shared mapping of a file truncated under it: touching a page
+/// past the new end reads zeros and takes writes, instead of killing. The
+/// same access to an unguarded mapping dies of SIGBUS (in a child).
+#[test]
+fn a_guarded_mapping_of_a_truncated_file_reads_zeros() {
+    let (f, path, data) = pattern_file();
+    let len = PAGES * PAGE as usize;
+    let map = |f: &std::fs::File| {
+        // SAFETY: a new shared mapping of the file's `len` bytes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast::<u8>()
+    };
+    let p = map(&f);
+    guard_mappings(&[(p as usize, len)]).unwrap();
+    // SAFETY: inside the mapping; no reference is made into it.
+    assert_eq!(
+        unsafe { p.add(PAGE as usize + 1).read_volatile() },
+        data[PAGE as usize + 1]
+    );
+    f.set_len(PAGE).unwrap();
+    // SAFETY: as above; the page is past the file's end now.
+    unsafe {
+        assert_eq!(p.add(2 * PAGE as usize + 5).read_volatile(), 0);
+        p.add(2 * PAGE as usize + 5).write_volatile(9);
+        assert_eq!(p.add(2 * PAGE as usize + 5).read_volatile(), 9);
+        // The file's own page is still the file's.
+        assert_eq!(p.add(3).read_volatile(), data[3]);
+    }
+    guard_mappings(&[]).unwrap();
+    // Unguarded, the same access kills.
+    let q = map(&f);
+    // SAFETY: fork in a test; the child only touches the mapping and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: the child reads past the file's end, then exits.
+        unsafe {
+            q.add(2 * PAGE as usize).read_volatile();
+            libc::_exit(0);
+        }
+    }
+    assert_killed_by_sigbus(pid);
+    // SAFETY: the two mappings made above.
+    unsafe {
+        libc::munmap(p.cast(), len);
+        libc::munmap(q.cast(), len);
+    }
+    let _ = std::fs::remove_file(path);
+}

@@ -165,6 +165,9 @@ impl<F: Filesystem + 'static> VhostUserBackend for FsDevice<F> {
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        if let Some(dax) = &self.inner.dax {
+            dax.guard(&mem.memory());
+        }
         *write(&self.inner.mem) = Some(mem);
         self.inner.mem_gen.fetch_add(1, Ordering::SeqCst);
         self.inner.maps.clear();

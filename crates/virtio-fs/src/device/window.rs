@@ -11,8 +11,11 @@ use super::*;
 use crate::dax::{Mapping, Setup, Window};
 use fuse_core::abi::{RemovemappingIn, RemovemappingOne, SetupmappingIn};
 use fuse_core::server::Ctx;
+use std::collections::HashSet;
+use std::os::fd::{AsRawFd, RawFd};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use zerocopy::FromBytes;
 
 /// The window's mappings and the frontend's back-end channel.
@@ -32,6 +35,12 @@ pub(super) struct DaxWindow {
     /// the guest's session ended, by a thread that must not wait for a
     /// call in progress: the next call forgets every mapping first.
     stale: AtomicBool,
+    /// The files (device, inode) ever given to the frontend to map (a
+    /// leaf lock): the frontend hands each mapping back to the device as
+    /// guest memory, which [`DaxWindow::guard`] guards.
+    files: Mutex<HashSet<(u64, u64)>>,
+    /// How many guest memory regions are guarded now.
+    guarded: AtomicUsize,
 }
 
 impl DaxWindow {
@@ -45,7 +54,43 @@ impl DaxWindow {
                 backend: None,
             }),
             stale: AtomicBool::new(false),
+            files: Mutex::new(HashSet::new()),
+            guarded: AtomicUsize::new(0),
         })
+    }
+
+    /// Guards the regions of guest memory `mem` that are files this window
+    /// had mapped (QEMU hands every window mapping to the back-end as
+    /// guest memory): a guest that points a request's buffer, or its
+    /// vring, at one whose file was truncated since gets zeros there,
+    /// where the daemon would die of SIGBUS (`host_io::mapped`).
+    pub(super) fn guard(&self, mem: &GuestMmap) {
+        let files = lock(&self.files);
+        let ranges: Vec<(usize, usize)> = mem
+            .iter()
+            .filter(|r| {
+                r.file_offset()
+                    .and_then(|fo| file_id(fo.file().as_raw_fd()))
+                    .is_some_and(|id| files.contains(&id))
+            })
+            .map(|r| (r.as_ptr() as usize, r.len() as usize))
+            .collect();
+        drop(files);
+        match host_io::mapped::guard_mappings(&ranges) {
+            Ok(()) => {
+                log::debug!(
+                    "DAX: {} guest memory region(s) of mapped files guarded",
+                    ranges.len()
+                );
+                self.guarded.store(ranges.len(), Ordering::SeqCst);
+            }
+            Err(e) => log::warn!("DAX: guest memory of mapped files left unguarded: {e}"),
+        }
+    }
+
+    /// How many guest memory regions are guarded now.
+    pub(super) fn guarded(&self) -> usize {
+        self.guarded.load(Ordering::SeqCst)
     }
 
     /// The window's size.
@@ -122,6 +167,14 @@ fn mmap_msg(moffset: u64, len: u64, foffset: u64, writable: bool) -> VhostUserMM
             0
         },
     }
+}
+
+/// A file's (device, inode).
+fn file_id(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: a zeroed stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a borrowed fd into a local.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
 fn unmap(backend: &Backend, m: &Mapping) -> Result<(), Errno> {
@@ -216,6 +269,9 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                 // as QEMU 11.1 maps every range anyway; so a later
                 // request to write through it needs no remapping, which
                 // would leave a hole in the window meanwhile.
+                if let Some(id) = file_id(src.fd.as_raw_fd()) {
+                    lock(&dax.files).insert(id);
+                }
                 let msg = mmap_msg(s.moffset, s.len, s.foffset, true);
                 backend.shmem_map(&msg, &src.fd).map(drop).map_err(|e| {
                     log::warn!("DAX: the frontend refused to map {s:?}: {e}");

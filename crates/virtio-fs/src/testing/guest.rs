@@ -285,7 +285,8 @@ impl GuestDriver {
             if dax {
                 keep |= VhostUserProtocolFeatures::SHMEM
                     | VhostUserProtocolFeatures::BACKEND_REQ
-                    | VhostUserProtocolFeatures::REPLY_ACK;
+                    | VhostUserProtocolFeatures::REPLY_ACK
+                    | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
             }
             fe.set_protocol_features(pf & keep).map_err(vhost)?;
             if fe.get_queue_num().map_err(vhost)? < nq as u64 {
@@ -399,6 +400,12 @@ impl GuestDriver {
             {}
         });
         Ok((window, (dup, thread)))
+    }
+
+    /// The vhost-user connection, to send more messages (ADD_MEM_REG of a
+    /// window mapping, as QEMU does).
+    pub fn frontend_mut(&mut self) -> &mut Frontend {
+        &mut self.fe
     }
 
     /// The DAX window's frontend side, after

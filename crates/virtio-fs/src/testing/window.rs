@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Mutex;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{HandlerResult, VhostUserFrontendReqHandler};
+use vhost::VhostUserMemoryRegionInfo;
 
 /// What the device asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,9 @@ pub struct FrontendWindow {
     size: u64,
     /// Mapped ranges: (window offset, length, writable).
     maps: Mutex<Vec<(u64, u64, bool)>>,
+    /// The file of each mapping (a duplicate), by window offset, with its
+    /// file offset.
+    files: Mutex<Vec<(u64, std::fs::File, u64)>>,
     events: Mutex<Vec<WindowEvent>>,
 }
 
@@ -60,6 +64,7 @@ impl FrontendWindow {
             base: p as usize,
             size,
             maps: Mutex::new(Vec::new()),
+            files: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
         })
     }
@@ -77,6 +82,23 @@ impl FrontendWindow {
     /// The ranges mapped now: (window offset, length, writable).
     pub fn mappings(&self) -> Vec<(u64, u64, bool)> {
         self.maps.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// The mapping at window offset `off` as guest memory at `gpa`, as
+    /// QEMU hands each window mapping to the back-end (ADD_MEM_REG): its
+    /// region, whose file descriptor lives as long as the window.
+    pub fn region_at(&self, off: u64, gpa: u64) -> Option<VhostUserMemoryRegionInfo> {
+        let maps = self.maps.lock().ok()?;
+        let &(_, len, _) = maps.iter().find(|(o, _, _)| *o == off)?;
+        let files = self.files.lock().ok()?;
+        let (_, file, foff) = files.iter().find(|(o, _, _)| *o == off)?;
+        Some(VhostUserMemoryRegionInfo {
+            guest_phys_addr: gpa,
+            memory_size: len,
+            userspace_addr: (self.base + off as usize) as u64,
+            mmap_offset: *foff,
+            mmap_handle: file.as_raw_fd(),
+        })
     }
 
     /// `len` bytes at window offset `off`, if a mapping holds them all.
@@ -184,6 +206,17 @@ impl VhostUserFrontendReqHandler for FrontendWindow {
             return Err(self.refuse(req, "mmap failed"));
         }
         maps.push((off, len, writable));
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) of a borrowed fd; the new fd is
+        // owned by the File alone.
+        let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if dup >= 0 {
+            // SAFETY: `dup` is a new fd nothing else owns.
+            let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+            if let Ok(mut files) = self.files.lock() {
+                files.retain(|(o, _, _)| *o != off);
+                files.push((off, file, foff));
+            }
+        }
         self.note(WindowEvent::Map(off, len, foff, writable));
         Ok(0)
     }
@@ -195,6 +228,9 @@ impl VhostUserFrontendReqHandler for FrontendWindow {
             return Err(self.refuse(req, "no such mapping"));
         };
         maps.remove(i);
+        if let Ok(mut files) = self.files.lock() {
+            files.retain(|(o, _, _)| *o != off);
+        }
         // SAFETY: the range was a mapping of this window; it goes back to
         // an inaccessible reservation.
         unsafe {
