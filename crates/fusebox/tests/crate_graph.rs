@@ -25,7 +25,7 @@ const GRAPH: [(&str, &[&str], &[&str]); 6] = [
     ("host-io", &["fuse-core"], &[]),
     ("passthrough", &["fuse-core", "host-io"], &["host-mount"]),
     ("host-mount", &["fuse-core", "host-io"], &[]),
-    ("virtio-fs", &["fuse-core"], &["passthrough"]),
+    ("virtio-fs", &["fuse-core", "host-io"], &["passthrough"]),
     (
         "fusebox",
         &[

@@ -234,10 +234,8 @@ fn a_guarded_mapping_of_a_truncated_file_reads_zeros() {
     let p = map(&f);
     guard_mappings(&[(p as usize, len)]).unwrap();
     // SAFETY: inside the mapping; no reference is made into it.
-    assert_eq!(
-        unsafe { p.add(PAGE as usize + 1).read_volatile() },
-        data[PAGE as usize + 1]
-    );
+    let before = unsafe { p.add(PAGE as usize + 1).read_volatile() };
+    assert_eq!(before, data[PAGE as usize + 1]);
     f.set_len(PAGE).unwrap();
     // SAFETY: as above; the page is past the file's end now.
     unsafe {
