@@ -241,22 +241,37 @@ mod fence {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
-    /// Most guarded ranges ([`set_guarded`]).
-    pub(super) const GUARDED_MAX: usize = 512;
+    /// Most guarded ranges ([`add_guarded`]).
+    const GUARDED_MAX: usize = 1024;
     /// Guarded ranges, `[start, end)`; end 0: a free slot. Read by the
-    /// handler without a lock: a slot is written end last.
+    /// handler without a lock: a slot is emptied (end 0) before its start
+    /// changes, and gets its end last.
     static GUARDED: [(AtomicUsize, AtomicUsize); GUARDED_MAX] =
         [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; GUARDED_MAX];
+    /// The slot the next range goes to once every slot is taken (the
+    /// oldest); the writers' lock.
+    static NEXT: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
 
-    /// Replaces the guarded ranges (at most [`GUARDED_MAX`]; the rest are
-    /// not guarded).
-    pub(super) fn set_guarded(ranges: &[(usize, usize)]) {
-        for (i, (start, end)) in GUARDED.iter().enumerate() {
-            end.store(0, Ordering::SeqCst);
-            if let Some(&(s, len)) = ranges.get(i) {
-                start.store(s, Ordering::SeqCst);
-                end.store(s.saturating_add(len), Ordering::SeqCst);
+    /// Adds the ranges not guarded yet. A range stays guarded (a thread
+    /// may still touch memory its owner dropped from its own tables)
+    /// until every slot is taken, when the oldest slots are reused.
+    pub(super) fn add_guarded(ranges: &[(usize, usize)]) {
+        let mut next = NEXT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for &(s, len) in ranges {
+            let e = s.saturating_add(len);
+            let known = GUARDED.iter().any(|(start, end)| {
+                end.load(Ordering::SeqCst) == e && start.load(Ordering::SeqCst) == s
+            });
+            if known || len == 0 {
+                continue;
             }
+            let (start, end) = &GUARDED[*next % GUARDED_MAX];
+            *next = (*next + 1) % GUARDED_MAX;
+            end.store(0, Ordering::SeqCst);
+            start.store(s, Ordering::SeqCst);
+            end.store(e, Ordering::SeqCst);
         }
     }
 
@@ -357,7 +372,9 @@ mod fence {
         }
         // SAFETY: a fault's siginfo carries the faulting address.
         let addr = unsafe { (*info).si_addr() } as usize;
-        if fault && guarded(addr) {
+        // BUS_ADRERR: a page the file does not reach (a memory error is
+        // not papered over).
+        if code == libc::BUS_ADRERR && guarded(addr) {
             // A page of a guarded mapping past its file's end: an
             // anonymous zero page takes its place, and the access is
             // retried on it (reads see zeros, writes go nowhere).
@@ -461,7 +478,7 @@ mod fence {
         Err(MapError::Unsupported)
     }
 
-    pub(super) fn set_guarded(_: &[(usize, usize)]) {}
+    pub(super) fn add_guarded(_: &[(usize, usize)]) {}
 }
 
 use fence::fault_copy;
@@ -473,15 +490,17 @@ pub fn install_fence() -> Result<(), MapError> {
     fence::install()
 }
 
-/// Guards the shared file mappings `ranges` (`(address, length)` each,
-/// replacing the ranges guarded before; at most 512): a page of one past
-/// its file's end (the file was truncated) is replaced by a zero page when
-/// it is touched, instead of the SIGBUS killing the process. For mappings
-/// a guest may make the daemon touch (a VMM's DAX window, mapped as guest
-/// memory). Installs the SIGBUS handler first.
+/// Guards the shared file mappings `ranges` (`(address, length)` each):
+/// a page of one past its file's end (the file was truncated) is replaced
+/// by a zero page when it is touched, instead of the SIGBUS killing the
+/// process. For mappings a guest may make the daemon touch (a VMM's DAX
+/// window, mapped as guest memory). Ranges are added to those guarded
+/// before, and stay guarded (a thread may touch memory after its owner
+/// dropped it from its own tables) until 1024 are, when the oldest go.
+/// Installs the SIGBUS handler first.
 pub fn guard_mappings(ranges: &[(usize, usize)]) -> Result<(), MapError> {
     fence::install()?;
-    fence::set_guarded(ranges);
+    fence::add_guarded(ranges);
     Ok(())
 }
 

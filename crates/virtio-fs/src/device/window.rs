@@ -39,7 +39,8 @@ pub(super) struct DaxWindow {
     /// leaf lock): the frontend hands each mapping back to the device as
     /// guest memory, which [`DaxWindow::guard`] guards.
     files: Mutex<HashSet<(u64, u64)>>,
-    /// How many guest memory regions are guarded now.
+    /// How many regions of the current guest memory are window mappings
+    /// (guarded).
     guarded: AtomicUsize,
 }
 

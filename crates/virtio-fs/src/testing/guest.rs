@@ -279,6 +279,7 @@ impl GuestDriver {
         }
         let features = offered & want;
         fe.set_features(features).map_err(vhost)?;
+        let (mut window, mut backend_channel) = (None, None);
         if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
             let pf = fe.get_protocol_features().map_err(vhost)?;
             let mut keep = VhostUserProtocolFeatures::MQ;
@@ -289,6 +290,13 @@ impl GuestDriver {
                     | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
             }
             fe.set_protocol_features(pf & keep).map_err(vhost)?;
+            // As QEMU does: the back-end channel before anything else, so
+            // the device has it before any request can come.
+            if dax {
+                let (w, c) = Self::take_window(&mut fe)?;
+                window = Some(w);
+                backend_channel = Some(c);
+            }
             if fe.get_queue_num().map_err(vhost)? < nq as u64 {
                 return Err(GuestError::Config(
                     "the backend has fewer queues than asked",
@@ -345,12 +353,6 @@ impl GuestDriver {
                 fe.set_vring_enable(q, true).map_err(vhost)?;
             }
         }
-        let (window, backend_channel) = if dax {
-            let (w, c) = Self::take_window(&mut fe)?;
-            (Some(w), Some(c))
-        } else {
-            (None, None)
-        };
         let posted = (0..nq)
             .map(|_| vec![(Instant::now(), 0); usize::from(cfg.slots)])
             .collect();
