@@ -179,7 +179,8 @@ fn file_id(fd: RawFd) -> Option<(u64, u64)> {
 }
 
 fn unmap(backend: &Backend, m: &Mapping) -> Result<(), Errno> {
-    let msg = mmap_msg(m.moffset, m.len, m.foffset, m.writable);
+    // As it was mapped: writable (see `setup_mapping`).
+    let msg = mmap_msg(m.moffset, m.len, m.foffset, true);
     match backend.shmem_unmap(&msg) {
         Ok(_) => Ok(()),
         Err(e) => {
@@ -266,13 +267,15 @@ impl<F: Filesystem + 'static> FsDevice<F> {
                     unmap(backend, old)?;
                     old_unmapped = true;
                 }
+                // QEMU hands the mapping back as guest memory: `guard`
+                // knows it by its file.
+                if let Some(id) = file_id(src.fd.as_raw_fd()) {
+                    lock(&dax.files).insert(id);
+                }
                 // Writable: a file the caller may write (checked above),
                 // as QEMU 11.1 maps every range anyway; so a later
                 // request to write through it needs no remapping, which
                 // would leave a hole in the window meanwhile.
-                if let Some(id) = file_id(src.fd.as_raw_fd()) {
-                    lock(&dax.files).insert(id);
-                }
                 let msg = mmap_msg(s.moffset, s.len, s.foffset, true);
                 backend.shmem_map(&msg, &src.fd).map(drop).map_err(|e| {
                     log::warn!("DAX: the frontend refused to map {s:?}: {e}");
