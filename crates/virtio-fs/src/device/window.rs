@@ -116,8 +116,7 @@ impl DaxWindow {
     /// forgotten all the same. Only on a vring thread, with the device
     /// running: never on a reset (see `forget_all`).
     pub(super) fn unmap_all(&self) {
-        let mut st = lock(&self.state);
-        self.refresh(&mut st);
+        let mut st = self.current();
         let State { window, backend } = &mut *st;
         let (Some(window), Some(backend)) = (window.as_mut(), backend.as_ref()) else {
             return;
@@ -131,8 +130,7 @@ impl DaxWindow {
 
     /// How many mappings the window holds.
     pub(super) fn mappings(&self) -> usize {
-        let mut st = lock(&self.state);
-        self.refresh(&mut st);
+        let st = self.current();
         st.window.as_ref().map_or(0, Window::len)
     }
 
@@ -143,6 +141,14 @@ impl DaxWindow {
         let mut st = self.state.try_lock().ok()?;
         self.refresh(&mut st);
         Some(st.window.as_ref().map_or(0, Window::len))
+    }
+
+    /// The window's state, locked, with every mapping forgotten first if
+    /// the frontend dropped them meanwhile (`stale`).
+    fn current(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut st = lock(&self.state);
+        self.refresh(&mut st);
+        st
     }
 
     fn refresh(&self, st: &mut State) {
@@ -225,8 +231,7 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         // the file is opened for the call, for writing whatever the flags
         // say (see the check below).
         let handle = (arg.fh != u64::MAX).then(|| F::Handle::from(arg.fh));
-        let mut st = lock(&dax.state);
-        dax.refresh(&mut st);
+        let mut st = dax.current();
         let State { window, backend } = &mut *st;
         let window = window.as_mut().ok_or(Errno::ENOSYS)?;
         let replaced = window.check_setup(&s).map_err(|e| e.errno())?;
@@ -308,8 +313,7 @@ fn remove_mappings(dax: &DaxWindow, body: &[u8]) -> Result<(), Errno> {
         .filter_map(|c| RemovemappingOne::read_from_bytes(c).ok())
         .map(|r| (r.moffset, r.len))
         .collect();
-    let mut st = lock(&dax.state);
-    dax.refresh(&mut st);
+    let mut st = dax.current();
     let State { window, backend } = &mut *st;
     let window = window.as_mut().ok_or(Errno::ENOSYS)?;
     let maps = window.check_remove(&ranges).map_err(|e| e.errno())?;
