@@ -312,7 +312,7 @@ impl CredGuard {
                 return Ok(None);
             }
             let mine = o.get_or_init(thread::getgroups);
-            if !nested && cred.groups == *mine && !GROUPS_UNKNOWN.with(Cell::get) {
+            if !nested && same_groups(&cred.groups, mine) && !GROUPS_UNKNOWN.with(Cell::get) {
                 return Ok(None);
             }
             let back = if nested {
@@ -347,6 +347,15 @@ impl CredGuard {
         }
         Ok(g)
     }
+}
+
+/// Whether two group lists are the same. Empty lists are told apart by
+/// length alone: `==` would call memcmp with a length of 0 on their
+/// dangling pointers, and glibc's AVX-512 memcmp then makes a masked load
+/// from an unmapped page, which the CPU resolves in a slow microcode
+/// assist on every request.
+fn same_groups(a: &[u32], b: &[u32]) -> bool {
+    a.len() == b.len() && (a.is_empty() || a == b)
 }
 
 /// The capabilities setfsuid drops when the fsuid leaves 0 and raises
@@ -442,6 +451,14 @@ mod tests {
     /// Runs `f` on a new thread (guards keep per-thread state).
     fn on_thread(f: impl FnOnce() + Send + 'static) {
         std::thread::spawn(f).join().unwrap();
+    }
+
+    #[test]
+    fn group_lists_compare_by_length_then_members() {
+        assert!(same_groups(&[], &[]));
+        assert!(same_groups(&[5, 7], &[5, 7]));
+        assert!(!same_groups(&[], &[0]));
+        assert!(!same_groups(&[5, 7], &[7, 5]));
     }
 
     #[test]
