@@ -114,7 +114,7 @@ impl Filesystem for Keeper {
         _: u64,
         offset: u64,
         len: usize,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         let r = {
@@ -123,7 +123,7 @@ impl Filesystem for Keeper {
             let n = len.min(data.len() - from).min(mem.len());
             mem.write_at(0, &data[from..from + n]).map(|()| n)
         };
-        self.meddle_and_keep(mem);
+        self.meddle_and_keep(mem.clone());
         out.complete(done, r);
         Ok(())
     }
@@ -136,7 +136,7 @@ impl Filesystem for Keeper {
         _: u64,
         _: u64,
         offset: u64,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         _: u32,
         done: IoDone,
     ) -> Result<(), IoDone> {
@@ -150,7 +150,7 @@ impl Filesystem for Keeper {
             data[offset as usize..end].copy_from_slice(&buf);
             buf.len()
         });
-        self.meddle_and_keep(mem);
+        self.meddle_and_keep(mem.clone());
         out.complete(done, r);
         Ok(())
     }

@@ -126,7 +126,7 @@ impl Filesystem for PassthroughFs {
         handle: u64,
         offset: u64,
         len: usize,
-        mem: std::sync::Arc<dyn fuse_core::ClientMem>,
+        mem: &std::sync::Arc<dyn fuse_core::ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         self.op_start_read(io, out, ctx.unique, handle, offset, len, mem, done)
@@ -139,7 +139,7 @@ impl Filesystem for PassthroughFs {
         _inode: u64,
         handle: u64,
         offset: u64,
-        mem: std::sync::Arc<dyn fuse_core::ClientMem>,
+        mem: &std::sync::Arc<dyn fuse_core::ClientMem>,
         flags: u32,
         done: IoDone,
     ) -> Result<(), IoDone> {

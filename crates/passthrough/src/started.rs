@@ -207,7 +207,7 @@ impl PassthroughFs {
         fh: u64,
         off: u64,
         len: usize,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         if !self.cfg.io_uring || off > i64::MAX as u64 || len == 0 {
@@ -222,7 +222,7 @@ impl PassthroughFs {
         let mapped = h.map.may_map() && !h.odirect && !large;
         // Files without non-blocking reads (io_uring would hand each read
         // to a worker) are read synchronously, large ones aside.
-        let ring = !((!h.uring && !large) || (h.odirect && !aligned(&*mem)));
+        let ring = !((!h.uring && !large) || (h.odirect && !aligned(&**mem)));
         if !mapped && !ring {
             return Err(done);
         }
@@ -302,7 +302,7 @@ impl PassthroughFs {
         }
         let p = Pending {
             done,
-            mem,
+            mem: mem.clone(),
             h,
             off,
             len,

@@ -67,7 +67,7 @@ fn read_into(
             fh,
             off,
             len,
-            c,
+            &c,
             IoDone::new(ctx.unique),
         )
         .is_err()

@@ -118,7 +118,7 @@ fn a_started_write_is_completed_by_the_loop_that_owns_its_context_only() {
         e.nodeid,
         o.fh,
         0,
-        mem,
+        &mem,
         0,
         IoDone::new(unique),
     )

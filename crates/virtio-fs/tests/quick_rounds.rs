@@ -98,7 +98,7 @@ impl Filesystem for Cached {
         _: u64,
         off: u64,
         len: usize,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         if !mem.begin_io() {

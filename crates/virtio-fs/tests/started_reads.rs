@@ -59,7 +59,7 @@ impl Filesystem for Gate {
         _: u64,
         off: u64,
         len: usize,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         if !mem.begin_io() {
@@ -72,7 +72,7 @@ impl Filesystem for Gate {
         self.held.lock().unwrap().push(Held {
             off,
             len,
-            mem,
+            mem: mem.clone(),
             done,
         });
         Ok(())

@@ -226,7 +226,7 @@ impl Filesystem for Hold {
         _: u64,
         off: u64,
         len: usize,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         if len != LEN || !mem.begin_io() {
@@ -238,7 +238,7 @@ impl Filesystem for Hold {
             log.starter = Some(tid());
         }
         if off == IN_LINE {
-            kernel_write(&*mem, &pattern(off));
+            kernel_write(&**mem, &pattern(off));
             mem.end_io();
             out.complete(done, Ok(LEN));
             return Ok(());
@@ -246,7 +246,7 @@ impl Filesystem for Hold {
         self.0.reads.lock().unwrap().push(Started {
             unique: ctx.unique,
             off,
-            mem,
+            mem: mem.clone(),
             done,
             result: (off >= QUICK).then_some(Ok(LEN)),
         });

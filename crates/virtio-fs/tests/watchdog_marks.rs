@@ -171,13 +171,13 @@ impl Filesystem for QuickReads {
         _: u64,
         _: u64,
         len: usize,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         if len != LEN || !mem.begin_io() {
             return Err(done);
         }
-        self.held.lock().unwrap().push((mem, done));
+        self.held.lock().unwrap().push((mem.clone(), done));
         Ok(())
     }
     fn collect_started(&self, _: &mut (), out: &mut Completions) -> usize {

@@ -635,7 +635,8 @@ pub trait Filesystem: Send + Sync {
     /// before returning (a read that did not have to wait: the page cache
     /// held the data); Err(done) to have the READ served as usual
     /// ([`Filesystem::read`]). Started I/O runs once
-    /// [`Filesystem::submit_started`] is called.
+    /// [`Filesystem::submit_started`] is called. `mem` is lent: a
+    /// filesystem that keeps it past the call (started I/O) clones it.
     #[allow(clippy::too_many_arguments)]
     fn start_read(
         &self,
@@ -646,7 +647,7 @@ pub trait Filesystem: Send + Sync {
         handle: Self::Handle,
         offset: u64,
         len: usize,
-        mem: std::sync::Arc<dyn ClientMem>,
+        mem: &std::sync::Arc<dyn ClientMem>,
         done: IoDone,
     ) -> Result<(), IoDone> {
         Err(done)
@@ -670,7 +671,7 @@ pub trait Filesystem: Send + Sync {
         inode: Self::Inode,
         handle: Self::Handle,
         offset: u64,
-        mem: std::sync::Arc<dyn ClientMem>,
+        mem: &std::sync::Arc<dyn ClientMem>,
         flags: u32,
         done: IoDone,
     ) -> Result<(), IoDone> {

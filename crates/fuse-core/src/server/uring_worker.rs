@@ -25,9 +25,19 @@ pub trait RingSlot {
     /// Records the reply (error, and payload bytes written; for a READ
     /// into client memory, the bytes written there).
     fn set_reply(&mut self, error: i32, len: usize);
-    /// The client memory a READ or WRITE passes by reference, if any.
-    fn client_mem(&self) -> Option<Arc<dyn ClientMem>> {
+    /// The client memory a READ or WRITE passes by reference, if any,
+    /// taken for the time [`serve_slot`] serves the request: it lends it
+    /// on and gives it back with [`RingSlot::restore_client_mem`] before
+    /// it returns, so serving counts no reference of its own.
+    fn take_client_mem(&mut self) -> Option<Arc<dyn ClientMem>> {
         None
+    }
+    /// Gives back what [`RingSlot::take_client_mem`] took.
+    fn restore_client_mem(&mut self, _mem: Option<Arc<dyn ClientMem>>) {}
+    /// Whether the request passes client memory by reference (what
+    /// [`RingSlot::take_client_mem`] would take).
+    fn has_client_mem(&self) -> bool {
+        false
     }
     /// A WRITE's data (the request payload) as client memory, for a WRITE
     /// started without waiting ([`Dispatcher::start_write`]); its reply
@@ -84,16 +94,14 @@ impl RingSlot for Fetched {
     fn set_reply(&mut self, error: i32, len: usize) {
         Fetched::set_reply(self, error, len)
     }
-    fn client_mem(&self) -> Option<Arc<dyn ClientMem>> {
-        Fetched::client_mem(self).cloned()
+    fn take_client_mem(&mut self) -> Option<Arc<dyn ClientMem>> {
+        self.held.client.take()
     }
-    /// A WRITE's data by reference (a device's guest buffers) is its
-    /// client memory.
-    fn write_mem(&self) -> Option<Arc<dyn ClientMem>> {
-        if Fetched::in_header(self).opcode != Opcode::Write as u32 {
-            return None;
-        }
-        Fetched::client_mem(self).cloned()
+    fn restore_client_mem(&mut self, mem: Option<Arc<dyn ClientMem>>) {
+        self.held.client = mem;
+    }
+    fn has_client_mem(&self) -> bool {
+        self.held.client.is_some()
     }
     fn take_fence(&mut self) -> Option<Arc<Fence>> {
         self.held.fence.take()
@@ -161,7 +169,7 @@ pub enum Served {
     /// Parked (it waits for something outside the server): the
     /// [`Deferred`] answers it; nothing is in the entry.
     Parked,
-    /// A READ into client memory, a WRITE from its
+    /// A READ into client memory, a WRITE from client memory or its
     /// [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE, whose
     /// host I/O was started and runs on: the [`IoDone`] made for it
     /// says when, and how many bytes; then a READ's reply is `(0, bytes)`
@@ -190,7 +198,7 @@ pub fn complete_started<S: RingSlot + ?Sized>(f: &mut S, r: super::FsResult<usiz
     if opcode != Opcode::Write as u32 {
         return f.set_reply(0, n);
     }
-    let in_header = f.is_zero_copy() || f.client_mem().is_some();
+    let in_header = f.is_zero_copy() || f.has_client_mem();
     let (header, payload) = f.parts_mut();
     // Never more than the WRITE carried (its fuse_write_in is still in
     // op_in), as the synchronous path answers.
@@ -223,14 +231,29 @@ fn no_data(opcode: u32) -> bool {
 
 /// Serves the request in `f` with `disp`: as `answer_with`, and with
 /// `start` (the serving loop's host I/O context and completions) a READ
-/// into client memory, a WRITE whose slot offers [`RingSlot::write_mem`],
-/// or an FSYNC, FSYNCDIR or FALLOCATE, is started without waiting where
+/// into client memory, a WRITE from client memory or from what its slot
+/// offers as [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE, is started without waiting where
 /// the filesystem can ([`Dispatcher::start_read`],
 /// [`Dispatcher::start_write`], [`Dispatcher::start_no_data`]): its
 /// [`IoDone`] comes back into `start.done`.
 pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
+    scratch: &mut [u8],
+    defer: Option<DeferFn<'_>>,
+    start: Option<Start<'_, F::Io>>,
+) -> Served {
+    let client = f.take_client_mem();
+    let served = serve_with(disp, f, client.as_ref(), scratch, defer, start);
+    f.restore_client_mem(client);
+    served
+}
+
+/// [`serve_slot`], the slot's client memory lent as `client`.
+fn serve_with<F: Filesystem, S: RingSlot + ?Sized>(
+    disp: &Dispatcher<F>,
+    f: &mut S,
+    client: Option<&Arc<dyn ClientMem>>,
     scratch: &mut [u8],
     defer: Option<DeferFn<'_>>,
     mut start: Option<Start<'_, F::Io>>,
@@ -260,7 +283,6 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     };
 
     let sz = f.request_payload_len();
-    let client = f.client_mem();
     let mut opts = disp.decode_options();
     // A WRITE whose data is the payload buffer itself (no client memory)
     // is offered to start before `parts_mut`: the transport may hand out
@@ -292,7 +314,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     // Client memory (a device's guest buffers) is apart from the payload
     // buffer: a WRITE from it is started below, with the payload decoded.
     let write_mem = match &start {
-        Some(_) if client.is_some() && hdr.opcode == Opcode::Write as u32 => f.write_mem(),
+        Some(_) if hdr.opcode == Opcode::Write as u32 => client,
         _ => None,
     };
     // A zero-copy WRITE's reply, and a WRITE's by reference, go in `op_in`.
@@ -305,11 +327,9 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     let use_scratch = zc_write || (outp.len() < 4096 && !inp.is_empty());
     let outcome = match abi::decode_split(hdr, &header.op_in, inp, opts) {
         Ok(req) => {
-            if let (Some(st), Some(mem), true) = (
-                lend(&mut start),
-                client.as_ref(),
-                hdr.opcode == Opcode::Read as u32,
-            ) {
+            if let (Some(st), Some(mem), true) =
+                (lend(&mut start), client, hdr.opcode == Opcode::Read as u32)
+            {
                 if disp
                     .start_read(st, &req, mem, IoDone::new(hdr.unique))
                     .is_ok()
@@ -317,7 +337,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
                     return Served::Started;
                 }
             }
-            if let (Some(st), Some(mem)) = (lend(&mut start), write_mem.as_ref()) {
+            if let (Some(st), Some(mem)) = (lend(&mut start), write_mem) {
                 if let Some(done) = started(hdr.unique) {
                     if disp.start_write(st, &req, mem, done).is_ok() {
                         return Served::Started;
@@ -345,7 +365,7 @@ pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
             if let Some(f) = start.as_mut().and_then(|s| s.before_sync.as_mut()) {
                 f();
             }
-            match disp.handle_client_with(&req, out, defer, client.as_deref(), fence.as_ref()) {
+            match disp.handle_client_with(&req, out, defer, client.map(|c| &**c), fence.as_ref()) {
                 Handled::Reply(o) => Some(o),
                 Handled::NoReply => None,
                 Handled::Parked => return Served::Parked,

@@ -152,7 +152,10 @@ impl RingSlot for KernelSlot {
         // slice mutably borrows the entry.
         (&mut e.header, unsafe { e.payload.slice_mut() })
     }
-    fn client_mem(&self) -> Option<Arc<dyn fuse_core::ClientMem>> {
+    fn has_client_mem(&self) -> bool {
+        self.is_read()
+    }
+    fn take_client_mem(&mut self) -> Option<Arc<dyn fuse_core::ClientMem>> {
         self.is_read()
             .then(|| Arc::new(self.ent.payload.client_mem()) as Arc<dyn fuse_core::ClientMem>)
     }

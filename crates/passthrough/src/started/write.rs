@@ -131,7 +131,7 @@ impl PassthroughFs {
         ctx: &Ctx,
         fh: u64,
         off: u64,
-        mem: Arc<dyn ClientMem>,
+        mem: &Arc<dyn ClientMem>,
         flags: u32,
         done: IoDone,
     ) -> Result<(), IoDone> {
@@ -154,7 +154,7 @@ impl PassthroughFs {
         // file on its inode lock, so the workers add only hand-offs
         // (docs/BENCHMARKS.md, "With depth (issue 16)").
         let in_submit = h.uring && h.odirect;
-        if !in_submit || !aligned(&*mem) {
+        if !in_submit || !aligned(&**mem) {
             return Err(done);
         }
         // A caller the ID maps refuse: the usual path gives the errno.
@@ -174,7 +174,7 @@ impl PassthroughFs {
         let nodeid = h.inode.nodeid;
         let p = Pending {
             done,
-            mem,
+            mem: mem.clone(),
             h,
             off,
             len,

@@ -34,7 +34,7 @@ impl<F: Filesystem> Dispatcher<F> {
             F::Handle::from(arg.fh),
             arg.offset,
             len,
-            mem.clone(),
+            mem,
             done,
         )
     }
@@ -66,7 +66,7 @@ impl<F: Filesystem> Dispatcher<F> {
             F::Inode::from(h.nodeid),
             F::Handle::from(arg.fh),
             arg.offset,
-            mem.clone(),
+            mem,
             arg.write_flags,
             done,
         )

@@ -193,7 +193,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         handle: F::Handle,
         offset: u64,
         len: usize,
-        mem: Arc<dyn crate::chan::ClientMem>,
+        mem: &Arc<dyn crate::chan::ClientMem>,
         done: crate::server::IoDone,
     ) -> Result<(), crate::server::IoDone> {
         if self.plan.rules.is_empty() {
@@ -220,7 +220,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
             handle,
             offset,
             len,
-            mem,
+            mem: mem.clone(),
         };
         self.read_started(io, out, read, done);
         Ok(())
@@ -233,7 +233,7 @@ impl<F: Filesystem> Filesystem for Faulty<F> {
         inode: F::Inode,
         handle: F::Handle,
         offset: u64,
-        mem: Arc<dyn crate::chan::ClientMem>,
+        mem: &Arc<dyn crate::chan::ClientMem>,
         flags: u32,
         done: crate::server::IoDone,
     ) -> Result<(), crate::server::IoDone> {

@@ -282,14 +282,13 @@ impl<F: Filesystem> Faulty<F> {
             len,
             mem,
         } = read;
-        let done =
-            match self
-                .inner
-                .start_read(io, out, ctx, inode, handle, offset, len, mem.clone(), done)
-            {
-                Ok(()) => return,
-                Err(done) => done,
-            };
+        let done = match self
+            .inner
+            .start_read(io, out, ctx, inode, handle, offset, len, &mem, done)
+        {
+            Ok(()) => return,
+            Err(done) => done,
+        };
         let mut sink = MemSink {
             mem: &*mem,
             n: len.min(mem.len()),
