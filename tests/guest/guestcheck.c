@@ -28,13 +28,18 @@
  *   guestcheck listx FILE            the xattr names, one per line
  * On failure they print "errno N" and exit 1.
  *
- * And two for the DAX checks of the guest suite (a file mapped through
+ * And three for the DAX checks of the guest suite (a file mapped through
  * the device's window, tests/guest/run.sh --dax):
  *   guestcheck mapput FILE OFF STR         writes STR at OFF through a
  *                                          shared mapping, msync
  *   guestcheck mapwatch FILE OFF STR SECS  waits up to SECS for STR to
  *                                          appear at OFF of a shared
  *                                          mapping (a host write)
+ *   guestcheck mapshare FILE OFF STR       a child process writes STR at
+ *                                          OFF through a shared mapping
+ *                                          of its own; this process sees
+ *                                          it through the one it made
+ *                                          before (no msync, no remap)
  *
  * And two that print, for benches/dax-guest.sh:
  *   guestcheck randread FILE SECS  4 KiB preads at random page offsets of
@@ -239,6 +244,26 @@ static int do_mapwatch(const char *p, long off, const char *str, int secs) {
 	}
 	errno = 0;
 	FAIL("%s never appeared at %ld of the mapping", str, off);
+}
+
+static int do_mapshare(const char *p, long off, const char *str) {
+	size_t mlen, len = strlen(str);
+	long moff;
+	volatile unsigned char *at = map_at(p, off, len, PROT_READ, &mlen, &moff);
+	if (!memcmp((const void *)at, str, len)) { errno = 0; FAIL("%s is at %ld already", str, off); }
+	pid_t c = fork();
+	if (c < 0) FAIL("fork");
+	if (c == 0) {
+		unsigned char *w = map_at(p, off, len, PROT_READ | PROT_WRITE, &mlen, &moff);
+		memcpy(w, str, len);
+		_exit(0);
+	}
+	int st;
+	if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { errno = 0; FAIL("the writer failed"); }
+	size_t k = 0;
+	while (k < len && at[k] == (unsigned char)str[k]) k++;
+	if (k != len) { errno = 0; FAIL("the child's write is not seen through this mapping"); }
+	return 0;
 }
 
 static int do_randread(const char *p, int secs) {
@@ -521,6 +546,7 @@ int main(int argc, char **argv) {
 	if (argc == 3 && !strcmp(argv[1], "seqread")) return do_seqread(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "randread")) return do_randread(argv[2], atoi(argv[3]));
 	if (argc == 5 && !strcmp(argv[1], "mapput")) return do_mapput(argv[2], atol(argv[3]), argv[4]);
+	if (argc == 5 && !strcmp(argv[1], "mapshare")) return do_mapshare(argv[2], atol(argv[3]), argv[4]);
 	if (argc == 6 && !strcmp(argv[1], "mapwatch")) return do_mapwatch(argv[2], atol(argv[3]), argv[4], atoi(argv[5]));
 	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR, mapput FILE OFF STR, mapwatch FILE OFF STR SECS, randread FILE SECS, seqread FILE\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);

@@ -24,9 +24,11 @@
 # --dax serves a DAX window (--cache-size 64M) to the 6.12 guest through
 # QEMU 11.1's generic vhost-user device (scripts/qemu-shmem.sh), mounted
 # with -o dax=inode: the suite's dax-window check reads and writes a host
-# file through the window and sees a host write through a mapping; the
-# host checks what it wrote there, and that fusebox mapped and unmapped
-# ranges without an error.
+# file through the window, shares a mapping between two guest processes
+# and sees a host write through a mapping; the host checks what it wrote
+# there, that the guest's msync left no dirty page of the file in the
+# host's page cache (there were some before it), and that fusebox mapped
+# and unmapped ranges without an error.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../../scripts/lib.sh
@@ -79,13 +81,32 @@ ln -s "$work/outside-secret" "$share/esc/abs"
 head -c $((64 << 20)) /dev/urandom > "$share/host64.bin"
 sha256sum "$share/host64.bin" | cut -d' ' -f1 > "$share/host64.sha256"
 
-# The host's half of the DAX check: a file of two 2 MiB ranges, and a
-# write to it once the guest has it mapped (it makes dax-go).
+# The host's half of the DAX check: a file of two 2 MiB ranges; its
+# dirty and under-writeback pages in the host's page cache (cachestat(2))
+# once the guest wrote through the window (dax-written) and once it
+# flushed (dax-synced), each answered with a -seen file; and a write to it
+# once the guest has it mapped (it makes dax-go).
 if [ $dax = 1 ]; then
 	head -c $((4 << 20)) /dev/urandom > "$share/dax.bin"
 	sha256sum "$share/dax.bin" | cut -d' ' -f1 > "$share/dax.sha256"
+	unflushed() {
+		python3 - "$share/dax.bin" <<'EOF'
+import ctypes, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+whole = (ctypes.c_uint64 * 2)(0, 0)
+cs = (ctypes.c_uint64 * 5)()
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.syscall(451, fd, whole, cs, 0) != 0:  # cachestat
+    sys.exit("cachestat: " + os.strerror(ctypes.get_errno()))
+print(cs[1], cs[2])
+EOF
+	}
 	(
-		wait_until 9000 0.1 test -e "$share/dax-go" &&
+		wait_until 9000 0.1 test -e "$share/dax-written" &&
+			unflushed > "$work/extra/dax-written" && : > "$share/dax-written-seen" &&
+			wait_until 9000 0.1 test -e "$share/dax-synced" &&
+			unflushed > "$work/extra/dax-synced" && : > "$share/dax-synced-seen" &&
+			wait_until 9000 0.1 test -e "$share/dax-go" &&
 			printf HOSTDAX | dd of="$share/dax.bin" bs=1 seek=2101248 conv=notrunc 2>/dev/null
 	) &
 	dax_writer=$!
@@ -153,9 +174,12 @@ hcheck mmap-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys
 hcheck o-direct-data 'python3 -c "import sys; d=open(sys.argv[1],\"rb\").read(); sys.exit(d != bytes((i^(i>>8))&255 for i in range(1<<20)))" "$w/direct"'
 hcheck 64MiB-guest-to-host '[ "$(sha256sum "$share/guest64.bin" | cut -d" " -f1)" = "$(cat "$share/guest64.sha256")" ]'
 hcheck dir-10000-entries '[ "$(ls "$w/big" | wc -l)" = 10000 ]'
-hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|esc|host64.bin|host64.sha256|guest64.bin|guest64.sha256|dax.bin|dax.sha256|dax-go")" ]'
+hcheck no-stray-files '[ -z "$(ls -A "$share" | grep -vxE "work|submnt|esc|host64.bin|host64.sha256|guest64.bin|guest64.sha256|dax.bin|dax.sha256|dax-go|dax-written|dax-written-seen|dax-synced|dax-synced-seen")" ]'
 if [ $dax = 1 ]; then
-	hcheck dax-guest-writes '[ "$(dd if="$share/dax.bin" bs=1 skip=1048576 count=8 2>/dev/null)" = GUESTDAX ] && [ "$(dd if="$share/dax.bin" bs=1 skip=3145728 count=7 2>/dev/null)" = MMAPDAX ]'
+	hcheck dax-guest-writes '[ "$(dd if="$share/dax.bin" bs=1 skip=1048576 count=8 2>/dev/null)" = GUESTDAX ] && [ "$(dd if="$share/dax.bin" bs=1 skip=3145728 count=7 2>/dev/null)" = MMAPDAX ] && [ "$(dd if="$share/dax.bin" bs=1 skip=3670016 count=8 2>/dev/null)" = SHAREDAX ]'
+	# Dirty pages (and none under writeback) after the guest's write;
+	# none of either after its msync, an FSYNC the daemon served.
+	hcheck dax-fsync-flushes '[ "$(cut -d" " -f1 "$work/extra/dax-written" 2>/dev/null)" -gt 0 ] && [ "$(cat "$work/extra/dax-synced" 2>/dev/null)" = "0 0" ]'
 	# fusebox's exit report: mappings made, none refused, some removed.
 	report=$(sed -n '/frontend disconnected/,$p' "$work/fusebox.log")
 	hcheck dax-counters 'echo "$report" | grep -qE "Setupmapping +count +[1-9][0-9]* +errors +0 " && echo "$report" | grep -qE "Removemapping +count +[1-9]"'

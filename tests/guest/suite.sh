@@ -93,11 +93,25 @@ check 64MiB-guest-to-host t_guest64
 # read through the device's window; written there with write(2) and
 # through a shared mapping (the host half checks both); and a host write
 # to it is seen through a mapping here. dax-go tells the host to write.
+# Tells the host (tests/guest/run.sh) to look: makes $1 and waits for
+# the host's $1-seen.
+dax_told() {
+	: > "$M/$1" && i=0
+	while [ ! -e "$M/$1-seen" ]; do
+		[ $i -ge 120 ] && { echo "the host never looked after $1"; return 1; }
+		sleep 1; i=$((i + 1))
+	done
+}
 t_dax() {
 	f=$M/dax.bin
 	[ "$(sha256sum "$f" | cut -d' ' -f1)" = "$(cat "$M/dax.sha256")" ] || { echo "read through the window differs"; return 1; }
 	printf GUESTDAX | dd of="$f" bs=1 seek=1048576 conv=notrunc 2>/dev/null || { echo "write"; return 1; }
+	# Written through the window, not flushed: the host finds dirty pages.
+	dax_told dax-written || return 1
+	# msync(MS_SYNC) is an FSYNC: the host finds none dirty after it.
 	/guestcheck mapput "$f" 3145728 MMAPDAX || return 1
+	dax_told dax-synced || return 1
+	/guestcheck mapshare "$f" 3670016 SHAREDAX || return 1
 	sync
 	: > "$M/dax-go"
 	/guestcheck mapwatch "$f" 2101248 HOSTDAX 60
