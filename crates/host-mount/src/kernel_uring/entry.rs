@@ -131,7 +131,7 @@ impl RingSlot for KernelSlot {
     fn is_zero_copy(&self) -> bool {
         self.ent.header.ring_ent_in_out.flags & uring::ENT_ZERO_COPY != 0
     }
-    /// A READ's payload buffer is its [`RingSlot::client_mem`]: the data
+    /// A READ's payload buffer is its [`RingSlot::take_client_mem`]: the data
     /// is read there by reference, and no slice of it is handed out. Any
     /// other request's buffer is taken back from the memory lent of it
     /// before (a WRITE's [`RingSlot::write_mem`]): that memory gets EIO
