@@ -50,9 +50,19 @@ fn start(
 ) -> Option<u64> {
     let done = IoDone::new(ctx.unique);
     let m: Arc<dyn ClientMem> = mem.clone();
-    fs.start_write(&mut lp.io, &mut lp.done, ctx, node, fh, off, &m, flags, done)
-        .ok()
-        .map(|()| ctx.unique)
+    fs.start_write(
+        &mut lp.io,
+        &mut lp.done,
+        ctx,
+        node,
+        fh,
+        off,
+        &m,
+        flags,
+        done,
+    )
+    .ok()
+    .map(|()| ctx.unique)
 }
 
 /// Submits what `lp` started and takes completions until none is in
