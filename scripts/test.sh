@@ -89,7 +89,7 @@ tests/guest/run.sh --as-user tests --fsx-ops 400 --fusebox-args "--sandbox none"
 step "guest: multiqueue (bookworm-backports QEMU 10 and Linux 6.12, 4 request queues, 2 CPUs; --sandbox chroot --seccomp none, POSIX ACLs, guest RAM as fixed buffers)"
 tests/guest/run.sh --backports --queues 4 --smp 2 --min-queues-used 2 --fusebox-args "--sandbox chroot --seccomp none --posix-acl --fixed-guest-memory"
 
-step "guest: DAX (QEMU 11.1.3's generic vhost-user device with vhost-user shared memory, Linux 6.12 mounted -o dax=inode, --cache-size 64M; the suite with a file read and written through the window and a host write seen through a guest mapping)"
+step "guest: DAX (QEMU 11.1.3's generic vhost-user device with vhost-user shared memory, Linux 6.12 mounted -o dax=inode, --cache-size 64M; the suite with a file read and written through the window, a mapping shared by two guest processes, the guest's msync leaving no dirty host page, and a host write seen through a guest mapping)"
 tests/guest/run.sh --dax --fsx-ops 1000
 
 step "guest: security labels and xattr mapping from a guest running SELinux (FUSE_SECURITY_CTX; --xattrmap under user.virtiofs. and trusted.virtiofs.; Linux 6.1, label after the arguments, and 6.12, a request extension)"

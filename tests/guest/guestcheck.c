@@ -548,7 +548,7 @@ int main(int argc, char **argv) {
 	if (argc == 5 && !strcmp(argv[1], "mapput")) return do_mapput(argv[2], atol(argv[3]), argv[4]);
 	if (argc == 5 && !strcmp(argv[1], "mapshare")) return do_mapshare(argv[2], atol(argv[3]), argv[4]);
 	if (argc == 6 && !strcmp(argv[1], "mapwatch")) return do_mapwatch(argv[2], atol(argv[3]), argv[4], atoi(argv[5]));
-	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR, mapput FILE OFF STR, mapwatch FILE OFF STR SECS, randread FILE SECS, seqread FILE\n"); return 2; }
+	if (argc != 3) { fprintf(stderr, "usage: guestcheck xattr|lock|mmap|direct|acl FILE, getx NAME FILE, setx NAME VALUE FILE, listx FILE, put SRC DST, hold DIR N FILE, relock FILE, owners DIR, mapput FILE OFF STR, mapshare FILE OFF STR, mapwatch FILE OFF STR SECS, randread FILE SECS, seqread FILE\n"); return 2; }
 	if (!strcmp(argv[1], "xattr")) return do_xattr(argv[2]);
 	if (!strcmp(argv[1], "lock")) return do_lock(argv[2]);
 	if (!strcmp(argv[1], "mmap")) return do_mmap(argv[2]);

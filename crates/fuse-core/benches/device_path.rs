@@ -30,9 +30,10 @@
 //! filesystem; also the copied form of that READ (zero_copy off: a pool
 //! buffer and a reply copy).
 //!
-//! It runs on the allocator the `fusebox` binary runs on, mimalloc: with
-//! glibc's malloc a batch of 16 tickets overflows the per-thread cache
-//! and most frees take the slow path, a cost the device does not pay.
+//! It runs on the allocator the `fusebox` binary runs on, mimalloc (its
+//! default options; the binary commits arenas on demand): with glibc's
+//! malloc a batch of 16 tickets overflows the per-thread cache and most
+//! frees take the slow path, a cost the device does not pay.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fuse_core::abi::{init, Attr, GetattrIn, Opcode, ReadIn};

@@ -34,15 +34,18 @@ pub trait RingSlot {
     }
     /// Gives back what [`RingSlot::take_client_mem`] took.
     fn restore_client_mem(&mut self, _mem: Option<Arc<dyn ClientMem>>) {}
-    /// Whether the request passes client memory by reference (what
-    /// [`RingSlot::take_client_mem`] would take).
+    /// Whether the request passes client memory by reference: what
+    /// [`RingSlot::take_client_mem`] would take (the two must agree; a
+    /// WRITE by reference gets its reply in the header's `op_in`).
     fn has_client_mem(&self) -> bool {
         false
     }
     /// A WRITE's data (the request payload) as client memory, for a WRITE
-    /// started without waiting ([`Dispatcher::start_write`]); its reply
-    /// still goes where any WRITE's does, set by the transport when the
-    /// write completes. None: WRITEs are served synchronously.
+    /// not by reference started without waiting
+    /// ([`Dispatcher::start_write`]); its reply still goes where any
+    /// WRITE's does, set by the transport when the write completes. None:
+    /// such WRITEs are served synchronously (a WRITE by reference is
+    /// started from its client memory).
     fn write_mem(&self) -> Option<Arc<dyn ClientMem>> {
         None
     }
@@ -232,10 +235,11 @@ fn no_data(opcode: u32) -> bool {
 /// Serves the request in `f` with `disp`: as `answer_with`, and with
 /// `start` (the serving loop's host I/O context and completions) a READ
 /// into client memory, a WRITE from client memory or from what its slot
-/// offers as [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE, is started without waiting where
-/// the filesystem can ([`Dispatcher::start_read`],
-/// [`Dispatcher::start_write`], [`Dispatcher::start_no_data`]): its
-/// [`IoDone`] comes back into `start.done`.
+/// offers as [`RingSlot::write_mem`], or an FSYNC, FSYNCDIR or FALLOCATE,
+/// is started without waiting where the filesystem can
+/// ([`Dispatcher::start_read`], [`Dispatcher::start_write`],
+/// [`Dispatcher::start_no_data`]): its [`IoDone`] comes back into
+/// `start.done`.
 pub fn serve_slot<F: Filesystem, S: RingSlot + ?Sized>(
     disp: &Dispatcher<F>,
     f: &mut S,
