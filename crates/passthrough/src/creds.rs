@@ -349,7 +349,7 @@ impl CredGuard {
     }
 }
 
-/// Whether two group lists are the same. Empty lists are told apart by
+/// Whether two group lists are the same. Empty lists are compared by
 /// length alone: `==` would call memcmp with a length of 0 on their
 /// dangling pointers, and glibc's AVX-512 memcmp then makes a masked load
 /// from an unmapped page, which the CPU resolves in a slow microcode
