@@ -393,21 +393,16 @@ fn window_sizes_the_frontend_cannot_offer_are_refused() {
 
 #[test]
 fn a_guest_with_ranges_mapped_cannot_migrate() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
     let save = |dev: &FsDevice<passthrough::PassthroughFs>| {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two fds pipe2 writes.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: pipe2 just made both fds; each is owned once, here.
-        let (rd, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (mut rd, w) = common::pipe();
         dev.set_device_state_fd(
             VhostTransferStateDirection::SAVE,
             VhostTransferStatePhase::STOPPED,
-            w.into(),
+            w,
         )?;
         let mut state = Vec::new();
-        std::io::Read::read_to_end(&mut std::fs::File::from(rd), &mut state)?;
+        std::io::Read::read_to_end(&mut rd, &mut state)?;
         dev.check_device_state()
     };
     let mut s = setup("migrate", WINDOW);

@@ -6,10 +6,10 @@
 
 mod common;
 
+use common::pipe;
 use fuse_core::abi::ROOT_ID;
 use passthrough::{Config, PassthroughFs};
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 use vhost_user_backend::VhostUserBackend;
@@ -25,15 +25,6 @@ fn device(dir: &std::path::Path) -> FsDevice<PassthroughFs> {
         },
     )
     .unwrap()
-}
-
-fn pipe() -> (std::fs::File, std::fs::File) {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two fds pipe2 writes.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: pipe2 just made both fds; each is owned once, here.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    (r.into(), w.into())
 }
 
 fn save(dev: &FsDevice<PassthroughFs>) -> Vec<u8> {

@@ -160,17 +160,30 @@ pub struct GuestDriver {
     forgets_out: u16,
     /// The DAX window's frontend side ([`GuestDriver::connect_with_window`]).
     window: Option<Arc<FrontendWindow>>,
-    /// The back-end channel's socket (a duplicate, to shut it down) and
-    /// the thread that serves it.
-    backend_channel: Option<(OwnedFd, std::thread::JoinHandle<()>)>,
+    /// The back-end channel, served while the driver lives.
+    backend_channel: Option<BackendChannel>,
 }
 
 impl Drop for GuestDriver {
     fn drop(&mut self) {
-        if let Some((fd, thread)) = self.backend_channel.take() {
-            // SAFETY: shutdown of a socket this driver owns a descriptor of.
-            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
-            let _ = thread.join();
+        // The back-end channel stops first, while the connection is up.
+        drop(self.backend_channel.take());
+    }
+}
+
+/// The frontend's end of the back-end channel: its socket (a duplicate,
+/// to shut it down) and the thread that serves it, stopped on drop.
+struct BackendChannel {
+    fd: OwnedFd,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for BackendChannel {
+    fn drop(&mut self) {
+        // SAFETY: shutdown of a socket this channel owns a descriptor of.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
@@ -377,10 +390,7 @@ impl GuestDriver {
 
     /// The window's size from the backend, and a thread serving its map
     /// requests on a new back-end channel.
-    #[allow(clippy::type_complexity)]
-    fn take_window(
-        fe: &mut Frontend,
-    ) -> Result<(Arc<FrontendWindow>, (OwnedFd, std::thread::JoinHandle<()>)), GuestError> {
+    fn take_window(fe: &mut Frontend) -> Result<(Arc<FrontendWindow>, BackendChannel), GuestError> {
         let c = fe.get_shmem_config().map_err(vhost)?;
         if c.nregions != 1 {
             return Err(GuestError::Config("the backend has no DAX window"));
@@ -401,7 +411,13 @@ impl GuestDriver {
                 handler.handle_request()
             {}
         });
-        Ok((window, (dup, thread)))
+        Ok((
+            window,
+            BackendChannel {
+                fd: dup,
+                thread: Some(thread),
+            },
+        ))
     }
 
     /// The vhost-user connection, to send more messages (ADD_MEM_REG of a

@@ -5,6 +5,7 @@
 
 use fuse_core::abi::{InHeader, Opcode, OutHeader};
 use fuse_core::server::Filesystem;
+use std::os::fd::{FromRawFd, OwnedFd};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_fs::{DeviceConfig, FsDevice, GuestMem, GuestMmap};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
@@ -550,4 +551,14 @@ pub fn getattr(unique: u64, uid: u32) -> Vec<u8> {
         uid,
         fuse_core::abi::GetattrIn::new_zeroed().as_bytes(),
     )
+}
+
+/// A pipe (read end, write end), both close-on-exec.
+pub fn pipe() -> (std::fs::File, std::fs::File) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two fds pipe2 writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: pipe2 just made both fds; each is owned once, here.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    (r.into(), w.into())
 }
