@@ -19,9 +19,8 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use zerocopy::FromBytes;
 
 /// The window's mappings and the frontend's back-end channel.
-#[derive(Default)]
 struct State {
-    window: Option<Window>,
+    window: Window,
     backend: Option<Backend>,
 }
 
@@ -51,7 +50,7 @@ impl DaxWindow {
         let window = Window::new(size, 4096)?;
         Some(DaxWindow {
             state: Mutex::new(State {
-                window: Some(window),
+                window,
                 backend: None,
             }),
             stale: AtomicBool::new(false),
@@ -96,7 +95,7 @@ impl DaxWindow {
 
     /// The window's size.
     pub(super) fn size(&self) -> u64 {
-        lock(&self.state).window.as_ref().map_or(0, Window::size)
+        lock(&self.state).window.size()
     }
 
     /// The frontend's new back-end channel (its mappings are its own).
@@ -118,7 +117,7 @@ impl DaxWindow {
     pub(super) fn unmap_all(&self) {
         let mut st = self.current();
         let State { window, backend } = &mut *st;
-        let (Some(window), Some(backend)) = (window.as_mut(), backend.as_ref()) else {
+        let Some(backend) = backend.as_ref() else {
             return;
         };
         let all: Vec<Mapping> = window.mappings().copied().collect();
@@ -131,7 +130,7 @@ impl DaxWindow {
     /// How many mappings the window holds.
     pub(super) fn mappings(&self) -> usize {
         let st = self.current();
-        st.window.as_ref().map_or(0, Window::len)
+        st.window.len()
     }
 
     /// [`DaxWindow::mappings`] without waiting: None while a mapping
@@ -140,7 +139,7 @@ impl DaxWindow {
     pub(super) fn mappings_now(&self) -> Option<usize> {
         let mut st = self.state.try_lock().ok()?;
         self.refresh(&mut st);
-        Some(st.window.as_ref().map_or(0, Window::len))
+        Some(st.window.len())
     }
 
     /// The window's state, locked, with every mapping forgotten first if
@@ -153,9 +152,7 @@ impl DaxWindow {
 
     fn refresh(&self, st: &mut State) {
         if self.stale.swap(false, Ordering::SeqCst) {
-            if let Some(w) = st.window.as_mut() {
-                w.clear();
-            }
+            st.window.clear();
         }
     }
 }
@@ -233,7 +230,6 @@ impl<F: Filesystem + 'static> FsDevice<F> {
         let handle = (arg.fh != u64::MAX).then(|| F::Handle::from(arg.fh));
         let mut st = dax.current();
         let State { window, backend } = &mut *st;
-        let window = window.as_mut().ok_or(Errno::ENOSYS)?;
         let replaced = window.check_setup(&s).map_err(|e| e.errno())?;
         // Without the back-end channel the frontend cannot map anything.
         let backend = backend.as_ref().ok_or(Errno(libc::EOPNOTSUPP))?;
@@ -315,7 +311,6 @@ fn remove_mappings(dax: &DaxWindow, body: &[u8]) -> Result<(), Errno> {
         .collect();
     let mut st = dax.current();
     let State { window, backend } = &mut *st;
-    let window = window.as_mut().ok_or(Errno::ENOSYS)?;
     let maps = window.check_remove(&ranges).map_err(|e| e.errno())?;
     let backend = backend.as_ref().ok_or(Errno(libc::EOPNOTSUPP))?;
     for m in maps {
