@@ -203,7 +203,7 @@ if [ "$used" -lt "$min_used" ]; then
 fi
 # With guest RAM as fixed buffers, reads through the ring used them.
 case " $fb_args " in *" --fixed-guest-memory "*)
-	fixed=$(sed -n 's/.*(\([0-9]*\) into fixed guest memory).*/\1/p' "$work/fusebox.log" | tail -1)
+	fixed=$(sed -n 's/.*(\([0-9]*\) into fixed guest memory;.*/\1/p' "$work/fusebox.log" | tail -1)
 	echo "guest-run: ${fixed:-no} reads into fixed guest memory"
 	[ "${fixed:-0}" -gt 0 ] || { echo "guest-run: FAIL no read used the fixed guest memory"; status=1; } ;;
 esac

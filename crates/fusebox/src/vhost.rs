@@ -137,12 +137,14 @@ fn socket_group(path: &std::path::Path, group: &str) -> Result<(), VhostError> {
 fn report(dev: &FsDevice<Faulty<PassthroughFs>>) -> String {
     let n = dev.engine().fs().inner().io_counts();
     format!(
-        "{}host I/O: reads {} through io_uring ({} into fixed guest memory), {} by syscall; \
+        "{}host I/O: reads {} through io_uring ({} into fixed guest memory; {} with no synchronous try \
+         of the page cache), {} by syscall; \
          {} copied from a mapping of the file ({} stopped by a truncation); \
          writes {} through io_uring ({} from fixed guest memory), {} by syscall",
         dev.report(),
         n.read_uring,
         n.read_fixed,
+        n.read_cold_skips,
         n.read_syscall,
         n.read_mapped,
         n.read_mapped_faults,

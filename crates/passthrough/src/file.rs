@@ -38,6 +38,8 @@ pub struct HandleData {
     /// Its mapping for cached READs and their residency checks
     /// (`mapped.rs`).
     pub(crate) map: crate::mapped::MapSlot,
+    /// Whether its reads lately found nothing cached (`cold.rs`).
+    pub(crate) cold: crate::cold::ColdHint,
     /// Who opened it (uid, gid, and the groups it had then): a writeback
     /// WRITE runs as the opener, since the client kernel sends those with
     /// uid = gid = 0 and a flusher thread's pid (`force && nocreds`).

@@ -32,6 +32,8 @@ pub struct IoStats {
     mapped: std::sync::atomic::AtomicU64,
     /// Mapped READs a SIGBUS stopped (then read the usual way).
     mapped_faults: std::sync::atomic::AtomicU64,
+    /// READs started on a ring with no synchronous try (`cold.rs`).
+    cold_skips: std::sync::atomic::AtomicU64,
     /// Ops in flight on the workers' rings, by request unique.
     pub cancels: std::sync::Arc<host_io::CancelRegistry>,
     /// Rings free for I/O served synchronously (each taken for one call).
@@ -54,6 +56,10 @@ impl IoStats {
     }
     pub(super) fn count_mapped_fault(&self) {
         self.mapped_faults
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub(super) fn count_cold_skip(&self) {
+        self.cold_skips
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     pub(super) fn count_sync_started(&self) {
@@ -85,6 +91,7 @@ impl IoStats {
             read_mapped_faults: self
                 .mapped_faults
                 .load(std::sync::atomic::Ordering::Relaxed),
+            read_cold_skips: self.cold_skips.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -117,6 +124,10 @@ pub struct IoCounts {
     /// Mapped READs a SIGBUS stopped (a host truncation; then read the
     /// usual way and counted there).
     pub read_mapped_faults: u64,
+    /// Of the reads through io_uring, those started with no synchronous
+    /// try of the page cache first: their handle's reads kept finding
+    /// nothing cached.
+    pub read_cold_skips: u64,
 }
 
 pub(super) fn errno(e: std::io::Error) -> Errno {

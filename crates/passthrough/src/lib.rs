@@ -17,6 +17,7 @@
 mod backing;
 mod caller;
 mod client_io;
+mod cold;
 mod config;
 mod creds;
 mod entry;

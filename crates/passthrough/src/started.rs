@@ -261,9 +261,12 @@ impl PassthroughFs {
         // What the page cache holds is read now, synchronously: a cached read
         // started on the ring costs more than it does (the ring's own
         // bookkeeping, an eventfd signal, a wake-up) and completes inside
-        // the submit anyway. Only what would wait for the disk goes on.
+        // the submit anyway. Only what would wait for the disk goes on;
+        // a handle whose reads keep missing skips the try (`cold.rs`).
         let mut got = 0;
-        if !h.odirect && !large {
+        if !h.odirect && !large && !h.cold.try_cache() {
+            self.io_stats.count_cold_skip();
+        } else if !h.odirect && !large {
             let fd = h.fd.raw();
             // SAFETY: `ClientMem`'s contract: while the memory is held for
             // I/O (begin_io above, until end_io below or the started read's
@@ -290,9 +293,17 @@ impl PassthroughFs {
                         None
                     }
                 },
-                // Not cached (EAGAIN), or an error the ring will report.
-                Err(_) => None,
+                // Not cached, or an error the ring will report.
+                Err(e) => {
+                    if e == Errno::EAGAIN {
+                        h.cold.miss();
+                    }
+                    None
+                }
             };
+            if answered.is_some() || got > 0 {
+                h.cold.hit();
+            }
             if let Some(n) = answered {
                 self.io_stats.count(false, false);
                 mem.end_io();

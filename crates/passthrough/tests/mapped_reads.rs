@@ -9,14 +9,10 @@
 
 mod common;
 
-use common::{Kind, Loop, Mem, Mount, Via};
+use common::{read, read_into, Kind, Loop, Mem, Mount, Via};
 use fuse_core::abi::ROOT_ID;
-use fuse_core::server::{Ctx, Filesystem, FsResult, IoDone};
-use fuse_core::ClientMem;
 use passthrough::Config;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PAGE: usize = 4096;
@@ -25,72 +21,6 @@ const SIZE: usize = 64 * PAGE;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i / 3 % 251) as u8 ^ seed).collect()
-}
-
-/// Offers a READ of `len` bytes at `off` of handle `fh` to `m`'s
-/// filesystem on `lp`, as a serving loop does: a cached read is answered
-/// at once, one started on the ring when it completes; one it declines (a file with no non-blocking reads, such as
-/// tmpfs, not read through a mapping) is served the usual way, through
-/// the client. Returns the answer and the bytes read.
-fn read(
-    m: &Mount,
-    lp: &mut Loop,
-    h: (u64, u64),
-    off: u64,
-    len: usize,
-) -> (FsResult<usize>, Vec<u8>) {
-    read_into(m, lp, h, off, Mem::new(&vec![0xee; len], 0))
-}
-
-/// [`read`] into `mem` (its length).
-fn read_into(
-    m: &Mount,
-    lp: &mut Loop,
-    (node, fh): (u64, u64),
-    off: u64,
-    mem: Arc<Mem>,
-) -> (FsResult<usize>, Vec<u8>) {
-    let len = mem.len();
-    static UNIQUE: AtomicU64 = AtomicU64::new(1 << 40);
-    let ctx = Ctx {
-        unique: UNIQUE.fetch_add(2, Ordering::Relaxed),
-        ..Ctx::default()
-    };
-    let c: Arc<dyn ClientMem> = mem.clone();
-    let fs = m.fs();
-    if fs
-        .start_read(
-            &mut lp.io,
-            &mut lp.done,
-            &ctx,
-            node,
-            fh,
-            off,
-            len,
-            &c,
-            IoDone::new(ctx.unique),
-        )
-        .is_err()
-    {
-        assert_eq!(mem.held(), 0, "memory held by a declined read");
-        let got = m.client.read(node, fh, off, len as u32).unwrap();
-        return (Ok(got.len()), got);
-    }
-    // Started on the ring (O_DIRECT): submitted and waited for.
-    let t = Instant::now();
-    let r = loop {
-        if let Ok(r) = lp.answer(ctx.unique) {
-            break r;
-        }
-        lp.submit(fs);
-        fs.collect_started(&mut lp.io, &mut lp.done);
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "a read never answered"
-        );
-    };
-    assert_eq!(mem.held(), 0, "memory held after the answer");
-    (r, mem.bytes())
 }
 
 /// A mount of `kind` with a file "f" of `SIZE` pattern bytes, in the

@@ -129,6 +129,7 @@ impl PassthroughFs {
                 backing,
                 dir: Mutex::new(()),
                 map: MapSlot::new(mappable),
+                cold: Default::default(),
                 opener,
             },
             at,

@@ -9,15 +9,16 @@ use fuse_core::client::Client;
 use fuse_core::server::{
     run_device_worker, run_ring_worker, serve_device, Dispatcher, ServerConfig,
 };
-use fuse_core::server::{Completions, Filesystem, FsResult};
+use fuse_core::server::{Completions, Ctx, Filesystem, FsResult, IoDone};
 use fuse_core::{Chan, ChanConfig, ClientMem, Errno, HostSpan};
 use passthrough::{Config, PassthroughFs, PassthroughIo};
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -308,6 +309,72 @@ impl Loop {
         }
         self.answers.remove(&unique).ok_or("not answered")
     }
+}
+
+/// Offers a READ of `len` bytes at `off` of handle `fh` to `m`'s
+/// filesystem on `lp`, as a serving loop does: a cached read is answered
+/// at once, one started on the ring when it completes; one it declines (a file with no non-blocking reads, such as
+/// tmpfs, not read through a mapping) is served the usual way, through
+/// the client. Returns the answer and the bytes read.
+pub fn read(
+    m: &Mount,
+    lp: &mut Loop,
+    h: (u64, u64),
+    off: u64,
+    len: usize,
+) -> (FsResult<usize>, Vec<u8>) {
+    read_into(m, lp, h, off, Mem::new(&vec![0xee; len], 0))
+}
+
+/// [`read`] into `mem` (its length).
+pub fn read_into(
+    m: &Mount,
+    lp: &mut Loop,
+    (node, fh): (u64, u64),
+    off: u64,
+    mem: Arc<Mem>,
+) -> (FsResult<usize>, Vec<u8>) {
+    let len = mem.len();
+    static UNIQUE: AtomicU64 = AtomicU64::new(1 << 40);
+    let ctx = Ctx {
+        unique: UNIQUE.fetch_add(2, Ordering::Relaxed),
+        ..Ctx::default()
+    };
+    let c: Arc<dyn ClientMem> = mem.clone();
+    let fs = m.fs();
+    if fs
+        .start_read(
+            &mut lp.io,
+            &mut lp.done,
+            &ctx,
+            node,
+            fh,
+            off,
+            len,
+            &c,
+            IoDone::new(ctx.unique),
+        )
+        .is_err()
+    {
+        assert_eq!(mem.held(), 0, "memory held by a declined read");
+        let got = m.client.read(node, fh, off, len as u32).unwrap();
+        return (Ok(got.len()), got);
+    }
+    // Started on the ring (O_DIRECT): submitted and waited for.
+    let t = Instant::now();
+    let r = loop {
+        if let Ok(r) = lp.answer(ctx.unique) {
+            break r;
+        }
+        lp.submit(fs);
+        fs.collect_started(&mut lp.io, &mut lp.done);
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "a read never answered"
+        );
+    };
+    assert_eq!(mem.held(), 0, "memory held after the answer");
+    (r, mem.bytes())
 }
 
 /// Client memory: one raw, page-aligned allocation (no Rust object)

@@ -1,0 +1,103 @@
+//! READs of a handle whose reads keep finding nothing in the page cache
+//! skip the synchronous preadv2(RWF_NOWAIT) try and are started on the
+//! serving loop's ring at once (`cold.rs`); once the file is cached they
+//! are answered at once again. Offered with `Filesystem::start_read` on
+//! this thread, as a serving loop does, on ext4 on a loop device (tmpfs
+//! has no non-blocking reads), mapped reads off. Needs root.
+
+mod common;
+
+use common::{read, Kind, Loop, Mount, Via};
+use fuse_core::abi::ROOT_ID;
+use passthrough::Config;
+use std::os::fd::AsRawFd;
+
+const PAGE: usize = 4096;
+/// The test file: 16 MiB.
+const PAGES: usize = 4096;
+/// Pages apart the cold reads are: past what the kernel reads ahead of a
+/// small read, so no cold read finds its page cached by one before it.
+const STRIDE: usize = 64;
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i / 5 % 253) as u8).collect()
+}
+
+/// Drops the file's pages from the host's page cache (written back first).
+fn drop_cache(path: &std::path::Path) {
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: fadvise on an open fd; no memory is passed.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+}
+
+#[test]
+fn reads_that_keep_missing_skip_the_synchronous_try_until_the_file_is_cached() {
+    let cfg = Config {
+        mapped_reads: false,
+        ..Config::default()
+    };
+    let m = Mount::new(Kind::Ext4, cfg, Via::Device(1));
+    let data = pattern(PAGES * PAGE);
+    std::fs::write(m.path("f"), &data).unwrap();
+    let e = m.client.lookup(ROOT_ID, b"f").unwrap();
+    let o = m.client.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    let h = (e.nodeid, o.fh);
+    let fs = m.fs();
+    let mut lp = Loop::new(fs);
+    let mut check = |page: usize| {
+        let off = page * PAGE;
+        let (r, got) = read(&m, &mut lp, h, off as u64, PAGE);
+        assert_eq!(r, Ok(PAGE), "page {page}");
+        assert!(got == data[off..off + PAGE], "page {page}: wrong bytes");
+    };
+
+    // Cold: every read misses. The first few try the page cache and find
+    // nothing; after them most reads go to the ring with no try.
+    drop_cache(&m.path("f"));
+    let before = fs.io_counts();
+    let cold = PAGES / STRIDE;
+    for i in 0..cold {
+        check(i * STRIDE);
+    }
+    let after = fs.io_counts();
+    let skipped = after.read_cold_skips - before.read_cold_skips;
+    assert_eq!(
+        after.read_syscall, before.read_syscall,
+        "a cold read answered at once: {after:?}"
+    );
+    assert_eq!(after.read_uring - before.read_uring, cold as u64);
+    assert!(
+        skipped >= (cold * 3 / 4) as u64,
+        "{skipped} of {cold} cold reads skipped the try"
+    );
+    assert!(skipped < cold as u64, "the first reads try");
+
+    // Cached: a try finds the data within the longest skip, and from
+    // then on every read is answered at once.
+    std::fs::read(m.path("f")).unwrap();
+    let mut tries = 0;
+    let mut page = 1;
+    loop {
+        let n = fs.io_counts().read_syscall;
+        check(page);
+        page += STRIDE;
+        tries += 1;
+        if fs.io_counts().read_syscall > n {
+            break;
+        }
+        assert!(
+            tries <= 129,
+            "a cached file still skipped after {tries} reads"
+        );
+    }
+    let before = fs.io_counts();
+    for i in 0..32 {
+        check((page + i * 3) % PAGES);
+    }
+    let after = fs.io_counts();
+    assert_eq!(after.read_cold_skips, before.read_cold_skips);
+    assert_eq!(after.read_syscall - before.read_syscall, 32, "{after:?}");
+    m.client.release(e.nodeid, o.fh, 0).unwrap();
+}
