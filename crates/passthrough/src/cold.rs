@@ -6,13 +6,18 @@
 //!
 //! A cached read answered by preadv2 costs less than one started on the
 //! ring, but a read of uncached data pays for both: the failed preadv2 (a
-//! system call and a page-cache walk) and the ring's read after it. After
+//! system call and a page-cache walk, which also starts the disk read)
+//! and the ring's read after it. A skipped read's disk read starts when
+//! the ring's submission takes it instead (`--submit-batch` started
+//! requests at most after its pop, or at the end of the round). After
 //! [`MISS_RUN`] misses in a row a handle skips preadv2 for its next
 //! [`FIRST_SKIP`] reads; the read after a skip tries again, and a miss
 //! there skips twice as many (up to [`MAX_SKIP`]). A read that finds any
 //! of its data cached ends the skipping. The counts are hints shared by
-//! every thread that reads the handle and moved without a lock: a lost
-//! update moves one decision, never an answer.
+//! every thread that reads the handle and moved without a lock: threads
+//! racing may double a skip more than once or restore one a hit just
+//! ended (a warm handle then sends at most [`MAX_SKIP`] reads to the
+//! ring), never more, and never change an answer.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
@@ -31,7 +36,7 @@ pub(crate) struct ColdHint {
     misses: AtomicU32,
     /// Reads left to skip.
     skip: AtomicU32,
-    /// How many the last skip was (0: no miss since the last hit).
+    /// How many the last skip was (0: not skipping since the last hit).
     run: AtomicU32,
 }
 

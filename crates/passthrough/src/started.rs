@@ -264,8 +264,9 @@ impl PassthroughFs {
         // the submit anyway. Only what would wait for the disk goes on;
         // a handle whose reads keep missing skips the try (`cold.rs`).
         let mut got = 0;
+        let mut skipped = false;
         if !h.odirect && !large && !h.cold.try_cache() {
-            self.io_stats.count_cold_skip();
+            skipped = true;
         } else if !h.odirect && !large {
             let fd = h.fd.raw();
             // SAFETY: `ClientMem`'s contract: while the memory is held for
@@ -293,9 +294,10 @@ impl PassthroughFs {
                         None
                     }
                 },
-                // Not cached, or an error the ring will report.
+                // Not cached (EAGAIN; EOPNOTSUPP: this file cannot say, so
+                // every try would fail), or an error the ring will report.
                 Err(e) => {
-                    if e == Errno::EAGAIN {
+                    if e == Errno::EAGAIN || e == Errno(libc::EOPNOTSUPP) {
                         h.cold.miss();
                     }
                     None
@@ -323,7 +325,11 @@ impl PassthroughFs {
             punt: large,
             write: None,
         };
-        self.start_pending(io, p)
+        let started = self.start_pending(io, p);
+        if skipped && started.is_ok() {
+            self.io_stats.count_cold_skip();
+        }
+        started
     }
 
     /// Starts `p` (memory held for I/O) on `io` and records it there, or

@@ -46,9 +46,9 @@ fn reads_that_keep_missing_skip_the_synchronous_try_until_the_file_is_cached() {
     let h = (e.nodeid, o.fh);
     let fs = m.fs();
     let mut lp = Loop::new(fs);
-    let mut check = |page: usize| {
+    let check = |lp: &mut Loop, page: usize| {
         let off = page * PAGE;
-        let (r, got) = read(&m, &mut lp, h, off as u64, PAGE);
+        let (r, got) = read(&m, lp, h, off as u64, PAGE);
         assert_eq!(r, Ok(PAGE), "page {page}");
         assert!(got == data[off..off + PAGE], "page {page}: wrong bytes");
     };
@@ -59,7 +59,7 @@ fn reads_that_keep_missing_skip_the_synchronous_try_until_the_file_is_cached() {
     let before = fs.io_counts();
     let cold = PAGES / STRIDE;
     for i in 0..cold {
-        check(i * STRIDE);
+        check(&mut lp, i * STRIDE);
     }
     let after = fs.io_counts();
     let skipped = after.read_cold_skips - before.read_cold_skips;
@@ -68,21 +68,34 @@ fn reads_that_keep_missing_skip_the_synchronous_try_until_the_file_is_cached() {
         "a cold read answered at once: {after:?}"
     );
     assert_eq!(after.read_uring - before.read_uring, cold as u64);
+    // (4 misses, then skips of 8, 16 and 32 with a try after each, and the
+    // first read of a skip of 64: 57 of 64.)
     assert!(
         skipped >= (cold * 3 / 4) as u64,
         "{skipped} of {cold} cold reads skipped the try"
     );
     assert!(skipped < cold as u64, "the first reads try");
 
-    // Cached: a try finds the data within the longest skip, and from
-    // then on every read is answered at once.
+    // A cold read across the end of the file: the ring's short read.
+    let before = fs.io_counts();
+    let off = PAGES * PAGE - 1000;
+    let (r, got) = read(&m, &mut lp, h, off as u64, PAGE);
+    assert_eq!(r, Ok(1000));
+    assert!(got[..1000] == data[off..], "the file's last bytes");
+    let after = fs.io_counts();
+    // (The short read is continued once, to find the end.)
+    assert!(after.read_uring > before.read_uring, "{after:?}");
+    assert_eq!(after.read_syscall, before.read_syscall);
+
+    // Cached: a try finds the data within the longest skip (128 reads)
+    // and its try, and from then on every read is answered at once.
     std::fs::read(m.path("f")).unwrap();
     let mut tries = 0;
     let mut page = 1;
     loop {
         let n = fs.io_counts().read_syscall;
-        check(page);
-        page += STRIDE;
+        check(&mut lp, page);
+        page = (page + STRIDE) % PAGES;
         tries += 1;
         if fs.io_counts().read_syscall > n {
             break;
@@ -94,7 +107,7 @@ fn reads_that_keep_missing_skip_the_synchronous_try_until_the_file_is_cached() {
     }
     let before = fs.io_counts();
     for i in 0..32 {
-        check((page + i * 3) % PAGES);
+        check(&mut lp, (page + i * 3) % PAGES);
     }
     let after = fs.io_counts();
     assert_eq!(after.read_cold_skips, before.read_cold_skips);

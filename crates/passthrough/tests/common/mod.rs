@@ -360,7 +360,7 @@ pub fn read_into(
         let got = m.client.read(node, fh, off, len as u32).unwrap();
         return (Ok(got.len()), got);
     }
-    // Started on the ring (O_DIRECT): submitted and waited for.
+    // Started on the ring (O_DIRECT, or not cached): submitted and waited for.
     let t = Instant::now();
     let r = loop {
         if let Ok(r) = lp.answer(ctx.unique) {
