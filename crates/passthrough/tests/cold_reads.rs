@@ -7,10 +7,9 @@
 
 mod common;
 
-use common::{read, Kind, Loop, Mount, Via};
+use common::{drop_cache, read, Kind, Loop, Mount, Via};
 use fuse_core::abi::ROOT_ID;
 use passthrough::Config;
-use std::os::fd::AsRawFd;
 
 const PAGE: usize = 4096;
 /// The test file: 16 MiB.
@@ -21,15 +20,6 @@ const STRIDE: usize = 64;
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i / 5 % 253) as u8).collect()
-}
-
-/// Drops the file's pages from the host's page cache (written back first).
-fn drop_cache(path: &std::path::Path) {
-    let f = std::fs::File::open(path).unwrap();
-    f.sync_all().unwrap();
-    // SAFETY: fadvise on an open fd; no memory is passed.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(r, 0);
 }
 
 #[test]

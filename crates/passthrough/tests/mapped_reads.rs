@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{read, read_into, Kind, Loop, Mem, Mount, Via};
+use common::{drop_cache, read, read_into, Kind, Loop, Mem, Mount, Via};
 use fuse_core::abi::ROOT_ID;
 use passthrough::Config;
 use std::os::fd::AsRawFd;
@@ -172,13 +172,9 @@ fn a_truncation_on_the_host_gives_short_reads_not_zeros() {
 fn a_file_not_wholly_cached_is_not_read_through_a_mapping() {
     let (m, node, fh, data) = setup(Kind::Ext4, Config::default());
     let fs = m.fs();
-    let f = std::fs::File::open(m.path("f")).unwrap();
-    f.sync_all().unwrap();
-    // SAFETY: posix_fadvise on an open fd takes no memory.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(r, 0);
+    let f = drop_cache(&m.path("f"));
     // No readahead on the host's reads below.
-    // SAFETY: as above.
+    // SAFETY: posix_fadvise on an open fd takes no memory.
     let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
     assert_eq!(r, 0);
     let mut lp = Loop::new(fs);

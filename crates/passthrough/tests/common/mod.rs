@@ -377,6 +377,24 @@ pub fn read_into(
     (r, mem.bytes())
 }
 
+/// Drops the file at `path` from the host's page cache (written back
+/// first); returns it open for reading.
+pub fn drop_cache(path: &Path) -> std::fs::File {
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: posix_fadvise on an open fd takes no memory.
+    let r = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    assert_eq!(r, 0);
+    f
+}
+
 /// Client memory: one raw, page-aligned allocation (no Rust object)
 /// holding the data, in one span or several, counting its I/O holds.
 #[derive(Debug)]
