@@ -30,6 +30,14 @@ use zerocopy::{FromZeros, IntoBytes};
 
 /// Request queue 1 (vring thread 0, which also serves hiprio).
 const Q: usize = 1;
+
+/// The tests of this file one at a time: each times its polling thread
+/// (windows of milliseconds, CPU used while it should sleep), which the
+/// others' polling threads, on the same two CPUs, would disturb.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Answers GETATTR; counts FORGETs.
@@ -166,6 +174,7 @@ fn cpu() -> Duration {
 
 #[test]
 fn requests_posted_while_it_polls_need_no_kick() {
+    let _serial = serial();
     let mut s = serve("nokick", Duration::from_secs(1));
     // The first request after INIT: the device may be asleep.
     s.getattr();
@@ -183,6 +192,7 @@ fn requests_posted_while_it_polls_need_no_kick() {
 
 #[test]
 fn forgets_are_served_while_it_polls() {
+    let _serial = serial();
     let mut s = serve("forget", Duration::from_secs(3));
     s.getattr();
     // The request queue's thread now polls for 3 s. The hiprio queue has
@@ -207,6 +217,7 @@ fn forgets_are_served_while_it_polls() {
 
 #[test]
 fn after_the_window_it_sleeps_and_asks_for_a_kick() {
+    let _serial = serial();
     let window = Duration::from_millis(100);
     let mut s = serve("sleeps", window);
     s.getattr();
@@ -225,6 +236,7 @@ fn after_the_window_it_sleeps_and_asks_for_a_kick() {
 
 #[test]
 fn pauses_longer_than_the_most_stop_the_polling() {
+    let _serial = serial();
     let most = Duration::from_millis(20);
     let mut s = serve("shrinks", most);
     s.getattr();
@@ -278,12 +290,17 @@ impl Filesystem for Refill {
 
 #[test]
 fn a_guest_that_keeps_its_queue_busy_still_lets_the_thread_back_to_its_epoll() {
+    let _serial = serial();
     use common::{request, Harness, DATA, QSIZE};
     let fs = Refill::default();
+    // A wake-up's span is four times the most polled, at least 2 ms: 100 ms
+    // here, so a thread the host deschedules for a while still polls after
+    // its first request.
     let h = Harness::new(
         fs.clone(),
         DeviceConfig {
             inline_per_batch: usize::MAX,
+            poll_time: Duration::from_millis(25),
             ..DeviceConfig::default()
         },
     );
@@ -316,14 +333,18 @@ fn a_guest_that_keeps_its_queue_busy_still_lets_the_thread_back_to_its_epoll() {
         vm_memory::Bytes::write_obj(&mem, idx, vm_memory::GuestAddress(common::AVAIL + 2)).unwrap();
         true
     }));
+    // Stops the guest however the test ends (a failed assertion must not
+    // leave it refilling the queue under the other tests).
+    let _stop = StopPublishing(fs.publish.clone());
     h.publish(&[first]);
-    // The kick returns after about 2 ms of serving, its resume written,
-    // not after the 200 000 requests this guest would go on sending.
+    // The kick returns after about its span of serving, its resume
+    // written, not after the 200 000 requests this guest would go on
+    // sending.
     let t0 = Instant::now();
     h.kick(&vring, 1);
     let took = t0.elapsed();
     let served = fs.served.load(Ordering::SeqCst);
-    assert!(served > 1, "the refilled queue was not served");
+    assert!(served > 1, "the refilled queue was not served ({took:?})");
     assert!(
         served < limit / 2 && took < Duration::from_secs(5),
         "{served} requests in {took:?} on one wake-up"
@@ -331,11 +352,22 @@ fn a_guest_that_keeps_its_queue_busy_still_lets_the_thread_back_to_its_epoll() {
     // The resume event brings the thread back, and it serves on.
     h.resume(&vring, 1);
     assert!(fs.served.load(Ordering::SeqCst) > served);
-    *fs.publish.lock().unwrap() = None;
+}
+
+/// Clears a [`Refill`]'s publisher when dropped.
+struct StopPublishing(Arc<std::sync::Mutex<Option<Publish>>>);
+
+impl Drop for StopPublishing {
+    fn drop(&mut self) {
+        // (A publisher that panicked poisoned the lock: still cleared.)
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *p = None;
+    }
 }
 
 #[test]
 fn a_window_shrunk_to_nothing_grows_back_when_the_guest_comes_often() {
+    let _serial = serial();
     let most = Duration::from_millis(50);
     let mut s = serve("grows", most);
     s.getattr();
@@ -361,6 +393,7 @@ fn a_window_shrunk_to_nothing_grows_back_when_the_guest_comes_often() {
 
 #[test]
 fn a_vring_stopped_while_its_thread_polls_ends_the_poll() {
+    let _serial = serial();
     let mut s = serve("stop", Duration::from_secs(3));
     s.getattr();
     // The thread polls for 3 s; the VMM stops the vring (GET_VRING_BASE):
