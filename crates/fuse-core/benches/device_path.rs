@@ -30,6 +30,9 @@
 //! filesystem; also the copied form of that READ (zero_copy off: a pool
 //! buffer and a reply copy).
 //!
+//! The row `copy_4k` is that READ's 4 KiB copy alone, into the same
+//! pages: what the READ rows pay besides the engine's work.
+//!
 //! It runs on the allocator the `fusebox` binary runs on, mimalloc (its
 //! default options; the binary commits arenas on demand): with glibc's
 //! malloc a batch of 16 tickets overflows the per-thread cache and most
@@ -441,6 +444,21 @@ fn device_path(c: &mut Criterion) {
             });
         }
     }
+    // The READ rows' filesystem copy alone: 4 KiB from `DATA` into each of
+    // the 16 pages of guest RAM in turn, as `NullFs::read` does through
+    // the ticket's `write_at`. A READ row less this is its engine work.
+    g.throughput(Throughput::Elements(MAX_BATCH as u64));
+    g.bench_function(BenchmarkId::new("copy_4k", MAX_BATCH), |bn| {
+        bn.iter(|| {
+            for i in 0..MAX_BATCH {
+                let dst = std::hint::black_box(b.ram.page(i).addr) as *mut u8;
+                // SAFETY: `dst` is one page of `GuestRam`'s leaked
+                // allocation, never a Rust object (see `Ticket`'s
+                // `ClientMem`); `DATA` is one page.
+                unsafe { std::ptr::copy_nonoverlapping(DATA.as_ptr(), dst, PAGE) };
+            }
+        })
+    });
     g.finish();
     assert_eq!(b.dev.errors.load(Ordering::Relaxed), 0);
     let s = b.ring.stats().unwrap();
