@@ -444,11 +444,11 @@ fn device_path(c: &mut Criterion) {
             });
         }
     }
-    // The READ rows' filesystem copy alone: 4 KiB from `DATA` into each of
-    // the 16 pages of guest RAM in turn, as `NullFs::read` does through
-    // the ticket's `write_at`. A READ row less this is its engine work.
-    // (Both pointers go through `black_box`: with `DATA`'s bytes known,
-    // the compiler would make the copy a memset.)
+    // The by-reference READ rows' filesystem copy alone: 4 KiB from `DATA`
+    // into each of the 16 pages of guest RAM in turn, as `NullFs::read`
+    // does through the ticket's `write_at`. A READ row less this is its
+    // engine work. (`src` goes through `black_box`: with `DATA`'s bytes
+    // known, the compiler would make the copy a memset.)
     g.throughput(Throughput::Elements(MAX_BATCH as u64));
     g.bench_function(BenchmarkId::new("copy_4k", MAX_BATCH), |bn| {
         bn.iter(|| {
@@ -457,8 +457,9 @@ fn device_path(c: &mut Criterion) {
                 let dst = std::hint::black_box(b.ram.page(i).addr) as *mut u8;
                 // SAFETY: `dst` is page `i` of `GuestRam`'s leaked
                 // allocation, `PAGE` bytes, never a Rust object and used
-                // by no request now (every batch above was answered);
-                // `src` is the static `DATA`, one page, apart from it.
+                // by no request now (each batch returns once all its
+                // requests are answered); `src` is the static `DATA`, one
+                // page, apart from it.
                 unsafe { std::ptr::copy_nonoverlapping(src, dst, PAGE) };
             }
         })
