@@ -462,6 +462,19 @@ pub fn fallocate(fd: RawFd, mode: i32, off: u64, len: u64) -> Result<(), Errno> 
     check(unsafe { libc::fallocate(fd, mode, off, len) }).map(drop)
 }
 
+/// Writes the file's dirty pages back (fsync) and drops all of its pages
+/// from the page cache (`POSIX_FADV_DONTNEED`): its next reads go to the
+/// disk.
+pub fn drop_cached(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fsync(fd) })?;
+    // SAFETY: plain syscall on an fd; no memory arguments.
+    match unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        e => Err(Errno(e)),
+    }
+}
+
 /// copy_file_range(2).
 pub fn copy_file_range(
     fd_in: RawFd,

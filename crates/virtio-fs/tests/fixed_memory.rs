@@ -174,17 +174,7 @@ fn cached_reads_are_answered_synchronously_and_cold_or_large_ones_go_through_io_
 
     // Dropped from the page cache: through io_uring.
     let f = std::fs::File::open(share.join("f")).unwrap();
-    f.sync_all().unwrap();
-    // SAFETY: posix_fadvise on an open fd; no memory arguments.
-    let r = unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    assert_eq!(r, 0);
+    host_io::sys::drop_cached(std::os::fd::AsRawFd::as_raw_fd(&f)).unwrap();
     let before = counts();
     for off in [1u64 << 20, 3 << 20] {
         let at = off as usize;

@@ -223,16 +223,7 @@ pub fn reads_at_depth_match_the_host_file_at_random_offsets(mode: Mode) {
     // Out of the host's page cache, so that reads wait for the disk and
     // run on the serving thread's io_uring.
     let hf = File::open(&host).unwrap();
-    hf.sync_all().unwrap();
-    // SAFETY: an advice call on an fd we own.
-    unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&hf),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
+    host_io::sys::drop_cached(std::os::fd::AsRawFd::as_raw_fd(&hf)).unwrap();
     let f = Arc::new(File::open(d.mnt().join("f")).unwrap());
     let go = Arc::new(Barrier::new(16));
     let readers: Vec<_> = (0..16u64)

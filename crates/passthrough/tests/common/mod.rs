@@ -381,17 +381,7 @@ pub fn read_into(
 /// first); returns it open for reading.
 pub fn drop_cache(path: &Path) -> std::fs::File {
     let f = std::fs::File::open(path).unwrap();
-    f.sync_all().unwrap();
-    // SAFETY: posix_fadvise on an open fd takes no memory.
-    let r = unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    assert_eq!(r, 0);
+    host_io::sys::drop_cached(std::os::fd::AsRawFd::as_raw_fd(&f)).unwrap();
     f
 }
 

@@ -113,17 +113,12 @@ fn drop_cache(a: &Args) -> Result<(), LoadError> {
         return Ok(());
     };
     let f = std::fs::File::open(dir.join(&a.file)).map_err(|e| LoadError::Host("--cold", e))?;
-    f.sync_all()
-        .map_err(|e| LoadError::Host("--cold fsync", e))?;
-    // SAFETY: fadvise on an open fd; no memory arguments.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if r != 0 {
-        return Err(LoadError::Host(
-            "--cold fadvise",
-            std::io::Error::from_raw_os_error(r),
-        ));
-    }
-    Ok(())
+    host_io::sys::drop_cached(f.as_raw_fd()).map_err(|e| {
+        LoadError::Host(
+            "--cold fsync and fadvise",
+            std::io::Error::from_raw_os_error(e.0),
+        )
+    })
 }
 
 /// Makes (or empties) the file `name` in the root and keeps it open for
